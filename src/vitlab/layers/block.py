@@ -1,0 +1,50 @@
+"""Pre-norm transformer block built on the shared :class:`~vitlab.layers.attention.Attention`."""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import DropPath, Mlp
+from torch import nn
+
+from vitlab.layers.attention import Attention, TemperatureForm
+
+
+class Block(nn.Module):
+    """``x + DropPath(Attn(LN(x)))`` then ``x + DropPath(MLP(LN(x)))``. ``x: [B, N, C]``.
+
+    State-dict keys match timm's ``VisionTransformer`` blocks (``norm1``, ``attn.qkv``, ``attn.proj``, ``norm2``,
+    ``mlp.fc1``, ``mlp.fc2``) so weights move between the two without renaming.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        temperature: bool = False,
+        temperature_form: TemperatureForm = "inverse",
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(
+            dim,
+            num_heads=num_heads,
+            qkv_bias=qkv_bias,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+            temperature=temperature,
+            temperature_form=temperature_form,
+        )
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))

@@ -1,0 +1,74 @@
+"""Attention capture: materialise the attention matrices of every shared ``Attention`` only when asked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from vitlab.layers.attention import Attention
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, Attention]]:
+    """All shared ``Attention`` modules of ``model`` with their qualified names, in forward-definition order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, Attention)]
+
+
+class AttentionCapture:
+    """What :func:`attention_capture` yields: after the forward pass, ``maps[name]`` is ``[B, H, N, N]``."""
+
+    def __init__(self, modules: list[tuple[str, Attention]]) -> None:
+        self._modules = modules
+        self.maps: dict[str, torch.Tensor] = {}
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        self.maps = {name: m.captured for name, m in self._modules if m.captured is not None}
+        return self.maps
+
+
+@contextmanager
+def attention_capture(model: nn.Module, names: list[str] | None = None) -> Iterator[AttentionCapture]:
+    """Context manager: inside it, the selected ``Attention`` modules run their eager path and keep their maps.
+
+    Example::
+
+        with attention_capture(model) as cap:
+            model(x)
+        maps = cap.collect()  # {"blocks.0.attn": [B, H, N, N], ...}
+    """
+    modules = attention_modules(model)
+    if names is not None:
+        unknown = sorted(set(names) - {n for n, _ in modules})
+        if unknown:
+            raise KeyError(f"no shared Attention module named {unknown}; available: {[n for n, _ in modules]}")
+        modules = [(n, m) for n, m in modules if n in names]
+    if not modules:
+        raise RuntimeError(
+            f"{type(model).__name__} has no vitlab.layers.Attention module, so there is no attention to capture; "
+            "build the model from vitlab's shared layers"
+        )
+    cap = AttentionCapture(modules)
+    for _, m in modules:
+        m.capture, m.captured = True, None
+    try:
+        yield cap
+        cap.collect()
+    finally:
+        for _, m in modules:
+            m.capture, m.captured = False, None
+
+
+@torch.no_grad()
+def capture_attention(model: nn.Module, x: torch.Tensor, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Run ``model(x)`` and return every layer's attention ``{name: [B, H, N, N]}`` (rows sum to 1).
+
+    Raises ``RuntimeError`` if the forward pass captured nothing (e.g. the model bypasses its attention).
+    """
+    with attention_capture(model, names) as cap:
+        model(x)
+        maps = cap.collect()
+    if not maps:
+        raise RuntimeError(f"capture_attention: the forward pass of {type(model).__name__} captured no attention map")
+    return maps

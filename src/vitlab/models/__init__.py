@@ -1,0 +1,6 @@
+"""Model classes; importing this package registers every preset."""
+
+from vitlab.models.registry import create_model, list_models
+from vitlab.models.vit import VisionTransformer
+
+__all__ = ["VisionTransformer", "create_model", "list_models"]

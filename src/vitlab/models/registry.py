@@ -1,0 +1,86 @@
+"""A registry of named model presets: ``create_model(name, **overrides)``, ``list_models(pattern)``.
+
+A preset is a model class plus the keyword arguments that define it. The full resolved keyword arguments are
+kept on the model as ``model.init_kwargs`` (with ``model.preset``) so an exported model can be rebuilt offline.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    cls: type[nn.Module]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+_REGISTRY: dict[str, Preset] = {}
+
+
+def register_preset(name: str, cls: type[nn.Module], description: str = "", **kwargs: Any) -> None:
+    if name in _REGISTRY:
+        raise ValueError(f"model preset {name!r} is registered twice")
+    _check_kwargs(cls, kwargs, name)
+    _REGISTRY[name] = Preset(name, cls, dict(kwargs), description)
+
+
+def _ensure_loaded() -> None:
+    import vitlab.models  # noqa: F401  (importing the package registers every preset)
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Names of the registered presets matching a glob ``pattern`` (e.g. ``"vit_*"``), sorted."""
+    _ensure_loaded()
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+
+
+def get_preset(name: str) -> Preset:
+    _ensure_loaded()
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise KeyError(f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model.")
+    return _REGISTRY[name]
+
+
+def constructor_args(cls: type) -> dict[str, inspect.Parameter]:
+    sig = inspect.signature(cls.__init__)
+    return {n: p for n, p in sig.parameters.items() if n != "self" and p.kind is p.KEYWORD_ONLY}
+
+
+def _check_kwargs(cls: type, kwargs: dict[str, Any], name: str) -> None:
+    valid = constructor_args(cls)
+    for key in kwargs:
+        if key not in valid:
+            close = difflib.get_close_matches(key, list(valid), n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise TypeError(
+                f"model {name!r} ({cls.__name__}) has no option {key!r}.{hint} "
+                f"Valid options: {', '.join(sorted(valid))}"
+            )
+
+
+def resolved_kwargs(name: str, **overrides: Any) -> dict[str, Any]:
+    """The preset's keyword arguments with ``overrides`` applied, after checking every key exists."""
+    preset = get_preset(name)
+    _check_kwargs(preset.cls, overrides, name)
+    return {**preset.kwargs, **overrides}
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """Build the preset ``name`` with keyword ``overrides`` (e.g. ``img_size=8, num_classes=10``)."""
+    preset = get_preset(name)
+    kwargs = resolved_kwargs(name, **overrides)
+    model = preset.cls(**kwargs)
+    model.preset = name
+    model.init_kwargs = kwargs
+    return model
