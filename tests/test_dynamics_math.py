@@ -1,0 +1,171 @@
+"""The pure algorithms of ViTCAE's attention dynamics against POT, hand-worked cases and eq. 20."""
+
+import math
+
+import numpy as np
+import ot
+import pytest
+import torch
+
+from vitlab.diagnostics import (
+    ConvergenceTracker,
+    attention_drift,
+    attention_to_cls_distribution,
+    consensus_clusters,
+    patch_grid_cost,
+    temperature_update,
+)
+
+
+def random_distributions(batch: int, num_patches: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    # Peaked (low temperature) rows, as trained attention is, plus a few exact zeros.
+    p = torch.softmax(3 * torch.randn(batch, num_patches, generator=generator, dtype=torch.float64), dim=-1)
+    p[:, ::5] = 0
+    return p / p.sum(-1, keepdim=True)
+
+
+def test_patch_grid_cost_is_euclidean_between_row_major_centres():
+    cost = patch_grid_cost(2, 3)
+    assert cost.shape == (6, 6) and cost.dtype == torch.float64
+    assert cost[0, 1] == 1  # (0, 0) -> (0, 1)
+    assert cost[0, 3] == 1  # (0, 0) -> (1, 0)
+    assert cost[0, 5] == pytest.approx(math.sqrt(1 + 4))  # (0, 0) -> (1, 2)
+    assert torch.equal(cost, cost.T) and torch.all(cost.diagonal() == 0)
+
+
+@pytest.mark.parametrize("grid", [(4, 4), (8, 8), (3, 5)])
+def test_attention_drift_equals_pot_emd2(grid):
+    cost = patch_grid_cost(*grid)
+    p = random_distributions(12, cost.shape[0], seed=0)
+    q = random_distributions(12, cost.shape[0], seed=1)
+    reference = [ot.emd2(a.double().numpy(), b.double().numpy(), cost.numpy()) for a, b in zip(p, q, strict=True)]
+    drift = attention_drift(p, q, cost)
+    assert drift.shape == (12,)
+    np.testing.assert_allclose(drift.numpy(), reference, atol=1e-10)
+
+
+def test_attention_drift_hand_worked_and_batched_shape():
+    cost = patch_grid_cost(3, 3)
+    corner, opposite = torch.zeros(9), torch.zeros(9)
+    corner[0], opposite[8] = 1, 1
+    half = (corner + opposite) / 2
+    p = torch.stack([corner, corner, corner]).reshape(1, 3, 9)
+    q = torch.stack([opposite, corner, half]).reshape(1, 3, 9)
+    drift = attention_drift(p, q, cost)
+    assert drift.shape == (1, 3)
+    # all mass across the diagonal: 2*sqrt(2); no move: 0; half the mass across the diagonal: sqrt(2)
+    torch.testing.assert_close(drift[0], torch.tensor([2 * math.sqrt(2), 0.0, math.sqrt(2)], dtype=torch.float64))
+
+
+def test_attention_drift_rejects_bad_input():
+    cost = patch_grid_cost(2, 2)
+    p = torch.full((4,), 0.25)
+    with pytest.raises(ValueError, match="sum to 1"):
+        attention_drift(p * 2, p, cost)
+    with pytest.raises(ValueError, match="same shape"):
+        attention_drift(p, p[None], cost)
+    with pytest.raises(ValueError, match=r"\[N, N\]"):
+        attention_drift(p, p, patch_grid_cost(3, 3))
+    with pytest.raises(ValueError, match="metric"):
+        attention_drift(p, p, cost + 1)
+
+
+def test_attention_to_cls_distribution_takes_the_cls_row_over_patches():
+    attn = torch.softmax(torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(0)), dim=-1)
+    dist = attention_to_cls_distribution(attn)
+    assert dist.shape == (2, 3, 4)
+    torch.testing.assert_close(dist.sum(-1), torch.ones(2, 3))
+    torch.testing.assert_close(dist[1, 2], attn[1, 2, 0, 1:] / attn[1, 2, 0, 1:].sum())
+    with_register = attention_to_cls_distribution(attn, num_prefix_tokens=2)
+    torch.testing.assert_close(with_register[0, 0], attn[0, 0, 0, 2:] / attn[0, 0, 0, 2:].sum())
+    with pytest.raises(ValueError, match=r"\[B, H, T, T\]"):
+        attention_to_cls_distribution(attn[0])
+
+
+def block_diagonal_stochastic(block_sizes: list[int], seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    blocks = [torch.softmax(0.5 * torch.randn(n, n, generator=generator), dim=-1) for n in block_sizes]
+    return torch.block_diag(*blocks)
+
+
+@pytest.mark.parametrize("block_sizes", [[3, 4, 5], [6, 6], [2, 3, 3, 4]])
+def test_consensus_clusters_counts_the_blocks(block_sizes):
+    attn = block_diagonal_stochastic(block_sizes, seed=len(block_sizes))
+    permutation = torch.randperm(attn.shape[0], generator=torch.Generator().manual_seed(1))
+    shuffled = attn[permutation][:, permutation]  # relabelling tokens does not change the spectrum
+    assert consensus_clusters(torch.stack([attn, shuffled])).tolist() == [len(block_sizes)] * 2
+
+
+def test_consensus_clusters_rank_one_and_identity():
+    stationary = torch.softmax(torch.randn(7, generator=torch.Generator().manual_seed(0)), dim=0)
+    rank_one = stationary.expand(7, 7)
+    batch = torch.stack([rank_one, torch.eye(7)]).reshape(2, 1, 7, 7)
+    kappa = consensus_clusters(batch)
+    assert kappa.shape == (2, 1) and kappa.dtype == torch.int64
+    assert kappa.flatten().tolist() == [1, 7]
+
+
+def test_consensus_clusters_nearly_decoupled_blocks_depend_on_eps():
+    # Two uniform blocks leaking mass `leak` to each other: eigenvalues 1 and 1 - 2 * leak.
+    leak = 0.03
+    attn = torch.full((4, 4), leak / 2)
+    attn[:2, :2] = attn[2:, 2:] = (1 - leak) / 2
+    assert consensus_clusters(attn, eps=0.1).item() == 2
+    assert consensus_clusters(attn, eps=0.05).item() == 1
+    with pytest.raises(ValueError, match="row-stochastic"):
+        consensus_clusters(attn * 2)
+    with pytest.raises(ValueError, match="eps"):
+        consensus_clusters(attn, eps=1.5)
+
+
+def test_temperature_update_is_eq_20():
+    drift = torch.tensor([[0.0, 1.0], [3.0, 0.5]])
+    torch.testing.assert_close(temperature_update(drift, alpha=2.0), 1 / (1 + 2 * drift))
+    assert temperature_update(0.0).item() == 1.0
+    with pytest.raises(ValueError, match="alpha"):
+        temperature_update(drift, alpha=0.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        temperature_update(-drift)
+
+
+def test_convergence_tracker_needs_a_full_streak_and_resets_when_broken():
+    tracker = ConvergenceTracker(num_layers=1, num_heads=2, eps_d=0.1, eps_tau=0.01, patience=2)
+    tau = torch.ones(1, 2)
+    calm, agitated = torch.tensor([[0.05, 0.05]]), torch.tensor([[0.05, 0.5]])
+    # first epoch: no previous tau, no streak yet
+    assert tracker.update(calm, tau).tolist() == [[False, False]]
+    assert tracker.update(calm, tau).tolist() == [[False, False]]
+    assert tracker.update(agitated, tau).tolist() == [[True, False]]  # head 1's streak is broken at 1
+    assert tracker.streak.tolist() == [[2, 0]]
+    assert tracker.update(calm, tau).tolist() == [[True, False]]
+    assert tracker.update(calm, tau).tolist() == [[True, True]]
+
+
+def test_convergence_tracker_tau_jump_breaks_the_streak_and_converged_stays_converged():
+    tracker = ConvergenceTracker(num_layers=2, num_heads=1, eps_d=0.1, eps_tau=0.01, patience=1)
+    drift = torch.zeros(2, 1)
+    tracker.update(drift, torch.ones(2, 1))
+    assert tracker.update(drift, torch.tensor([[1.0], [0.5]])).flatten().tolist() == [True, False]
+    # head 0 now drifts a lot: it stays converged
+    assert tracker.update(torch.tensor([[5.0], [0.0]]), torch.tensor([[0.2], [0.5]])).flatten().tolist() == [True, True]
+
+
+def test_convergence_tracker_state_dict_round_trip():
+    tracker = ConvergenceTracker(num_layers=1, num_heads=3, eps_d=0.1, eps_tau=0.01, patience=3)
+    tracker.update(torch.zeros(1, 3), torch.ones(1, 3))
+    tracker.update(torch.tensor([[0.0, 0.0, 1.0]]), torch.ones(1, 3))
+    restored = ConvergenceTracker(num_layers=1, num_heads=3, eps_d=0.5, eps_tau=0.5, patience=9)
+    restored.load_state_dict(tracker.state_dict())
+    assert restored.patience == 3 and restored.streak.tolist() == [[1, 1, 0]]
+    for _ in range(2):
+        assert torch.equal(
+            restored.update(torch.zeros(1, 3), torch.ones(1, 3)), tracker.update(torch.zeros(1, 3), torch.ones(1, 3))
+        )
+    assert restored.converged.tolist() == [[True, True, False]]
+    with pytest.raises(ValueError, match="head grid"):
+        ConvergenceTracker(num_layers=2, num_heads=3, eps_d=0.1, eps_tau=0.01, patience=3).load_state_dict(
+            tracker.state_dict()
+        )
+    with pytest.raises(ValueError, match=r"\[L, H\]"):
+        tracker.update(torch.zeros(3), torch.ones(3))
