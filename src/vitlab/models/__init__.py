@@ -2,5 +2,6 @@
 
 from vitlab.models.registry import create_model, list_models
 from vitlab.models.vit import VisionTransformer
+from vitlab.models.vitcae import ViTCAE
 
-__all__ = ["VisionTransformer", "create_model", "list_models"]
+__all__ = ["ViTCAE", "VisionTransformer", "create_model", "list_models"]
