@@ -1,0 +1,45 @@
+"""The data section of a run's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AugmentConfig:
+    """Training-time augmentation. Per-image ops run on uint8 ``[C, H, W]`` images in the dataset; random erasing,
+    MixUp and CutMix run on the normalised batch in the collate function."""
+
+    random_crop: bool = False  # pad-and-crop (padding = crop_padding)
+    crop_padding: int = 4
+    hflip: bool = False
+    autoaugment: bool = False  # torchvision AutoAugment (CIFAR10 policy); works on 1 and 3 channels
+    random_erasing: float = 0.0  # probability for torchvision RandomErasing
+    mixup_alpha: float = 0.0  # torchvision.transforms.v2.MixUp on batches (collate), soft labels out
+    cutmix_alpha: float = 0.0  # v2.CutMix; with both > 0, RandomChoice between them
+
+
+@dataclass
+class DataConfig:
+    """Which dataset, where its files are, and how it is split and batched.
+
+    Splits: the test set is the dataset's official test split (``tiny-imagenet``: its labelled ``val``); where there
+    is none (``digits``, an ``imagefolder`` or ``npz`` without one) a fixed 20% stratified test split is carved
+    off the training set with seed 0, whatever ``seed`` says, so every run is tested on the same images. The
+    validation set is a seeded ``val_fraction`` split of the (remaining) training set, except where the dataset
+    ships a validation split (``celeba``'s official partition, ``imagefolder``'s ``val/`` folder).
+    """
+
+    name: str = "digits"
+    root: str = "data"  # where files are looked for (and downloaded to with download=True)
+    path: str | None = None  # for npz: the file; for imagefolder/tiny-imagenet: the folder (falls back to root)
+    target: str | int | None = None  # class column for multi-label y (celeba/npz): name or index; celeba default "Male"
+    img_size: int | None = None  # resize to this square size; None = native size
+    batch_size: int = 64
+    eval_batch_size: int | None = None
+    num_workers: int = 0
+    val_fraction: float = 0.1  # seeded split of the TRAIN set into train/val
+    seed: int = 0
+    download: bool = False
+    limit_train: int | None = None  # keep only the first n (after the seeded split) - for quick runs
+    augment: AugmentConfig = field(default_factory=AugmentConfig)

@@ -1,0 +1,496 @@
+"""Image datasets by name, read from their real on-disk formats.
+
+A loader returns a :class:`DatasetSource`: an image pool for each split the dataset ships, and its class names.
+A pool holds its labels as int64 ``[N]`` and yields ``(image: uint8 [C, S, S], label: int)`` at the final square
+size ``S``. In-memory sets (digits, MNIST-like, CIFAR, SVHN, npz) keep all images as one uint8 tensor; folder sets
+(CelebA, Tiny ImageNet, imagefolder) decode their files on access.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torchvision.datasets as tvd
+from PIL import Image
+from sklearn.datasets import load_digits
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.utils import download_and_extract_archive, extract_archive
+from torchvision.transforms.v2.functional import pil_to_tensor
+
+from vitlab.data.config import DataConfig
+from vitlab.data.transforms import resize_to_square
+from vitlab.errors import VitlabError
+
+DATASETS = [
+    "digits",
+    "mnist",
+    "fashion-mnist",
+    "cifar10",
+    "cifar100",
+    "svhn",
+    "celeba",
+    "tiny-imagenet",
+    "imagefolder",
+    "npz",
+]
+DOWNLOADABLE = ["mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "celeba", "tiny-imagenet"]
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+CELEBA_DEFAULT_TARGET = "Male"
+TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+
+
+class DataError(VitlabError, ValueError):
+    """A data configuration problem the user can fix; the message says how."""
+
+
+class DatasetNotFoundError(DataError, FileNotFoundError):
+    """Dataset files are missing; the message names where they were looked for and how to get them."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model needs to know about a dataset. ``img_size`` is the final square size (after ``cfg.img_size``);
+    ``mean``/``std`` are None where they are computed from the training images at setup."""
+
+    num_classes: int
+    in_chans: int
+    img_size: int
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+
+# Native sizes and normalisation constants of the named sets. Digits: over all 1,797 images after x*16 -> uint8.
+# CelebA: the official training partition; its aligned images are 178x218, centre-cropped to 178x178.
+_KNOWN_INFO = {
+    "digits": DatasetInfo(10, 1, 8, (0.3061,), (0.3769,)),
+    "mnist": DatasetInfo(10, 1, 28, (0.1307,), (0.3081,)),
+    "fashion-mnist": DatasetInfo(10, 1, 28, (0.2860,), (0.3530,)),
+    "cifar10": DatasetInfo(10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": DatasetInfo(100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "svhn": DatasetInfo(10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+    "celeba": DatasetInfo(2, 3, 178, (0.5068, 0.4262, 0.3835), (0.3103, 0.2903, 0.2896)),
+    "tiny-imagenet": DatasetInfo(200, 3, 64),
+}
+
+
+class TensorImagePool(Dataset):
+    """In-memory images ``uint8 [N, C, H, W]`` with labels ``int64 [N]``, served at square size ``size``."""
+
+    def __init__(self, images: Tensor, labels: Tensor, *, size: int) -> None:
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise DataError(f"images must be uint8 [N, C, H, W], got {images.dtype} {list(images.shape)}")
+        self.images = images
+        self.labels = labels.to(torch.int64)
+        self.size = size
+        self.in_chans = images.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return resize_to_square(self.images[index], self.size), int(self.labels[index])
+
+
+class ImageFilePool(Dataset):
+    """Image files decoded on access to ``mode`` (``"L"``: 1 channel, ``"RGB"``: 3) and served at square size
+    ``size``; labels ``int64 [N]``."""
+
+    def __init__(self, paths: list[Path], labels: Tensor, *, mode: str, size: int) -> None:
+        self.paths = paths
+        self.labels = labels.to(torch.int64)
+        self.mode = mode
+        self.size = size
+        self.in_chans = 1 if mode == "L" else 3
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        with Image.open(self.paths[index]) as image:
+            pixels = pil_to_tensor(image.convert(self.mode))
+        return resize_to_square(pixels, self.size), int(self.labels[index])
+
+
+ImagePool = TensorImagePool | ImageFilePool
+
+
+@dataclass
+class DatasetSource:
+    """The splits a dataset ships; a split that is None is carved off ``train`` by the data module."""
+
+    train: ImagePool
+    val: ImagePool | None
+    test: ImagePool | None
+    class_names: list[str]
+
+
+def check_dataset_name(name: str) -> str:
+    """The canonical dataset name (case-insensitive, ``_`` accepted for ``-``), or an error naming the known ones."""
+    canonical = name.lower().replace("_", "-")
+    if canonical in DATASETS:
+        return canonical
+    close = difflib.get_close_matches(canonical, DATASETS, n=1)
+    suggestion = f" Did you mean {close[0]!r}?" if close else ""
+    raise DataError(f"unknown dataset {name!r}.{suggestion} Known datasets: {', '.join(DATASETS)} (set data.name=).")
+
+
+def dataset_info(cfg: DataConfig) -> DatasetInfo:
+    """Number of classes, channels, final image size (and normalisation where known) of ``cfg``'s dataset. Free
+    for the named sets; ``npz`` and ``imagefolder`` are read (the file, or the folder listing and one image)."""
+    name = check_dataset_name(cfg.name)
+    if cfg.img_size is not None and cfg.img_size < 1:
+        raise DataError(f"data.img_size must be a positive integer or null (native size), got {cfg.img_size}")
+    if name in _KNOWN_INFO:
+        info = _KNOWN_INFO[name]
+        return replace(info, img_size=cfg.img_size or info.img_size)
+    source = load_dataset(cfg)
+    return DatasetInfo(num_classes=len(source.class_names), in_chans=source.train.in_chans, img_size=source.train.size)
+
+
+def load_dataset(cfg: DataConfig, *, download: bool = False) -> DatasetSource:
+    """Read ``cfg``'s dataset from disk (downloading it first when ``download`` and the set supports it)."""
+    name = check_dataset_name(cfg.name)
+    return _LOADERS[name](cfg, download)
+
+
+def download_dataset(cfg: DataConfig) -> None:
+    """Download ``cfg``'s dataset into ``cfg.root`` if it is one torchvision (or its host) can download."""
+    if check_dataset_name(cfg.name) in DOWNLOADABLE:
+        load_dataset(cfg, download=True)
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Helpers shared by the loaders.
+
+
+def _native_size(cfg: DataConfig, name: str) -> int:
+    return cfg.img_size or _KNOWN_INFO[name].img_size
+
+
+def _require(paths: list[Path], dataset: str, fix: str) -> None:
+    missing = [str(path) for path in paths if not path.exists()]
+    if missing:
+        raise DatasetNotFoundError(f"{dataset}: files not found: {', '.join(missing)}. {fix}")
+
+
+def _locate(path: str | None, root: str, dataset: str, fix: str) -> Path:
+    """The user's ``path`` as given, else under ``root`` when relative; ``root`` itself when ``path`` is None."""
+    root_path = Path(root).expanduser()
+    if path is None:
+        candidates = [root_path]
+    else:
+        given = Path(path).expanduser()
+        candidates = [given] if given.is_absolute() else [given, root_path / given]
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    raise DatasetNotFoundError(f"{dataset}: nothing at {' or '.join(map(str, candidates))}. {fix}")
+
+
+def _download_hint(folder: Path, what: str) -> str:
+    return (
+        f"Set data.download=true to download it (then call prepare_data() before setup()), or put {what} "
+        f"in {folder}, or point data.root= at the folder that holds them."
+    )
+
+
+def _images_nchw(array: np.ndarray, where: str) -> Tensor:
+    """uint8 images NHW (gray) or NHWC (RGB) -> ``uint8 [N, C, H, W]``."""
+    if array.dtype != np.uint8 or array.ndim not in (3, 4):
+        raise DataError(
+            f"{where} must be uint8 images NHW (gray) or NHWC (RGB), got {array.dtype} {list(array.shape)}; "
+            "convert with (x * 255).round().clip(0, 255).astype(np.uint8) if it holds floats in [0, 1]."
+        )
+    images = torch.from_numpy(np.ascontiguousarray(array))
+    return images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
+
+
+def _attribute_column(names: list[str] | None, num_columns: int, target: str | int | None, where: str) -> int:
+    """Index of the column of a multi-label ``y: [N, K]`` that is the class, chosen by name or by index."""
+    available = f"one of: {', '.join(names)}" if names else f"an index in 0..{num_columns - 1}"
+    if target is None:
+        raise DataError(
+            f"{where}: y is multi-label with {num_columns} columns; choose the class with data.target=, {available}"
+        )
+    if isinstance(target, int):
+        if not 0 <= target < num_columns:
+            raise DataError(f"{where}: data.target={target} is out of range; use {available}")
+        return target
+    if not names:
+        raise DataError(f"{where}: data.target={target!r} is a name but the file has no attr_names; use {available}")
+    if target not in names:
+        close = difflib.get_close_matches(target, names, n=1)
+        suggestion = f" Did you mean {close[0]!r}?" if close else ""
+        raise DataError(f"{where}: unknown column data.target={target!r}.{suggestion} Available: {', '.join(names)}")
+    return names.index(target)
+
+
+def _binary_attribute(
+    y: np.ndarray, names: list[str] | None, target: str | int | None, where: str
+) -> tuple[Tensor, list[str]]:
+    """``y: [N, K]`` 0/1 (or -1/1) attributes -> int64 labels ``[N]`` of the chosen column and its class names."""
+    column = _attribute_column(names, y.shape[1], target, where)
+    name = names[column] if names else f"attribute {column}"
+    return torch.from_numpy(y[:, column] > 0).to(torch.int64), [f"not {name}", name]
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Loaders, one per dataset: (cfg, download) -> DatasetSource.
+
+
+def _load_digits(cfg: DataConfig, download: bool) -> DatasetSource:
+    """scikit-learn's 1,797 8x8 digits (values 0..16, scaled by 16 to uint8); no file, no test split of its own."""
+    digits = load_digits()
+    images = torch.from_numpy((digits.images * 16).clip(0, 255).astype(np.uint8)).unsqueeze(1)
+    pool = TensorImagePool(images, torch.from_numpy(digits.target), size=_native_size(cfg, "digits"))
+    return DatasetSource(train=pool, val=None, test=None, class_names=[str(digit) for digit in range(10)])
+
+
+def _load_mnist_like(dataset_class: type[tvd.MNIST], name: str, cfg: DataConfig, download: bool) -> DatasetSource:
+    """torchvision's MNIST / FashionMNIST: IDX files in ``root/<ClassName>/raw/`` (``.gz`` copies are unpacked)."""
+    raw = Path(cfg.root).expanduser() / dataset_class.__name__ / "raw"
+    if not download:
+        files = [raw / os.path.splitext(filename)[0] for filename, _ in dataset_class.resources]
+        for file in files:
+            packed = Path(f"{file}.gz")
+            if not file.exists() and packed.exists():
+                extract_archive(str(packed))
+        _require(files, name, _download_hint(raw, "the IDX files (raw or .gz)"))
+    train = dataset_class(cfg.root, train=True, download=download)
+    test = dataset_class(cfg.root, train=False)
+    size = _native_size(cfg, name)
+    return DatasetSource(
+        train=TensorImagePool(train.data.unsqueeze(1), train.targets, size=size),
+        val=None,
+        test=TensorImagePool(test.data.unsqueeze(1), test.targets, size=size),
+        class_names=list(train.classes),
+    )
+
+
+class _CIFAR10Files(tvd.CIFAR10):
+    """CIFAR-10 that checks its batch files exist rather than their md5 (a download still checks the archive's)."""
+
+    train_list: ClassVar = [(filename, None) for filename, _ in tvd.CIFAR10.train_list]
+    test_list: ClassVar = [(filename, None) for filename, _ in tvd.CIFAR10.test_list]
+    meta: ClassVar = {**tvd.CIFAR10.meta, "md5": None}
+
+
+class _CIFAR100Files(tvd.CIFAR100):
+    """CIFAR-100 that checks its files exist rather than their md5 (a download still checks the archive's)."""
+
+    train_list: ClassVar = [(filename, None) for filename, _ in tvd.CIFAR100.train_list]
+    test_list: ClassVar = [(filename, None) for filename, _ in tvd.CIFAR100.test_list]
+    meta: ClassVar = {**tvd.CIFAR100.meta, "md5": None}
+
+
+def _load_cifar(dataset_class: type[tvd.CIFAR10], name: str, cfg: DataConfig, download: bool) -> DatasetSource:
+    """torchvision's CIFAR-10/100: the pickled batches in ``root/cifar-10-batches-py/`` (``cifar-100-python/``)."""
+    folder = Path(cfg.root).expanduser() / dataset_class.base_folder
+    if not download:
+        filenames = [filename for filename, _ in dataset_class.train_list + dataset_class.test_list]
+        filenames.append(dataset_class.meta["filename"])
+        _require([folder / filename for filename in filenames], name, _download_hint(folder, "the batches"))
+    train = dataset_class(cfg.root, train=True, download=download)
+    test = dataset_class(cfg.root, train=False)
+    size = _native_size(cfg, name)
+
+    def pool(split: tvd.CIFAR10) -> TensorImagePool:
+        return TensorImagePool(_images_nchw(split.data, name), torch.tensor(split.targets), size=size)
+
+    return DatasetSource(train=pool(train), val=None, test=pool(test), class_names=list(train.classes))
+
+
+class _SVHNFiles(tvd.SVHN):
+    """SVHN that checks its ``.mat`` file exists rather than its md5 (a download still checks it)."""
+
+    def _check_integrity(self) -> bool:
+        return os.path.isfile(os.path.join(self.root, self.filename))
+
+
+def _load_svhn(cfg: DataConfig, download: bool) -> DatasetSource:
+    """torchvision's SVHN (cropped digits, label 10 mapped to 0): ``root/train_32x32.mat``, ``root/test_32x32.mat``."""
+    root = Path(cfg.root).expanduser()
+    if not download:
+        files = [root / _SVHNFiles.split_list[split][1] for split in ("train", "test")]
+        _require(files, "svhn", _download_hint(root, "train_32x32.mat and test_32x32.mat"))
+    size = _native_size(cfg, "svhn")
+
+    def pool(split: str) -> TensorImagePool:
+        data = _SVHNFiles(cfg.root, split=split, download=download)
+        return TensorImagePool(torch.from_numpy(data.data), torch.from_numpy(data.labels), size=size)
+
+    return DatasetSource(train=pool("train"), val=None, test=pool("test"), class_names=[str(d) for d in range(10)])
+
+
+def _read_celeba_attributes(path: Path) -> tuple[list[str], list[str], np.ndarray]:
+    """``list_attr_celeba.txt``: a count line, a header of attribute names, then ``<file> <+-1 per attribute>``."""
+    lines = path.read_text().splitlines()
+    names = lines[1].split()
+    rows = [line.split() for line in lines[2:] if line.strip()]
+    return names, [row[0] for row in rows], np.array([row[1:] for row in rows], dtype=np.int64)
+
+
+def _load_celeba(cfg: DataConfig, download: bool) -> DatasetSource:
+    """CelebA (Liu et al. 2015) with one binary attribute as the class, read from torchvision's layout
+    ``root/celeba/{img_align_celeba/, list_attr_celeba.txt, list_eval_partition.txt}``; the official partition gives
+    train (0), val (1) and test (2). The other annotation files torchvision wants are not needed."""
+    folder = Path(cfg.root).expanduser() / "celeba"
+    if download:
+        tvd.CelebA(cfg.root, split="all", target_type=[], download=True)
+    _require(
+        [folder / "img_align_celeba", folder / "list_attr_celeba.txt", folder / "list_eval_partition.txt"],
+        "celeba",
+        _download_hint(folder, "img_align_celeba/ and the two list files (torchvision's download needs gdown)"),
+    )
+    attr_names, files, attributes = _read_celeba_attributes(folder / "list_attr_celeba.txt")
+    target = CELEBA_DEFAULT_TARGET if cfg.target is None else cfg.target
+    labels, class_names = _binary_attribute(attributes, attr_names, target, "celeba")
+    partition = dict(line.split() for line in (folder / "list_eval_partition.txt").read_text().splitlines() if line)
+    unassigned = [file for file in files if file not in partition]
+    if unassigned:
+        raise DataError(
+            f"celeba: {len(unassigned)} images (e.g. {unassigned[0]}) are missing from "
+            f"{folder / 'list_eval_partition.txt'}; restore the official file"
+        )
+    split_of = np.array([int(partition[file]) for file in files])
+    size = _native_size(cfg, "celeba")
+
+    def pool(split: int) -> ImageFilePool | None:
+        chosen = np.flatnonzero(split_of == split)
+        if len(chosen) == 0:
+            return None
+        paths = [folder / "img_align_celeba" / files[i] for i in chosen]
+        return ImageFilePool(paths, labels[torch.from_numpy(chosen)], mode="RGB", size=size)
+
+    train = pool(0)
+    if train is None:
+        raise DataError(f"celeba: no image is in the training partition (0) of {folder / 'list_eval_partition.txt'}")
+    return DatasetSource(train=train, val=pool(1), test=pool(2), class_names=class_names)
+
+
+def _load_tiny_imagenet(cfg: DataConfig, download: bool) -> DatasetSource:
+    """Tiny ImageNet (200 classes, 64x64): ``wnids.txt``, ``train/<wnid>/images/*.JPEG``, ``val/images/*.JPEG`` with
+    ``val/val_annotations.txt``; its labelled val set is the test set (the official test set has no labels)."""
+    root = Path(cfg.root).expanduser()
+    folder = root / "tiny-imagenet-200" if cfg.path is None else Path(cfg.path).expanduser()
+    if download and not folder.exists():
+        download_and_extract_archive(TINY_IMAGENET_URL, download_root=str(folder.parent))
+    _require(
+        [folder / "wnids.txt", folder / "train", folder / "val" / "val_annotations.txt"],
+        "tiny-imagenet",
+        _download_hint(folder, "the unpacked tiny-imagenet-200 files") + " Or set data.path= to that folder.",
+    )
+    wnids = (folder / "wnids.txt").read_text().split()
+    train_paths, train_labels = [], []
+    for label, wnid in enumerate(wnids):
+        paths = sorted((folder / "train" / wnid / "images").glob("*.JPEG"))
+        train_paths += paths
+        train_labels += [label] * len(paths)
+    label_of = {wnid: label for label, wnid in enumerate(wnids)}
+    annotations = [line.split("\t") for line in (folder / "val" / "val_annotations.txt").read_text().splitlines()]
+    val_paths = [folder / "val" / "images" / row[0] for row in annotations if row[0]]
+    val_labels = [label_of[row[1]] for row in annotations if row[0]]
+    words_file = folder / "words.txt"
+    words = dict(line.split("\t", 1) for line in words_file.read_text().splitlines()) if words_file.exists() else {}
+    size = cfg.img_size or _KNOWN_INFO["tiny-imagenet"].img_size
+    return DatasetSource(
+        train=ImageFilePool(train_paths, torch.tensor(train_labels), mode="RGB", size=size),
+        val=None,
+        test=ImageFilePool(val_paths, torch.tensor(val_labels), mode="RGB", size=size),
+        class_names=[words.get(wnid, wnid).split(",")[0] for wnid in wnids],
+    )
+
+
+_GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
+
+
+def _load_imagefolder(cfg: DataConfig, download: bool) -> DatasetSource:
+    """Any folder tree ``root/train/<class>/*`` with optional ``root/val/<class>/*``, ``root/test/<class>/*``, or
+    class folders directly under ``root``. Gray images give 1 channel (judged by the first training image); the
+    native size is the first training image's shorter side."""
+    layout = "Expected <folder>/train/<class>/<image> (optional val/, test/) or <folder>/<class>/<image>."
+    folder = _locate(cfg.path, cfg.root, "imagefolder", f"{layout} Point data.path= (or data.root=) at the folder.")
+    split_dirs = {split: folder / split for split in ("train", "val", "test") if (folder / split).is_dir()}
+    train_dir = split_dirs.get("train", folder)
+    try:
+        class_names, class_to_idx = find_classes(train_dir)
+        train_samples = make_dataset(train_dir, class_to_idx, extensions=IMG_EXTENSIONS)
+    except FileNotFoundError as err:
+        raise DatasetNotFoundError(f"imagefolder: {err} {layout}") from err
+    with Image.open(train_samples[0][0]) as first:
+        mode = "L" if first.mode in _GRAY_MODES else "RGB"
+        size = cfg.img_size or min(first.size)
+
+    def pool(samples: list[tuple[str, int]]) -> ImageFilePool:
+        paths = [Path(path) for path, _ in samples]
+        return ImageFilePool(paths, torch.tensor([label for _, label in samples]), mode=mode, size=size)
+
+    def optional_pool(split: str) -> ImageFilePool | None:
+        if split not in split_dirs:
+            return None
+        return pool(make_dataset(split_dirs[split], class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True))
+
+    return DatasetSource(pool(train_samples), optional_pool("val"), optional_pool("test"), class_names)
+
+
+def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
+    """A ``.npz`` file with ``x_train, y_train, x_test, y_test`` (uint8 images NHW or NHWC; int labels ``[N]``, or
+    a 0/1 attribute matrix ``[N, K]`` whose class column ``cfg.target`` names via ``attr_names`` or indexes).
+    Optional ``class_names`` names the classes of single-label files."""
+    fix = "Set data.path= to the .npz file (absolute, or relative to data.root)."
+    if cfg.path is None:
+        raise DataError(f"npz: no file given. {fix}")
+    path = _locate(cfg.path, cfg.root, "npz", fix)
+    with np.load(path) as file:
+        missing = [key for key in NPZ_KEYS if key not in file.files]
+        if missing:
+            raise DataError(
+                f"npz: {path} lacks {', '.join(missing)} (has: {', '.join(file.files)}). It needs x_train, y_train, "
+                "x_test, y_test: uint8 images NHW or NHWC, labels [N] or a 0/1 attribute matrix [N, K]."
+            )
+        arrays = {key: file[key] for key in NPZ_KEYS}
+        attr_names = [str(name) for name in file["attr_names"]] if "attr_names" in file.files else None
+        stored_names = [str(name) for name in file["class_names"]] if "class_names" in file.files else None
+    images = {key: _images_nchw(arrays[key], f"npz {key}") for key in ("x_train", "x_test")}
+    if arrays["y_train"].ndim == 2:
+        y_train, class_names = _binary_attribute(arrays["y_train"], attr_names, cfg.target, f"npz {path}")
+        y_test, _ = _binary_attribute(arrays["y_test"], attr_names, cfg.target, f"npz {path}")
+    else:
+        if cfg.target is not None:
+            raise DataError(
+                f"npz: data.target={cfg.target!r} given but y_train of {path} is single-label [N]; unset data.target"
+            )
+        y_train, y_test = (torch.from_numpy(arrays[key].astype(np.int64)) for key in ("y_train", "y_test"))
+        if min(y_train.min(), y_test.min()) < 0:
+            raise DataError(f"npz: {path} has negative labels; labels must be class indices 0..K-1")
+        num_classes = int(max(y_train.max(), y_test.max())) + 1
+        class_names = stored_names or [str(label) for label in range(num_classes)]
+    size = cfg.img_size or min(images["x_train"].shape[-2:])
+    return DatasetSource(
+        train=TensorImagePool(images["x_train"], y_train, size=size),
+        val=None,
+        test=TensorImagePool(images["x_test"], y_test, size=size),
+        class_names=class_names,
+    )
+
+
+_LOADERS = {
+    "digits": _load_digits,
+    "mnist": lambda cfg, download: _load_mnist_like(tvd.MNIST, "mnist", cfg, download),
+    "fashion-mnist": lambda cfg, download: _load_mnist_like(tvd.FashionMNIST, "fashion-mnist", cfg, download),
+    "cifar10": lambda cfg, download: _load_cifar(_CIFAR10Files, "cifar10", cfg, download),
+    "cifar100": lambda cfg, download: _load_cifar(_CIFAR100Files, "cifar100", cfg, download),
+    "svhn": _load_svhn,
+    "celeba": _load_celeba,
+    "tiny-imagenet": _load_tiny_imagenet,
+    "imagefolder": _load_imagefolder,
+    "npz": _load_npz,
+}
