@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import lightning.pytorch as pl
 import numpy as np
 import torch
@@ -48,7 +50,7 @@ class EpochShuffleSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples).tolist())
 
     def __len__(self) -> int:
@@ -58,7 +60,7 @@ class EpochShuffleSampler(Sampler[int]):
 class ImageSplit(Dataset):
     """The images ``indices: int64 [n]`` of a pool, with an optional per-image transform of the uint8 image."""
 
-    def __init__(self, pool: ImagePool, indices: Tensor, transform=None) -> None:
+    def __init__(self, pool: ImagePool, indices: Tensor, transform: Callable[[Tensor], Tensor] | None = None) -> None:
         self.pool = pool
         self.indices = indices
         self.transform = transform
@@ -196,7 +198,9 @@ class VisionDataModule(pl.LightningDataModule):
         collate = NormalizeCollate(self.mean, self.std, num_classes=self.num_classes)
         return self._loader(dataset, self.cfg.eval_batch_size or self.cfg.batch_size, collate, sampler=None)
 
-    def _loader(self, dataset: Dataset, batch_size: int, collate: NormalizeCollate, sampler: Sampler | None):
+    def _loader(
+        self, dataset: Dataset, batch_size: int, collate: NormalizeCollate, sampler: Sampler | None
+    ) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=batch_size,
