@@ -14,6 +14,8 @@ from typing import Any
 
 from torch import nn
 
+from vitlab.errors import ModelOptionError, UnknownModelError
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -48,7 +50,7 @@ def get_preset(name: str) -> Preset:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise KeyError(f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model.")
+        raise UnknownModelError(f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model.")
     return _REGISTRY[name]
 
 
@@ -63,7 +65,7 @@ def _check_kwargs(cls: type, kwargs: dict[str, Any], name: str) -> None:
         if key not in valid:
             close = difflib.get_close_matches(key, list(valid), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise TypeError(
+            raise ModelOptionError(
                 f"model {name!r} ({cls.__name__}) has no option {key!r}.{hint} "
                 f"Valid options: {', '.join(sorted(valid))}"
             )

@@ -1,0 +1,37 @@
+# vitlab: two commands on a fresh machine
+#   make demo   installs if needed, trains the main job on the embedded digits set, prints where the results are
+#   make test   installs if needed, runs the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch first, pinned to the builds these project machines keep on local disk; elsewhere pip fetches the usual
+# wheels. Override with e.g. `make install TORCH_SPEC="torch torchvision"`.
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+STAMP := $(VENV)/.installed
+DEMO_CONFIG ?= vit/digits
+
+.PHONY: install demo test lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/vitlab fit --config $(DEMO_CONFIG)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,191 @@
+"""The ``vitlab`` command.
+
+Examples::
+
+    vitlab fit --config vit/digits                      # train; prints the run directory
+    vitlab fit --config vit/mnist data.path=mnist.npz optim.lr=5e-4 --trainer.devices 2
+    vitlab fit --config vit/digits --print-config       # show the resolved config and exit
+    vitlab fit --resume runs/vit-digits-20261130-101500 # continue from last.ckpt
+    vitlab test runs/vit-digits-20261130-101500
+    vitlab export runs/vit-digits-20261130-101500/checkpoints/best.ckpt --out exported/
+    vitlab list-models 'vit_*'
+    vitlab info
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+Runner = Callable[[argparse.Namespace, list[str]], int]
+Setup = Callable[[argparse.ArgumentParser], Runner]
+
+#: sub-command name -> (function that fills its parser and returns its runner, one-line help)
+COMMANDS: dict[str, tuple[Setup, str]] = {}
+
+
+def command(name: str, help: str) -> Callable[[Setup], Setup]:
+    """Register a sub-command: the decorated function fills the sub-parser and returns the runner."""
+
+    def wrap(setup: Setup) -> Setup:
+        COMMANDS[name] = (setup, help)
+        return setup
+
+    return wrap
+
+
+# -------------------------------------------------------------------------------------------------------------------
+@command("fit", "train a model from a YAML config with dotted overrides")
+def _fit(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("--config", "-c", help="YAML file, or a packaged config name such as vit/digits")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--resume", help="run directory (or .ckpt) to continue from its last.ckpt")
+
+    def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.config import RunConfig, build_config, deep_merge, dump_yaml, from_dict, parse_overrides, to_dict
+        from vitlab.training.run import fit, load_run_config
+
+        if args.resume and not args.config:
+            run_dir = Path(args.resume) if Path(args.resume).is_dir() else Path(args.resume).parent.parent
+            cfg = from_dict(RunConfig, deep_merge(to_dict(load_run_config(run_dir)), parse_overrides(overrides)))
+        else:
+            cfg = build_config(args.config, overrides)
+        if args.print_config:
+            print(dump_yaml(cfg), end="")
+            return 0
+        run_dir = fit(cfg, resume=args.resume)
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
+            _print_summary(run_dir)
+        return 0
+
+    return run
+
+
+def _print_summary(run_dir: Path) -> None:
+    lines = [f"run directory: {run_dir}"]
+    test = run_dir / "test_metrics.json"
+    if test.exists():
+        metrics = json.loads(test.read_text())
+        lines.append("test: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    for name, label in (("export", "exported model"), ("report.html", "report"), ("generate", "generated grids")):
+        if (run_dir / name).exists():
+            lines.append(f"{label}: {run_dir / name}")
+    print("\n".join(lines))
+
+
+@command("validate", "run the validation loop of a run directory or checkpoint")
+def _validate(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("target", help="run directory or .ckpt")
+
+    def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.training.run import evaluate
+
+        print(json.dumps(evaluate(args.target, "validate", overrides), indent=2))
+        return 0
+
+    return run
+
+
+@command("test", "run the test loop of a run directory or checkpoint")
+def _test(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("target", help="run directory or .ckpt")
+
+    def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.training.run import evaluate
+
+        print(json.dumps(evaluate(args.target, "test", overrides), indent=2))
+        return 0
+
+    return run
+
+
+@command("export", "checkpoint -> model.safetensors + config.json (loadable offline)")
+def _export(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("checkpoint", help=".ckpt file or run directory (its best.ckpt)")
+    p.add_argument("--out", help="output folder (default: <run>/export)")
+
+    def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.export import export_model, model_from_checkpoint
+
+        ckpt = Path(args.checkpoint)
+        if ckpt.is_dir():
+            ckpt = ckpt / "checkpoints" / "best.ckpt"
+        model, hp = model_from_checkpoint(ckpt)
+        out = Path(args.out) if args.out else ckpt.parent.parent / "export"
+        export_model(model, out, {"data": hp["data_info"]})
+        print(f"exported {hp['config']['model']['name']} to {out}")
+        return 0
+
+    return run
+
+
+@command("list-models", "list the registered model presets")
+def _list_models(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("pattern", nargs="?", default="*", help="glob, e.g. 'vit_*'")
+
+    def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.models.registry import get_preset, list_models
+
+        for name in list_models(args.pattern):
+            print(f"{name:24s} {get_preset(name).description}")
+        return 0
+
+    return run
+
+
+@command("info", "versions, hardware and packaged configs")
+def _info(p: argparse.ArgumentParser) -> Runner:
+    def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.config import CONFIG_ROOT
+        from vitlab.training.run import environment
+
+        env = environment()
+        env["configs"] = sorted(str(c.relative_to(CONFIG_ROOT).with_suffix("")) for c in CONFIG_ROOT.rglob("*.yaml"))
+        print(json.dumps(env, indent=2))
+        return 0
+
+    return run
+
+
+# -------------------------------------------------------------------------------------------------------------------
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
+    from vitlab import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="vitlab",
+        description="Train, control and inspect Vision Transformers.",
+        epilog="Overrides: key.sub=value or --key.sub value (e.g. optim.lr=1e-3 --trainer.devices 2).",
+    )
+    parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    runners = {}
+    for name, (setup, help_) in COMMANDS.items():
+        runners[name] = setup(sub.add_parser(name, help=help_, description=help_))
+    return parser, runners
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vitlab.errors import VitlabError
+
+    argv = sys.argv[1:] if argv is None else argv
+    parser, runners = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    unknown = [a for a in rest if a.startswith("-") and "." not in a.split("=")[0]]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.key value)")
+    try:
+        return runners[args.command](args, rest)
+    except VitlabError as e:
+        if os.environ.get("VITLAB_DEBUG"):
+            raise
+        print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
+        print("(set VITLAB_DEBUG=1 for the full traceback)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Typed run configuration: dataclasses, YAML files, dotted command-line overrides.
+
+A run is described by :class:`RunConfig`. YAML files under ``configs/`` (packaged as ``vitlab/configs``) give
+values; ``key.sub=value`` overrides on the command line change them; unknown keys are errors that name the key,
+the section and the closest valid names. The resolved config is written into every run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vitlab.data import AugmentConfig, DataConfig
+from vitlab.errors import ConfigError
+
+CONFIG_ROOT = Path(__file__).parent / "configs"
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser and schedule. ``schedule``: ``cosine`` (with linear warm-up), ``plateau`` (ReduceLROnPlateau on the
+    validation loss, the ViTCAE paper's choice) or ``none``."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: str = "cosine"
+    warmup_epochs: float = 0.0
+    min_lr: float = 1e-6
+    plateau_factor: float = 0.5
+    plateau_patience: int = 5
+    grad_clip: float | None = 1.0
+    label_smoothing: float = 0.0
+
+
+@dataclass
+class TrainerConfig:
+    """Arguments passed through to ``lightning.pytorch.Trainer``."""
+
+    max_epochs: int = 10
+    accelerator: str = "auto"
+    devices: int | str = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    deterministic: bool = False
+    log_every_n_steps: int = 10
+    limit_train_batches: float | int | None = None
+    limit_val_batches: float | int | None = None
+    check_val_every_n_epoch: int = 1
+    enable_progress_bar: bool = True
+    max_time: str | None = None
+
+
+@dataclass
+class RunSection:
+    """Where and how the run is recorded. ``dir`` defaults to ``runs/<name>-<timestamp>``."""
+
+    name: str = "run"
+    dir: str | None = None
+    root: str = "runs"
+    seed: int = 0
+    export: bool = True
+    test: bool = True
+    report: bool = True
+
+
+@dataclass
+class RunConfig:
+    """Everything one ``vitlab fit`` needs. ``model`` is ``{name: <preset>, **constructor overrides}``;
+    ``loss`` holds the task's loss weights (validated by the task's own dataclass), ``callbacks`` extra callbacks."""
+
+    model: dict[str, Any] = field(default_factory=lambda: {"name": "vit_pico"})
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    run: RunSection = field(default_factory=RunSection)
+    loss: dict[str, Any] = field(default_factory=dict)
+    dynamics: dict[str, Any] | None = None
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Building dataclasses from nested dicts, with errors that name the key.
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check/convert ``value`` to the annotated type ``tp`` (a small subset of typing: what our configs use)."""
+    if _is_dataclass_type(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return from_dict(tp, value, where)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where}: {value!r} does not fit {tp}")
+    if tp is Any:
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise ConfigError(f"{where} must be a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return dict(value)
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return list(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        # YAML 1.1 reads "1e-3" (no dot) as a string; researchers write learning rates that way.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if tp in (int, str, float):
+        if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+            return value
+        raise ConfigError(f"{where} must be of type {tp.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type, values: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``values``; an unknown key raises :class:`ConfigError` with suggestions."""
+    types_ = _field_types(cls)
+    kwargs = {}
+    for key, value in values.items():
+        path = f"{where}.{key}" if where else key
+        if key not in types_:
+            close = difflib.get_close_matches(key, list(types_), n=3)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            section = f"section '{where}'" if where else "the top level"
+            raise ConfigError(
+                f"unknown config key '{path}'.{hint} Valid keys in {section}: {', '.join(sorted(types_))}"
+            )
+        kwargs[key] = _coerce(value, types_[key], path)
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain nested dicts/lists (YAML- and JSON-safe) from a config dataclass."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, list | tuple):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# YAML files and dotted overrides.
+
+
+def resolve_config_path(name: str | Path) -> Path:
+    """A path, or a name under the packaged ``configs/`` folder (``vit/digits`` -> ``configs/vit/digits.yaml``)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    for candidate in (CONFIG_ROOT / path, CONFIG_ROOT / path.with_suffix(".yaml")):
+        if candidate.is_file():
+            return candidate
+    available = sorted(str(p.relative_to(CONFIG_ROOT).with_suffix("")) for p in CONFIG_ROOT.rglob("*.yaml"))
+    raise ConfigError(
+        f"config file {str(name)!r} not found, neither as a path nor under {CONFIG_ROOT}. "
+        f"Packaged configs: {', '.join(available)}"
+    )
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config; ``defaults: [other.yaml, ...]`` entries are merged first (relative to the file)."""
+    path = resolve_config_path(path)
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping at the top level")
+    merged: dict[str, Any] = {}
+    for parent in data.pop("defaults", []) or []:
+        parent_path = (path.parent / parent) if not Path(parent).is_absolute() else Path(parent)
+        if not parent_path.exists():
+            parent_path = resolve_config_path(parent)
+        merged = deep_merge(merged, load_yaml(parent_path))
+    return deep_merge(merged, data)
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "model":
+            out[key] = deep_merge(out[key], value)
+        elif key == "model" and isinstance(value, dict) and isinstance(out.get(key), dict):
+            # A new preset name starts from a clean slate; same name merges overrides.
+            out[key] = (
+                dict(value)
+                if value.get("name", out[key].get("name")) != out[key].get("name")
+                else {
+                    **out[key],
+                    **value,
+                }
+            )
+        else:
+            out[key] = value
+    return out
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["optim.lr=1e-3", "--trainer.devices", "2", "--data.name=mnist"]`` -> nested dict (YAML-typed values)."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key = arg[2:] if arg.startswith("--") else arg
+        if "=" in key:
+            key, raw = key.split("=", 1)
+        elif arg.startswith("--") and i + 1 < len(args):
+            i += 1
+            raw = args[i]
+        else:
+            raise ConfigError(f"cannot read override {arg!r}: write it as key.sub=value or --key.sub value")
+        if not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"malformed override key {key!r}")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {key}={raw!r} is not a valid YAML value: {e}") from e
+        if isinstance(value, str):
+            try:
+                value = float(value) if any(c in value for c in ".eE") else value
+            except ValueError:
+                pass
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r} conflicts with another override")
+        node[parts[-1]] = value
+        i += 1
+    return out
+
+
+def build_config(config: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type."""
+    data: dict[str, Any] = load_yaml(config) if config else {}
+    if overrides:
+        data = deep_merge(data, parse_overrides(overrides))
+    cfg = from_dict(RunConfig, data)
+    if "name" not in cfg.model:
+        raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
+    return cfg
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+__all__ = [
+    "AugmentConfig",
+    "ConfigError",
+    "DataConfig",
+    "OptimConfig",
+    "RunConfig",
+    "RunSection",
+    "TrainerConfig",
+    "build_config",
+    "dump_yaml",
+    "from_dict",
+    "load_yaml",
+    "parse_overrides",
+    "to_dict",
+]

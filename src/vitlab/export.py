@@ -1,0 +1,120 @@
+"""Exported models: ``model.safetensors`` + ``config.json``, rebuilt offline with no pickle.
+
+``config.json`` names the preset and holds the full constructor arguments, so a later vitlab rebuilds the same
+network even if the preset's defaults change. Checkpoints are read with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model as st_load_model
+from safetensors.torch import save_model as st_save_model
+from torch import nn
+
+from vitlab.errors import CheckpointError
+from vitlab.models.registry import create_model, get_preset
+
+EXPORT_FORMAT = "vitlab-export/1"
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a Lightning checkpoint safely (``weights_only=True``), with a clear error when it is unusable."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file (runs/<run>/checkpoints/last.ckpt)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for truncated / foreign files
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]}). The file is "
+            "corrupt, truncated or not a checkpoint: use another checkpoint of the run (checkpoints/best.ckpt or "
+            "last.ckpt) or train again"
+        ) from e
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise CheckpointError(f"{path} is not a vitlab/Lightning checkpoint (no 'state_dict' entry)")
+    return ckpt
+
+
+def checkpoint_hparams(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """``{"config", "model_kwargs", "data_info"}`` as ``vitlab fit`` stored them in the checkpoint."""
+    hp = ckpt.get("hyper_parameters") or {}
+    if not {"config", "model_kwargs", "data_info"} <= set(hp):
+        raise CheckpointError("checkpoint has no vitlab config in its hyper_parameters; was it written by vitlab fit?")
+    return hp
+
+
+def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild the trained model of a checkpoint. Returns ``(model, hparams)``."""
+    ckpt = read_checkpoint(path)
+    hp = checkpoint_hparams(ckpt)
+    model = create_model(hp["config"]["model"]["name"], **hp["model_kwargs"])
+    state = {k[len("model.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    model.load_state_dict(state)
+    return model, hp
+
+
+def export_model(model: nn.Module, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model.safetensors`` and ``config.json`` into ``out_dir`` atomically (staged, then renamed)."""
+    out_dir = Path(out_dir)
+    if not hasattr(model, "preset"):
+        raise ValueError("only models built with vitlab.create_model can be exported (they record their preset)")
+    meta = {
+        "format": EXPORT_FORMAT,
+        "model": model.preset,
+        "architecture": type(model).__name__,
+        "kwargs": model.init_kwargs,
+        **(extra or {}),
+    }
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        st_save_model(model, str(stage / "model.safetensors"))
+        (stage / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        stage.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> nn.Module:
+    """Rebuild a model offline from an exported folder, a run directory, or a ``.ckpt`` file; eval mode.
+
+    The exported weights are read by safetensors (no pickle); checkpoints by ``torch.load(weights_only=True)``.
+    """
+    path = Path(path)
+    if path.is_dir() and (path / "export" / "config.json").exists():
+        path = path / "export"
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.exists():
+            raise CheckpointError(
+                f"{path} holds no config.json: pass an exported folder (`vitlab export`), a run directory, "
+                "or a .ckpt file"
+            )
+        try:
+            meta = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{cfg_file} is not valid JSON ({e}); export the model again") from e
+        if meta.get("format") != EXPORT_FORMAT:
+            raise CheckpointError(f"{cfg_file} is not a vitlab export (format {meta.get('format')!r})")
+        get_preset(meta["model"])
+        model = create_model(meta["model"], **meta["kwargs"])
+        weights = path / "model.safetensors"
+        try:
+            missing, unexpected = st_load_model(model, str(weights), strict=True, device=str(map_location))
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{weights} is missing; export the model again") from e
+        except Exception as e:
+            raise CheckpointError(f"{weights} cannot be read ({e}); the file is corrupt: export the model again") from e
+        return model.eval()
+    model, _ = model_from_checkpoint(path)
+    return model.to(map_location).eval()

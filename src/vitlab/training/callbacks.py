@@ -1,0 +1,160 @@
+"""Run-directory plumbing for Lightning: JSON-lines metrics, atomic checkpoints, exact resume, DDP checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.loggers.logger import Logger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_only
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a reader never sees a partial file (temp file in the same folder + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints are written to a temporary file and renamed: a killed run never leaves a truncated ``.ckpt``."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save(checkpoint, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class JSONLinesLogger(Logger):
+    """Lightning logger writing one JSON object per epoch to ``metrics.jsonl`` (epoch-level metrics merged).
+
+    Step-level values (keys ending in ``_step``) are left to TensorBoard. A line is written when the epoch
+    changes and when training ends, so a resumed run appends to the same file.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self._epoch: int | None = None
+        self._buffer: dict[str, float] = {}
+
+    @property
+    def name(self) -> str:
+        return "jsonl"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        epoch = metrics.get("epoch")
+        values = {k: float(v) for k, v in metrics.items() if k != "epoch" and not k.endswith("_step")}
+        if epoch is None or not values:
+            return
+        epoch = int(epoch)
+        if self._epoch is not None and epoch != self._epoch:
+            self._flush()
+        self._epoch = epoch
+        self._buffer.update(values)
+        self._buffer["step"] = step
+
+    def _flush(self) -> None:
+        if self._epoch is None or not self._buffer:
+            return
+        record = {"epoch": self._epoch, **self._buffer}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self._buffer = {}
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        self._flush()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a ``metrics.jsonl``; lines of the same epoch (e.g. before and after a resume) are merged."""
+    rows: dict[int, dict[str, Any]] = {}
+    path = Path(path)
+    if not path.exists():
+        return []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            rows.setdefault(rec["epoch"], {}).update(rec)
+    return [rows[e] for e in sorted(rows)]
+
+
+class EpochSeed(pl.Callback):
+    """Re-seed every RNG at the start of each epoch from ``(seed, epoch)``.
+
+    The random state an epoch starts from is then a function of the epoch alone, so a run resumed from
+    ``last.ckpt`` draws exactly the same augmentations, dropout masks and shuffles as an uninterrupted one.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        s = (self.seed * 100_003 + trainer.current_epoch * 7919 + trainer.global_rank) % (2**31)
+        random.seed(s)
+        np.random.seed(s)
+        torch.manual_seed(s)
+
+
+class DDPConsistencyCheck(pl.Callback):
+    """After training under several processes, compare a checksum of every parameter across ranks.
+
+    Writes ``ddp_check.json`` (world size, per-rank checksums, ``in_sync``) into the run directory and warns loudly
+    when the replicas disagree.
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.world_size < 2:
+            return
+        with torch.no_grad():
+            local = torch.stack([p.detach().double().sum() for p in pl_module.parameters()])
+        gathered = pl_module.all_gather(local).cpu()  # [world, P]
+        in_sync = bool((gathered == gathered[0]).all())
+        if trainer.is_global_zero:
+            record = {"world_size": trainer.world_size, "in_sync": in_sync, "checksums": gathered.sum(1).tolist()}
+            atomic_write_text(self.run_dir / "ddp_check.json", json.dumps(record, indent=2))
+            if not in_sync:
+                rank_zero_only(print)("WARNING: DDP replicas ended with different weights; see ddp_check.json")

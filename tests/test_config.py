@@ -1,0 +1,53 @@
+"""Typed configs: YAML, dotted overrides, clear errors for unknown keys and bad types."""
+
+import pytest
+
+from vitlab.config import ConfigError, build_config, dump_yaml, parse_overrides
+
+
+def test_overrides_parse_both_styles_and_yaml_types():
+    out = parse_overrides(["optim.lr=1e-3", "--trainer.devices", "2", "--data.name=mnist", "run.test=false"])
+    assert out == {"optim": {"lr": 1e-3}, "trainer": {"devices": 2}, "data": {"name": "mnist"}, "run": {"test": False}}
+
+
+def test_packaged_config_with_overrides():
+    cfg = build_config("vit/digits", ["optim.lr=0.01", "trainer.max_epochs=3", "model.depth=2"])
+    assert cfg.optim.lr == 0.01 and cfg.trainer.max_epochs == 3
+    assert cfg.model == {"name": "vit_pico", "patch_size": 2, "depth": 2}
+    assert cfg.data.augment.random_crop is True
+    assert "max_epochs: 3" in dump_yaml(cfg)
+
+
+def test_unknown_key_names_the_key_and_suggests():
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim.lrr'.*Did you mean 'lr'"):
+        build_config("vit/digits", ["optim.lrr=0.1"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainr'.*Did you mean 'trainer'"):
+        build_config(None, ["trainr.max_epochs=1"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.augment.flip'"):
+        build_config(None, ["data.augment.flip=true"])
+
+
+def test_bad_types_are_errors():
+    with pytest.raises(ConfigError, match="trainer.max_epochs must be of type int"):
+        build_config(None, ["trainer.max_epochs=ten"])
+    with pytest.raises(ConfigError, match="must be true or false"):
+        build_config(None, ["trainer.deterministic=maybe"])
+
+
+def test_missing_config_file_lists_packaged_configs():
+    with pytest.raises(ConfigError, match=r"not found.*vit/digits"):
+        build_config("no/such/config")
+
+
+def test_yaml_defaults_are_merged(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("optim:\n  lr: 0.5\ntrainer:\n  max_epochs: 7\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("defaults: [base.yaml]\noptim:\n  weight_decay: 0.0\n")
+    cfg = build_config(child)
+    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.trainer.max_epochs) == (0.5, 0.0, 7)
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        parse_overrides(["lonely"])
