@@ -1,0 +1,136 @@
+"""The CET-ViT "EI" regulariser, as the model card says it was actually implemented (card: "EI loss, as actually
+implemented"; spec ``cetvit.md`` section 3).
+
+For one image the assignment matrix ``S: [N, K]`` (N micro tokens, K = K_max macro slots, rows summing to 1) has
+singular values ``sigma_1 >= ... >= sigma_K``. With ``p = sigma / sum(sigma)``:
+
+- ``norm_entropy = H(p) / log(K)`` and ``entropy_penalty = ReLU(0.5 - norm_entropy)`` (the "entropy floor");
+- ``reversibility = sigma_1 / sum(sigma)`` and ``rev_penalty = ReLU(reversibility - 0.45)`` (the "reversibility
+  ceiling");
+- ``degen`` = mean off-diagonal cosine similarity between the macro tokens ``h_macro: [K, D]``;
+- ``L_EI = entropy_penalty + 2.0 * rev_penalty + 0.1 * degen``, averaged over the batch.
+
+Card, Disclosure 2 -- read before using these terms: reversibility is HIGH when S is concentrated (near rank one,
+about 0.99) and LOW when it is diffuse (tokens one-hot over random slots, about 0.04; a realistic top-3 sparse S,
+about 0.05). Both ReLU terms therefore penalise concentration; neither penalises over-diffusion, so there is no
+"double well" and no "[0.20, 0.45] emergence zone". At the trained model's operating point (reversibility about
+0.24) both ReLU terms are zero and the loss acts only through ``degen``. The names are kept for fidelity to the
+card, not because the terms measure what those names suggest; Hoel's effective information is not computed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+EIVariant = Literal["full", "entropy_only", "none"]
+EI_VARIANTS: tuple[str, ...] = ("full", "entropy_only", "none")
+
+
+def assignment_singular_values(S: torch.Tensor) -> torch.Tensor:
+    """Singular values of each image's assignment matrix, descending. ``S: [B, N, K] -> [B, min(N, K)]``.
+
+    Computed in float32 (SVD has no half-precision kernel); ``svdvals`` has a stable gradient even for repeated
+    singular values, which balanced assignments produce.
+    """
+    if S.ndim != 3:
+        raise ValueError(f"S must be [B, N, K] (one assignment matrix per image), got shape {list(S.shape)}")
+    return torch.linalg.svdvals(S.float())
+
+
+def reversibility(S: torch.Tensor) -> torch.Tensor:
+    """Card's ``reversibility = sigma_1 / sum(sigma)`` per image. ``S: [B, N, K] -> [B]`` in ``[1/K, 1]``.
+
+    High (-> 1) for a concentrated, near rank-one S; low (-> 1/K) for tokens spread evenly over distinct slots.
+    """
+    sigma = assignment_singular_values(S)
+    return sigma[:, 0] / sigma.sum(-1).clamp_min(1e-12)
+
+
+def normalized_spectral_entropy(sigma: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """``H(sigma / sum(sigma)) / log(K_max)`` per image (card's Term 1). ``sigma: [B, R] -> [B]`` in ``[0, 1]``."""
+    if num_slots < 2:
+        raise ValueError(f"the normalised entropy needs at least 2 slots (log(K_max) > 0), got K_max={num_slots}")
+    p = sigma / sigma.sum(-1, keepdim=True).clamp_min(1e-12)
+    entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)
+    return entropy / math.log(num_slots)
+
+
+def macro_degeneracy(h_macro: torch.Tensor) -> torch.Tensor:
+    """Mean off-diagonal cosine similarity between macro tokens (card's Term 3). ``h_macro: [B, K, D] -> [B]``.
+
+    A zero macro token (an empty slot) has cosine similarity 0 with every other token.
+    """
+    if h_macro.ndim != 3 or h_macro.shape[1] < 2:
+        raise ValueError(f"h_macro must be [B, K, D] with K >= 2 macro tokens, got shape {list(h_macro.shape)}")
+    K = h_macro.shape[1]
+    unit = F.normalize(h_macro.float(), dim=-1)
+    cosine = unit @ unit.transpose(1, 2)  # [B, K, K]
+    off_diagonal = cosine.sum((1, 2)) - cosine.diagonal(dim1=1, dim2=2).sum(-1)
+    return off_diagonal / (K * (K - 1))
+
+
+def ei_terms(
+    S: torch.Tensor,
+    h_macro: torch.Tensor,
+    *,
+    variant: EIVariant = "full",
+    entropy_floor: float = 0.5,
+    reversibility_ceiling: float = 0.45,
+    rev_weight: float = 2.0,
+    degen_weight: float = 0.1,
+) -> dict[str, torch.Tensor]:
+    """Every EI term of the card and the loss of the chosen ``variant`` (spec section 3).
+
+    Args:
+        S: ``[B, N, K]`` assignment matrices (rows sum to 1).
+        h_macro: ``[B, K, D]`` macro tokens pooled with ``S``.
+        variant: ``full`` (all three terms), ``entropy_only`` (the card's v3 ablation: the entropy floor alone) or
+            ``none`` (the no-EI ablation: the terms are still returned for logging, the loss is zero).
+
+    Returns:
+        ``norm_entropy``, ``entropy_penalty``, ``reversibility``, ``rev_penalty``, ``degen`` (each ``[B]``) and
+        ``ei_loss`` (a scalar, the batch mean of the variant's weighted sum). Both penalties respond to
+        concentration only (card, Disclosure 2; see the module docstring).
+    """
+    if variant not in EI_VARIANTS:
+        raise ValueError(f"unknown EI variant {variant!r}; choose one of {', '.join(EI_VARIANTS)}")
+    if h_macro.ndim != 3 or S.ndim != 3 or h_macro.shape[:2] != (S.shape[0], S.shape[2]):
+        raise ValueError(
+            f"h_macro must be [B, K, D] matching S [B, N, K]; got S {list(S.shape)} and h_macro {list(h_macro.shape)}"
+        )
+    sigma = assignment_singular_values(S)
+    norm_entropy = normalized_spectral_entropy(sigma, S.shape[-1])
+    rev = sigma[:, 0] / sigma.sum(-1).clamp_min(1e-12)
+    terms = {
+        "norm_entropy": norm_entropy,
+        "entropy_penalty": F.relu(entropy_floor - norm_entropy),
+        "reversibility": rev,
+        "rev_penalty": F.relu(rev - reversibility_ceiling),
+        "degen": macro_degeneracy(h_macro),
+    }
+    if variant == "full":
+        per_image = terms["entropy_penalty"] + rev_weight * terms["rev_penalty"] + degen_weight * terms["degen"]
+        terms["ei_loss"] = per_image.mean()
+    elif variant == "entropy_only":
+        terms["ei_loss"] = terms["entropy_penalty"].mean()
+    else:
+        terms["ei_loss"] = sigma.new_zeros(())
+    return terms
+
+
+def ei_weight(epoch: float, final: float = 0.05, start: float = 50, end: float = 200) -> float:
+    """``lambda_ei`` at ``epoch`` (may be fractional): 0 until ``start``, a cosine ramp to ``final`` at ``end``, then
+    ``final`` (spec section 3; the card's first release used 50 -> 200 of 300 epochs, final weight 0.05).
+    """
+    if end <= start:
+        raise ValueError(f"the EI ramp must end after it starts, got start={start}, end={end}")
+    if epoch <= start:
+        return 0.0
+    if epoch >= end:
+        return final
+    progress = (epoch - start) / (end - start)
+    return final * 0.5 * (1.0 - math.cos(math.pi * progress))

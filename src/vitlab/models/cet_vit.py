@@ -1,0 +1,614 @@
+"""CET-ViT: a hierarchical ViT that routes micro tokens into macro slots by sparse top-k assignment.
+
+Source: the CET-ViT v4 model card (``shared/seeds/004_*.txt``) and ``specs/cetvit.md`` sections 1-3, which fill
+the card's gaps. Pipeline (card: "Architecture")::
+
+    PatchEmbed (P x P)                          -> micro tokens on a G x G grid
+    MicroEncoder: Swin stages, full resolution  -> h_micro [B, N, C]        (no patch merging: V-CEO needs all N)
+    V-CEO: S = topk_softmax(Linear(LN(h_micro)))  [B, N, K_max]           (the operative mechanism, k = 3)
+    fusion_proj: Linear C -> D                   (bridges the micro width to the fusion width)
+    h_macro = S^T h_micro / slot mass             [B, K_max, D]          (``pool="sum"``: the card's plain sum)
+    MacroEncoder: shared Blocks over h_macro + slot embedding
+    CrossScaleAttention: micro <- macro and macro <- micro, each with a residual
+    DeepEncoder: shared Blocks over the fused micro tokens
+    head: Linear(LN(concat(mean(micro), mean(macro))))
+
+Pooling the projected tokens equals projecting the pooled ones (a linear map commutes with a weighted mean), so
+one projection serves both the micro stream and the macro tokens.
+
+``dynamic_k="gumbel"`` adds the Dynamic-K estimator that the card's Disclosure 1 found dead, rebuilt so that it
+trains (spec section 2, :func:`dynamic_k_assignment`).
+
+Training interface: ``forward(x)`` returns the logits only, so CET-ViT obeys the same contract as every other
+model (evaluation, TTA, calibration, attention capture call ``model(x)``). A training task calls
+``forward_with_aux(x) -> (logits, CETViTAux)`` and adds ``aux.regularization(lambda_ei, lambda_k)``, i.e.
+``lambda_ei * ei_loss + lambda_k * k_cost``, to the cross-entropy; ``lambda_ei`` follows
+:func:`vitlab.losses.ei.ei_weight`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from timm.models.swin_transformer import SwinTransformerStage
+from timm.models.vision_transformer import init_weights_vit_timm
+from torch import nn
+
+from vitlab.layers import Block, Mlp, PatchEmbed, trunc_normal_
+from vitlab.losses.ei import EI_VARIANTS, EIVariant, ei_terms
+from vitlab.models.registry import register_preset
+from vitlab.models.vit import check_patch_grid
+
+POOLS = ("mean", "sum")
+DYNAMIC_K_MODES = ("none", "gumbel")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Pure functions of the V-CEO assignment
+# ------------------------------------------------------------------------------------------------------------------
+def topk_softmax(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Sparse top-k softmax (card: "Sparse top-3 softmax assignment"). ``logits: [..., K] -> S: [..., K]``.
+
+    Per row, a softmax over the ``k`` largest logits and zero elsewhere, so every row sums to 1 with exactly ``k``
+    non-zeros. ``k = K`` is the dense softmax (the card's dense-softmax ablation). Logits of ``-inf`` (masked
+    slots) are never selected while at least ``k`` logits are finite.
+    """
+    if not 1 <= k <= logits.shape[-1]:
+        raise ValueError(f"top-k softmax needs 1 <= k <= K = {logits.shape[-1]} slots, got k={k}")
+    values, index = logits.topk(k, dim=-1)
+    return torch.zeros_like(logits).scatter(-1, index, values.softmax(-1))
+
+
+def slot_usage_k(S: torch.Tensor, threshold: float = 0.05) -> torch.Tensor:
+    """Post-hoc number of active macro regions per image (card: Disclosure 1, "Slot-usage K"; spec section 2).
+
+    ``usage = S.sum(1)`` normalised over slots; ``K = #(usage > threshold)``. ``S: [B, N, K_max] -> [B]`` (long).
+    """
+    if S.ndim != 3:
+        raise ValueError(f"S must be [B, N, K_max], got shape {list(S.shape)}")
+    usage = S.sum(1)
+    usage = usage / usage.sum(-1, keepdim=True).clamp_min(1e-8)
+    return (usage > threshold).sum(-1)
+
+
+def pool_slots(S: torch.Tensor, tokens: torch.Tensor, pool: str = "mean") -> torch.Tensor:
+    """Macro tokens from an assignment (card: ``h_macro = S^T h_micro``). ``S: [B, N, K]``, ``tokens: [B, N, D]``.
+
+    Returns ``[B, K, D]``. ``pool="sum"`` is the card's plain sum; ``"mean"`` (default) divides each slot by its
+    mass ``sum_n S[n, k]`` counted in tokens, floored at one token, so a slot holding less than one token's worth
+    is scaled down with it instead of being blown up (its gradient would carry ``1 / mass``).
+    """
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+    pooled = S.transpose(1, 2) @ tokens
+    if pool == "sum":
+        return pooled
+    return pooled / S.sum(1).clamp_min(1.0).unsqueeze(-1)
+
+
+def dynamic_k_assignment(
+    logits: torch.Tensor, choice: torch.Tensor, k_candidates: Sequence[int], k: int
+) -> torch.Tensor:
+    """Top-k assignment with a per-image slot budget picked from ``k_candidates`` (spec section 2).
+
+    ``logits: [B, N, K_max]``, ``choice: [B, C]`` one-hot over the candidates (straight-through Gumbel-softmax in
+    training: hard values, soft gradient). Returns ``S: [B, N, K_max]``::
+
+        S = sum_c choice[:, c] * topk_softmax(logits with slots >= K_c set to -inf, k)
+
+    In the forward pass this is exactly the masked top-k softmax of the chosen budget. In the backward pass
+    ``dL/dchoice_c = <dL/dS, S_c>`` compares the loss under every candidate budget, so the estimator gets a
+    non-zero gradient from the classification loss. (Masking the logits with ``log(mask)`` instead gives it none:
+    S is invariant to a common scale of the unmasked slots, and masked slots lie outside the top-k, so the gradient
+    reaching the mask sums to zero.)
+    """
+    if choice.shape != (logits.shape[0], len(k_candidates)):
+        raise ValueError(f"choice must be [B, C] = [{logits.shape[0]}, {len(k_candidates)}], got {list(choice.shape)}")
+    slot = torch.arange(logits.shape[-1], device=logits.device)
+    S = torch.zeros_like(logits)
+    for c, budget in enumerate(k_candidates):
+        masked = logits.masked_fill(slot >= budget, float("-inf"))
+        S = S + choice[:, c, None, None] * topk_softmax(masked, k)
+    return S
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Parts
+# ------------------------------------------------------------------------------------------------------------------
+class MicroEncoder(nn.Module):
+    """Swin stages at full token resolution (spec section 1). ``x: [B, G, G, C_0] -> [B, G, G, C_last]``.
+
+    Each stage is timm's ``SwinTransformerStage`` without patch merging: window attention with relative position
+    bias, windows shifted by half a window in every second block. A stage that changes the width starts with a
+    linear projection (``widen``). Windows larger than the grid shrink to the grid (then no shift). A grid not
+    divisible by the window is zero-padded after each block's LayerNorm and cropped after the attention; as in
+    timm 1.0, padded positions are not masked out of the keys, and the cyclic shift is applied before the padding.
+    """
+
+    def __init__(
+        self,
+        *,
+        grid: int,
+        embed_dims: Sequence[int],
+        depths: Sequence[int],
+        num_heads: Sequence[int],
+        window_size: int,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        proj_drop: float,
+        attn_drop: float,
+        drop_path: Sequence[float],
+    ) -> None:
+        super().__init__()
+        self.widen = nn.ModuleList()
+        self.stages = nn.ModuleList()
+        width, first_block = embed_dims[0], 0
+        for dim, depth, heads in zip(embed_dims, depths, num_heads, strict=True):
+            self.widen.append(nn.Linear(width, dim) if dim != width else nn.Identity())
+            self.stages.append(
+                SwinTransformerStage(
+                    dim=dim,
+                    out_dim=dim,
+                    input_resolution=(grid, grid),
+                    depth=depth,
+                    downsample=False,
+                    num_heads=heads,
+                    window_size=window_size,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    proj_drop=proj_drop,
+                    attn_drop=attn_drop,
+                    drop_path=list(drop_path[first_block : first_block + depth]),
+                )
+            )
+            width, first_block = dim, first_block + depth
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for widen, stage in zip(self.widen, self.stages, strict=True):
+            x = stage(widen(x))
+        return x
+
+
+class VCEO(nn.Module):
+    """V-CEO assignment (card: "V-CEO Module"): ``S = topk_softmax(Linear(LN(h_micro)), k)``.
+
+    ``h_micro: [B, N, C] -> S: [B, N, K_max]``. With a Dynamic-K ``choice: [B, C]`` the slots beyond each image's
+    budget are masked out before the top-k softmax (:func:`dynamic_k_assignment`).
+    """
+
+    def __init__(self, dim: int, *, num_slots: int, topk: int) -> None:
+        super().__init__()
+        self.topk = topk
+        self.norm = nn.LayerNorm(dim)
+        self.assign = nn.Linear(dim, num_slots)
+
+    def forward(
+        self, h_micro: torch.Tensor, choice: torch.Tensor | None = None, k_candidates: Sequence[int] = ()
+    ) -> torch.Tensor:
+        logits = self.assign(self.norm(h_micro))
+        if choice is None:
+            return topk_softmax(logits, self.topk)
+        return dynamic_k_assignment(logits, choice, k_candidates, self.topk)
+
+
+class DynamicKEstimator(nn.Module):
+    """Per-image slot budget (spec section 2): an MLP on the mean micro token picks one of ``k_candidates``.
+
+    ``h_micro: [B, N, C] -> (choice [B, C_k], probs [B, C_k])``. Training: straight-through Gumbel-softmax
+    (``F.gumbel_softmax(hard=True)``: one-hot values, soft gradient). Eval: the one-hot argmax of ``probs``.
+    ``probs`` (no Gumbel noise) gives the expected budget ``E[K]`` for the cost ``E[K] / K_max``.
+    """
+
+    def __init__(self, dim: int, *, k_candidates: Sequence[int], hidden_dim: int, tau: float) -> None:
+        super().__init__()
+        self.k_candidates = tuple(k_candidates)
+        self.tau = tau
+        self.norm = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, hidden_features=hidden_dim, out_features=len(self.k_candidates))
+        self.register_buffer("k_values", torch.tensor(self.k_candidates, dtype=torch.float), persistent=False)
+
+    def forward(self, h_micro: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.mlp(self.norm(h_micro.mean(1)))
+        probs = logits.softmax(-1)
+        if self.training:
+            choice = F.gumbel_softmax(logits, tau=self.tau, hard=True)
+        else:
+            choice = F.one_hot(logits.argmax(-1), len(self.k_candidates)).to(logits.dtype)
+        return choice, probs
+
+
+class MacroEncoder(nn.Module):
+    """Global attention over the macro tokens plus a learned slot embedding. ``[B, K, D] -> [B, K, D]``.
+
+    Built from the shared :class:`~vitlab.layers.Block`, so ``capture_attention`` sees its maps. An empty slot
+    (no token assigned) enters as its slot embedding alone.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_slots: int,
+        depth: int,
+        num_heads: int,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        proj_drop: float,
+        attn_drop: float,
+        drop_path: Sequence[float],
+    ) -> None:
+        super().__init__()
+        self.slot_embed = nn.Parameter(torch.zeros(1, num_slots, dim))
+        self.blocks = nn.ModuleList(
+            Block(
+                dim,
+                num_heads=num_heads,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                proj_drop=proj_drop,
+                attn_drop=attn_drop,
+                drop_path=drop_path[i],
+            )
+            for i in range(depth)
+        )
+        trunc_normal_(self.slot_embed, std=0.02)
+
+    def forward(self, h_macro: torch.Tensor) -> torch.Tensor:
+        x = h_macro + self.slot_embed
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class CrossAttention(nn.Module):
+    """Pre-norm multi-head cross-attention with a residual: ``x + Proj(SDPA(Q(LN x), K(LN ctx), V(LN ctx)))``.
+
+    ``x: [B, N, D]`` (queries), ``context: [B, M, D]`` (keys and values) ``-> [B, N, D]``.
+    """
+
+    def __init__(
+        self, dim: int, *, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"width {dim} is not divisible by num_heads={num_heads}; choose a head count dividing it")
+        self.num_heads = num_heads
+        self.attn_drop = attn_drop
+        self.norm_q = nn.LayerNorm(dim)
+        self.norm_kv = nn.LayerNorm(dim)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        B, N, D = x.shape
+        H = self.num_heads
+        q = self.q(self.norm_q(x)).view(B, N, H, D // H).transpose(1, 2)
+        k, v = self.kv(self.norm_kv(context)).view(B, -1, 2, H, D // H).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        return x + self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, D)))
+
+
+class CrossScaleAttention(nn.Module):
+    """Micro tokens attend to macro tokens and macro tokens to micro tokens, both from the same inputs.
+
+    ``micro: [B, N, D]``, ``macro: [B, K, D] -> (micro', macro')`` (card: "CrossScaleAttention", 0.3M parameters
+    at width 192: two multi-head attentions).
+    """
+
+    def __init__(self, dim: int, *, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float) -> None:
+        super().__init__()
+        kw = dict(num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        self.micro_from_macro = CrossAttention(dim, **kw)
+        self.macro_from_micro = CrossAttention(dim, **kw)
+
+    def forward(self, micro: torch.Tensor, macro: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.micro_from_macro(micro, macro), self.macro_from_micro(macro, micro)
+
+
+class FusionHead(nn.Module):
+    """``logits = fc(drop(LN(concat(mean(micro), mean(macro)))))``. ``[B, 2D] -> [B, num_classes]``."""
+
+    def __init__(self, dim: int, *, num_classes: int, drop: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(2 * dim)
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(2 * dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward(self, pooled: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.drop(self.norm(pooled))
+        return x if pre_logits else self.fc(x)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The model
+# ------------------------------------------------------------------------------------------------------------------
+@dataclass
+class CETViTAux:
+    """What ``CETViT.forward_with_aux`` returns next to the logits.
+
+    Attributes:
+        S: ``[B, N, K_max]`` the sparse assignment.
+        h_macro: ``[B, K_max, D]`` the pooled macro tokens (input of the MacroEncoder).
+        slot_usage_k: ``[B]`` post-hoc active-slot count (:func:`slot_usage_k`).
+        ei: the EI terms of :func:`vitlab.losses.ei.ei_terms` (``[B]`` each) and the scalar ``ei_loss``.
+        k_cost: scalar ``E[K] / K_max`` of the Dynamic-K estimator (0 without one).
+        k_chosen: ``[B]`` the slot budget used per image, or None without an estimator.
+        k_probs: ``[B, C]`` the estimator's distribution over ``k_candidates``, or None.
+        k_expected: ``[B]`` ``E[K]`` per image under ``k_probs``, or None.
+    """
+
+    S: torch.Tensor
+    h_macro: torch.Tensor
+    slot_usage_k: torch.Tensor
+    ei: dict[str, torch.Tensor]
+    k_cost: torch.Tensor
+    k_chosen: torch.Tensor | None = None
+    k_probs: torch.Tensor | None = None
+    k_expected: torch.Tensor | None = None
+
+    @property
+    def ei_loss(self) -> torch.Tensor:
+        return self.ei["ei_loss"]
+
+    def regularization(self, lambda_ei: float, lambda_k: float) -> torch.Tensor:
+        """``lambda_ei * ei_loss + lambda_k * k_cost``: the term a training task adds to the cross-entropy."""
+        return lambda_ei * self.ei_loss + lambda_k * self.k_cost
+
+
+class CETViT(nn.Module):
+    """CET-ViT classifier (card: "Architecture"; spec section 1). ``x: [B, C, H, W] -> logits [B, num_classes]``.
+
+    Args:
+        img_size, patch_size, in_chans, num_classes: input and output.
+        embed_dims, depths, num_heads: per MicroEncoder stage (width, Swin blocks, heads).
+        window_size: Swin window (shrinks to the grid when larger).
+        num_slots: ``K_max`` macro slots. ``topk``: non-zeros per row of S (``topk = num_slots`` is dense).
+        pool: ``mean`` (default) or ``sum`` (the card's plain ``S^T h_micro``), see :func:`pool_slots`.
+        fusion_dim, fusion_heads: width and heads of the MacroEncoder, CrossScaleAttention and DeepEncoder.
+        macro_depth, deep_depth: global blocks in the MacroEncoder and the DeepEncoder.
+        dynamic_k: ``none`` or ``gumbel`` (the Dynamic-K estimator of spec section 2).
+        k_candidates, k_hidden_dim, k_tau: the estimator's budgets, hidden width and Gumbel temperature.
+        ei: EI variant reported in ``aux.ei["ei_loss"]``: ``full``, ``entropy_only`` or ``none``.
+        drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
+            dropout, and stochastic depth (linear over all blocks in forward order).
+    """
+
+    def __init__(
+        self,
+        *,
+        img_size: int = 32,
+        patch_size: int = 2,
+        in_chans: int = 3,
+        num_classes: int = 100,
+        embed_dims: Sequence[int] = (96, 192, 384, 768),
+        depths: Sequence[int] = (2, 2, 8, 2),
+        num_heads: Sequence[int] = (3, 6, 12, 24),
+        window_size: int = 4,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        num_slots: int = 32,
+        topk: int = 3,
+        pool: str = "mean",
+        fusion_dim: int = 192,
+        fusion_heads: int = 6,
+        macro_depth: int = 6,
+        deep_depth: int = 1,
+        dynamic_k: str = "none",
+        k_candidates: Sequence[int] = (4, 8, 16, 32),
+        k_hidden_dim: int = 64,
+        k_tau: float = 1.0,
+        ei: EIVariant = "full",
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        embed_dims, depths, num_heads = tuple(embed_dims), tuple(depths), tuple(num_heads)
+        k_candidates = tuple(k_candidates)
+        _check_options(
+            embed_dims, depths, num_heads, num_slots, topk, pool, fusion_dim, fusion_heads, dynamic_k, k_candidates, ei
+        )
+        grid = check_patch_grid(img_size, patch_size)
+        self.num_classes = num_classes
+        self.num_slots = num_slots
+        self.pool = pool
+        self.ei_variant = ei
+        self.grid_size = (grid, grid)
+        micro_end = sum(depths)
+        macro_end = micro_end + macro_depth
+        num_blocks = macro_end + deep_depth
+        # Plain Python (not torch.linspace) so the model can be built on the meta device.
+        dpr = [drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]
+        micro_dpr, macro_dpr, deep_dpr = dpr[:micro_end], dpr[micro_end:macro_end], dpr[macro_end:]
+        blocks = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=drop_rate, attn_drop=attn_drop_rate)
+
+        self.patch_embed = PatchEmbed(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dims[0],
+            norm_layer=nn.LayerNorm,
+            output_fmt="NHWC",
+        )
+        self.micro_encoder = MicroEncoder(
+            grid=grid,
+            embed_dims=embed_dims,
+            depths=depths,
+            num_heads=num_heads,
+            window_size=window_size,
+            drop_path=micro_dpr,
+            **blocks,
+        )
+        micro_dim = embed_dims[-1]
+        self.v_ceo = VCEO(micro_dim, num_slots=num_slots, topk=topk)
+        if dynamic_k == "gumbel":
+            self.k_estimator = DynamicKEstimator(
+                micro_dim, k_candidates=k_candidates, hidden_dim=k_hidden_dim, tau=k_tau
+            )
+        else:
+            self.k_estimator = None
+        self.fusion_proj = nn.Linear(micro_dim, fusion_dim) if micro_dim != fusion_dim else nn.Identity()
+        self.macro_encoder = MacroEncoder(
+            fusion_dim, num_slots=num_slots, depth=macro_depth, num_heads=fusion_heads, drop_path=macro_dpr, **blocks
+        )
+        self.cross_scale = CrossScaleAttention(
+            fusion_dim, num_heads=fusion_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate
+        )
+        self.deep_encoder = nn.ModuleList(
+            Block(fusion_dim, num_heads=fusion_heads, drop_path=deep_dpr[i], **blocks) for i in range(deep_depth)
+        )
+        self.head = FusionHead(fusion_dim, num_classes=num_classes, drop=drop_rate)
+        self.apply(init_weights_vit_timm)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Relative position bias tables and the slot embedding (timm's Swin and ViT convention)."""
+        return {
+            name for name, _ in self.named_parameters() if name.endswith(("relative_position_bias_table", "slot_embed"))
+        }
+
+    def _encode(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``x: [B, C, H, W]`` -> (tokens ``[B, N + K, D]``, S, h_macro, Dynamic-K choice, Dynamic-K probs)."""
+        h_micro = self.micro_encoder(self.patch_embed(x)).flatten(1, 2)  # [B, N, C]
+        choice = probs = None
+        if self.k_estimator is None:
+            S = self.v_ceo(h_micro)
+        else:
+            choice, probs = self.k_estimator(h_micro)
+            S = self.v_ceo(h_micro, choice, self.k_estimator.k_candidates)
+        micro = self.fusion_proj(h_micro)  # [B, N, D]
+        h_macro = pool_slots(S, micro, self.pool)  # [B, K, D]
+        micro, macro = self.cross_scale(micro, self.macro_encoder(h_macro))
+        for block in self.deep_encoder:
+            micro = block(micro)
+        return torch.cat([micro, macro], dim=1), S, h_macro, choice, probs
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W] -> [B, N + K_max, D]``: the fused micro tokens followed by the macro tokens."""
+        return self._encode(x)[0]
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """``[B, N + K_max, D] -> [B, num_classes]`` (or the normalised ``[B, 2D]`` with ``pre_logits``)."""
+        micro, macro = x[:, : -self.num_slots], x[:, -self.num_slots :]
+        return self.head(torch.cat([micro.mean(1), macro.mean(1)], dim=-1), pre_logits=pre_logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_with_aux(self, x: torch.Tensor) -> tuple[torch.Tensor, CETViTAux]:
+        """Logits ``[B, num_classes]`` and the :class:`CETViTAux` record (S, h_macro, EI terms, Dynamic-K)."""
+        tokens, S, h_macro, choice, probs = self._encode(x)
+        logits = self.forward_head(tokens)
+        aux = CETViTAux(
+            S=S,
+            h_macro=h_macro,
+            slot_usage_k=slot_usage_k(S.detach()),
+            ei=ei_terms(S, h_macro, variant=self.ei_variant),
+            k_cost=logits.new_zeros(()),
+        )
+        if self.k_estimator is not None:
+            k_values = self.k_estimator.k_values
+            aux.k_probs = probs
+            aux.k_expected = probs @ k_values
+            aux.k_chosen = k_values[choice.argmax(-1)].long()
+            aux.k_cost = aux.k_expected.mean() / self.num_slots
+        return logits, aux
+
+
+def _check_options(
+    embed_dims: tuple[int, ...],
+    depths: tuple[int, ...],
+    num_heads: tuple[int, ...],
+    num_slots: int,
+    topk: int,
+    pool: str,
+    fusion_dim: int,
+    fusion_heads: int,
+    dynamic_k: str,
+    k_candidates: tuple[int, ...],
+    ei: str,
+) -> None:
+    """Clear errors for inconsistent CET-ViT options."""
+    if not (len(embed_dims) == len(depths) == len(num_heads) >= 1):
+        raise ValueError(
+            f"embed_dims, depths and num_heads give one entry per MicroEncoder stage and must have the same length, "
+            f"got {len(embed_dims)}, {len(depths)}, {len(num_heads)}"
+        )
+    for dim, heads in zip(embed_dims, num_heads, strict=True):
+        if dim % heads != 0:
+            raise ValueError(f"stage width {dim} is not divisible by its {heads} heads; fix embed_dims or num_heads")
+    if fusion_dim % fusion_heads != 0:
+        raise ValueError(f"fusion_dim {fusion_dim} is not divisible by fusion_heads={fusion_heads}")
+    if num_slots < 2 or not 1 <= topk <= num_slots:
+        raise ValueError(f"need num_slots >= 2 and 1 <= topk <= num_slots, got num_slots={num_slots}, topk={topk}")
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+    if ei not in EI_VARIANTS:
+        raise ValueError(f"ei must be one of {', '.join(EI_VARIANTS)}, got {ei!r}")
+    if dynamic_k not in DYNAMIC_K_MODES:
+        raise ValueError(f"dynamic_k must be one of {', '.join(DYNAMIC_K_MODES)}, got {dynamic_k!r}")
+    if dynamic_k != "none" and (
+        list(k_candidates) != sorted(set(k_candidates)) or not all(topk <= c <= num_slots for c in k_candidates)
+    ):
+        raise ValueError(
+            f"k_candidates must be increasing slot budgets between topk={topk} and num_slots={num_slots}, "
+            f"got {list(k_candidates)}"
+        )
+
+
+def param_breakdown(model: CETViT) -> dict[str, int]:
+    """Parameter count per part of a CET-ViT (its direct children: ``patch_embed``, ``micro_encoder``, ``v_ceo``,
+    ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``).
+    The counts add up to the model's total.
+    """
+    return {name: sum(p.numel() for p in part.parameters()) for name, part in model.named_children()}
+
+
+_CET_VIT_SIZES = {
+    "cet_vit_pico": dict(
+        embed_dims=(32, 32, 64, 64),
+        depths=(1, 1, 1, 1),
+        num_heads=(2, 2, 4, 4),
+        num_slots=16,
+        k_candidates=(4, 8, 16),
+        fusion_dim=64,
+        fusion_heads=4,
+        macro_depth=1,
+        deep_depth=1,
+        mlp_ratio=2.0,
+    ),
+    "cet_vit_nano": dict(
+        embed_dims=(48, 48, 96, 96),
+        depths=(1, 1, 2, 1),
+        num_heads=(3, 3, 6, 6),
+        fusion_dim=96,
+        fusion_heads=3,
+        macro_depth=2,
+        deep_depth=1,
+    ),
+    "cet_vit_tiny": dict(
+        embed_dims=(64, 64, 128, 192),
+        depths=(2, 2, 2, 2),
+        num_heads=(2, 2, 4, 6),
+        fusion_dim=128,
+        fusion_heads=4,
+        macro_depth=2,
+        deep_depth=1,
+    ),
+    "cet_vit_base": dict(),
+}
+_DESCRIPTIONS = {
+    "cet_vit_pico": "CET-ViT for CPU smoke runs (~0.2M params, 16 slots)",
+    "cet_vit_nano": "CET-ViT for CPU training in minutes (~0.8M params)",
+    "cet_vit_tiny": "small CET-ViT (~2.3M params)",
+    "cet_vit_base": "CET-ViT v4 Base sized to the model card (33.5M params on 32x32, 100 classes; card: 33.12M)",
+}
+for _name, _kw in _CET_VIT_SIZES.items():
+    register_preset(_name, CETViT, _DESCRIPTIONS[_name], **_kw)
