@@ -34,7 +34,7 @@ def test_size_bias_sdpa_equals_eager():
 
 
 def _manual_attention(m: Attention, x: torch.Tensor, form: str) -> torch.Tensor:
-    B, N, C = x.shape
+    B, N, _ = x.shape
     q, k, _ = m.qkv(x).view(B, N, 3, m.num_heads, m.head_dim).permute(2, 0, 3, 1, 4)
     logits = q @ k.transpose(-2, -1) / m.head_dim**0.5
     tau = m.log_tau.exp().view(1, -1, 1, 1)

@@ -7,6 +7,7 @@ the section and the closest valid names. The resolved config is written into eve
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import types
@@ -256,11 +257,9 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as e:
             raise ConfigError(f"override {key}={raw!r} is not a valid YAML value: {e}") from e
-        if isinstance(value, str):
-            try:
-                value = float(value) if any(c in value for c in ".eE") else value
-            except ValueError:
-                pass
+        if isinstance(value, str) and any(c in value for c in ".eE"):
+            with contextlib.suppress(ValueError):
+                value = float(value)
         node = out
         parts = key.split(".")
         for part in parts[:-1]:

@@ -110,7 +110,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> nn
         model = create_model(meta["model"], **meta["kwargs"])
         weights = path / "model.safetensors"
         try:
-            missing, unexpected = st_load_model(model, str(weights), strict=True, device=str(map_location))
+            st_load_model(model, str(weights), strict=True, device=str(map_location))
         except FileNotFoundError as e:
             raise CheckpointError(f"{weights} is missing; export the model again") from e
         except Exception as e:

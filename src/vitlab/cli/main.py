@@ -18,24 +18,13 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
 
-Runner = Callable[[argparse.Namespace, list[str]], int]
-Setup = Callable[[argparse.ArgumentParser], Runner]
+from vitlab.cli.registry import COMMANDS, Runner, command
 
-#: sub-command name -> (function that fills its parser and returns its runner, one-line help)
-COMMANDS: dict[str, tuple[Setup, str]] = {}
-
-
-def command(name: str, help: str) -> Callable[[Setup], Setup]:
-    """Register a sub-command: the decorated function fills the sub-parser and returns the runner."""
-
-    def wrap(setup: Setup) -> Setup:
-        COMMANDS[name] = (setup, help)
-        return setup
-
-    return wrap
+#: modules whose import registers further sub-commands (each in its own file)
+COMMAND_MODULES: list[str] = []
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -154,6 +143,9 @@ def _info(p: argparse.ArgumentParser) -> Runner:
 # -------------------------------------------------------------------------------------------------------------------
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
     from vitlab import __version__
+
+    for module in COMMAND_MODULES:
+        import_module(module)
 
     parser = argparse.ArgumentParser(
         prog="vitlab",

@@ -111,7 +111,7 @@ class BaseTask(pl.LightningModule):
         if cfg.schedule == "cosine":
             total = int(self.trainer.estimated_stepping_batches)
             steps_per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))
-            warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
+            warmup = round(cfg.warmup_epochs * steps_per_epoch)
             fn = WarmupCosine(warmup, total, cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
