@@ -13,7 +13,7 @@ def test_overrides_parse_both_styles_and_yaml_types():
 def test_packaged_config_with_overrides():
     cfg = build_config("vit/digits", ["optim.lr=0.01", "trainer.max_epochs=3", "model.depth=2"])
     assert cfg.optim.lr == 0.01 and cfg.trainer.max_epochs == 3
-    assert cfg.model == {"name": "vit_pico", "patch_size": 2, "depth": 2}
+    assert cfg.model == {"name": "vit_nano", "patch_size": 2, "depth": 2}
     assert cfg.data.augment.random_crop is True
     assert "max_epochs: 3" in dump_yaml(cfg)
 

@@ -70,6 +70,7 @@ class RunSection:
     seed: int = 0
     export: bool = True
     test: bool = True
+    generate: bool = True
     report: bool = True
 
 

@@ -184,7 +184,14 @@ class VisionDataModule(pl.LightningDataModule):
         self.setup()
         collate = NormalizeCollate(self.mean, self.std, num_classes=self.num_classes, augment=self.cfg.augment)
         sampler = EpochShuffleSampler(len(self.train_set), self.cfg.seed)
-        return self._loader(self.train_set, self.cfg.batch_size, collate, sampler)
+        # A ragged last batch (possibly of one image) would skew batch statistics such as the MMD of ViTCAE.
+        drop_last = len(self.train_set) > self.cfg.batch_size
+        loader = self._loader(self.train_set, self.cfg.batch_size, collate, sampler, drop_last=drop_last)
+        # Its own generator: creating an iterator draws a base seed from the loader's generator, which would
+        # otherwise come from the global RNG and shift every augmentation after a resume (the resumed run
+        # creates its first iterator at another point than an uninterrupted one).
+        loader.generator = torch.Generator().manual_seed(self.cfg.seed)
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         self.setup()
@@ -199,12 +206,18 @@ class VisionDataModule(pl.LightningDataModule):
         return self._loader(dataset, self.cfg.eval_batch_size or self.cfg.batch_size, collate, sampler=None)
 
     def _loader(
-        self, dataset: Dataset, batch_size: int, collate: NormalizeCollate, sampler: Sampler | None
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        collate: NormalizeCollate,
+        sampler: Sampler | None,
+        drop_last: bool = False,
     ) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
+            drop_last=drop_last,
             collate_fn=collate,
             num_workers=self.cfg.num_workers,
             persistent_workers=self.cfg.num_workers > 0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vitlab.errors import ConfigError
 from vitlab.layers import Block, PatchEmbed, trunc_normal_
 from vitlab.layers.attention import TemperatureForm
 from vitlab.models.registry import register_preset
@@ -16,7 +17,7 @@ from vitlab.models.registry import register_preset
 def check_patch_grid(img_size: int, patch_size: int) -> int:
     """Number of patches per side; a clear error when the image does not tile into patches."""
     if img_size % patch_size != 0:
-        raise ValueError(
+        raise ConfigError(
             f"image size {img_size} is not divisible by the patch size {patch_size}; set model.patch_size to a "
             f"divisor of {img_size} (e.g. {', '.join(str(p) for p in range(1, img_size + 1) if img_size % p == 0)}) "
             "or resize the data with data.img_size"

@@ -57,8 +57,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 class JSONLinesLogger(Logger):
     """Lightning logger writing one JSON object per epoch to ``metrics.jsonl`` (epoch-level metrics merged).
 
-    Step-level values (keys ending in ``_step``) are left to TensorBoard. A line is written when the epoch
-    changes and when training ends, so a resumed run appends to the same file.
+    Step-level values (keys ending in ``_step``) are left to TensorBoard and test-set values to
+    ``test_metrics.json``. A line is written when the epoch changes and when training ends, so a resumed run appends
+    to the same file.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -82,7 +83,11 @@ class JSONLinesLogger(Logger):
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         epoch = metrics.get("epoch")
-        values = {k: float(v) for k, v in metrics.items() if k != "epoch" and not k.endswith("_step")}
+        values = {
+            k: float(v)
+            for k, v in metrics.items()
+            if k != "epoch" and not k.endswith("_step") and not k.startswith("test/")
+        }
         if epoch is None or not values:
             return
         epoch = int(epoch)

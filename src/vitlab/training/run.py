@@ -24,6 +24,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from vitlab.config import ConfigError, RunConfig, deep_merge, dump_yaml, from_dict, parse_overrides, to_dict
 from vitlab.data import VisionDataModule, build_datamodule
+from vitlab.diagnostics.controller import DynamicsController
+from vitlab.errors import VitlabError
 from vitlab.export import CheckpointError, export_model, read_checkpoint
 from vitlab.models.registry import constructor_args, create_model, get_preset
 from vitlab.training.callbacks import (
@@ -134,22 +136,20 @@ def build_task(cfg: RunConfig, model: torch.nn.Module, hparams: dict[str, Any]) 
 
 def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callback]:
     monitor, mode = task.monitor
+    ckpt_dir = run_dir / "checkpoints"
     callbacks: list[pl.Callback] = [
         ModelCheckpoint(
-            dirpath=run_dir / "checkpoints",
-            filename="best",
-            monitor=monitor,
-            mode=mode,
-            save_last=True,
-            save_top_k=1,
-            auto_insert_metric_name=False,
-            enable_version_counter=False,
+            dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1, enable_version_counter=False
         ),
+        # Lightning's save_last only copies when a monitored checkpoint is written; resuming needs every epoch.
+        ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False),
         EpochSeed(cfg.run.seed),
         DDPConsistencyCheck(run_dir),
         LearningRateMonitor(logging_interval="epoch"),
         *task.extra_callbacks(run_dir),
     ]
+    if cfg.dynamics is not None:
+        callbacks.append(DynamicsController.from_config(cfg.dynamics, run_dir))
     if cfg.trainer.enable_progress_bar:
         callbacks.append(TQDMProgressBar(refresh_rate=max(1, min(20, cfg.trainer.log_every_n_steps))))
     return callbacks
@@ -180,8 +180,11 @@ def share_cpu_threads(trainer: pl.Trainer) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
-def fit(cfg: RunConfig, resume: str | Path | None = None) -> Path:
-    """Train a model as ``cfg`` says; returns the run directory. ``resume``: a run directory or a ``.ckpt``."""
+def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Callback] | None = None) -> Path:
+    """Train a model as ``cfg`` says; returns the run directory.
+
+    ``resume``: a run directory or a ``.ckpt`` to continue from; ``callbacks``: extra Lightning callbacks.
+    """
     ckpt_path = None
     if resume is not None:
         ckpt_path = Path(resume)
@@ -198,10 +201,15 @@ def fit(cfg: RunConfig, resume: str | Path | None = None) -> Path:
     dm.setup("fit")
     info = data_info(dm)
     kwargs = model_kwargs_for(cfg, info)
-    model = create_model(cfg.model["name"], **kwargs)
+    try:
+        model = create_model(cfg.model["name"], **kwargs)
+    except (ValueError, TypeError) as e:
+        if isinstance(e, ConfigError | VitlabError):
+            raise
+        raise ConfigError(f"cannot build model {cfg.model['name']!r} with {kwargs}: {e}") from e
     hparams = {"config": to_dict(cfg), "model_kwargs": kwargs, "data_info": info}
     task = build_task(cfg, model, hparams)
-    trainer = make_trainer(cfg, run_dir, _callbacks(cfg, run_dir, task))
+    trainer = make_trainer(cfg, run_dir, _callbacks(cfg, run_dir, task) + list(callbacks or []))
 
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)

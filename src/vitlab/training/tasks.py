@@ -57,6 +57,22 @@ class BaseTask(pl.LightningModule):
         self.optim_cfg: OptimConfig = cfg.optim
         self.save_hyperparameters(hparams)
 
+    plateau: torch.optim.lr_scheduler.ReduceLROnPlateau | None = None
+    _plateau_state: dict[str, Any] | None = None
+
+    def on_train_epoch_end(self) -> None:
+        """ReduceLROnPlateau on the validation loss (the ViTCAE paper's schedule), before the checkpoint is saved."""
+        if self.plateau is not None and "val/loss" in self.trainer.callback_metrics:
+            self.plateau.step(float(self.trainer.callback_metrics["val/loss"]))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.plateau is not None:
+            checkpoint["plateau_scheduler"] = self.plateau.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Called before configure_optimizers on resume; the state is applied when the scheduler is built.
+        self._plateau_state = checkpoint.get("plateau_scheduler")
+
     def extra_callbacks(self, run_dir: Any) -> list[pl.Callback]:
         """Task-specific callbacks (e.g. the attention-dynamics controller)."""
         return []
@@ -101,13 +117,14 @@ class BaseTask(pl.LightningModule):
         if cfg.schedule == "none":
             return optimizer
         if cfg.schedule == "plateau":
-            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            # Stepped by this task in on_train_epoch_end, not by Lightning: Lightning steps epoch schedulers after
+            # the epoch's checkpoint is written, so a resumed run would miss one step (see on_save_checkpoint).
+            self.plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
                 optimizer, mode="min", factor=cfg.plateau_factor, patience=cfg.plateau_patience, min_lr=cfg.min_lr
             )
-            return {
-                "optimizer": optimizer,
-                "lr_scheduler": {"scheduler": scheduler, "monitor": "val/loss", "interval": "epoch"},
-            }
+            if self._plateau_state is not None:
+                self.plateau.load_state_dict(self._plateau_state)
+            return optimizer
         if cfg.schedule == "cosine":
             total = int(self.trainer.estimated_stepping_batches)
             steps_per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))

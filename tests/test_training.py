@@ -1,0 +1,176 @@
+"""Training end to end: the vitlab command, run directories, exact resume, export, errors, DDP."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+import vitlab
+from vitlab.cli.main import main
+from vitlab.config import build_config
+from vitlab.training.callbacks import read_metrics
+from vitlab.training.run import fit
+
+TINY = [
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "model.depth=1",
+    "data.limit_train=256",
+    "run.generate=false",
+]
+
+
+def _fit_cli(tmp_path: Path, *extra: str, config: str = "vit/digits") -> Path:
+    run_dir = tmp_path / "run"
+    rc = main(["fit", "--config", config, f"run.dir={run_dir}", "trainer.max_epochs=2", *TINY, *extra])
+    assert rc == 0
+    return run_dir
+
+
+def test_cli_fit_writes_a_complete_run_directory(tmp_path, capsys):
+    run_dir = _fit_cli(tmp_path)
+    out = capsys.readouterr().out
+    assert f"run directory: {run_dir}" in out and "test: " in out
+    for name in (
+        "config.yaml",
+        "env.json",
+        "metrics.jsonl",
+        "test_metrics.json",
+        "checkpoints/last.ckpt",
+        "checkpoints/best.ckpt",
+        "export/model.safetensors",
+        "export/config.json",
+    ):
+        assert (run_dir / name).is_file(), name
+    assert list((run_dir / "tb").rglob("events.out.tfevents.*")), "TensorBoard events missing"
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["epoch"] for r in rows] == [0, 1]
+    assert {"train/loss", "val/loss", "val/acc"} <= set(rows[-1])
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["versions"]["torch"] == torch.__version__ and "git" in env
+    assert not list(run_dir.rglob("*.tmp")), "temporary files left behind"
+
+
+def test_exported_model_loads_offline_and_matches_the_checkpoint(tmp_path):
+    run_dir = _fit_cli(tmp_path)
+    ckpt = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
+    exported = vitlab.load_model(run_dir / "export")
+    from_ckpt = vitlab.load_model(run_dir / "checkpoints" / "best.ckpt")
+    x = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(exported(x), from_ckpt(x))
+    assert set(ckpt["hyper_parameters"]) == {"config", "model_kwargs", "data_info"}
+    # the run directory itself is accepted too
+    torch.testing.assert_close(vitlab.load_model(run_dir)(x), exported(x))
+
+
+def test_cli_test_validate_export(tmp_path, capsys):
+    run_dir = _fit_cli(tmp_path)
+    capsys.readouterr()
+    assert main(["test", str(run_dir), "trainer.enable_progress_bar=false"]) == 0
+    assert "test/acc" in json.loads(capsys.readouterr().out)
+    assert main(["validate", str(run_dir), "trainer.enable_progress_bar=false"]) == 0
+    assert "val/acc" in json.loads(capsys.readouterr().out)
+    out = tmp_path / "exp"
+    assert main(["export", str(run_dir / "checkpoints" / "last.ckpt"), "--out", str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
+
+
+class StopAfterFirstEpoch(pl.Callback):
+    def on_train_epoch_end(self, trainer, pl_module):
+        trainer.should_stop = True
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+@pytest.mark.parametrize("config", ["vit/digits", "vitcae/digits"])
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, config):
+    overrides = [
+        *TINY,
+        "trainer.max_epochs=3",
+        "trainer.deterministic=true",
+        "run.test=false",
+        "run.export=false",
+        "data.augment.random_crop=true",
+        "model.drop_path_rate=0.1",
+        "loss.warmup_epochs=1",
+    ]
+    if config.startswith("vit/"):
+        overrides.remove("loss.warmup_epochs=1")
+    full = fit(build_config(config, [*overrides, f"run.dir={tmp_path / 'full'}"]))
+    part = fit(build_config(config, [*overrides, f"run.dir={tmp_path / 'part'}"]), callbacks=[StopAfterFirstEpoch()])
+    assert torch.load(part / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 0
+    resumed = fit(build_config(config, [*overrides, f"run.dir={part}"]), resume=part)
+    a, b = _weights(full), _weights(resumed)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after resume"
+
+
+def _cli_error(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 2
+    return capsys.readouterr().err
+
+
+def test_clear_errors(tmp_path, capsys):
+    err = _cli_error(capsys, "fit", "--config", "vit/digits", "data.name=imagenet-1k")
+    assert "unknown dataset" in err and "digits" in err and "Traceback" not in err
+    err = _cli_error(capsys, "fit", "--config", "vit/digits", "model.patch_size=3", f"run.dir={tmp_path / 'r'}", *TINY)
+    assert "not divisible by the patch size 3" in err
+    err = _cli_error(capsys, "fit", "--config", "vit/digits", "optim.lrr=1")
+    assert "unknown config key 'optim.lrr'" in err and "Did you mean 'lr'" in err
+    err = _cli_error(capsys, "fit", "--config", "vit/digits", "model.name=vit_tinyy")
+    assert "unknown model 'vit_tinyy'" in err
+    err = _cli_error(capsys, "fit", "--config", "vit/digits", "data.name=mnist", f"data.root={tmp_path}")
+    assert str(tmp_path) in err and "download" in err
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
+    run_dir = _fit_cli(tmp_path)
+    bad = tmp_path / "bad.ckpt"
+    data = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    err = _cli_error(capsys, "export", str(bad))
+    assert "corrupt" in err and str(bad) in err
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    assert "corrupt" in _cli_error(capsys, "test", str(garbage))
+    assert "corrupt" in _cli_error(capsys, "fit", "--resume", str(garbage), "--config", "vit/digits")
+
+
+def test_print_config(capsys):
+    assert main(["fit", "--config", "vit/digits", "optim.lr=0.5", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: 0.5" in out and "name: vit_nano" in out
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_on_cpu_keep_the_same_weights(tmp_path):
+    run_dir = tmp_path / "ddp"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("VITLAB_RUN_DIR", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "vitlab.cli.main",
+        "fit",
+        "--config",
+        "vit/digits",
+        f"run.dir={run_dir}",
+        "trainer.max_epochs=1",
+        "trainer.strategy=ddp",
+        "trainer.devices=2",
+        *TINY,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads((run_dir / "ddp_check.json").read_text())
+    assert check["world_size"] == 2 and check["in_sync"] is True
+    assert check["checksums"][0] == check["checksums"][1]
+    assert (run_dir / "export" / "model.safetensors").is_file()
