@@ -1,4 +1,5 @@
-"""Evaluation: calibration, corruptions and the statistics of the comparisons between models."""
+"""Evaluation: calibration, corruptions, the statistics of the comparisons between models, and the drivers that
+run them on a trained run (``evaluate_run``) and compare runs (``compare_runs``)."""
 
 from vitlab.evaluation.calibration import (
     calibration_split_eval,
@@ -6,6 +7,7 @@ from vitlab.evaluation.calibration import (
     fit_temperature,
     reliability_diagram,
 )
+from vitlab.evaluation.compare import compare_runs, comparison_json, comparison_markdown, run_metrics
 from vitlab.evaluation.corruptions import (
     CORRUPTIONS,
     SEVERITY_PARAMETERS,
@@ -15,21 +17,45 @@ from vitlab.evaluation.corruptions import (
     scale_contrast,
     shift_brightness,
 )
+from vitlab.evaluation.evaluate import (
+    View,
+    build_tta_views,
+    classification_metrics,
+    classifier_logits,
+    evaluate_run,
+    format_evaluation,
+    load_evaluation_target,
+    logits_and_assignment,
+    translate,
+)
 from vitlab.evaluation.stats import correlation_report, summarize, welch_ttest
 
 __all__ = [
     "CORRUPTIONS",
     "SEVERITY_PARAMETERS",
+    "View",
     "add_gaussian_noise",
     "apply_corruption",
     "blur",
+    "build_tta_views",
     "calibration_split_eval",
+    "classification_metrics",
+    "classifier_logits",
+    "compare_runs",
+    "comparison_json",
+    "comparison_markdown",
     "correlation_report",
+    "evaluate_run",
     "expected_calibration_error",
     "fit_temperature",
+    "format_evaluation",
+    "load_evaluation_target",
+    "logits_and_assignment",
     "reliability_diagram",
+    "run_metrics",
     "scale_contrast",
     "shift_brightness",
     "summarize",
+    "translate",
     "welch_ttest",
 ]

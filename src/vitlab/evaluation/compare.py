@@ -1,0 +1,205 @@
+"""Compare runs: group them (by model or any config key), summarise every metric over seeds, Welch's t-tests.
+
+CET-ViT card, "Results" (spec ``cetvit.md`` section 6): top-1 accuracy as mean and standard deviation over seeds,
+and Welch's unequal-variance t-test between two models' seeds. A run contributes the numbers of its
+``test_metrics.json`` (as logged, e.g. ``test/acc``) and, when ``vitlab evaluate`` has run, the float values of
+``evaluation/evaluation.json`` flattened to ``eval/<section>/<key>`` (e.g. ``eval/tta/top1``,
+``eval/corruptions/contrast/mean``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vitlab.errors import ConfigError
+from vitlab.evaluation.evaluate import EVALUATION_FILE
+from vitlab.evaluation.stats import summarize, welch_ttest
+
+TEST_METRICS_FILE = "test_metrics.json"
+PAIRINGS = ("first", "all")
+#: sections of evaluation.json that hold per-run metrics (``run`` is provenance, ``per_class`` a table)
+EVALUATION_SECTIONS = ("test", "calibration", "test_calibrated", "tta", "corruptions", "mean_corrupted", "assignment")
+
+
+def _flatten_floats(node: Any, prefix: str) -> dict[str, float]:
+    """Float leaves of nested dicts as ``{"prefix/a/b": value}``; counts (ints), lists and strings are left out."""
+    if isinstance(node, float):
+        return {prefix: node} if math.isfinite(node) else {}
+    if isinstance(node, Mapping):
+        flat: dict[str, float] = {}
+        for key, value in node.items():
+            flat.update(_flatten_floats(value, f"{prefix}/{key}"))
+        return flat
+    return {}
+
+
+def run_metrics(run_dir: str | Path) -> dict[str, float]:
+    """The metrics of one run: ``test_metrics.json`` as it is, plus ``evaluation.json`` as ``eval/...`` floats."""
+    run_dir = Path(run_dir)
+    metrics: dict[str, float] = {}
+    test_file = run_dir / TEST_METRICS_FILE
+    if test_file.exists():
+        test = json.loads(test_file.read_text())
+        metrics.update({k: float(v) for k, v in test.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+    evaluation_file = run_dir / "evaluation" / EVALUATION_FILE
+    if evaluation_file.exists():
+        evaluation = json.loads(evaluation_file.read_text())
+        for section in EVALUATION_SECTIONS:
+            metrics.update(_flatten_floats(evaluation.get(section), f"eval/{section}"))
+    if not metrics:
+        raise ConfigError(
+            f"{run_dir} has no {TEST_METRICS_FILE} and no evaluation/{EVALUATION_FILE}: test the run "
+            f"(`vitlab test {run_dir}`) or evaluate it (`vitlab evaluate {run_dir}`) first"
+        )
+    return metrics
+
+
+def _config_value(config: Mapping[str, Any], key_path: str, run_dir: Path) -> Any:
+    node: Any = config
+    for part in key_path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ConfigError(
+                f"{run_dir}/config.yaml has no key {key_path!r}; group by 'model' or a dotted config key such as "
+                "'model.topk', 'optim.lr' or 'data.name'"
+            )
+        node = node[part]
+    return node
+
+
+def _group_label(config: Mapping[str, Any], group_by: str, run_dir: Path) -> str:
+    """``group_by="model"`` -> the preset name (``model.name``); any other value is a dotted key of config.yaml."""
+    value = _config_value(config, "model.name" if group_by == "model" else group_by, run_dir)
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _welch(groups: Mapping[str, Any], a: str, b: str, metric: str) -> dict[str, Any]:
+    """Welch's t-test of ``metric`` between groups ``a`` and ``b``, or the reason it cannot be run."""
+    values_a, values_b = groups[a]["values"].get(metric, []), groups[b]["values"].get(metric, [])
+    entry: dict[str, Any] = {"a": a, "b": b, "metric": metric, "n_a": len(values_a), "n_b": len(values_b)}
+    if len(values_a) < 2 or len(values_b) < 2:
+        return {**entry, "skipped": "each group needs at least 2 runs (seeds) with this metric"}
+    try:
+        t, p = welch_ttest(values_a, values_b)
+    except ValueError as e:
+        return {**entry, "skipped": str(e)}
+    difference = sum(values_a) / len(values_a) - sum(values_b) / len(values_b)
+    return {**entry, "difference": difference, "t": t, "p": p}
+
+
+def compare_runs(
+    run_dirs: Sequence[str | Path], group_by: str = "model", metric: str = "test/acc", pairs: str = "first"
+) -> dict[str, Any]:
+    """Group runs, summarise each metric per group over its runs (seeds), and t-test ``metric`` between groups.
+
+    Args:
+        run_dirs: run directories, each with ``config.yaml`` and ``test_metrics.json`` and/or an evaluation.
+        group_by: ``model`` (the preset name) or a dotted key of config.yaml (``model.topk``, ``optim.lr``).
+        metric: the metric of the t-tests (a key of the summaries, e.g. ``test/acc`` or ``eval/tta/top1``).
+        pairs: ``first`` (each group against the first, in the order the runs were given) or ``all`` pairs.
+
+    Returns ``{"group_by", "metric", "groups": {label: {"runs", "seeds", "metrics": {key: summarize(...)}}},
+    "tests": [...]}``; a group's ``values`` hold the raw per-run numbers, in run order.
+    """
+    if not run_dirs:
+        raise ConfigError("compare needs at least one run directory")
+    if pairs not in PAIRINGS:
+        raise ConfigError(f"pairs must be one of {', '.join(PAIRINGS)}, got {pairs!r}")
+    groups: dict[str, dict[str, Any]] = {}
+    for run_dir in map(Path, run_dirs):
+        config_file = run_dir / "config.yaml"
+        if not config_file.exists():
+            raise ConfigError(f"{run_dir} is not a run directory (no config.yaml); pass folders that `vitlab fit` made")
+        config = yaml.safe_load(config_file.read_text()) or {}
+        group = groups.setdefault(_group_label(config, group_by, run_dir), {"runs": [], "seeds": [], "values": {}})
+        group["runs"].append(str(run_dir))
+        group["seeds"].append((config.get("run") or {}).get("seed"))
+        for key, value in run_metrics(run_dir).items():
+            group["values"].setdefault(key, []).append(value)
+    for group in groups.values():
+        group["metrics"] = {key: summarize(values) for key, values in group["values"].items()}
+    if not any(metric in group["values"] for group in groups.values()):
+        available = sorted(set().union(*(group["values"] for group in groups.values())))
+        raise ConfigError(f"no run has the metric {metric!r}; available: {', '.join(available)}")
+    labels = list(groups)
+    pairings = (
+        [(labels[0], other) for other in labels[1:]] if pairs == "first" else list(itertools.combinations(labels, 2))
+    )
+    return {
+        "group_by": group_by,
+        "metric": metric,
+        "groups": groups,
+        "tests": [_welch(groups, a, b, metric) for a, b in pairings],
+    }
+
+
+def _json_safe(node: Any) -> Any:
+    """NaN (the std of a single run) -> null, so the file is strict JSON."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return None
+    if isinstance(node, Mapping):
+        return {key: _json_safe(value) for key, value in node.items()}
+    if isinstance(node, list | tuple):
+        return [_json_safe(value) for value in node]
+    return node
+
+
+def comparison_json(comparison: Mapping[str, Any]) -> str:
+    """The comparison as strict JSON text (NaN written as null)."""
+    return json.dumps(_json_safe(comparison), indent=2, allow_nan=False)
+
+
+def _cell(summary: Mapping[str, float] | None, runs: int) -> str:
+    if summary is None:
+        return "-"
+    text = f"{summary['mean']:.4g}"
+    if summary["n"] > 1:
+        text += f" ± {summary['std']:.2g}"
+    if summary["n"] != runs:
+        text += f" (n={summary['n']})"
+    return text
+
+
+def comparison_markdown(comparison: Mapping[str, Any]) -> str:
+    """Markdown: a table of ``mean ± std`` per metric (rows) and group (columns), then the t-tests.
+
+    A cell shows ``(n=k)`` when fewer than all the group's runs report the metric, and ``-`` when none does.
+    """
+    groups = comparison["groups"]
+    labels = list(groups)
+    # The tested metric first, then the others in the order the runs report them (test metrics, then evaluation).
+    metrics = list(
+        dict.fromkeys([comparison["metric"], *(key for group in groups.values() for key in group["metrics"])])
+    )
+    header = ["metric", *(f"{label} (n={len(groups[label]['runs'])})" for label in labels)]
+    lines = [
+        f"## Runs grouped by {comparison['group_by']}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for key in metrics:
+        cells = [_cell(groups[label]["metrics"].get(key), len(groups[label]["runs"])) for label in labels]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    if comparison["tests"]:
+        lines += [
+            "",
+            f"## Welch's t-test on {comparison['metric']}",
+            "",
+            "| group | vs | difference | t | p |",
+            "|---|---|---|---|---|",
+        ]
+        for test in comparison["tests"]:
+            if "skipped" in test:
+                lines.append(f"| {test['a']} | {test['b']} | - | - | skipped: {test['skipped']} |")
+            else:
+                lines.append(
+                    f"| {test['a']} | {test['b']} | {test['difference']:+.4g} | {test['t']:.3f} | {test['p']:.3g} |"
+                )
+    return "\n".join(lines) + "\n"

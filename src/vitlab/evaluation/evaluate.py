@@ -1,0 +1,646 @@
+"""The evaluation suite of a trained classifier: ``evaluate_run(run_dir)`` (spec ``cetvit.md`` section 6).
+
+CET-ViT card: "Results", "Calibration", "OOD robustness", "Reversibility vs accuracy". On the test set of the
+run's data: top-1 / top-5 accuracy, NLL and ECE (15 equal-width bins); a temperature fitted on one half of the
+validation set and evaluated on the other half, then applied to the test set, with a reliability diagram before and
+after; test-time augmentation over fixed views; accuracy under the CIFAR-C corruptions at every severity; per-class
+accuracy; and, for models that expose their token-to-slot assignment ``S`` (CET-ViT's ``forward_with_aux``),
+per-class reversibility and slot-usage K with their correlation to per-class accuracy.
+
+Every image passes through [0, 1] pixel space (``denormalize`` with the data's statistics) so that views and
+corruptions act on real pixels, then is normalised with the statistics the model was trained with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from vitlab.config import DataConfig, deep_merge, from_dict, parse_overrides, to_dict
+from vitlab.data import VisionDataModule, build_datamodule, denormalize
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.evaluation.calibration import calibration_split_eval, expected_calibration_error, reliability_diagram
+from vitlab.evaluation.corruptions import CORRUPTIONS, apply_corruption
+from vitlab.evaluation.stats import correlation_report
+from vitlab.export import load_model, model_from_checkpoint
+from vitlab.losses.ei import reversibility
+from vitlab.models.cet_vit import slot_usage_k
+
+N_BINS = 15  # ECE bins (card: "Calibration"; Guo et al. 2017)
+TOP_K = 5
+SEVERITIES = (1, 2, 3, 4, 5)
+#: datasets whose classes survive a horizontal flip (natural images); digits, MNIST and SVHN do not
+FLIP_INVARIANT_DATASETS = frozenset({"cifar10", "cifar100", "celeba", "tiny-imagenet"})
+EVALUATION_FILE = "evaluation.json"
+RELIABILITY_FILE = "reliability.png"
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Model outputs
+# -------------------------------------------------------------------------------------------------------------------
+def _logits_of(output: Any) -> torch.Tensor:
+    """The logits in a model's output: the tensor itself, its ``.logits``, or the first element of a tuple."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(getattr(output, "logits", None), torch.Tensor):
+        return output.logits
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(
+        f"cannot find class logits in a model output of type {type(output).__name__}: a classifier must return a "
+        "logits tensor [B, K], an object with a .logits tensor, or a tuple whose first element is the logits"
+    )
+
+
+def classifier_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``model(x)``'s class logits ``[B, K]`` for ``x: [B, C, H, W]``, whatever the model family returns.
+
+    ViT and CET-ViT return the logits tensor; ViTCAE a dataclass with ``.logits``; models returning
+    ``(logits, aux)`` are read by their first element.
+    """
+    return _logits_of(model(x))
+
+
+def logits_and_assignment(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits ``[B, K]`` and, for a model with ``forward_with_aux`` (CET-ViT), its assignment ``S: [B, N, K_max]``.
+
+    The auxiliary record may be an object with an ``S`` attribute or a mapping with an ``"S"`` key (the card's
+    original code returns a dict); models without ``forward_with_aux`` give ``S = None``.
+    """
+    if not hasattr(model, "forward_with_aux"):
+        return classifier_logits(model, x), None
+    logits, aux = model.forward_with_aux(x)
+    assignment = aux.get("S") if isinstance(aux, Mapping) else getattr(aux, "S", None)
+    return _logits_of(logits), assignment
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Test-time augmentation views
+# -------------------------------------------------------------------------------------------------------------------
+def translate(images: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """Shift ``images: [B, C, H, W]`` by ``dy`` rows down and ``dx`` columns right, filling with 0 (black).
+
+    ``out[..., i, j] = images[..., i - dy, j - dx]``: a crop at a fixed offset of the zero-padded image, i.e. the
+    training pad-and-crop augmentation (``data.augment.random_crop``) at one of its positions.
+    """
+    height, width = images.shape[-2:]
+    if abs(dy) >= height or abs(dx) >= width:
+        raise ValueError(f"a shift of ({dy}, {dx}) pixels leaves nothing of a {height}x{width} image")
+    pad_y, pad_x = abs(dy), abs(dx)
+    padded = torch.nn.functional.pad(images, [pad_x, pad_x, pad_y, pad_y])
+    return padded[..., pad_y - dy : pad_y - dy + height, pad_x - dx : pad_x - dx + width]
+
+
+@dataclass(frozen=True)
+class View:
+    """One test-time view: an optional horizontal flip, then a shift by ``(dy, dx)`` pixels (see :func:`translate`)."""
+
+    name: str
+    hflip: bool = False
+    shift: tuple[int, int] = (0, 0)
+
+    @property
+    def is_identity(self) -> bool:
+        return not self.hflip and self.shift == (0, 0)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """``images: [B, C, H, W]`` in [0, 1] -> the view, same shape."""
+        out = images.flip(-1) if self.hflip else images
+        return translate(out, *self.shift) if self.shift != (0, 0) else out
+
+
+def build_tta_views(count: int, *, hflip: bool, shift: int) -> list[View]:
+    """The first ``count`` views of: identity, horizontal flip (only if ``hflip``), then shifts by ``shift`` pixels
+    to the corners: ``(+s, +s)``, ``(-s, -s)``, ``(+s, -s)``, ``(-s, +s)`` (as ``(down, right)``).
+
+    Five views are identity, flip and three shifts on flip-invariant data, identity and four shifts otherwise.
+    """
+    if shift < 1:
+        raise ValueError(f"the TTA shift must be at least 1 pixel, got {shift}")
+    candidates = [View("identity")]
+    if hflip:
+        candidates.append(View("hflip", hflip=True))
+    for dy, dx in ((shift, shift), (-shift, -shift), (shift, -shift), (-shift, shift)):
+        candidates.append(View(f"shift({dy:+d},{dx:+d})", shift=(dy, dx)))
+    if not 0 <= count <= len(candidates):
+        raise ValueError(
+            f"tta_views must be in 0..{len(candidates)} ({'with' if hflip else 'without'} the flip view), got {count}"
+        )
+    return candidates[:count]
+
+
+def default_tta_shift(img_size: int) -> int:
+    """``max(1, img_size // 16)`` pixels: 2 on 32x32 (CIFAR), 4 on 64x64, 1 on 8x8 or 28x28."""
+    return max(1, img_size // 16)
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Metrics
+# -------------------------------------------------------------------------------------------------------------------
+def classification_metrics(
+    probs: torch.Tensor, labels: torch.Tensor, *, top_k: int = TOP_K, n_bins: int = N_BINS
+) -> dict[str, float]:
+    """``top1``, ``top5`` (top-``min(top_k, K)``), ``nll`` and ``ece`` of probabilities ``probs: [B, K]``.
+
+    ``labels: [B]``. The NLL is ``-mean log p_y`` with ``p_y`` floored at 1e-12 (averaged TTA probabilities have
+    no logits); the ECE uses ``n_bins`` equal-width bins (:func:`expected_calibration_error`).
+    """
+    probs = probs.to(torch.float64)
+    ranked = probs.topk(min(top_k, probs.shape[1]), dim=-1).indices
+    correct_k = (ranked == labels[:, None]).any(-1)
+    return {
+        "top1": (ranked[:, 0] == labels).double().mean().item(),
+        "top5": correct_k.double().mean().item(),
+        "nll": -probs.gather(1, labels[:, None]).clamp_min(1e-12).log().mean().item(),
+        "ece": expected_calibration_error(probs, labels, n_bins=n_bins),
+    }
+
+
+def per_class_mean(values: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean of ``values: [B]`` over the images of each class (``labels: [B]``) -> ``(means [K], counts [K])``.
+
+    Classes without images get NaN.
+    """
+    counts = torch.bincount(labels, minlength=num_classes)
+    sums = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, labels, values.to(torch.float64))
+    return torch.where(counts > 0, sums / counts.clamp_min(1), torch.nan), counts
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no NaN: missing values (a class without test images) are written as null."""
+    return None if math.isnan(value) else value
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Loading a run
+# -------------------------------------------------------------------------------------------------------------------
+@dataclass
+class EvaluationTarget:
+    """A model ready to evaluate with its data: what :func:`load_evaluation_target` finds at a path.
+
+    ``mean`` / ``std`` are the normalisation the model was trained with; ``out_dir`` the default output folder.
+    """
+
+    model: nn.Module
+    datamodule: VisionDataModule
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    out_dir: Path
+    source: Path
+    train_hflip: bool
+
+
+def _locate(path: Path) -> tuple[Path | None, Path]:
+    """``(run directory or None, model source)`` for a run directory, an export folder or a checkpoint."""
+    if path.is_file():
+        run_dir = path.parent.parent
+        return (run_dir if (run_dir / "config.yaml").exists() else None), path
+    if not path.is_dir():
+        raise ConfigError(f"{path} does not exist; pass a run directory, its export/ folder or a .ckpt file")
+    if (path / "config.json").exists():
+        return (path.parent if (path.parent / "config.yaml").exists() else None), path
+    if (path / "config.yaml").exists():
+        for candidate in (path / "export", path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt"):
+            if candidate.exists():
+                return path, candidate
+        raise CheckpointError(
+            f"run directory {path} holds no export/ folder and no checkpoint; train it to the end or `vitlab export` it"
+        )
+    raise ConfigError(
+        f"{path} is neither a run directory (config.yaml), an exported model (config.json) nor a checkpoint"
+    )
+
+
+def _data_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
+    """``["batch_size=32", "augment.hflip=true"]`` or ``{"batch_size": 32, "augment.hflip": True}`` -> nested."""
+    if overrides is None:
+        return {}
+    if isinstance(overrides, Mapping):
+        nested: dict[str, Any] = {}
+        for key, value in overrides.items():
+            *parents, leaf = key.split(".")
+            node = nested
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return nested
+    return parse_overrides([overrides] if isinstance(overrides, str) else list(overrides))
+
+
+def load_evaluation_target(
+    path: str | Path,
+    data_overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    device: str | torch.device = "cpu",
+) -> EvaluationTarget:
+    """Load the model at ``path`` (run directory, export folder or ``.ckpt``) and the data module it was trained on.
+
+    The data config comes from the run's ``config.yaml`` (or the checkpoint's stored config, or, for a lone export,
+    ``DataConfig(name=<dataset in config.json>)``), with ``data_overrides`` (keys of the ``data`` section) applied.
+    The output folder defaults to ``<run>/evaluation`` (``<export>/evaluation`` for a lone export).
+    """
+    from vitlab.training.run import load_run_config
+
+    path = Path(path)
+    run_dir, source = _locate(path)
+    stored_data: dict[str, Any] | None = None
+    if source.is_dir():
+        model = load_model(source, map_location=device)
+        info = json.loads((source / "config.json").read_text()).get("data") or {}
+    else:
+        model, hparams = model_from_checkpoint(source)
+        model = model.to(device).eval()
+        info, stored_data = hparams["data_info"], hparams["config"].get("data")
+    if run_dir is not None:
+        data_cfg = to_dict(load_run_config(run_dir).data)
+    elif stored_data is not None:
+        data_cfg = stored_data
+    elif "dataset" in info:
+        data_cfg = {"name": info["dataset"]}
+    else:
+        raise ConfigError(
+            f"{source} does not say which dataset it was trained on; pass the run directory, or name the data "
+            "with --data name=<dataset>"
+        )
+    data_cfg = from_dict(DataConfig, deep_merge(data_cfg, _data_overrides(data_overrides)), "data")
+    datamodule = build_datamodule(data_cfg)
+    for key, data_value in (
+        ("num_classes", datamodule.num_classes),
+        ("in_chans", datamodule.in_chans),
+        ("img_size", datamodule.img_size),
+    ):
+        if key in info and info[key] != data_value:
+            fix = f"img_size={info[key]}" if key == "img_size" else f"name={info.get('dataset', '<dataset>')}"
+            raise ConfigError(
+                f"the model was trained with {key}={info[key]} but the data gives {key}={data_value}; evaluate on "
+                f"the data it was trained on (--data {fix})"
+            )
+    mean = tuple(info["mean"]) if "mean" in info else datamodule.mean
+    std = tuple(info["std"]) if "std" in info else datamodule.std
+    out_dir = (run_dir if run_dir is not None else source if source.is_dir() else source.parent) / "evaluation"
+    return EvaluationTarget(model, datamodule, mean, std, out_dir, source, data_cfg.augment.hflip)
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# The suite
+# -------------------------------------------------------------------------------------------------------------------
+def _pixel_batches(
+    loader: DataLoader,
+    data_mean: Sequence[float],
+    data_std: Sequence[float],
+    device: str | torch.device,
+    max_batches: int | None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(images: [B, C, H, W]`` in [0, 1], ``labels: [B])`` from a normalising loader, on ``device``."""
+    for index, (x, y) in enumerate(loader):
+        if max_batches is not None and index >= max_batches:
+            return
+        yield denormalize(x.to(device), data_mean, data_std), y.to(device)
+
+
+@dataclass
+class _Normalizer:
+    """[0, 1] pixels -> the model's input, with the statistics the model was trained with."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return (images - self.mean) / self.std
+
+
+@dataclass
+class _TestPredictions:
+    """What one pass over the test set collects. ``logits: [B, K]``, ``labels: [B]``; ``tta_probs: [B, K]`` or
+    None; ``reversibility, slot_usage_k: [B]`` or None (no assignment matrix); ``corrupt_correct[name, severity]``
+    the number of correct predictions under that corruption."""
+
+    logits: torch.Tensor
+    labels: torch.Tensor
+    tta_probs: torch.Tensor | None
+    reversibility: torch.Tensor | None
+    slot_usage_k: torch.Tensor | None
+    corrupt_correct: dict[tuple[str, int], int]
+
+
+def _cat(chunks: list[torch.Tensor]) -> torch.Tensor | None:
+    return torch.cat(chunks) if chunks else None
+
+
+@torch.inference_mode()
+def _predict_validation(
+    model: nn.Module, dm: VisionDataModule, normalize: _Normalizer, device: str | torch.device, max_batches: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validation logits ``[B, K]`` (float64, CPU) and labels ``[B]``."""
+    logits, labels = [], []
+    for images, y in _pixel_batches(dm.val_dataloader(), dm.mean, dm.std, device, max_batches):
+        logits.append(classifier_logits(model, normalize(images)).double().cpu())
+        labels.append(y.cpu())
+    if sum(len(y) for y in labels) < 2:
+        raise ConfigError(
+            "temperature scaling needs a validation set of at least 2 images, and this run has none "
+            "(data.val_fraction=0?); pass --data val_fraction=0.1 (those images may have been trained on)"
+        )
+    return torch.cat(logits), torch.cat(labels)
+
+
+@torch.inference_mode()
+def _predict_test(
+    model: nn.Module,
+    dm: VisionDataModule,
+    normalize: _Normalizer,
+    *,
+    views: list[View],
+    corruptions: list[tuple[str, int]],
+    generator: torch.Generator,
+    device: str | torch.device,
+    max_batches: int | None,
+) -> _TestPredictions:
+    """One pass over the test set: clean logits (and S), the TTA views, every (corruption, severity)."""
+    logits_chunks, labels_chunks, tta_chunks, rev_chunks, k_chunks = [], [], [], [], []
+    corrupt_correct = dict.fromkeys(corruptions, 0)
+    for images, labels in _pixel_batches(dm.test_dataloader(), dm.mean, dm.std, device, max_batches):
+        logits, S = logits_and_assignment(model, normalize(images))
+        logits_chunks.append(logits.double().cpu())
+        labels_chunks.append(labels.cpu())
+        if S is not None:
+            rev_chunks.append(reversibility(S).double().cpu())
+            k_chunks.append(slot_usage_k(S).double().cpu())
+        if views:
+            probs = sum(
+                logits.double().softmax(-1)
+                if view.is_identity
+                else classifier_logits(model, normalize(view(images))).double().softmax(-1)
+                for view in views
+            )
+            tta_chunks.append((probs / len(views)).cpu())
+        for name, severity in corruptions:
+            corrupted = apply_corruption(images, name, severity, generator=generator)
+            prediction = classifier_logits(model, normalize(corrupted)).argmax(-1)
+            corrupt_correct[name, severity] += int((prediction == labels).sum())
+    if not labels_chunks:
+        raise ConfigError("the test set is empty; check the data config (data.name, data.path)")
+    return _TestPredictions(
+        torch.cat(logits_chunks),
+        torch.cat(labels_chunks),
+        _cat(tta_chunks),
+        _cat(rev_chunks),
+        _cat(k_chunks),
+        corrupt_correct,
+    )
+
+
+def _check_options(tta_views_count: int, severities: Sequence[int], max_batches: int | None) -> None:
+    if isinstance(tta_views_count, bool) or not isinstance(tta_views_count, int) or tta_views_count < 0:
+        raise ValueError(f"tta_views must be a count >= 0 (0 turns TTA off), got {tta_views_count!r}")
+    bad = [s for s in severities if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 5]
+    if bad or not severities:
+        raise ValueError(f"severities must be integers in 1..5, got {list(severities)}")
+    if max_batches is not None and max_batches < 1:
+        raise ValueError(f"max_batches must be >= 1 or None, got {max_batches}")
+
+
+def evaluate_run(
+    run_dir_or_export: str | Path,
+    *,
+    data_overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    tta_views: int = 5,
+    hflip: bool | None = None,
+    tta_shift: int | None = None,
+    corruptions: bool = True,
+    severities: Sequence[int] = SEVERITIES,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    max_batches: int | None = None,
+    out_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Run the evaluation suite on a trained classifier and write ``evaluation.json`` + ``reliability.png``.
+
+    Args:
+        run_dir_or_export: a run directory, its ``export/`` folder, or a ``.ckpt`` file.
+        data_overrides: keys of the ``data`` config section to change (``["eval_batch_size=256"]`` or a dict).
+        tta_views: number of test-time views (:func:`build_tta_views`); 0 turns TTA off.
+        hflip: whether the flip view is allowed; None = if the model was trained with flips or the dataset is
+            in :data:`FLIP_INVARIANT_DATASETS`.
+        tta_shift: pixels of the shift views; None = :func:`default_tta_shift`.
+        corruptions: run the CIFAR-C corruption suite at ``severities``.
+        seed: the validation half used to fit the temperature, the corruption noise and the bootstrap.
+        max_batches: evaluate only the first ``max_batches`` batches of each of the validation and test loaders.
+        out_dir: where the JSON and PNG go (default ``<run>/evaluation``).
+
+    Returns the results dict that is written to ``evaluation.json``: sections ``run``, ``test``,
+    ``calibration`` (validation halves), ``test_calibrated``, ``tta``, ``corruptions``, ``mean_corrupted``,
+    ``per_class`` and ``assignment`` (None for models without an assignment matrix).
+    """
+    _check_options(tta_views, severities, max_batches)
+    target = load_evaluation_target(run_dir_or_export, data_overrides, device)
+    model, dm = target.model.eval(), target.datamodule
+    dm.setup()
+    dataset = dm.cfg.name
+    model_name = getattr(model, "preset", type(model).__name__)
+    flip_allowed = (target.train_hflip or dataset in FLIP_INVARIANT_DATASETS) if hflip is None else hflip
+    shift = default_tta_shift(dm.img_size) if tta_shift is None else tta_shift
+    views = build_tta_views(tta_views, hflip=flip_allowed, shift=shift)
+    corruption_names = list(CORRUPTIONS) if corruptions else []
+    normalize = _Normalizer(
+        torch.tensor(target.mean, device=device).view(-1, 1, 1), torch.tensor(target.std, device=device).view(-1, 1, 1)
+    )
+
+    val_logits, val_labels = _predict_validation(model, dm, normalize, device, max_batches)
+    if val_logits.shape[1] != dm.num_classes:
+        raise ConfigError(
+            f"the model predicts {val_logits.shape[1]} classes but {dataset} has {dm.num_classes}; evaluate the "
+            "model on the data it was trained on"
+        )
+    test = _predict_test(
+        model,
+        dm,
+        normalize,
+        views=views,
+        corruptions=[(name, severity) for name in corruption_names for severity in severities],
+        generator=torch.Generator(device=device).manual_seed(seed),
+        device=device,
+        max_batches=max_batches,
+    )
+    calibration = calibration_split_eval(val_logits, val_labels, seed=seed, n_bins=N_BINS)
+    temperature = calibration["temperature"]
+    out = Path(out_dir) if out_dir is not None else target.out_dir
+    reliability_diagram(
+        test.logits,
+        test.labels,
+        out / RELIABILITY_FILE,
+        title=f"{model_name} on {dataset} test: T = {temperature:.3f}",
+        after=test.logits / temperature,
+        n_bins=N_BINS,
+    )
+    num_test = len(test.labels)
+    class_names = list(dm.class_names)
+    correct = (test.logits.argmax(-1) == test.labels).double()
+    class_accuracy, class_counts = per_class_mean(correct, test.labels, dm.num_classes)
+    corruption_results = {}
+    for name in corruption_names:
+        by_severity = {str(s): test.corrupt_correct[name, s] / num_test for s in severities}
+        corruption_results[name] = {"by_severity": by_severity, "mean": float(np.mean(list(by_severity.values())))}
+    results: dict[str, Any] = {
+        "run": {
+            "source": str(target.source),
+            "model": model_name,
+            "architecture": type(model).__name__,
+            "dataset": dataset,
+            "num_classes": dm.num_classes,
+            "n_test": num_test,
+            "n_val": len(val_labels),
+            "max_batches": max_batches,
+            "seed": seed,
+            "tta_views": [view.name for view in views],
+            "severities": list(severities),
+            "out_dir": str(out),
+        },
+        "test": classification_metrics(test.logits.softmax(-1), test.labels),
+        "calibration": calibration,
+        "test_calibrated": {
+            "temperature": temperature,
+            **classification_metrics((test.logits / temperature).softmax(-1), test.labels),
+        },
+        "tta": classification_metrics(test.tta_probs, test.labels) if test.tta_probs is not None else None,
+        "corruptions": corruption_results,
+        "mean_corrupted": (
+            float(np.mean([entry["mean"] for entry in corruption_results.values()])) if corruption_results else None
+        ),
+        "per_class": [
+            {
+                "index": k,
+                "class": class_names[k],
+                "n": int(class_counts[k]),
+                "accuracy": _finite(class_accuracy[k].item()),
+            }
+            for k in range(dm.num_classes)
+        ],
+        "assignment": (
+            _assignment_report(test.reversibility, test.slot_usage_k, test.labels, class_accuracy, class_names, seed)
+            if test.reversibility is not None
+            else None
+        ),
+        "files": {"reliability": RELIABILITY_FILE},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / EVALUATION_FILE).write_text(json.dumps(results, indent=2, allow_nan=False))
+    return results
+
+
+def _assignment_report(
+    image_reversibility: torch.Tensor,
+    image_slot_k: torch.Tensor,
+    labels: torch.Tensor,
+    class_accuracy: torch.Tensor,
+    class_names: list[str],
+    seed: int,
+) -> dict[str, Any]:
+    """Per-class reversibility and slot-usage K (card: "Reversibility vs accuracy", "Slot-usage K vs. object
+    complexity"), the classes ranked by K, and the correlation of reversibility with accuracy over the classes.
+
+    ``image_reversibility, image_slot_k, labels: [B]``; ``class_accuracy: [K]`` (NaN for absent classes).
+    """
+    num_classes = len(class_names)
+    class_rev, counts = per_class_mean(image_reversibility, labels, num_classes)
+    class_k, _ = per_class_mean(image_slot_k, labels, num_classes)
+    present = counts > 0
+    rev, acc = class_rev[present].numpy(), class_accuracy[present].numpy()
+    if present.sum() < 3:
+        correlation, skipped = None, f"only {int(present.sum())} classes have test images; the correlation needs 3"
+    elif np.ptp(rev) == 0 or np.ptp(acc) == 0:
+        which = "reversibility" if np.ptp(rev) == 0 else "accuracy"
+        correlation, skipped = None, f"per-class {which} is the same for every class; the correlation is undefined"
+    else:
+        correlation, skipped = correlation_report(rev, acc, seed=seed), None
+    per_class = [
+        {
+            "index": k,
+            "class": class_names[k],
+            "n": int(counts[k]),
+            "reversibility": _finite(class_rev[k].item()),
+            "slot_usage_k": _finite(class_k[k].item()),
+            "accuracy": _finite(class_accuracy[k].item()),
+        }
+        for k in range(num_classes)
+    ]
+    ranked = sorted((entry for entry in per_class if entry["n"] > 0), key=lambda entry: -entry["slot_usage_k"])
+    return {
+        "reversibility_mean": image_reversibility.mean().item(),
+        "slot_usage_k_mean": image_slot_k.mean().item(),
+        "correlation": correlation,
+        "correlation_skipped": skipped,
+        "per_class": per_class,
+        "ranked_by_slot_usage_k": [entry["class"] for entry in ranked],
+    }
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Terminal report
+# -------------------------------------------------------------------------------------------------------------------
+def _metric_row(label: str, metrics: Mapping[str, float]) -> str:
+    return f"  {label:<24s}" + "".join(f"{metrics[key]:>9.4f}" for key in ("top1", "top5", "nll", "ece"))
+
+
+def format_evaluation(results: Mapping[str, Any], max_classes: int = 20) -> str:
+    """A readable text report of :func:`evaluate_run`'s results (classes beyond ``max_classes``: worst and best 5)."""
+    run = results["run"]
+    calibration = results["calibration"]
+    lines = [
+        f"{run['model']} ({run['architecture']}) on {run['dataset']}: {run['n_test']} test images, "
+        f"{run['n_val']} validation images",
+        f"  {'':<24s}{'top-1':>9s}{'top-5':>9s}{'NLL':>9s}{'ECE':>9s}",
+        _metric_row("test", results["test"]),
+        _metric_row(f"test, T = {results['test_calibrated']['temperature']:.3f}", results["test_calibrated"]),
+    ]
+    if results["tta"] is not None:
+        lines.append(_metric_row(f"TTA ({len(run['tta_views'])} views)", results["tta"]))
+        lines.append(f"  TTA views: {', '.join(run['tta_views'])}")
+    lines.append(
+        f"calibration (T fitted on {calibration['n_fit']} validation images, evaluated on the other "
+        f"{calibration['n_eval']}): ECE {calibration['ece_before']:.4f} -> {calibration['ece_after']:.4f}, "
+        f"NLL {calibration['nll_before']:.4f} -> {calibration['nll_after']:.4f}"
+    )
+    if results["corruptions"]:
+        severities = run["severities"]
+        lines.append("corruptions, top-1 by severity:")
+        lines.append(f"  {'':<18s}" + "".join(f"{s:>8d}" for s in severities) + f"{'mean':>9s}")
+        for name, entry in results["corruptions"].items():
+            values = "".join(f"{entry['by_severity'][str(s)]:>8.4f}" for s in severities)
+            lines.append(f"  {name:<18s}{values}{entry['mean']:>9.4f}")
+        lines.append(f"  mean over corrupted: {results['mean_corrupted']:.4f} (clean {results['test']['top1']:.4f})")
+    lines.append("per-class accuracy:" + _class_lines(results["per_class"], "accuracy", max_classes))
+    assignment = results["assignment"]
+    if assignment is not None:
+        lines.append(
+            f"assignment S: mean reversibility {assignment['reversibility_mean']:.4f}, mean slot-usage K "
+            f"{assignment['slot_usage_k_mean']:.2f}"
+        )
+        corr = assignment["correlation"]
+        if corr is None:
+            lines.append(f"  reversibility vs accuracy: {assignment['correlation_skipped']}")
+        else:
+            lines.append(
+                f"  reversibility vs accuracy over {corr['n']} classes: Pearson r = {corr['pearson_r']:.3f} "
+                f"(p = {corr['pearson_p']:.3g}, 95% CI [{corr['pearson_ci_low']:.2f}, {corr['pearson_ci_high']:.2f}]),"
+                f" Spearman rho = {corr['spearman_rho']:.3f} (p = {corr['spearman_p']:.3g})"
+            )
+        lines.append(
+            "  slot-usage K per class, ranked:" + _class_lines(assignment["per_class"], "slot_usage_k", max_classes)
+        )
+    return "\n".join(lines)
+
+
+def _class_lines(per_class: list[Mapping[str, Any]], key: str, max_classes: int) -> str:
+    entries = sorted((e for e in per_class if e[key] is not None), key=lambda e: -e[key])
+    shown = [*entries[:5], None, *entries[-5:]] if len(entries) > max_classes else entries
+    cells = ["..." if e is None else f"{e['class']}: {e[key]:.3g} (n={e['n']})" for e in shown]
+    return "".join(f"\n    {cell}" for cell in cells)
