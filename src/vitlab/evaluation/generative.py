@@ -1,0 +1,625 @@
+"""ViTCAE's four generative tasks and the linear probe (spec ``vitcae.md`` sections 2 and 6).
+
+The paper judges its autoencoder on "four distinct tasks"; each one here writes a PNG grid and its numbers:
+
+1. Reconstruction: MSE, PSNR and SSIM over the test set, in [0, 1] pixel space after undoing the normalisation.
+   PSNR is ``10 log10(1 / MSE)`` of the MSE pooled over every pixel of the set (torchmetrics, ``data_range=1``);
+   SSIM is the mean per-image SSIM with the window of :func:`ssim_window` (a smaller one for tiny images).
+2. Class-conditional generation: a Gaussian per class fitted to ``mu_cls`` of the training set, with a full
+   covariance shrunk by Ledoit-Wolf (the latent dimensions are correlated, and shrinkage keeps the estimate
+   positive definite when a class has fewer images than ``d_z``); ``z_cls`` sampled from it, ``z_pt`` from the
+   conditional prior ``p(z_pt | z_cls)``, decoded. Class consistency is the accuracy, on the samples, of a judge
+   trained independently of the ViTCAE: a logistic regression on the standardised pixels of the training images.
+   Its own test accuracy is reported beside it, as the ceiling the samples can be held to (a pixel-space linear
+   judge is strong on digits and MNIST, weak on natural images). The ViTCAE's own classifier is reported too: on
+   the re-encoded samples (``self_agreement``) and on the sampled ``z_cls`` themselves (``latent_agreement``).
+3. Interpolation: a straight line between two test images' ``mu_cls``, patch latents from the prior mean
+   ``mu_hat_pt(z_cls)``, decoded; pairs of images of different classes. Numbers: PSNR of the decoded end points
+   against their images (what the prior-mean patch latents lose) and the judge's accuracy on the end points.
+4. Inpainting: a seeded random fraction of the patches set to 0 in normalised space (the per-channel dataset
+   mean), encoded and decoded; PSNR on the masked pixels against the mean-fill baseline, which is exactly what the
+   masked input holds there.
+
+Linear probe (spec section 2): a logistic regression on frozen ``mu_cls`` of the training set, accuracy on the
+test set. Training latents and pixels come from the training images without augmentation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from sklearn.covariance import LedoitWolf
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from torchmetrics import MeanSquaredError
+from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
+from torchvision.utils import make_grid
+
+from vitlab.data import ImageSplit, NormalizeCollate, VisionDataModule, denormalize
+from vitlab.models.vitcae import ViTCAE
+
+Batches = Iterable[tuple[Tensor, Tensor]]
+
+GRID_FILES = {
+    "reconstruction": "reconstruction.png",
+    "conditional": "conditional_samples.png",
+    "interpolation": "interpolation.png",
+    "inpainting": "inpainting.png",
+}
+RECONSTRUCTION_GRID_IMAGES = 16
+SAMPLES_PER_CLASS = 50  # samples per class for the class-consistency numbers
+GRID_SAMPLES_PER_CLASS = 8
+GRID_MAX_CLASSES = 20  # rows of the class-conditional grid (e.g. CIFAR-100 shows its first 20 classes)
+INTERPOLATION_PAIRS = 32  # pairs for the numbers; the grid shows the first INTERPOLATION_GRID_PAIRS
+INTERPOLATION_GRID_PAIRS = 6
+INTERPOLATION_STEPS = 8
+INPAINTING_MASK_RATIO = 0.25
+INPAINTING_GRID_IMAGES = 8
+PIXEL_JUDGE_MAX_IMAGES = 10_000  # cap on the images the pixel judge is trained and tested on
+SKLEARN_MAX_ITER = 2000
+CHUNK = 256  # images decoded at once
+GRID_CELL_PIXELS = 80  # small images are upscaled by a whole factor to about this size in the grids
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Pure pieces: windows, class Gaussians, sampling, interpolation, masks.
+
+
+def ssim_window(height: int, width: int) -> dict[str, Any]:
+    """Window options of torchmetrics' SSIM for ``height x width`` images.
+
+    Wang et al. (2004)'s Gaussian window (sigma 1.5, 11x11 support) when both sides are at least 16 pixels. torchmetrics
+    keeps only the ``(H - 10) x (W - 10)`` positions where the window fits, so smaller images (8x8 digits) get a 3x3
+    uniform window instead: a ``(H - 2) x (W - 2)`` map of local statistics over 9 pixels.
+    """
+    if min(height, width) >= 16:
+        return {"gaussian_kernel": True, "sigma": 1.5}
+    if min(height, width) >= 3:
+        return {"gaussian_kernel": False, "kernel_size": 3}
+    raise ValueError(f"SSIM needs images of at least 3x3 pixels, got {height}x{width}")
+
+
+@dataclass
+class ClassGaussians:
+    """One Gaussian per class over the global latent: ``classes: int64 [K]`` (the classes that have one),
+    ``means: [K, d_z]``, ``covariances: [K, d_z, d_z]`` (symmetric positive semi-definite)."""
+
+    classes: Tensor
+    means: Tensor
+    covariances: Tensor
+
+
+def fit_class_gaussians(latents: Tensor, labels: Tensor) -> ClassGaussians:
+    """Fit ``N(m_k, S_k)`` to the latents of each class ``k`` (spec section 6, task 2).
+
+    ``latents: [N, d_z]``, ``labels: int64 [N]``. ``m_k`` is the class mean and ``S_k`` the Ledoit-Wolf shrunk
+    covariance (Ledoit & Wolf 2004), positive definite even when a class has fewer latents than ``d_z``. Classes with
+    fewer than two latents have no spread to estimate and are left out of ``classes``.
+    """
+    if latents.ndim != 2 or labels.shape != latents.shape[:1]:
+        raise ValueError(f"expected latents [N, d] and labels [N], got {list(latents.shape)} and {list(labels.shape)}")
+    data = latents.detach().cpu().double().numpy()
+    label_array = labels.cpu().numpy()
+    classes, means, covariances = [], [], []
+    for k in np.unique(label_array):
+        members = data[label_array == k]
+        if len(members) < 2:
+            continue
+        estimator = LedoitWolf().fit(members)
+        classes.append(int(k))
+        means.append(torch.from_numpy(estimator.location_))
+        covariances.append(torch.from_numpy(estimator.covariance_))
+    if not classes:
+        raise ValueError("no class has two or more latents: a class Gaussian needs at least two training images")
+    dtype = latents.dtype
+    return ClassGaussians(torch.tensor(classes), torch.stack(means).to(dtype), torch.stack(covariances).to(dtype))
+
+
+def sample_class_latents(
+    gaussians: ClassGaussians, per_class: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Draw ``per_class`` latents from every class Gaussian: ``z = m_k + S_k^{1/2} eps``, ``eps ~ N(0, I)``.
+
+    Returns ``(z: [K * per_class, d_z], labels: int64 [K * per_class])``, class by class in ``gaussians.classes``
+    order. The square root comes from an eigendecomposition, so semi-definite covariances work too.
+    """
+    eigenvalues, eigenvectors = torch.linalg.eigh(gaussians.covariances.double())
+    roots = eigenvectors * eigenvalues.clamp_min(0).sqrt().unsqueeze(-2)  # [K, d, d], roots @ roots^T = S_k
+    num_classes, dim = gaussians.means.shape
+    eps = torch.randn(num_classes, per_class, dim, generator=generator, dtype=torch.float64)
+    z = gaussians.means.double().unsqueeze(1) + eps @ roots.transpose(-1, -2)
+    labels = gaussians.classes.repeat_interleave(per_class)
+    return z.reshape(-1, dim).to(gaussians.means.dtype), labels
+
+
+def sample_conditional_patches(model: ViTCAE, z_cls: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Draw ``z_pt ~ p(z_pt | z_cls) = N(mu_hat, diag exp(logvar_hat))`` (spec section 2): ``[B, d_z] -> [B, N, d_p]``.
+
+    The noise is drawn on the CPU from ``generator``, so a seed gives the same samples on every device.
+    """
+    mu, logvar = model.prior(z_cls)
+    eps = torch.randn(mu.shape, generator=generator, dtype=mu.dtype).to(mu.device)
+    return mu + (0.5 * logvar).exp() * eps
+
+
+def interpolate_latents(z_start: Tensor, z_end: Tensor, steps: int) -> Tensor:
+    """Points on the straight lines ``(1 - t) z_start + t z_end``, ``t`` in ``linspace(0, 1, steps)``.
+
+    ``z_start, z_end: [B, d]`` -> ``[B, steps, d]``; the first point is ``z_start``, the last ``z_end``.
+    """
+    if steps < 2:
+        raise ValueError(f"an interpolation needs at least 2 steps (its two end points), got {steps}")
+    t = torch.linspace(0.0, 1.0, steps, dtype=z_start.dtype, device=z_start.device).view(1, steps, 1)
+    return (1.0 - t) * z_start.unsqueeze(1) + t * z_end.unsqueeze(1)
+
+
+def choose_interpolation_pairs(
+    labels: Tensor, num_pairs: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Seeded pairs of indices into ``labels: [N]`` whose two images have different classes.
+
+    Returns ``(start, end)``, each int64 ``[num_pairs]``: ``start`` uniform over the images, ``end`` uniform over the
+    images of another class.
+    """
+    if labels.unique().numel() < 2:
+        raise ValueError("interpolation pairs need images of at least two classes; use more test images")
+    start = torch.randint(len(labels), (num_pairs,), generator=generator)
+    end = torch.empty_like(start)
+    for i, s in enumerate(start.tolist()):
+        others = (labels != labels[s]).nonzero().squeeze(1)
+        end[i] = others[torch.randint(len(others), (1,), generator=generator)]
+    return start, end
+
+
+def random_patch_mask(
+    batch_size: int, num_patches: int, ratio: float, generator: torch.Generator | None = None
+) -> Tensor:
+    """A seeded random set of ``max(1, round(ratio * N))`` patches per image: bool ``[B, N]``, True = masked."""
+    if not 0.0 < ratio < 1.0:
+        raise ValueError(f"mask ratio must lie in (0, 1), got {ratio}")
+    count = max(1, round(ratio * num_patches))
+    order = torch.rand(batch_size, num_patches, generator=generator).argsort(dim=1)
+    return torch.zeros(batch_size, num_patches, dtype=torch.bool).scatter_(1, order[:, :count], True)
+
+
+def patch_mask_to_pixels(mask: Tensor, grid_size: tuple[int, int], patch_size: int) -> Tensor:
+    """Patch mask ``[B, N]`` (row-major ``grid_size`` grid) -> pixel mask ``[B, 1, H, W]``, ``H = grid_h * P``."""
+    grid_h, grid_w = grid_size
+    if mask.shape[1] != grid_h * grid_w:
+        raise ValueError(f"a {grid_h}x{grid_w} patch grid needs masks [B, {grid_h * grid_w}], got {list(mask.shape)}")
+    grid = mask.view(-1, 1, grid_h, grid_w)
+    return grid.repeat_interleave(patch_size, dim=2).repeat_interleave(patch_size, dim=3)
+
+
+def renormalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """``[0, 1]`` images ``[B, C, H, W]`` -> the normalised space the model reads (the inverse of ``denormalize``)."""
+    mean_t = torch.as_tensor(mean, dtype=images.dtype, device=images.device).view(-1, 1, 1)
+    std_t = torch.as_tensor(std, dtype=images.dtype, device=images.device).view(-1, 1, 1)
+    return (images - mean_t) / std_t
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Grids.
+
+
+def save_image_grid(
+    images: Tensor,
+    path: str | Path,
+    *,
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Write ``images: [R, K, C, H, W]`` in [0, 1] as an ``R x K`` PNG grid.
+
+    Each image is upscaled by a whole factor (nearest neighbour, so every pixel stays a clean square; an 8x8 digit
+    becomes 80x80) and the tiles are laid out with white gutters by torchvision's ``make_grid``; the mosaic is placed
+    pixel for pixel on the figure (``figimage``, no resampling). ``row_labels`` (``R``) are written left of the rows,
+    ``col_labels`` (``K``) above the columns. Returns the path written.
+    """
+    if images.ndim != 5 or images.shape[2] not in (1, 3):
+        raise ValueError(f"expected images [R, K, C, H, W] with C = 1 or 3, got {list(images.shape)}")
+    rows, cols, _, height, width = images.shape
+    if len(row_labels or [None] * rows) != rows or len(col_labels or [None] * cols) != cols:
+        raise ValueError(f"a {rows}x{cols} grid needs {rows} row labels and {cols} column labels")
+    scale = max(1, GRID_CELL_PIXELS // max(height, width))
+    tiles = images.detach().float().cpu().clamp(0, 1).flatten(0, 1)
+    tiles = tiles.repeat_interleave(scale, dim=-2).repeat_interleave(scale, dim=-1)
+    gutter = 4
+    mosaic = make_grid(tiles, nrow=cols, padding=gutter, pad_value=1.0).permute(1, 2, 0).numpy()  # [H', W', 3]
+    cell_h, cell_w = height * scale + gutter, width * scale + gutter
+    left = 12 + 6 * max((len(label) for label in row_labels), default=0) if row_labels else 0
+    top = (18 if col_labels else 0) + (24 if title else 0)
+    fig_w, fig_h = left + mosaic.shape[1], top + mosaic.shape[0]
+    figure = Figure(figsize=(fig_w / 100, fig_h / 100), dpi=100)
+    figure.figimage(mosaic, xo=left, yo=0, origin="upper")
+    for r, label in enumerate(row_labels or []):
+        y = mosaic.shape[0] - (gutter + r * cell_h + (cell_h - gutter) / 2)
+        figure.text((left - 6) / fig_w, y / fig_h, label, ha="right", va="center", fontsize=8)
+    for c, label in enumerate(col_labels or []):
+        x = left + gutter + c * cell_w + (cell_w - gutter) / 2
+        figure.text(x / fig_w, (mosaic.shape[0] + 3) / fig_h, label, ha="center", va="bottom", fontsize=8)
+    if title:
+        figure.text(0.5, 1 - 4 / fig_h, title, ha="center", va="top", fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Data passes and the two sklearn models.
+
+
+def take_images(batches: Batches, max_images: int | None) -> Iterator[tuple[Tensor, Tensor]]:
+    """The batches ``(x: [B, C, H, W], y: [B])`` of ``batches`` up to ``max_images`` images in all (None: every one)."""
+    seen = 0
+    for x, y in batches:
+        if max_images is not None:
+            if seen >= max_images:
+                return
+            x, y = x[: max_images - seen], y[: max_images - seen]
+        seen += len(x)
+        yield x, y
+
+
+@dataclass
+class EncodedSplit:
+    """A split pushed through the encoder: ``mu_cls: [N, d_z]``, ``labels: int64 [N]`` (both on the CPU) and its
+    first ``images: [M, C, H, W]`` in [0, 1] (``M <= N``) for the pixel judge and the grids."""
+
+    mu_cls: Tensor
+    labels: Tensor
+    images: Tensor
+
+
+@torch.no_grad()
+def encode_split(
+    model: ViTCAE, batches: Batches, mean: Sequence[float], std: Sequence[float], *, device: torch.device, keep: int
+) -> EncodedSplit:
+    """``mu_cls`` of every image of ``batches`` and the first ``keep`` images in [0, 1]."""
+    mu_cls, labels, images = [], [], []
+    kept = 0
+    for x, y in batches:
+        mu_cls.append(model.encode(x.to(device)).mu_cls.cpu())
+        labels.append(y.cpu())
+        if kept < keep:
+            images.append(denormalize(x[: keep - kept].cpu(), mean, std))
+            kept += len(images[-1])
+    if not labels:
+        raise ValueError("the split holds no images; check the data config (limit_train, val_fraction)")
+    return EncodedSplit(torch.cat(mu_cls), torch.cat(labels).long(), torch.cat(images))
+
+
+def fit_pixel_judge(images: Tensor, labels: Tensor, seed: int = 0) -> Pipeline:
+    """The independent class-consistency judge: standardised pixels -> multinomial logistic regression.
+
+    ``images: [N, C, H, W]`` in [0, 1], ``labels: [N]``. Trained only on the training images, never on ViTCAE outputs.
+    """
+    judge = make_pipeline(StandardScaler(), LogisticRegression(max_iter=SKLEARN_MAX_ITER, random_state=seed))
+    return judge.fit(images.flatten(1).cpu().numpy(), labels.cpu().numpy())
+
+
+def judge_accuracy(judge: Pipeline, images: Tensor, labels: Tensor) -> float:
+    """Accuracy of a fitted pixel judge on ``images: [N, C, H, W]`` in [0, 1] with true ``labels: [N]``."""
+    predictions = judge.predict(images.flatten(1).cpu().numpy())
+    return float((predictions == labels.cpu().numpy()).mean())
+
+
+def linear_probe_accuracy(train: EncodedSplit, test: EncodedSplit, seed: int = 0) -> float:
+    """Spec section 2: logistic regression on standardised frozen ``mu_cls`` of the training set, test accuracy."""
+    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=SKLEARN_MAX_ITER, random_state=seed))
+    probe.fit(train.mu_cls.double().numpy(), train.labels.numpy())
+    return float(probe.score(test.mu_cls.double().numpy(), test.labels.numpy()))
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# The four tasks.
+
+
+@torch.no_grad()
+def reconstruction_task(
+    model: ViTCAE,
+    batches: Batches,
+    mean: Sequence[float],
+    std: Sequence[float],
+    path: str | Path,
+    *,
+    device: torch.device,
+    grid_images: int = RECONSTRUCTION_GRID_IMAGES,
+) -> dict[str, float]:
+    """Task 1: reconstruct every image of ``batches``; MSE, PSNR, SSIM in [0, 1]; a grid of inputs over outputs."""
+    height, width = (side * model.patch_size for side in model.grid_size)
+    mse = MeanSquaredError().to(device)
+    psnr = PeakSignalNoiseRatio(data_range=1.0).to(device)
+    ssim = StructuralSimilarityIndexMeasure(data_range=1.0, **ssim_window(height, width)).to(device)
+    shown_inputs, shown_outputs = [], []
+    shown = 0
+    for x, _ in batches:
+        x = x.to(device)
+        target = denormalize(x, mean, std)
+        output = denormalize(model(x).recon, mean, std)
+        mse.update(output, target)
+        psnr.update(output, target)
+        ssim.update(output, target)
+        if shown < grid_images:
+            shown_inputs.append(target[: grid_images - shown].cpu())
+            shown_outputs.append(output[: grid_images - shown].cpu())
+            shown += len(shown_inputs[-1])
+    inputs, outputs = torch.cat(shown_inputs), torch.cat(shown_outputs)
+    save_image_grid(
+        torch.stack([inputs, outputs]),
+        path,
+        row_labels=["input", "reconstruction"],
+        title="Reconstruction (test images)",
+    )
+    return {
+        "reconstruction/mse": float(mse.compute()),
+        "reconstruction/psnr": float(psnr.compute()),
+        "reconstruction/ssim": float(ssim.compute()),
+    }
+
+
+@torch.no_grad()
+def conditional_generation_task(
+    model: ViTCAE,
+    gaussians: ClassGaussians,
+    judge: Pipeline,
+    mean: Sequence[float],
+    std: Sequence[float],
+    path: str | Path,
+    *,
+    device: torch.device,
+    class_names: Sequence[str],
+    generator: torch.Generator | None = None,
+    samples_per_class: int = SAMPLES_PER_CLASS,
+    grid_per_class: int = GRID_SAMPLES_PER_CLASS,
+) -> dict[str, float]:
+    """Task 2: sample ``z_cls`` from each class Gaussian, ``z_pt`` from ``p(z_pt | z_cls)``, decode.
+
+    Class consistency: the pixel judge's accuracy on the samples (in [0, 1], as an image file would hold them), the
+    ViTCAE classifier's accuracy on the re-encoded samples and on the sampled ``z_cls``. Grid: one row per class.
+    """
+    z_cls, labels = sample_class_latents(gaussians, samples_per_class, generator)
+    z_cls = z_cls.to(device)
+    samples, self_logits = [], []
+    for z_chunk in z_cls.split(CHUNK):
+        decoded = denormalize(model.decode(z_chunk, sample_conditional_patches(model, z_chunk, generator)), mean, std)
+        samples.append(decoded)
+        self_logits.append(model.head(model.encode(renormalize(decoded, mean, std)).mu_cls))
+    samples, self_logits = torch.cat(samples), torch.cat(self_logits)
+    labels_on_device = labels.to(device)
+    metrics = {
+        "conditional/judge_accuracy": judge_accuracy(judge, samples, labels),
+        "conditional/self_agreement": float((self_logits.argmax(-1) == labels_on_device).float().mean()),
+        "conditional/latent_agreement": float((model.head(z_cls).argmax(-1) == labels_on_device).float().mean()),
+        "conditional/num_classes": float(len(gaussians.classes)),
+    }
+    rows = min(len(gaussians.classes), GRID_MAX_CLASSES)
+    per_class = samples.cpu().view(len(gaussians.classes), samples_per_class, *samples.shape[1:])
+    save_image_grid(
+        per_class[:rows, :grid_per_class],
+        path,
+        row_labels=[class_names[k] for k in gaussians.classes[:rows].tolist()],
+        title="Class-conditional samples: z_cls ~ N(m_k, S_k), z_pt ~ p(z_pt | z_cls)",
+    )
+    return metrics
+
+
+@torch.no_grad()
+def interpolation_task(
+    model: ViTCAE,
+    test: EncodedSplit,
+    judge: Pipeline,
+    mean: Sequence[float],
+    std: Sequence[float],
+    path: str | Path,
+    *,
+    device: torch.device,
+    class_names: Sequence[str],
+    generator: torch.Generator | None = None,
+    num_pairs: int = INTERPOLATION_PAIRS,
+    steps: int = INTERPOLATION_STEPS,
+    grid_pairs: int = INTERPOLATION_GRID_PAIRS,
+) -> dict[str, float]:
+    """Task 3: decode along straight lines between the ``mu_cls`` of two test images of different classes.
+
+    Patch latents are the prior means ``mu_hat_pt(z_cls)``. Pairs are drawn among ``test.images``. Numbers: PSNR of
+    the decoded end points against their images, the judge's accuracy on the end points. Grid: one row per pair,
+    image A, the ``steps`` decodings, image B.
+    """
+    num_kept = len(test.images)
+    start, end = choose_interpolation_pairs(test.labels[:num_kept], num_pairs, generator)
+    path_latents = interpolate_latents(test.mu_cls[start], test.mu_cls[end], steps).to(device)  # [P, T, d_z]
+    z_cls = path_latents.flatten(0, 1)
+    frames = denormalize(model.decode(z_cls, model.prior(z_cls)[0]), mean, std).cpu()
+    frames = frames.view(num_pairs, steps, *frames.shape[1:])  # [P, T, C, H, W]
+    ends = torch.cat([frames[:, 0], frames[:, -1]])
+    end_images = torch.cat([test.images[start], test.images[end]])
+    end_labels = torch.cat([test.labels[start], test.labels[end]])
+    endpoint_psnr = PeakSignalNoiseRatio(data_range=1.0)(ends, end_images)
+    rows = min(num_pairs, grid_pairs)
+    grid = torch.cat([test.images[start[:rows]].unsqueeze(1), frames[:rows], test.images[end[:rows]].unsqueeze(1)], 1)
+    save_image_grid(
+        grid,
+        path,
+        row_labels=[
+            f"{class_names[a]} -> {class_names[b]}"
+            for a, b in zip(test.labels[start[:rows]].tolist(), test.labels[end[:rows]].tolist(), strict=True)
+        ],
+        col_labels=["image A", *(f"t={t:.2f}" for t in torch.linspace(0, 1, steps).tolist()), "image B"],
+        title="Interpolation of z_cls (patch latents = prior mean)",
+    )
+    return {
+        "interpolation/endpoint_psnr": float(endpoint_psnr),
+        "interpolation/endpoint_judge_accuracy": judge_accuracy(judge, ends, end_labels),
+    }
+
+
+@torch.no_grad()
+def inpainting_task(
+    model: nn.Module,
+    batches: Batches,
+    mean: Sequence[float],
+    std: Sequence[float],
+    path: str | Path,
+    *,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+    mask_ratio: float = INPAINTING_MASK_RATIO,
+    grid_images: int = INPAINTING_GRID_IMAGES,
+) -> dict[str, float]:
+    """Task 4: mask ``mask_ratio`` of the patches of every image (pixels set to 0 = the dataset mean in normalised
+    space), encode, decode. PSNR on the masked pixels in [0, 1] for the output and for the mean-fill baseline (the
+    masked input itself). ``model`` needs ``grid_size``, ``patch_size``, ``num_patches`` and ``model(x).recon``.
+    Grid: original, masked, inpainted.
+    """
+    psnr = PeakSignalNoiseRatio(data_range=1.0).to(device)
+    baseline_psnr = PeakSignalNoiseRatio(data_range=1.0).to(device)
+    shown: list[list[Tensor]] = [[], [], []]
+    for x, _ in batches:
+        x = x.to(device)
+        patch_mask = random_patch_mask(len(x), model.num_patches, mask_ratio, generator)
+        pixel_mask = patch_mask_to_pixels(patch_mask, model.grid_size, model.patch_size).to(device)
+        masked = x.masked_fill(pixel_mask, 0.0)
+        target = denormalize(x, mean, std)
+        mean_fill = denormalize(masked, mean, std)
+        inpainted = denormalize(model(masked).recon, mean, std)
+        selected = pixel_mask.expand_as(x)
+        psnr.update(inpainted[selected], target[selected])
+        baseline_psnr.update(mean_fill[selected], target[selected])
+        room = grid_images - sum(len(images) for images in shown[0])
+        if room > 0:
+            for row, images in zip(shown, (target, mean_fill, inpainted), strict=True):
+                row.append(images[:room].cpu())
+    save_image_grid(
+        torch.stack([torch.cat(row) for row in shown]),
+        path,
+        row_labels=["original", "masked", "inpainted"],
+        title=f"Inpainting: {mask_ratio:.0%} of the patches masked (filled with the dataset mean)",
+    )
+    value, baseline = float(psnr.compute()), float(baseline_psnr.compute())
+    return {
+        "inpainting/psnr": value,
+        "inpainting/mean_fill_psnr": baseline,
+        "inpainting/psnr_gain": value - baseline,
+        "inpainting/mask_ratio": mask_ratio,
+    }
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Everything at once.
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _clean_loader(dm: VisionDataModule, split: ImageSplit) -> DataLoader:
+    """The images of ``split`` without augmentation, normalised, with integer labels, in their stored order."""
+    collate = NormalizeCollate(dm.mean, dm.std, num_classes=dm.num_classes)
+    return DataLoader(
+        ImageSplit(split.pool, split.indices),
+        batch_size=dm.cfg.eval_batch_size or dm.cfg.batch_size,
+        collate_fn=collate,
+    )
+
+
+def run_generative_tasks(
+    model: ViTCAE,
+    datamodule: VisionDataModule,
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    max_images: int | None = None,
+) -> dict[str, float]:
+    """Run the four generative tasks and the linear probe; write their grids and ``metrics.json`` into ``out_dir``.
+
+    ``model`` is moved to ``device`` and run in eval mode (its training flag is restored afterwards). Training
+    latents and pixels come from the un-augmented training images. ``max_images`` caps the images used from each
+    of the training and test sets (for quick runs); None uses all. Every random draw (class samples, prior noise,
+    pairs, masks, sklearn) follows ``seed``. Returns the metrics, also written to ``out_dir / "metrics.json"``:
+    ``images/{train,test}``, ``classifier/accuracy`` (the ViTCAE's own head), ``linear_probe/accuracy``,
+    ``reconstruction/{mse,psnr,ssim}``, ``conditional/{judge_accuracy,judge_test_accuracy,self_agreement,
+    latent_agreement,num_classes}``, ``interpolation/{endpoint_psnr,endpoint_judge_accuracy}``,
+    ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}``. The grids are the files of ``GRID_FILES``.
+    """
+    if not isinstance(model, ViTCAE):
+        raise TypeError(f"the generative tasks need a ViTCAE, got {type(model).__name__}")
+    if max_images is not None and max_images < 2:
+        raise ValueError(f"max_images must be at least 2 (or None for all images), got {max_images}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device)
+    datamodule.setup()
+    mean, std, class_names = datamodule.mean, datamodule.std, datamodule.class_names
+    train_loader = _clean_loader(datamodule, datamodule.train_set)
+    test_loader = _clean_loader(datamodule, datamodule.test_set)
+
+    def test_batches() -> Iterator[tuple[Tensor, Tensor]]:
+        return take_images(test_loader, max_images)
+
+    generator = torch.Generator().manual_seed(seed)
+    model.to(device)
+    with _eval_mode(model), torch.no_grad():
+        train = encode_split(
+            model, take_images(train_loader, max_images), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES
+        )
+        test = encode_split(model, test_batches(), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES)
+        judge = fit_pixel_judge(train.images, train.labels[: len(train.images)], seed)
+        classifier = model.head(test.mu_cls.to(device)).argmax(-1).cpu()
+        metrics = {
+            "images/train": float(len(train.labels)),
+            "images/test": float(len(test.labels)),
+            "classifier/accuracy": float((classifier == test.labels).float().mean()),
+            "linear_probe/accuracy": linear_probe_accuracy(train, test, seed),
+            "conditional/judge_test_accuracy": judge_accuracy(judge, test.images, test.labels[: len(test.images)]),
+        }
+        metrics |= reconstruction_task(
+            model, test_batches(), mean, std, out_dir / GRID_FILES["reconstruction"], device=device
+        )
+        metrics |= conditional_generation_task(
+            model,
+            fit_class_gaussians(train.mu_cls, train.labels),
+            judge,
+            mean,
+            std,
+            out_dir / GRID_FILES["conditional"],
+            device=device,
+            class_names=class_names,
+            generator=generator,
+        )
+        metrics |= interpolation_task(
+            model,
+            test,
+            judge,
+            mean,
+            std,
+            out_dir / GRID_FILES["interpolation"],
+            device=device,
+            class_names=class_names,
+            generator=generator,
+        )
+        metrics |= inpainting_task(
+            model, test_batches(), mean, std, out_dir / GRID_FILES["inpainting"], device=device, generator=generator
+        )
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
