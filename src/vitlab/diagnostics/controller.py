@@ -1,0 +1,579 @@
+"""The attention-dynamics controller of ViTCAE as a Lightning callback (spec ``vitcae.md`` section 5).
+
+Once before training (epoch 0) and at the end of every training epoch, a fixed probe batch of validation images is
+pushed through the model in eval mode with attention materialised. For every controlled head ``(l, h)`` the
+controller measures the attention evolution distance ``d`` (mean over the probe of the 1-Wasserstein distance between
+this and the previous epoch's CLS-to-patch distributions on the patch grid), the number of consensus clusters
+``kappa`` and the temperature ``tau``; then it
+
+- sets ``tau <- 1 / (1 + alpha * d)`` for every head that is not frozen (eq. 20, mode ``schedule``), leaves tau to
+  the gradient (``learn``) or holds it at 1 (``fixed``, the uncontrolled baseline);
+- tracks convergence (``d < eps_d`` and ``|tau_t - tau_{t-1}| < eps_tau`` for ``patience`` epochs) and freezes the
+  converged heads (eq. 26): their attention becomes a constant of the backward pass and their rows of ``W_q``,
+  ``W_k``, ``W_v`` and their tau stay bit-identical through every later optimizer step;
+- appends one JSON line per epoch to ``<run_dir>/dynamics.jsonl`` and logs scalars to the Lightning loggers.
+
+Its state (epoch, tracker, previous distributions, frozen masks) rides in the checkpoint, so a resumed run continues
+the same schedule. The pure algorithms live in :mod:`vitlab.diagnostics.dynamics`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+from vitlab.config import from_dict, to_dict
+from vitlab.diagnostics.dynamics import (
+    ConvergenceTracker,
+    attention_drift,
+    attention_to_cls_distribution,
+    consensus_clusters,
+    patch_grid_cost,
+    temperature_update,
+)
+from vitlab.errors import ConfigError
+from vitlab.layers.attention import Attention
+from vitlab.layers.capture import attention_capture, attention_modules
+
+DYNAMICS_FILE = "dynamics.jsonl"
+PLOTS_DIR = "dynamics"
+MODES = ("schedule", "learn", "fixed")
+PROBE_TAUS = ("model", "unit")
+
+
+@dataclass
+class DynamicsConfig:
+    """The ``dynamics`` section of a run config. Thresholds are in the units of the measurements: ``d`` in patch
+    widths on the patch grid, tau dimensionless. ``docs/dynamics.md`` gives the measured drift curves behind the
+    defaults.
+
+    Attributes:
+        mode: ``schedule`` (eq. 20 sets tau each epoch; tau also learns by gradient within the epoch), ``learn``
+            (gradient only) or ``fixed`` (tau = 1 and kept out of training: the uncontrolled baseline).
+        alpha: the ``alpha > 0`` of eq. 20.
+        probe_size: validation images in the fixed probe batch.
+        probe_seed: seed of the random subset of the validation set that forms the probe; ``None`` takes the first
+            ``probe_size`` images in the validation loader's order.
+        probe_batch_size: probe images per forward pass (bounds the memory of the materialised attention).
+        probe_tau: the temperature the probe pass runs at. ``model``: each head's own tau (the paper's literal
+            reading: the drift then includes the change of tau that the schedule itself made); ``unit``: tau = 1
+            during the probe, so the drift and the clusters follow the head's Q/K weights alone.
+        eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
+        eps_d: a head is stable in an epoch when its drift is below ``eps_d`` ...
+        eps_tau: ... and its tau moved by less than ``eps_tau`` ...
+        patience: ... for this many consecutive epochs; it is then converged.
+        freeze: freeze converged heads (eq. 26).
+        target: module-name prefix of the controlled attention modules; ``""`` controls every shared ``Attention``.
+            ``None``: the model's ``dynamics_target`` attribute if it has one, else the modules with a temperature
+            if there are any (ViTCAE's encoder, not its decoder), else every module.
+        kappa_images: probe images (the first ones) whose attention matrices are eigen-decomposed for ``kappa``;
+            an eigen-decomposition costs O(N^3) per head and image, the drift only O(N^2).
+    """
+
+    mode: str = "schedule"
+    alpha: float = 1.0
+    probe_size: int = 256
+    probe_seed: int | None = 0
+    probe_batch_size: int = 32
+    probe_tau: str = "model"
+    eps: float = 0.1
+    eps_d: float = 0.05
+    eps_tau: float = 0.05
+    patience: int = 3
+    freeze: bool = True
+    target: str | None = None
+    kappa_images: int = 32
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.mode not in MODES:
+            problems.append(f"dynamics.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.probe_tau not in PROBE_TAUS:
+            problems.append(f"dynamics.probe_tau must be one of {', '.join(PROBE_TAUS)}, got {self.probe_tau!r}")
+        if not self.alpha > 0:
+            problems.append(f"dynamics.alpha must be > 0 (eq. 20), got {self.alpha}")
+        if self.probe_size < 1 or self.probe_batch_size < 1:
+            problems.append("dynamics.probe_size and dynamics.probe_batch_size must be >= 1")
+        if not 1 <= self.kappa_images <= self.probe_size:
+            problems.append(
+                f"dynamics.kappa_images must be in [1, probe_size={self.probe_size}], got {self.kappa_images}"
+            )
+        if not 0 < self.eps < 1:
+            problems.append(f"dynamics.eps must be in (0, 1), got {self.eps}")
+        if not (self.eps_d > 0 and self.eps_tau > 0):
+            problems.append(f"dynamics.eps_d and dynamics.eps_tau must be > 0, got {self.eps_d} and {self.eps_tau}")
+        if self.patience < 1:
+            problems.append(f"dynamics.patience must be >= 1 epoch, got {self.patience}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+@dataclass
+class ProbeMeasurement:
+    """What one probe pass measures for ``L`` controlled layers of ``H`` heads on ``P`` probe images.
+
+    Attributes:
+        distributions: CLS-to-patch attention renormalised over the ``N`` patches, ``[L, H, P, N]`` float32 (CPU).
+        kappa: consensus clusters, mean over the first ``kappa_images`` probe images, ``[L, H]`` float64.
+    """
+
+    distributions: torch.Tensor
+    kappa: torch.Tensor
+
+
+# -------------------------------------------------------------------------------------------------------------------
+class FrozenHeadGuard:
+    """Eq. 26 for a list of ``Attention`` modules (one per layer): frozen heads stay bit-identical.
+
+    :meth:`freeze` marks heads with ``Attention.set_frozen_heads`` (their attention is then computed without autograd,
+    so their rows of the QKV projection and their tau get zero gradient) and snapshots those rows and tau. Zero
+    gradient is not enough: AdamW still moves a parameter through its momentum and its weight decay. So after every
+    step of an optimizer passed to :meth:`attach`, :meth:`restore` copies the snapshots back.
+    """
+
+    def __init__(self, modules: list[Attention]) -> None:
+        self.modules = modules
+        self._snapshots: list[tuple[list[int], torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        self._hooks: list[Any] = []
+
+    def freeze(self, frozen: torch.Tensor) -> None:
+        """Freeze exactly the heads marked in ``frozen: [L, H]`` bool and snapshot their current parameters."""
+        if frozen.shape != (len(self.modules), self.modules[0].num_heads):
+            raise ValueError(f"frozen must be [L, H] = [{len(self.modules)}, {self.modules[0].num_heads}]")
+        self._snapshots = []
+        with torch.no_grad():
+            for module, mask in zip(self.modules, frozen, strict=True):
+                module.set_frozen_heads(mask)
+                heads = mask.nonzero().flatten().tolist()
+                weight, bias, log_tau = self._views(module)
+                self._snapshots.append(
+                    (
+                        heads,
+                        weight[:, heads].clone(),
+                        None if bias is None else bias[:, heads].clone(),
+                        None if log_tau is None else log_tau[heads].clone(),
+                    )
+                )
+
+    @staticmethod
+    def _views(module: Attention) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Per-head views of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]``."""
+        heads, head_dim = module.num_heads, module.head_dim
+        weight = module.qkv.weight.data.view(3, heads, head_dim, -1)
+        bias = None if module.qkv.bias is None else module.qkv.bias.data.view(3, heads, head_dim)
+        return weight, bias, None if module.log_tau is None else module.log_tau.data
+
+    def restore(self) -> None:
+        """Copy the snapshots of the frozen heads back into the parameters."""
+        with torch.no_grad():
+            for module, (heads, weight_rows, bias_rows, log_tau) in zip(self.modules, self._snapshots, strict=True):
+                if not heads:
+                    continue
+                weight, bias, module_log_tau = self._views(module)
+                weight[:, heads] = weight_rows
+                if bias is not None:
+                    bias[:, heads] = bias_rows
+                if module_log_tau is not None:
+                    module_log_tau[heads] = log_tau
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Restore the frozen heads after every ``optimizer.step()``."""
+        self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.restore()))
+
+    def detach(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+# -------------------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def unit_temperature(modules: list[Attention]) -> Iterator[None]:
+    """Inside: tau = 1 in every module that has a temperature. After: the exact previous ``log_tau`` again."""
+    with_tau = [m for m in modules if m.log_tau is not None]
+    saved = [m.log_tau.detach().clone() for m in with_tau]
+    try:
+        with torch.no_grad():
+            for module in with_tau:
+                module.log_tau.zero_()
+        yield
+    finally:
+        with torch.no_grad():
+            for module, log_tau in zip(with_tau, saved, strict=True):
+                module.log_tau.copy_(log_tau)
+
+
+def controlled_modules(model: nn.Module, target: str | None) -> list[tuple[str, Attention]]:
+    """The shared ``Attention`` modules the controller acts on, in forward order (see ``DynamicsConfig.target``)."""
+    modules = attention_modules(model)
+    if not modules:
+        raise ConfigError(
+            f"{type(model).__name__} has no vitlab.layers.Attention module; the dynamics controller needs a model "
+            "built from vitlab's shared layers"
+        )
+    if target is None:
+        target = getattr(model, "dynamics_target", None)
+    if target is None:
+        with_temperature = [(n, m) for n, m in modules if m.log_tau is not None]
+        return with_temperature or modules
+    chosen = [(n, m) for n, m in modules if n.startswith(target)]
+    if not chosen:
+        raise ConfigError(
+            f"dynamics.target={target!r} matches no attention module; available: {[n for n, _ in modules]}"
+        )
+    return chosen
+
+
+def _model_attribute(model: nn.Module, name: str) -> Any:
+    """``name`` on the model or, failing that, on its first submodule that has it (e.g. ``model.encoder``)."""
+    for module in model.modules():
+        if hasattr(module, name):
+            return getattr(module, name)
+    return None
+
+
+def select_probe(loader: Any, size: int, seed: int | None) -> torch.Tensor:
+    """The probe images ``[P, C, H, W]`` from an ordered (not shuffled) loader of ``(x, y)`` batches.
+
+    ``seed`` picks a random subset of ``min(size, len(dataset))`` images (kept in loader order); ``None`` takes the
+    first ones. Only the chosen images are kept while the loader is read. The global RNG is left untouched.
+    """
+    total = len(loader.dataset)
+    if total == 0:
+        raise ConfigError("the validation set is empty; the dynamics controller needs validation images to probe")
+    if size > total:
+        rank_zero_warn(f"dynamics.probe_size={size} but the validation set has {total} images; probing all of them")
+        size = total
+    if seed is None:
+        wanted = torch.arange(size)
+    else:
+        wanted = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+    chosen, position = [], 0
+    with torch.random.fork_rng(devices=[]):  # a DataLoader draws its base seed from the global RNG
+        for batch in loader:
+            images = batch[0] if isinstance(batch, list | tuple) else batch
+            in_batch = wanted[(wanted >= position) & (wanted < position + len(images))] - position
+            chosen.append(images[in_batch])
+            position += len(images)
+            if position > wanted[-1]:
+                break
+    return torch.cat(chosen)
+
+
+# -------------------------------------------------------------------------------------------------------------------
+class DynamicsController(pl.Callback):
+    """ViTCAE's attention-dynamics controller (spec section 5; eq. 20 and 26) for any model of shared ``Attention``.
+
+    Use it through the config (``dynamics: {mode: schedule}`` in a run's YAML) or directly::
+
+        trainer = pl.Trainer(callbacks=[DynamicsController(DynamicsConfig(mode="schedule"), run_dir)])
+
+    The model is ``pl_module.model`` when the LightningModule wraps one (vitlab's tasks), else ``pl_module``. The
+    probe comes from ``trainer.datamodule.val_dataloader()`` unless ``probe: [P, C, H, W]`` is given.
+    Outside Lightning, :meth:`attach` a model, then :meth:`measure` and :meth:`advance` once per epoch.
+    """
+
+    def __init__(
+        self, config: DynamicsConfig | None = None, run_dir: str | Path = ".", *, probe: torch.Tensor | None = None
+    ) -> None:
+        self.config = config or DynamicsConfig()
+        self.run_dir = Path(run_dir)
+        self.probe = probe
+        self.model: nn.Module | None = None
+        self.module_names: list[str] = []
+        self.modules: list[Attention] = []
+        self.guard: FrozenHeadGuard | None = None
+        self.cost: torch.Tensor | None = None
+        self.num_prefix_tokens = 1
+        self.epoch: int | None = None  # the last epoch measured; 0 = before training
+        self.tracker: ConvergenceTracker | None = None
+        self.previous: torch.Tensor | None = None  # [L, H, P, N] float32
+        self.frozen: torch.Tensor | None = None  # [L, H] bool
+        self._pending_state: dict[str, Any] | None = None
+        self._epoch_started: float | None = None
+
+    @classmethod
+    def from_config(cls, values: dict[str, Any] | DynamicsConfig | None, run_dir: str | Path) -> DynamicsController:
+        """From the ``dynamics`` section of a run config (a dict; unknown keys are errors that name the key)."""
+        if not isinstance(values, DynamicsConfig):
+            values = from_dict(DynamicsConfig, values or {}, "dynamics")
+        return cls(values, run_dir)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(L, H)``: controlled layers and heads per layer."""
+        return len(self.modules), self.modules[0].num_heads
+
+    # --- setting up -------------------------------------------------------------------------------------------------
+    def attach(self, model: nn.Module) -> None:
+        """Resolve the controlled modules and the patch grid of ``model``; in ``fixed`` mode set tau = 1 and take it
+        out of training. Call before the optimizer is built (Lightning: the ``setup`` hook)."""
+        cfg = self.config
+        named = controlled_modules(model, cfg.target)
+        heads = {m.num_heads for _, m in named}
+        if len(heads) != 1:
+            raise ConfigError(
+                f"the controlled attention modules have different head counts {sorted(heads)}; choose modules of "
+                "one kind with dynamics.target"
+            )
+        has_temperature = [m.log_tau is not None for _, m in named]
+        if cfg.mode in ("schedule", "learn") and not all(has_temperature):
+            raise ConfigError(
+                f"dynamics.mode={cfg.mode!r} needs a temperature in every controlled module, but "
+                f"{[n for (n, _), t in zip(named, has_temperature, strict=True) if not t]} have none; build the model "
+                "with temperature=true (e.g. model.temperature=true) or use dynamics.mode=fixed"
+            )
+        grid = _model_attribute(model, "grid_size")
+        if grid is None:
+            raise ConfigError(
+                f"{type(model).__name__} has no grid_size attribute; the drift needs the patch grid (grid_h, grid_w)"
+            )
+        self.model = model
+        self.module_names = [n for n, _ in named]
+        self.modules = [m for _, m in named]
+        self.cost = patch_grid_cost(*grid)
+        self.num_prefix_tokens = _model_attribute(model, "num_prefix_tokens") or 1
+        self.guard = FrozenHeadGuard(self.modules)
+        if cfg.mode == "fixed":
+            for module in self.modules:
+                if module.log_tau is not None:
+                    with torch.no_grad():
+                        module.log_tau.zero_()
+                    module.log_tau.requires_grad_(False)
+        if self._pending_state is not None:
+            self._load_pending_state()
+
+    # --- one epoch of control ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def measure(self, probe: torch.Tensor) -> ProbeMeasurement:
+        """Push ``probe: [P, C, H, W]`` through the attached model (eval mode, attention captured, at the temperature
+        ``probe_tau`` says) and measure the CLS-to-patch distributions and consensus clusters of every head."""
+        model, cfg = self.model, self.config
+        if model is None:
+            raise RuntimeError("attach a model before measuring")
+        device = next(model.parameters()).device
+        forward = getattr(model, "forward_features", model)
+        distributions, kappa_sum = [], torch.zeros(self.shape, dtype=torch.float64)
+        kappa_images = min(cfg.kappa_images, len(probe))
+        was_training = model.training
+        model.eval()
+        try:
+            with unit_temperature(self.modules) if cfg.probe_tau == "unit" else contextlib.nullcontext():
+                for start in range(0, len(probe), cfg.probe_batch_size):
+                    images = probe[start : start + cfg.probe_batch_size].to(device)
+                    with attention_capture(model, self.module_names) as capture:
+                        forward(images)
+                        maps = capture.collect()
+                    chunk = []
+                    for layer, name in enumerate(self.module_names):
+                        attn = self._checked_map(maps, name)  # [b, H, T, T]
+                        chunk.append(attention_to_cls_distribution(attn, self.num_prefix_tokens).cpu())
+                        if start < kappa_images:
+                            kappa_sum[layer] += consensus_clusters(attn[: kappa_images - start], cfg.eps).sum(0).cpu()
+                    distributions.append(torch.stack(chunk).transpose(1, 2))  # [L, H, b, N]
+        finally:
+            model.train(was_training)
+        return ProbeMeasurement(torch.cat(distributions, dim=2), kappa_sum / kappa_images)
+
+    def _checked_map(self, maps: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+        if name not in maps:
+            raise RuntimeError(
+                f"{name} captured no attention in {type(self.model).__name__}.forward_features; "
+                "choose modules on the encoder path with dynamics.target"
+            )
+        attn = maps[name].float()
+        num_patches = self.cost.shape[0]
+        if attn.shape[-1] != self.num_prefix_tokens + num_patches:
+            raise ConfigError(
+                f"{name} attends over {attn.shape[-1]} tokens, but the patch grid has {num_patches} patches and "
+                f"{self.num_prefix_tokens} prefix token(s); control the encoder's attention (dynamics.target)"
+            )
+        return attn
+
+    def temperatures(self) -> torch.Tensor:
+        """Current ``tau: [L, H]`` float64 of the controlled heads (1 where a module has no temperature)."""
+        return torch.stack(
+            [
+                torch.ones(m.num_heads, dtype=torch.float64) if m.tau is None else m.tau.detach().double().cpu()
+                for m in self.modules
+            ]
+        )
+
+    @torch.no_grad()
+    def set_temperatures(self, tau: torch.Tensor, heads: torch.Tensor) -> None:
+        """Write ``tau: [L, H]`` into the heads marked in ``heads: [L, H]`` bool (as ``log_tau``)."""
+        for module, values, mask in zip(self.modules, tau, heads, strict=True):
+            if mask.any():
+                module.log_tau[mask.to(module.log_tau.device)] = values[mask].log().to(module.log_tau)
+
+    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None) -> dict[str, Any]:
+        """Record one epoch: drift against the previous measurement, the temperature schedule (eq. 20), convergence
+        and freezing (eq. 26). Returns the epoch's record (as written to ``dynamics.jsonl``).
+
+        Order: the drift ``d_t`` is measured with the weights and tau the epoch ended with; in ``schedule`` mode
+        ``tau_{t+1} = 1 / (1 + alpha d_t)`` is written into the heads that are not frozen; the tracker sees ``d_t``
+        and that new tau; heads that converge are frozen with it. The first call (epoch 0) has no drift.
+        """
+        cfg = self.config
+        num_layers, num_heads = self.shape
+        if measurement.distributions.shape[:2] != (num_layers, num_heads):
+            raise ValueError(f"the measurement is for a {list(measurement.distributions.shape[:2])} head grid")
+        epoch = (0 if self.epoch is None else self.epoch + 1) if epoch is None else epoch
+        if self.tracker is None:
+            self.tracker = ConvergenceTracker(num_layers, num_heads, cfg.eps_d, cfg.eps_tau, cfg.patience)
+            self.frozen = torch.zeros(num_layers, num_heads, dtype=torch.bool)
+        current = measurement.distributions.float()
+        drift = None
+        if self.previous is not None:
+            drift = attention_drift(current, self.previous, self.cost).mean(dim=-1)  # [L, H] float64
+            if cfg.mode == "schedule":
+                self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
+        tau = self.temperatures()
+        # The first tracker update only records tau (no previous tau, no streak), so its drift is a placeholder.
+        converged = self.tracker.update(torch.zeros_like(tau) if drift is None else drift, tau)
+        if cfg.freeze and (converged & ~self.frozen).any():
+            self.frozen = self.frozen | converged
+            self.guard.freeze(self.frozen)
+        self.previous = current
+        self.epoch = epoch
+        return {
+            "epoch": epoch,
+            "mode": cfg.mode,
+            "modules": self.module_names,
+            "drift": None if drift is None else drift.tolist(),
+            "kappa": measurement.kappa.tolist(),
+            "tau": tau.tolist(),
+            "converged": converged.tolist(),
+            "frozen": self.frozen.tolist(),
+            "non_converged": int((~converged).sum()),
+            "mean_drift": None if drift is None else float(drift.mean()),
+        }
+
+    def step(self, trainer: pl.Trainer, epoch: int) -> dict[str, Any]:
+        """Measure, advance, write the record and log its scalars: the controller's work for one epoch."""
+        started = time.perf_counter()
+        measurement = self.measure(self.probe)
+        if trainer.world_size > 1:  # identical inputs on every rank -> identical schedules and frozen masks
+            measurement = trainer.strategy.broadcast(measurement, src=0)
+        record = self.advance(measurement, epoch)
+        record["seconds"] = time.perf_counter() - started
+        record["epoch_seconds"] = None if self._epoch_started is None else started - self._epoch_started
+        if trainer.is_global_zero:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.run_dir / DYNAMICS_FILE, "w" if epoch == 0 else "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if record["drift"] is not None:
+            scalars = {
+                "dynamics/non_converged": record["non_converged"],
+                "dynamics/frozen": int(self.frozen.sum()),
+                "dynamics/mean_drift": record["mean_drift"],
+                "dynamics/mean_kappa": float(measurement.kappa.mean()),
+                "dynamics/mean_tau": float(self.temperatures().mean()),
+                "dynamics/seconds": record["seconds"],
+                "epoch": epoch - 1,  # the training epoch that just ended (Lightning counts from 0)
+            }
+            for logger in trainer.loggers:
+                logger.log_metrics(scalars, step=trainer.global_step)
+        return record
+
+    # --- Lightning hooks --------------------------------------------------------------------------------------------
+    @staticmethod
+    def _model_of(pl_module: pl.LightningModule) -> nn.Module:
+        return getattr(pl_module, "model", pl_module)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self.attach(self._model_of(pl_module))
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.probe is None:
+            datamodule = trainer.datamodule
+            if datamodule is None:
+                raise ConfigError(
+                    "the dynamics controller probes validation images: fit with a datamodule that has a "
+                    "val_dataloader, or pass probe=[P, C, H, W] to DynamicsController"
+                )
+            self.probe = select_probe(datamodule.val_dataloader(), self.config.probe_size, self.config.probe_seed)
+        self.guard.freeze(self.frozen if self.frozen is not None else torch.zeros(self.shape, dtype=torch.bool))
+        for optimizer in trainer.optimizers:
+            self.guard.attach(optimizer)
+        if self.epoch is None:
+            self.step(trainer, epoch=0)
+        elif self.epoch < trainer.current_epoch:
+            # The checkpoint was written at validation end, before this controller ran for that epoch (Lightning
+            # does that when check_val_every_n_epoch != 1): run that epoch's step now, on the same weights.
+            self.step(trainer, epoch=trainer.current_epoch)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_started = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.step(trainer, epoch=trainer.current_epoch + 1)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.guard.detach()
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero and (self.run_dir / DYNAMICS_FILE).exists():
+            from vitlab.diagnostics.plots import draw_run
+
+            draw_run(self.run_dir / DYNAMICS_FILE, self.run_dir / PLOTS_DIR)
+
+    # --- checkpoint state -------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain python and CPU tensors (loads with ``torch.load(weights_only=True)``)."""
+        return {
+            "epoch": self.epoch,
+            "modules": list(self.module_names),
+            "config": to_dict(self.config),
+            "tracker": None if self.tracker is None else self.tracker.state_dict(),
+            "previous": self.previous,
+            "frozen": self.frozen,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`; applied once a model is attached (at once if one already is)."""
+        self._pending_state = state_dict
+        if self.model is not None:
+            self._load_pending_state()
+
+    def _load_pending_state(self) -> None:
+        state, self._pending_state = self._pending_state, None
+        if state["modules"] != self.module_names:
+            raise ConfigError(
+                f"the checkpoint's dynamics state controls {state['modules']}, this run controls "
+                f"{self.module_names}; resume with the same model and dynamics.target"
+            )
+        self.epoch, self.previous, self.frozen = state["epoch"], state["previous"], state["frozen"]
+        if state["tracker"] is None:
+            self.tracker = None
+            return
+        cfg = self.config
+        self.tracker = ConvergenceTracker(*self.shape, cfg.eps_d, cfg.eps_tau, cfg.patience)
+        # This run's thresholds win over the checkpoint's, so a resume may change them.
+        thresholds = {"eps_d": cfg.eps_d, "eps_tau": cfg.eps_tau, "patience": cfg.patience}
+        self.tracker.load_state_dict({**state["tracker"], **thresholds})
+        if self.frozen is not None:
+            self.guard.freeze(self.frozen)
+
+
+__all__ = [
+    "DYNAMICS_FILE",
+    "MODES",
+    "DynamicsConfig",
+    "DynamicsController",
+    "FrozenHeadGuard",
+    "ProbeMeasurement",
+    "controlled_modules",
+    "select_probe",
+]

@@ -1,0 +1,285 @@
+"""Figures of the attention dynamics recorded in a run's ``dynamics.jsonl`` (ViTCAE, Figures 9 and 10).
+
+- :func:`plot_dynamics`: per-head drift curves over epochs (top row) and consensus-cluster counts (bottom row), one
+  panel per layer and one line per head; a head's freezing epoch is marked on its drift curve.
+- :func:`plot_comparison`: the same figure for two runs side by side, on shared axes (uncontrolled | controlled).
+- :func:`plot_temperature`: tau of every head over epochs as a heatmap; a white line runs along a frozen head's row.
+- :func:`plot_frozen_epochs`: the epoch at which each head was frozen, as a layer x head map.
+
+All drawing uses matplotlib's Agg backend, so it runs without a display.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure, SubFigure
+
+_MAX_PANELS_PER_ROW = 6
+
+
+def read_dynamics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``dynamics.jsonl`` (a run directory or the file), one per epoch, in epoch order.
+
+    A resumed run may write an epoch twice; the later line wins.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "dynamics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} does not exist: the run was trained without the dynamics controller (set a 'dynamics' section, "
+            "e.g. dynamics.mode=schedule)"
+        )
+    by_epoch = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            by_epoch[record["epoch"]] = record
+    if not by_epoch:
+        raise ValueError(f"{path} holds no records")
+    return [by_epoch[epoch] for epoch in sorted(by_epoch)]
+
+
+def dynamics_arrays(records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Stack records into arrays over ``T`` epochs, ``L`` layers, ``H`` heads: ``epochs [T]``, ``drift [T, L, H]``
+    (NaN at epoch 0, which has no previous epoch), ``kappa``, ``tau`` ``[T, L, H]``, ``converged``, ``frozen``
+    ``[T, L, H]`` bool."""
+    shape = np.shape(records[0]["tau"])
+    nan = np.full(shape, np.nan)
+    return {
+        "epochs": np.array([r["epoch"] for r in records]),
+        "drift": np.stack([nan if r["drift"] is None else np.asarray(r["drift"], float) for r in records]),
+        "kappa": np.stack([np.asarray(r["kappa"], float) for r in records]),
+        "tau": np.stack([np.asarray(r["tau"], float) for r in records]),
+        "converged": np.stack([np.asarray(r["converged"], bool) for r in records]),
+        "frozen": np.stack([np.asarray(r["frozen"], bool) for r in records]),
+    }
+
+
+def frozen_at_epoch(records: list[dict[str, Any]]) -> np.ndarray:
+    """``[L, H]`` float: the first epoch at which each head is frozen, NaN for heads never frozen."""
+    arrays = dynamics_arrays(records)
+    frozen = arrays["frozen"]
+    first = np.where(frozen.any(0), arrays["epochs"][frozen.argmax(0)], np.nan)
+    return first.astype(float)
+
+
+def head_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per head of the final epoch: layer, head, d, kappa, tau, converged, frozen_at (epoch or None)."""
+    final = records[-1]
+    frozen_at = frozen_at_epoch(records)
+    rows = []
+    for layer, taus in enumerate(final["tau"]):
+        for head, tau in enumerate(taus):
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "d": None if final["drift"] is None else final["drift"][layer][head],
+                    "kappa": final["kappa"][layer][head],
+                    "tau": tau,
+                    "converged": final["converged"][layer][head],
+                    "frozen_at": None if np.isnan(frozen_at[layer, head]) else int(frozen_at[layer, head]),
+                }
+            )
+    return rows
+
+
+# -------------------------------------------------------------------------------------------------------------------
+def _layer_label(records: list[dict[str, Any]], layer: int) -> str:
+    modules = records[0].get("modules") or []
+    name = modules[layer] if layer < len(modules) else f"layer {layer}"
+    return f"layer {layer}" + (f"\n{name}" if name != f"layer {layer}" else "")
+
+
+def _draw_dynamics(
+    canvas: Figure | SubFigure,
+    records: list[dict[str, Any]],
+    drift_limits: tuple[float, float],
+    kappa_limits: tuple[float, float],
+    max_columns: int,
+) -> None:
+    """Fig. 9/10 layout on ``canvas``: bands of (drift row, cluster row), at most ``max_columns`` layers per band."""
+    arrays = dynamics_arrays(records)
+    epochs, drift, kappa = arrays["epochs"], arrays["drift"], arrays["kappa"]
+    frozen_at = frozen_at_epoch(records)
+    num_layers, num_heads = drift.shape[1:]
+    columns = min(num_layers, max_columns)
+    bands = -(-num_layers // columns)
+    axes = canvas.subplots(2 * bands, columns, squeeze=False, sharex=True)
+    colors = plt.get_cmap("tab10" if num_heads <= 10 else "tab20")(np.arange(num_heads) % 20)
+    for layer in range(num_layers):
+        band, column = divmod(layer, columns)
+        top, bottom = axes[2 * band, column], axes[2 * band + 1, column]
+        for head in range(num_heads):
+            top.plot(epochs[1:], drift[1:, layer, head], color=colors[head], lw=1.2, label=f"head {head}")
+            bottom.plot(epochs, kappa[:, layer, head], color=colors[head], lw=1.2, drawstyle="steps-mid")
+            first = frozen_at[layer, head]
+            if not np.isnan(first) and first >= 1:
+                at = int(np.flatnonzero(epochs == first)[0])
+                top.plot(first, drift[at, layer, head], "o", ms=5, mfc="white", mec=colors[head], mew=1.5)
+        top.set_title(_layer_label(records, layer), fontsize=9)
+        top.set_ylim(*drift_limits)
+        bottom.set_ylim(*kappa_limits)
+        bottom.set_xlabel("epoch")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3, lw=0.5)
+            ax.tick_params(labelsize=8)
+        if column == 0:
+            top.set_ylabel("drift $d$ (W1, patches)", fontsize=9)
+            bottom.set_ylabel(r"clusters $\kappa$", fontsize=9)
+    for index in range(num_layers, bands * columns):  # unused panels of the last band
+        band, column = divmod(index, columns)
+        axes[2 * band, column].set_visible(False)
+        axes[2 * band + 1, column].set_visible(False)
+    handles = axes[0, 0].get_legend_handles_labels()[0]
+    handles.append(plt.Line2D([], [], ls="", marker="o", mfc="white", mec="black", label="frozen"))
+    canvas.legend(handles=handles, loc="lower center", ncol=min(num_heads + 1, 8), fontsize=8, frameon=False)
+
+
+def _limits(*series: np.ndarray, floor: float = 0.0) -> tuple[float, float]:
+    values = np.concatenate([np.ravel(s[np.isfinite(s)]) for s in series])
+    top = float(values.max()) if values.size else 1.0
+    return floor, top * 1.05 + (1e-6 if top == floor else 0.0)
+
+
+def _run_title(records: list[dict[str, Any]], label: str | None) -> str:
+    final = records[-1]
+    frozen = int(np.sum(final["frozen"]))
+    heads = int(np.size(final["frozen"]))
+    summary = f"mode={final['mode']}, non-converged {final['non_converged']}/{heads}, frozen {frozen}/{heads}"
+    return f"{label}: {summary}" if label else summary
+
+
+def plot_dynamics(records: list[dict[str, Any]], path: str | Path, title: str | None = None) -> Path:
+    """Figures 9/10 of the paper for one run: drift curves (top) and cluster counts (bottom) per layer."""
+    arrays = dynamics_arrays(records)
+    num_layers = arrays["drift"].shape[1]
+    columns = min(num_layers, _MAX_PANELS_PER_ROW)
+    bands = -(-num_layers // columns)
+    fig = plt.figure(figsize=(2.6 * columns + 0.8, 3.6 * bands + 0.9), layout="constrained")
+    _draw_dynamics(fig, records, _limits(arrays["drift"]), _limits(arrays["kappa"]), max_columns=_MAX_PANELS_PER_ROW)
+    fig.suptitle(_run_title(records, title), fontsize=11)
+    fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))
+    return _save(fig, path)
+
+
+def plot_comparison(
+    baseline: list[dict[str, Any]],
+    controlled: list[dict[str, Any]],
+    path: str | Path,
+    labels: tuple[str, str] = ("uncontrolled", "controlled"),
+) -> Path:
+    """Two runs side by side (baseline left) on shared axes: the paper's Figure 9 beside its Figure 10."""
+    left, right = dynamics_arrays(baseline), dynamics_arrays(controlled)
+    num_layers = max(left["drift"].shape[1], right["drift"].shape[1])
+    columns = min(num_layers, _MAX_PANELS_PER_ROW // 2)
+    bands = -(-num_layers // columns)
+    fig = plt.figure(figsize=(2 * (2.5 * columns + 0.6), 3.6 * bands + 1.1), layout="constrained")
+    drift_limits = _limits(left["drift"], right["drift"])
+    kappa_limits = _limits(left["kappa"], right["kappa"])
+    for canvas, records, label in zip(fig.subfigures(1, 2, wspace=0.04), (baseline, controlled), labels, strict=True):
+        _draw_dynamics(canvas, records, drift_limits, kappa_limits, max_columns=columns)
+        canvas.suptitle(_run_title(records, label), fontsize=10)
+    return _save(fig, path)
+
+
+def plot_temperature(records: list[dict[str, Any]], path: str | Path) -> Path:
+    """Heatmap of tau for every head (rows ``l.h``) over epochs (columns); frozen stretches drawn as white lines."""
+    arrays = dynamics_arrays(records)
+    epochs, tau, frozen = arrays["epochs"], arrays["tau"], arrays["frozen"]
+    num_epochs, num_layers, num_heads = tau.shape
+    rows = tau.reshape(num_epochs, -1).T  # [L*H, T]
+    fig, ax = plt.subplots(figsize=(min(2 + 0.25 * num_epochs, 16), 1 + 0.22 * rows.shape[0]), layout="constrained")
+    image = ax.imshow(
+        rows,
+        aspect="auto",
+        cmap="viridis",
+        interpolation="nearest",
+        extent=(epochs[0] - 0.5, epochs[-1] + 0.5, rows.shape[0] - 0.5, -0.5),
+    )
+    for row, frozen_row in enumerate(frozen.reshape(num_epochs, -1).T):
+        if frozen_row.any():
+            ax.plot([epochs[frozen_row.argmax()] - 0.5, epochs[-1] + 0.5], [row, row], color="white", lw=1.5)
+    ax.set_yticks(range(rows.shape[0]), [f"{layer}.{head}" for layer in range(num_layers) for head in range(num_heads)])
+    ax.tick_params(axis="y", labelsize=7)
+    for boundary in range(1, num_layers):
+        ax.axhline(boundary * num_heads - 0.5, color="black", lw=0.6)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("layer.head")
+    ax.set_title(r"temperature $\tau$ per head (white: frozen)", fontsize=10)
+    fig.colorbar(image, ax=ax, label=r"$\tau$")
+    return _save(fig, path)
+
+
+def plot_frozen_epochs(records: list[dict[str, Any]], path: str | Path) -> Path:
+    """The epoch at which each head was frozen, as a layer x head map (grey: never frozen)."""
+    first = frozen_at_epoch(records)
+    num_layers, num_heads = first.shape
+    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * num_heads, 1.0 + 0.45 * num_layers), layout="constrained")
+    cmap = plt.get_cmap("magma_r").with_extremes(bad="0.85")
+    last = float(records[-1]["epoch"])
+    image = ax.imshow(np.ma.masked_invalid(first), cmap=cmap, vmin=0, vmax=max(last, 1.0), aspect="auto")
+    for layer in range(num_layers):
+        for head in range(num_heads):
+            value = first[layer, head]
+            text, color = ("-", "black") if np.isnan(value) else (str(int(value)), "white" if value > last / 2 else "k")
+            ax.text(head, layer, text, ha="center", va="center", fontsize=8, color=color)
+    ax.set_xticks(range(num_heads))
+    ax.set_yticks(range(num_layers))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    frozen = int(np.isfinite(first).sum())
+    ax.set_title(f"epoch frozen ({frozen}/{first.size} heads)", fontsize=10)
+    fig.colorbar(image, ax=ax, label="epoch")
+    return _save(fig, path)
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def draw_run(source: str | Path, out_dir: str | Path, baseline: str | Path | None = None) -> list[Path]:
+    """Every figure of a run (its directory or ``dynamics.jsonl``) into ``out_dir``; with ``baseline`` (another
+    run) also the side-by-side comparison, the baseline on the left. Returns the written paths."""
+    records = read_dynamics(source)
+    out_dir = Path(out_dir)
+    paths = [
+        plot_dynamics(records, out_dir / "dynamics.png"),
+        plot_temperature(records, out_dir / "temperature.png"),
+        plot_frozen_epochs(records, out_dir / "frozen.png"),
+    ]
+    if baseline is not None:
+        labels = (_run_name(baseline), _run_name(source))
+        paths.append(plot_comparison(read_dynamics(baseline), records, out_dir / "comparison.png", labels))
+    return paths
+
+
+def _run_name(source: str | Path) -> str:
+    path = Path(source).resolve()
+    return path.name if path.is_dir() else path.parent.name
+
+
+__all__ = [
+    "draw_run",
+    "dynamics_arrays",
+    "frozen_at_epoch",
+    "head_table",
+    "plot_comparison",
+    "plot_dynamics",
+    "plot_frozen_epochs",
+    "plot_temperature",
+    "read_dynamics",
+]

@@ -1,0 +1,386 @@
+"""The attention-dynamics controller (ViTCAE eq. 20 and 26): freezing, the schedule, state, and a short fit."""
+
+import copy
+import io
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from vitlab.cli.main import main
+from vitlab.config import build_config
+from vitlab.diagnostics import DynamicsConfig, DynamicsController, FrozenHeadGuard, ProbeMeasurement
+from vitlab.diagnostics.controller import controlled_modules, select_probe
+from vitlab.diagnostics.plots import frozen_at_epoch, head_table, read_dynamics
+from vitlab.errors import ConfigError
+from vitlab.layers import Attention, capture_attention
+from vitlab.models import create_model
+from vitlab.training.callbacks import read_metrics
+from vitlab.training.run import fit
+
+NUM_HEADS, HEAD_DIM, WIDTH = 4, 16, 64  # vit_pico
+
+
+def tiny_vit(**overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    kwargs = dict(img_size=8, patch_size=2, in_chans=1, num_classes=3, depth=2, temperature=True)
+    return create_model("vit_pico", **{**kwargs, **overrides})
+
+
+def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(4, 1, 8, 8, generator=generator)
+        y = torch.randint(0, 3, (4,), generator=generator)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def head_rows(module: Attention) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Copies of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]`` of a module."""
+    weight = module.qkv.weight.detach().view(3, NUM_HEADS, HEAD_DIM, WIDTH).clone()
+    bias = module.qkv.bias.detach().view(3, NUM_HEADS, HEAD_DIM).clone()
+    return weight, bias, module.log_tau.detach().clone()
+
+
+FROZEN = torch.tensor([[True, False, False, True], [False, True, False, False]])
+
+
+# --- eq. 26: freezing ---------------------------------------------------------------------------------------------
+def test_frozen_heads_stay_bit_identical_through_adamw_with_weight_decay():
+    model = tiny_vit()
+    modules = [m for _, m in controlled_modules(model, None)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    train_steps(model, optimizer, 3, seed=0)  # AdamW momentum now sits on every row
+    guard = FrozenHeadGuard(modules)
+    guard.freeze(FROZEN)
+    guard.attach(optimizer)
+    before = [head_rows(m) for m in modules]
+    train_steps(model, optimizer, 10, seed=1)
+    for module, mask, (weight, bias, log_tau) in zip(modules, FROZEN, before, strict=True):
+        assert module.frozen_heads.tolist() == mask.tolist()
+        # eq. 26: no gradient reaches a frozen head's rows or tau
+        grad = module.qkv.weight.grad.view(3, NUM_HEADS, HEAD_DIM, WIDTH)
+        assert torch.all(grad[:, mask] == 0) and torch.all(module.log_tau.grad[mask] == 0)
+        now_weight, now_bias, now_log_tau = head_rows(module)
+        assert torch.equal(now_weight[:, mask], weight[:, mask])
+        assert torch.equal(now_bias[:, mask], bias[:, mask])
+        assert torch.equal(now_log_tau[mask], log_tau[mask])
+        # the other heads keep training
+        assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
+        assert (now_log_tau[~mask] != log_tau[~mask]).all()
+
+
+def test_without_the_guard_adamw_moves_zero_gradient_rows():
+    """Why the guard exists: momentum and weight decay move a frozen head even though its gradient is zero."""
+    model = tiny_vit()
+    modules = [m for _, m in controlled_modules(model, None)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    train_steps(model, optimizer, 3, seed=0)
+    FrozenHeadGuard(modules).freeze(FROZEN)  # frozen, but not attached to the optimizer
+    weight, _, log_tau = head_rows(modules[0])
+    train_steps(model, optimizer, 2, seed=1)
+    now_weight, _, now_log_tau = head_rows(modules[0])
+    assert not torch.equal(now_weight[:, FROZEN[0]], weight[:, FROZEN[0]])
+    assert not torch.equal(now_log_tau[FROZEN[0]], log_tau[FROZEN[0]])
+
+
+def test_frozen_head_forward_is_unchanged_and_its_attention_stays_fixed_through_training():
+    torch.manual_seed(0)
+    attn = Attention(WIDTH, num_heads=NUM_HEADS, temperature=True)
+    with torch.no_grad():
+        attn.log_tau.copy_(torch.tensor([0.3, -0.2, 0.1, 0.0]))
+    x = torch.randn(2, 9, WIDTH)
+    reference_out = attn(x)
+    reference_map = capture_attention(attn, x)[""]
+    mask = torch.tensor([False, True, True, False])
+    guard = FrozenHeadGuard([attn])
+    guard.freeze(mask[None])
+    torch.testing.assert_close(attn(x), reference_out, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(capture_attention(attn, x)[""], reference_map, atol=1e-6, rtol=1e-5)
+
+    optimizer = torch.optim.AdamW(attn.parameters(), lr=1e-2, weight_decay=0.1)
+    guard.attach(optimizer)
+    frozen_map = capture_attention(attn, x)[""]
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(10):
+        optimizer.zero_grad()
+        inputs = torch.randn(2, 9, WIDTH, generator=generator, requires_grad=True)
+        attn(inputs).square().mean().backward()
+        assert inputs.grad.abs().sum() > 0  # the value path keeps the input gradient
+        optimizer.step()
+    trained_map = capture_attention(attn, x)[""]
+    assert torch.equal(trained_map[:, mask], frozen_map[:, mask])
+    assert not torch.allclose(trained_map[:, ~mask], frozen_map[:, ~mask])
+
+
+# --- eq. 20 and convergence from hand-made measurements ---------------------------------------------------------------
+def point_masses(patches: list[list[int]], num_images: int = 2, num_patches: int = 16) -> ProbeMeasurement:
+    """All probe images of head (l, h) put their CLS attention on patch ``patches[l][h]`` of the 4x4 grid."""
+    dist = torch.zeros(len(patches), len(patches[0]), num_images, num_patches)
+    for layer, row in enumerate(patches):
+        for head, patch in enumerate(row):
+            dist[layer, head, :, patch] = 1
+    return ProbeMeasurement(dist, torch.ones(len(patches), len(patches[0]), dtype=torch.float64))
+
+
+# On the 4x4 grid patch p sits at (p // 4, p % 4): 0 -> 1 moves 1 patch, 0 -> 2 and 1 -> 3 move 2, 0 -> 5 sqrt 2.
+EPOCH0 = [[0, 0, 0, 0], [0, 0, 0, 0]]
+EPOCH1 = [[0, 1, 1, 0], [1, 0, 5, 1]]  # heads (0,0), (0,3), (1,1) do not move
+EPOCH2 = [[2, 3, 3, 2], [3, 2, 7, 3]]  # every head moves by 2 patches (0->2, 1->3, 5->7)
+STILL = torch.tensor([[True, False, False, True], [False, True, False, False]])
+
+
+def scheduled_controller(**config) -> DynamicsController:
+    settings = dict(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, probe_size=2, kappa_images=2)
+    controller = DynamicsController(DynamicsConfig(**{**settings, **config}))
+    controller.attach(tiny_vit())
+    return controller
+
+
+def test_schedule_sets_tau_from_drift_and_spares_frozen_heads():
+    controller = scheduled_controller()
+    first = controller.advance(point_masses(EPOCH0))
+    assert first["epoch"] == 0 and first["drift"] is None and first["non_converged"] == 8
+    assert torch.equal(controller.temperatures(), torch.ones(2, 4, dtype=torch.float64))
+
+    second = controller.advance(point_masses(EPOCH1))
+    drift = torch.tensor(second["drift"], dtype=torch.float64)
+    expected_drift = torch.tensor([[0, 1, 1, 0], [1, 0, math.sqrt(2), 1]], dtype=torch.float64)
+    torch.testing.assert_close(drift, expected_drift)
+    tau = controller.temperatures()  # stored as float32 log_tau
+    torch.testing.assert_close(tau, 1 / (1 + 2.0 * expected_drift), rtol=1e-6, atol=1e-7)  # eq. 20, alpha = 2
+    # still heads: d = 0 < eps_d and tau unchanged for patience = 1 epoch -> converged and frozen
+    assert torch.equal(torch.tensor(second["converged"]), STILL)
+    assert torch.equal(torch.tensor(second["frozen"]), STILL)
+    assert [m.frozen_heads.tolist() for m in controller.modules] == STILL.tolist()
+
+    tau_before = controller.temperatures()
+    third = controller.advance(point_masses(EPOCH2))
+    torch.testing.assert_close(
+        torch.tensor(third["drift"], dtype=torch.float64), torch.full((2, 4), 2.0, dtype=torch.float64)
+    )
+    tau = controller.temperatures()
+    assert torch.equal(tau[STILL], tau_before[STILL])  # frozen: eq. 20 no longer applies
+    torch.testing.assert_close(
+        tau[~STILL], torch.full((5,), 1 / (1 + 2.0 * 2.0), dtype=torch.float64), rtol=1e-6, atol=1e-7
+    )
+    assert torch.equal(torch.tensor(third["converged"]), STILL)  # convergence is final
+    assert third["non_converged"] == 5
+
+
+def test_learn_mode_leaves_tau_to_the_gradient_and_freeze_off_keeps_heads_trainable():
+    controller = scheduled_controller(mode="learn", freeze=False)
+    for patches in (EPOCH0, EPOCH1):
+        record = controller.advance(point_masses(patches))
+    assert torch.equal(controller.temperatures(), torch.ones(2, 4, dtype=torch.float64))
+    assert torch.equal(torch.tensor(record["converged"]), STILL)
+    assert not any(record["frozen"][0] + record["frozen"][1])
+    assert not any(m.frozen_heads.any() for m in controller.modules)
+
+
+def test_fixed_mode_holds_tau_at_one_outside_training():
+    model = tiny_vit()
+    with torch.no_grad():
+        for _, module in controlled_modules(model, None):
+            module.log_tau.fill_(0.5)
+    DynamicsController(DynamicsConfig(mode="fixed")).attach(model)
+    for _, module in controlled_modules(model, None):
+        assert torch.equal(module.log_tau, torch.zeros(NUM_HEADS)) and not module.log_tau.requires_grad
+
+
+def test_state_round_trips_through_a_weights_only_checkpoint():
+    original = scheduled_controller()
+    for patches in (EPOCH0, EPOCH1):
+        original.advance(point_masses(patches))
+    buffer = io.BytesIO()
+    torch.save({"callbacks": {"DynamicsController": original.state_dict()}}, buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)["callbacks"]["DynamicsController"]
+
+    resumed = DynamicsController(copy.deepcopy(original.config))
+    resumed.attach(copy.deepcopy(original.model))
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1 and torch.equal(resumed.frozen, STILL)
+    assert [m.frozen_heads.tolist() for m in resumed.modules] == STILL.tolist()
+    assert torch.equal(resumed.tracker.streak, original.tracker.streak)
+    assert torch.equal(resumed.previous, original.previous)
+    assert resumed.advance(point_masses(EPOCH2)) == original.advance(point_masses(EPOCH2))
+
+    other_target = DynamicsController(DynamicsConfig(target="blocks.1"))
+    other_target.attach(tiny_vit())
+    with pytest.raises(ConfigError, match="same model and dynamics.target"):
+        other_target.load_state_dict(state)
+
+
+# --- configuration and targets -----------------------------------------------------------------------------------
+def test_config_errors_name_the_problem():
+    with pytest.raises(ConfigError, match=r"dynamics\.epsd.*eps_d"):
+        DynamicsController.from_config({"epsd": 0.1}, ".")
+    with pytest.raises(ConfigError, match="mode must be one of schedule, learn, fixed"):
+        DynamicsConfig(mode="anneal")
+    with pytest.raises(ConfigError, match="kappa_images"):
+        DynamicsConfig(probe_size=8, kappa_images=16)
+    with pytest.raises(ConfigError, match="temperature=true"):
+        DynamicsController(DynamicsConfig(mode="schedule")).attach(tiny_vit(temperature=False))
+    with pytest.raises(ConfigError, match="matches no attention module"):
+        DynamicsController(DynamicsConfig(target="decoder")).attach(tiny_vit())
+
+
+def test_default_target_is_the_vitcae_encoder_not_its_decoder():
+    model = create_model("vitcae_pico")
+    names = [n for n, _ in controlled_modules(model, None)]
+    assert names == [f"encoder.blocks.{i}.attn" for i in range(4)]
+    assert any(n.startswith("decoder_blocks") for n, _ in controlled_modules(model, ""))
+    model.dynamics_target = "encoder.blocks.3"
+    assert [n for n, _ in controlled_modules(model, None)] == ["encoder.blocks.3.attn"]
+
+
+def test_measure_gives_distributions_on_the_grid_and_cluster_counts():
+    controller = DynamicsController(DynamicsConfig(probe_size=5, probe_batch_size=2, kappa_images=3))
+    controller.attach(tiny_vit())
+    measurement = controller.measure(torch.randn(5, 1, 8, 8))
+    assert measurement.distributions.shape == (2, 4, 5, 16)
+    torch.testing.assert_close(measurement.distributions.sum(-1), torch.ones(2, 4, 5))
+    assert measurement.kappa.shape == (2, 4) and ((measurement.kappa >= 1) & (measurement.kappa <= 17)).all()
+    assert controller.model.training  # the train/eval state is restored
+
+
+def test_probe_at_unit_tau_measures_as_if_tau_were_one_and_restores_it_exactly():
+    model = tiny_vit()
+    with torch.no_grad():
+        for _, module in controlled_modules(model, None):
+            module.log_tau.copy_(torch.tensor([0.7, -0.4, 0.2, -1.0]))
+    at_one = copy.deepcopy(model)
+    for _, module in controlled_modules(at_one, None):
+        module.log_tau.data.zero_()
+    log_tau = [m.log_tau.detach().clone() for _, m in controlled_modules(model, None)]
+    probe = torch.randn(3, 1, 8, 8)
+    measured = {}
+    for name, probe_tau, net in (("unit", "unit", model), ("one", "model", at_one), ("own", "model", model)):
+        controller = DynamicsController(DynamicsConfig(probe_tau=probe_tau, probe_size=3, kappa_images=3))
+        controller.attach(net)
+        measured[name] = controller.measure(probe).distributions
+    assert torch.equal(measured["unit"], measured["one"])
+    assert not torch.allclose(measured["own"], measured["one"])
+    assert all(torch.equal(m.log_tau, t) for (_, m), t in zip(controlled_modules(model, None), log_tau, strict=True))
+
+
+def test_select_probe_is_seeded_ordered_and_leaves_the_global_rng_alone():
+    images = torch.arange(20.0).view(20, 1, 1, 1)
+    loader = DataLoader(TensorDataset(images, torch.zeros(20)), batch_size=6)
+    assert select_probe(loader, 4, seed=None).flatten().tolist() == [0, 1, 2, 3]
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    seeded = select_probe(loader, 5, seed=7).flatten()
+    assert torch.equal(torch.rand(1), expected_next)
+    assert torch.equal(seeded, torch.randperm(20, generator=torch.Generator().manual_seed(7))[:5].sort().values.float())
+    assert torch.equal(select_probe(loader, 5, seed=7).flatten(), seeded)
+
+
+# --- Lightning: a short fit, the jsonl, the plots and the command -------------------------------------------------
+FIT = [
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "trainer.max_epochs=2",
+    "trainer.limit_train_batches=2",
+    "model.depth=2",
+    "model.temperature=true",
+    "data.limit_train=128",
+    "run.test=false",
+    "run.export=false",
+    "run.generate=false",
+    "dynamics.probe_size=16",
+    "dynamics.probe_batch_size=8",
+    "dynamics.kappa_images=4",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dynamics")
+    out = {}
+    for mode in ("schedule", "fixed"):
+        out[mode] = fit(build_config("vit/digits", [*FIT, f"run.dir={root / mode}", f"dynamics.mode={mode}"]))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["schedule", "fixed"])
+def test_fit_writes_one_record_per_epoch_with_per_head_lists(runs, mode):
+    lines = (runs[mode] / "dynamics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["epoch"] for r in records] == [0, 1, 2]
+    assert records[0]["drift"] is None and records[0]["modules"] == ["blocks.0.attn", "blocks.1.attn"]
+    for record in records:
+        for key in ("kappa", "tau", "converged", "frozen"):
+            assert [len(row) for row in record[key]] == [NUM_HEADS, NUM_HEADS], key
+        assert record["non_converged"] == sum(not c for row in record["converged"] for c in row)
+        assert record["seconds"] > 0
+    for record in records[1:]:
+        assert [len(row) for row in record["drift"]] == [NUM_HEADS, NUM_HEADS]
+        assert all(d >= 0 for row in record["drift"] for d in row)
+    tau = torch.tensor([r["tau"] for r in records], dtype=torch.float64)
+    if mode == "fixed":
+        assert torch.equal(tau, torch.ones_like(tau))
+    else:  # eq. 20, alpha = 1: the tau an epoch ends with is 1 / (1 + d) of that epoch
+        drift = torch.tensor([r["drift"] for r in records[1:]], dtype=torch.float64)
+        torch.testing.assert_close(tau[1:], 1 / (1 + drift), rtol=1e-6, atol=1e-6)
+    metrics = read_metrics(runs[mode] / "metrics.jsonl")
+    assert [m["dynamics/non_converged"] for m in metrics] == [r["non_converged"] for r in records[1:]]
+    assert {"dynamics.png", "temperature.png", "frozen.png"} <= {p.name for p in (runs[mode] / "dynamics").iterdir()}
+
+
+def test_checkpoint_holds_the_controller_state_as_plain_data(runs):
+    ckpt = torch.load(runs["schedule"] / "checkpoints" / "last.ckpt", weights_only=True)
+    state = ckpt["callbacks"]["DynamicsController"]
+    assert state["epoch"] == 2 and state["modules"] == ["blocks.0.attn", "blocks.1.attn"]
+    assert state["previous"].shape == (2, NUM_HEADS, 16, 16)
+
+
+def test_resumed_run_continues_the_same_schedule(runs, tmp_path):
+    first = fit(build_config("vit/digits", [*FIT, f"run.dir={tmp_path}", "trainer.max_epochs=1"]))
+    cfg = build_config("vit/digits", [*FIT, f"run.dir={tmp_path}"])
+    fit(cfg, resume=first)
+    resumed, straight = read_dynamics(tmp_path), read_dynamics(runs["schedule"])
+    for key in ("drift", "kappa", "tau", "converged", "frozen"):
+        assert [r[key] for r in resumed] == [r[key] for r in straight], key
+
+
+def test_dynamics_command_prints_the_head_table_and_draws_the_comparison(runs, tmp_path, capsys):
+    assert main(["dynamics", str(runs["schedule"]), "--compare", str(runs["fixed"]), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "attention heads after epoch 2" in out and len(head_table(read_dynamics(runs["schedule"]))) == 8
+    assert out.count("\n    1    3 ") == 1  # the row of layer 1, head 3
+    assert {p.name for p in tmp_path.iterdir()} == {"dynamics.png", "temperature.png", "frozen.png", "comparison.png"}
+
+
+def test_read_dynamics_keeps_the_last_line_of_an_epoch_and_finds_freezing_epochs(tmp_path):
+    def record(epoch, frozen):
+        return {
+            "epoch": epoch,
+            "tau": [[1.0, 1.0]],
+            "kappa": [[1.0, 2.0]],
+            "drift": None if epoch == 0 else [[0.1, 0]],
+            "converged": frozen,
+            "frozen": frozen,
+            "non_converged": 0,
+            "mode": "schedule",
+        }
+
+    lines = [
+        record(0, [[False, False]]),
+        record(1, [[False, True]]),
+        record(1, [[True, True]]),
+        record(2, [[True, True]]),
+    ]
+    (tmp_path / "dynamics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    records = read_dynamics(tmp_path)
+    assert [r["epoch"] for r in records] == [0, 1, 2]
+    assert frozen_at_epoch(records).tolist() == [[1.0, 1.0]]
+    with pytest.raises(FileNotFoundError, match="without the dynamics controller"):
+        read_dynamics(tmp_path / "missing")
