@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # wheels. Override with e.g. `make install TORCH_SPEC="torch torchvision"`.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.installed
-DEMO_CONFIG ?= vit/digits
+DEMO_CONFIG ?= vitcae/digits
 
 .PHONY: install demo test lint format clean
 

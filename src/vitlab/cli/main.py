@@ -60,6 +60,11 @@ def _print_summary(run_dir: Path) -> None:
     if test.exists():
         metrics = json.loads(test.read_text())
         lines.append("test: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    generated = run_dir / "generate" / "metrics.json"
+    if generated.exists():
+        g = json.loads(generated.read_text())
+        keys = ("reconstruction/psnr", "reconstruction/ssim", "linear_probe/accuracy", "conditional/judge_accuracy")
+        lines.append("generate: " + ", ".join(f"{k}={g[k]:.4g}" for k in keys if k in g))
     for name, label in (("export", "exported model"), ("report.html", "report"), ("generate", "generated grids")):
         if (run_dir / name).exists():
             lines.append(f"{label}: {run_dir / name}")

@@ -107,8 +107,26 @@ class JSONLinesLogger(Logger):
         self._buffer = {}
 
     @rank_zero_only
+    def flush(self) -> None:
+        """Write the buffered epoch now (called by :class:`FlushMetrics` once the epoch's last values are in)."""
+        self._flush()
+
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         self._flush()
+
+
+class FlushMetrics(pl.Callback):
+    """Write each epoch's ``metrics.jsonl`` line as soon as the epoch ends.
+
+    Lightning hands train-epoch values to loggers after the epoch-end hooks of ordinary callbacks, so the line is
+    written at the start of the next epoch (or when training ends), not one epoch late.
+    """
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, JSONLinesLogger):
+                logger.flush()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from vitlab.training.callbacks import (
     AtomicCheckpointIO,
     DDPConsistencyCheck,
     EpochSeed,
+    FlushMetrics,
     JSONLinesLogger,
     atomic_write_text,
 )
@@ -144,6 +145,7 @@ def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callbac
         # Lightning's save_last only copies when a monitored checkpoint is written; resuming needs every epoch.
         ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False),
         EpochSeed(cfg.run.seed),
+        FlushMetrics(),
         DDPConsistencyCheck(run_dir),
         LearningRateMonitor(logging_interval="epoch"),
         *task.extra_callbacks(run_dir),
