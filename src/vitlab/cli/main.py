@@ -24,7 +24,12 @@ from pathlib import Path
 from vitlab.cli.registry import COMMANDS, Runner, command
 
 #: modules whose import registers further sub-commands (each in its own file)
-COMMAND_MODULES: list[str] = ["vitlab.cli.evaluate", "vitlab.cli.generate", "vitlab.cli.dynamics"]
+COMMAND_MODULES: list[str] = [
+    "vitlab.cli.evaluate",
+    "vitlab.cli.generate",
+    "vitlab.cli.dynamics",
+    "vitlab.cli.report",
+]
 
 
 # -------------------------------------------------------------------------------------------------------------------
