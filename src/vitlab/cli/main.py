@@ -29,6 +29,7 @@ COMMAND_MODULES: list[str] = [
     "vitlab.cli.generate",
     "vitlab.cli.dynamics",
     "vitlab.cli.report",
+    "vitlab.cli.bench",
 ]
 
 

@@ -1,0 +1,623 @@
+"""Throughput, FLOPs, model FLOPs utilisation (MFU) and peak memory of a network, side by side with timm.
+
+:func:`bench` measures a registered preset's training step (forward, cross-entropy, backward, AdamW step) and its
+inference (forward under ``torch.inference_mode``), optionally next to timm's network of the same shape
+(``vs="timm"``, :func:`timm_counterpart`). :func:`measure_networks` is the engine, usable on any networks that take
+images (``benchmarks/feature_costs.py`` uses it for features switched off and on).
+
+Every measurement alternates, round after round, between the networks and a large square matrix multiply in the
+same process, precision and thread count (the order reverses every other round). Load from other processes then
+hits all of them alike; ratios and MFU are formed per round and summarised by their median and spread.
+
+Definitions (``docs/benchmarks.md``):
+
+- FLOPs per image: the forward FLOPs that ``torch.utils.flop_counter.FlopCounterMode`` counts (matrix products and
+  attention; elementwise work is not counted) on a small batch, divided by its size. Training FLOPs are 3x the
+  forward FLOPs (the backward pass computes two matrix products per forward one: input and weight gradients); the
+  counted backward-over-forward ratio is reported next to it as a check.
+- MFU: achieved FLOP/s (FLOPs per image x images/s) over the FLOP/s of a ``matmul_size``-square matrix multiply
+  measured in the same round, at the same precision (bf16 through autocast) and thread count.
+- Peak memory of a training step: on CUDA, ``max_memory_allocated`` above the allocation before the network was
+  built; on CPU, the growth of the peak resident set size of a fresh process (Linux: ``VmHWM`` after resetting it
+  through ``/proc/self/clear_refs``; elsewhere ``getrusage`` ``ru_maxrss``) from before building the network to
+  after two training steps (weights, gradients, AdamW state, activations and
+  allocator overhead). A fresh process per network, because a process's peak RSS never goes down and the
+  allocator keeps freed memory, so a second network measured in the same process would read the first one's peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import timm
+import torch
+import torch.nn.functional as F
+from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from vitlab.errors import ConfigError
+from vitlab.models.registry import constructor_args, create_model, get_preset, resolved_kwargs
+from vitlab.models.vit import VisionTransformer
+from vitlab.models.vitcae import ViTCAE
+
+Precision = Literal["32-true", "bf16-mixed"]
+PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed")
+PHASES: tuple[str, ...] = ("train", "inference")
+#: training FLOPs per forward FLOP: forward, then input and weight gradients in the backward pass
+TRAINING_FLOPS_PER_FORWARD = 3
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# What is measured
+@dataclass(frozen=True)
+class NetworkSpec:
+    """How to build a benchmarked network; plain data, so a fresh process can rebuild it (peak memory on CPU).
+
+    ``source="vitlab"``: the preset ``name`` with keyword ``kwargs`` overrides; a ViTCAE preset gives its encoder
+    (``model.encoder``, a ``VisionTransformer`` with temperature). ``"timm_vit"`` / ``"timm_swin"``: timm's
+    ``VisionTransformer`` / ``SwinTransformer`` built with ``kwargs``.
+    """
+
+    source: Literal["vitlab", "timm_vit", "timm_swin"]
+    name: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> nn.Module:
+        if self.source == "vitlab":
+            model = create_model(self.name, **self.kwargs)
+            return model.encoder if isinstance(model, ViTCAE) else model
+        if self.source == "timm_vit":
+            return timm.models.VisionTransformer(**self.kwargs)
+        return TimmSwinTransformer(**self.kwargs)
+
+    def describe(self) -> str:
+        if self.source == "vitlab":
+            part = " (encoder)" if issubclass(get_preset(self.name).cls, ViTCAE) else ""
+            return f"vitlab {self.name}{part}"
+        return self.name
+
+
+_VIT_KEYS = (
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "qkv_bias",
+    "drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+)
+_SWIN_KEYS = (
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "embed_dim",
+    "depths",
+    "num_heads",
+    "window_size",
+    "mlp_ratio",
+    "qkv_bias",
+    "drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+)
+
+
+def timm_counterpart(model: str, overrides: dict[str, Any] | None = None) -> NetworkSpec:
+    """timm's network of the same shape as the preset ``model`` with ``overrides``.
+
+    ViT presets (``vit_*``; ``tome_*`` get the plain timm ViT, so the ratio is ToMe's speed-up): timm's
+    ``VisionTransformer`` with the same width, depth, heads, patch, input, MLP ratio, QKV bias, pooling and dropout.
+    ViTCAE presets: the timm ViT of the encoder's shape, without a head (``num_classes=0``) and without the
+    temperature. Swin presets: timm's ``SwinTransformer`` with the same configuration.
+    """
+    cls = get_preset(model).cls
+    defaults = {name: p.default for name, p in constructor_args(cls).items()}
+    kwargs = defaults | resolved_kwargs(model, **(overrides or {}))
+    if issubclass(cls, (VisionTransformer, ViTCAE)):
+        vit = {key: kwargs[key] for key in _VIT_KEYS}
+        vit |= dict(pos_drop_rate=kwargs["drop_rate"], proj_drop_rate=kwargs["drop_rate"])
+        if issubclass(cls, ViTCAE):
+            vit |= dict(num_classes=0, global_pool="token")
+        else:
+            vit["global_pool"] = kwargs["global_pool"]
+        return NetworkSpec("timm_vit", "timm VisionTransformer", vit)
+    if issubclass(cls, TimmSwinTransformer):
+        swin = {key: kwargs[key] for key in _SWIN_KEYS}
+        swin["proj_drop_rate"] = kwargs["drop_rate"]
+        return NetworkSpec("timm_swin", "timm SwinTransformer", swin)
+    raise ConfigError(
+        f"--vs timm has no timm counterpart for {model!r} ({cls.__name__}); it covers the ViT presets (vit_*, "
+        "tome_*), the ViTCAE encoders (vitcae_*) and Swin (swin_*). Run without --vs to bench it alone."
+    )
+
+
+def input_shape(network: nn.Module) -> tuple[int, int, int]:
+    """``(C, H, W)`` of the images ``network`` takes, read from its (timm) ``patch_embed``."""
+    embed = getattr(network, "patch_embed", None)
+    if embed is None or not hasattr(embed, "img_size"):
+        raise ConfigError(
+            f"{type(network).__name__} has no patch_embed with an img_size, so the input shape is unknown; bench "
+            "networks that embed patches with timm's PatchEmbed (every vitlab and timm ViT/Swin does)"
+        )
+    height, width = embed.img_size
+    return embed.proj.in_channels, height, width
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# FLOPs
+def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_flash_attention_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+#: the CPU SDPA kernels, which FlopCounterMode does not know (it knows the CUDA ones)
+CPU_ATTENTION_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_attention_backward_flops,
+}
+
+
+def flops_per_image(network: nn.Module, images: int = 2) -> dict[str, float]:
+    """FLOPs per image that ``FlopCounterMode`` counts: ``forward``; ``training`` (3x forward, the convention of
+    the MFU); ``backward_over_forward`` (counted on a real backward pass, a check of the 3x)."""
+    device = next(network.parameters()).device
+    x = torch.randn(images, *input_shape(network), device=device)
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as forward_counter:
+        out = network(x)
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as backward_counter:
+        out.float().square().mean().backward()
+    network.zero_grad(set_to_none=True)
+    forward = forward_counter.get_total_flops() / images
+    return {
+        "forward": forward,
+        "training": TRAINING_FLOPS_PER_FORWARD * forward,
+        "backward_over_forward": backward_counter.get_total_flops() / images / forward,
+    }
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Timing
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast context of a Lightning-style ``precision``: none for ``32-true``, bf16 for ``bf16-mixed``."""
+    if precision == "32-true":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Subject:
+    """One network under measurement: the (optionally compiled) module, its AdamW, a fixed batch and targets."""
+
+    def __init__(self, network: nn.Module, *, batch_size: int, precision: str, device: torch.device, compile: bool):
+        self.network = network.to(device)
+        self.runnable = torch.compile(self.network) if compile else self.network
+        self.optimizer = torch.optim.AdamW(self.network.parameters(), lr=1e-4, weight_decay=0.05)
+        self.precision, self.device = precision, device
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(batch_size, *input_shape(network), generator=generator).to(device)
+        with torch.no_grad():
+            width = self.network(self.x[:1]).shape[-1]
+        # Cross-entropy over the output's last axis: logits of a classifier, pooled features of a headless encoder.
+        self.y = torch.randint(0, width, (batch_size,), generator=generator).to(device)
+
+    def train_step(self) -> None:
+        self.network.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.precision, self.device):
+            logits = self.runnable(self.x)
+        F.cross_entropy(logits.float(), self.y).backward()
+        self.optimizer.step()
+
+    def inference(self) -> None:
+        self.network.eval()
+        with torch.inference_mode(), autocast(self.precision, self.device):
+            self.runnable(self.x)
+
+
+class _Matmul:
+    """A square matrix multiply ``[n, n] @ [n, n]`` (``2 n^3`` FLOPs), the peak the MFU is measured against."""
+
+    def __init__(self, size: int, precision: str, device: torch.device) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.a = torch.randn(size, size, generator=generator).to(device)
+        self.b = torch.randn(size, size, generator=generator).to(device)
+        self.precision, self.device = precision, device
+        self.flops = 2 * size**3
+
+    def __call__(self) -> None:
+        with autocast(self.precision, self.device):
+            self.a @ self.b
+
+
+@dataclass
+class _Task:
+    """A timed callable: ``calls`` per sample (set after the warm-up), seconds per call of each round."""
+
+    run: Callable[[], None]
+    calls: int = 1
+    seconds: list[float] = field(default_factory=list)
+
+
+def _time_calls(run: Callable[[], None], calls: int, device: torch.device) -> float:
+    _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    _synchronize(device)
+    return (time.perf_counter() - start) / calls
+
+
+def _measure_alternating(
+    tasks: dict[str, _Task], *, repeats: int, warmup: int, sample_seconds: float, device: torch.device
+) -> None:
+    """Warm each task up, size its samples to ``sample_seconds``, then time them round-robin, ``repeats`` rounds;
+    every other round runs in reverse order so that no task always follows the same one."""
+    for task in tasks.values():
+        per_call = min(_time_calls(task.run, 1, device) for _ in range(max(warmup, 1)))
+        task.calls = max(1, round(sample_seconds / per_call))
+    order = list(tasks)
+    for round_index in range(repeats):
+        for name in order if round_index % 2 == 0 else reversed(order):
+            tasks[name].seconds.append(_time_calls(tasks[name].run, tasks[name].calls, device))
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    """Median, quartiles (inclusive method), min, max and count of ``values``."""
+    ordered = sorted(values)
+    if len(ordered) > 1:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return {
+        "median": statistics.median(ordered),
+        "q1": q1,
+        "q3": q3,
+        "min": ordered[0],
+        "max": ordered[-1],
+        "n": len(ordered),
+    }
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run with ``threads`` intra-op threads (None: leave the setting), restoring the previous count after."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def measure_networks(
+    networks: dict[str, nn.Module],
+    *,
+    batch_size: int = 64,
+    precision: str = "32-true",
+    device: str | torch.device = "cpu",
+    compile: bool = False,
+    repeats: int = 5,
+    warmup: int = 2,
+    sample_seconds: float = 0.5,
+    matmul_size: int = 1024,
+) -> dict[str, Any]:
+    """Time the training step and the inference of each network and the matmul peak, alternating (module doc).
+
+    Returns ``{"matmul_peak": {"size", "precision", "flops_per_s": summary}, "matmul_peak_fp32": ...`` (bf16 runs
+    only) ``, "networks": {name: {"parameters", "flops_per_image", "train", "inference"}}}``; each phase holds
+    ``images_per_s`` and ``mfu`` (and ``mfu_vs_fp32_peak`` for bf16) summaries over the rounds, and the raw
+    ``seconds_per_batch`` per round, in round order, for :func:`round_ratio`.
+    """
+    _check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
+    device = torch.device(device)
+    flops = {name: flops_per_image(network.to(device)) for name, network in networks.items()}
+    peaks = {precision: _Matmul(matmul_size, precision, device)}
+    if precision != "32-true":
+        peaks["32-true"] = _Matmul(matmul_size, "32-true", device)
+    tasks = {f"matmul {p}": _Task(matmul) for p, matmul in peaks.items()}
+    for name, network in networks.items():
+        subject = _Subject(network, batch_size=batch_size, precision=precision, device=device, compile=compile)
+        tasks[f"{name} train"] = _Task(subject.train_step)
+        tasks[f"{name} inference"] = _Task(subject.inference)
+    _measure_alternating(tasks, repeats=repeats, warmup=warmup, sample_seconds=sample_seconds, device=device)
+
+    peak_flops = {p: [matmul.flops / s for s in tasks[f"matmul {p}"].seconds] for p, matmul in peaks.items()}
+    result: dict[str, Any] = {
+        "matmul_peak": {"size": matmul_size, "precision": precision, "flops_per_s": summarize(peak_flops[precision])}
+    }
+    if precision != "32-true":
+        result["matmul_peak_fp32"] = {
+            "size": matmul_size,
+            "precision": "32-true",
+            "flops_per_s": summarize(peak_flops["32-true"]),
+        }
+    result["networks"] = {}
+    for name, network in networks.items():
+        entry: dict[str, Any] = {
+            "parameters": sum(p.numel() for p in network.parameters()),
+            "flops_per_image": flops[name],
+        }
+        for phase in PHASES:
+            seconds = tasks[f"{name} {phase}"].seconds
+            work = flops[name]["training" if phase == "train" else "forward"] * batch_size
+            phase_entry = {
+                "images_per_s": summarize([batch_size / s for s in seconds]),
+                "mfu": summarize([work / s / peak for s, peak in zip(seconds, peak_flops[precision], strict=True)]),
+                "seconds_per_batch": seconds,
+            }
+            if precision != "32-true":
+                phase_entry["mfu_vs_fp32_peak"] = summarize(
+                    [work / s / peak for s, peak in zip(seconds, peak_flops["32-true"], strict=True)]
+                )
+            entry[phase] = phase_entry
+        result["networks"][name] = entry
+    return result
+
+
+def round_ratio(result: dict[str, Any], numerator: str, denominator: str, phase: str) -> dict[str, float]:
+    """Throughput of ``numerator`` over ``denominator`` in ``phase``, formed per round, summarised over rounds
+    (``>= 1``: the numerator is at least as fast)."""
+    top = result["networks"][numerator][phase]["seconds_per_batch"]
+    bottom = result["networks"][denominator][phase]["seconds_per_batch"]
+    return summarize([b / t for t, b in zip(top, bottom, strict=True)])
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Peak memory
+def _proc_status_kib(field_name: str) -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith(field_name + ":")).split()[1])
+
+
+def _train_steps_peak_rss_growth_mib(
+    spec: NetworkSpec, batch_size: int, precision: str, threads: int | None
+) -> tuple[float, str]:
+    """In a fresh process: growth of the peak RSS over building ``spec`` and two training steps, in MiB, and the
+    method. On Linux the peak (``VmHWM``) is reset to the current RSS first (``/proc/self/clear_refs``), since the
+    imports leave a peak of their own that a small network stays below; elsewhere ``ru_maxrss`` growth."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    clear_refs = Path("/proc/self/clear_refs")
+    try:
+        clear_refs.write_text("5")
+        before, method = _proc_status_kib("VmRSS"), "VmHWM of a fresh process, reset to VmRSS before the build"
+    except OSError:
+        before, method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss growth of a fresh process"
+    cpu = torch.device("cpu")
+    subject = _Subject(spec.build(), batch_size=batch_size, precision=precision, device=cpu, compile=False)
+    for _ in range(2):
+        subject.train_step()
+    if method.startswith("VmHWM"):
+        return (_proc_status_kib("VmHWM") - before) / 2**10, method
+    growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    return (growth / 2**20 if sys.platform == "darwin" else growth / 2**10), method  # bytes on macOS, KiB on Linux
+
+
+def peak_memory(
+    spec: NetworkSpec, *, batch_size: int, precision: str, device: str | torch.device = "cpu", threads: int | None = 1
+) -> dict[str, Any]:
+    """Peak memory of two eager training steps of ``spec``'s network, in MiB, and how it was measured (module doc)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        subject = _Subject(spec.build(), batch_size=batch_size, precision=precision, device=device, compile=False)
+        for _ in range(2):
+            subject.train_step()
+        peak = torch.cuda.max_memory_allocated(device) - before
+        del subject
+        torch.cuda.empty_cache()
+        return {"mib": peak / 2**20, "method": "cuda max_memory_allocated above the allocation before the build"}
+    # A fresh interpreter (not multiprocessing, whose spawn re-imports the caller's main module).
+    request = dict(spec=asdict(spec), batch_size=batch_size, precision=precision, threads=threads)
+    child = subprocess.run(
+        [sys.executable, "-c", _MEMORY_CHILD, json.dumps(request)], capture_output=True, text=True, check=False
+    )
+    if child.returncode != 0:
+        raise RuntimeError(f"the peak-memory process for {spec.describe()} failed:\n{child.stderr[-2000:]}")
+    growth, method = json.loads(child.stdout.splitlines()[-1])
+    return {"mib": growth, "method": f"{method}, over the build and two training steps"}
+
+
+_MEMORY_CHILD = """
+import json, sys
+from vitlab.bench import NetworkSpec, _train_steps_peak_rss_growth_mib
+request = json.loads(sys.argv[1])
+spec = NetworkSpec(**request.pop("spec"))
+print(json.dumps(_train_steps_peak_rss_growth_mib(spec, **request)))
+"""
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# The benchmark of a preset
+def _check_settings(*, batch_size: int, precision: str, repeats: int, warmup: int) -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be at least 1, got {batch_size}")
+    if repeats < 1 or warmup < 0:
+        raise ConfigError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+
+
+def bench_environment() -> dict[str, Any]:
+    """Versions, git revision and hardware of the measurement. Leaner than ``vitlab.training.run.environment``,
+    which imports Lightning and torchvision (seconds on a loaded machine) for versions a benchmark does not use."""
+    import vitlab
+
+    try:
+        revision = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        )
+        git = revision.stdout.strip() if revision.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        git = None
+    return {
+        "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "versions": {
+            "python": platform.python_version(),
+            "vitlab": vitlab.__version__,
+            "torch": torch.__version__,
+            "timm": timm.__version__,
+        },
+        "git_revision": git,
+        "hardware": {
+            "platform": platform.platform(),
+            "cpu_model": _cpu_model() or platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads(),
+            "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        },
+    }
+
+
+def _cpu_model() -> str | None:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def bench(
+    model: str,
+    *,
+    overrides: dict[str, Any] | None = None,
+    batch_size: int = 64,
+    precision: str = "32-true",
+    compile: bool = False,
+    vs: str | None = None,
+    threads: int | None = 1,
+    repeats: int = 5,
+    warmup: int = 2,
+    sample_seconds: float = 0.5,
+    matmul_size: int = 1024,
+    device: str = "cpu",
+    memory: bool = True,
+) -> dict[str, Any]:
+    """Benchmark the preset ``model`` (with keyword ``overrides``) alone or, with ``vs="timm"``, next to timm's.
+
+    Returns the :func:`measure_networks` record (networks ``ours`` and ``timm``) with ``settings``,
+    ``environment``, ``load_average`` (``os.getloadavg()`` before and after), each network's ``description`` and
+    ``peak_memory`` (when ``memory``), and ``ours_over_timm``: per-phase throughput ratio summaries.
+    """
+    _check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
+    if vs not in (None, "timm"):
+        raise ConfigError(f"--vs compares with 'timm' only, got {vs!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA device; use --device cpu")
+    overrides = dict(overrides or {})
+    specs = {"ours": NetworkSpec("vitlab", model, overrides)}
+    if vs == "timm":
+        specs["timm"] = timm_counterpart(model, overrides)
+    settings = dict(
+        model=model,
+        overrides=overrides,
+        batch_size=batch_size,
+        precision=precision,
+        compile=compile,
+        vs=vs,
+        threads=threads,
+        repeats=repeats,
+        warmup=warmup,
+        sample_seconds=sample_seconds,
+        matmul_size=matmul_size,
+        device=device,
+    )
+    load_before = os.getloadavg()
+    with torch_threads(threads):
+        peak = {
+            name: peak_memory(spec, batch_size=batch_size, precision=precision, device=device, threads=threads)
+            for name, spec in specs.items()
+            if memory
+        }
+        torch.manual_seed(0)
+        networks = {name: spec.build() for name, spec in specs.items()}
+        result = measure_networks(
+            networks,
+            batch_size=batch_size,
+            precision=precision,
+            device=device,
+            compile=compile,
+            repeats=repeats,
+            warmup=warmup,
+            sample_seconds=sample_seconds,
+            matmul_size=matmul_size,
+        )
+        environment = bench_environment()
+    for name, spec in specs.items():
+        result["networks"][name]["description"] = spec.describe()
+        result["networks"][name]["spec"] = {"source": spec.source, "name": spec.name, "kwargs": spec.kwargs}
+        if name in peak:
+            result["networks"][name]["peak_memory"] = peak[name]
+    if vs == "timm":
+        result["ours_over_timm"] = {phase: round_ratio(result, "ours", "timm", phase) for phase in PHASES}
+    return {
+        "benchmark": "bench",
+        "settings": settings,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "environment": environment,
+        **result,
+    }
+
+
+def format_bench(result: dict[str, Any]) -> str:
+    """A short text table of a :func:`bench` record."""
+    s = result["settings"]
+    peak = result["matmul_peak"]["flops_per_s"]
+    lines = [
+        f"{s['model']} {s['overrides'] or ''} batch {s['batch_size']}, {s['precision']}, threads {s['threads']}, "
+        f"{s['repeats']} rounds; load average {result['load_average']['before'][0]:.2f} -> "
+        f"{result['load_average']['after'][0]:.2f}",
+        f"matmul peak ({result['matmul_peak']['size']}^2, {s['precision']}): {peak['median'] / 1e9:.1f} GFLOP/s "
+        f"[{peak['min'] / 1e9:.1f}, {peak['max'] / 1e9:.1f}]",
+        f"{'network':<30} {'params':>9} {'GFLOP/img':>9} {'train img/s':>18} {'train MFU':>10} "
+        f"{'infer img/s':>18} {'infer MFU':>10} {'peak MiB':>9}",
+    ]
+    for name, net in result["networks"].items():
+        train, infer = net["train"], net["inference"]
+        memory = net.get("peak_memory", {}).get("mib")
+        lines.append(
+            f"{net.get('description', name):<30} {net['parameters'] / 1e6:>8.2f}M "
+            f"{net['flops_per_image']['forward'] / 1e9:>9.3f} {_spread(train['images_per_s']):>18} "
+            f"{train['mfu']['median']:>10.1%} {_spread(infer['images_per_s']):>18} {infer['mfu']['median']:>10.1%} "
+            f"{'-' if memory is None else f'{memory:.0f}':>9}"
+        )
+    for phase, ratio in result.get("ours_over_timm", {}).items():
+        lines.append(f"ours / timm, {phase}: {ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]")
+    return "\n".join(lines)
+
+
+def _spread(summary: dict[str, float]) -> str:
+    return f"{summary['median']:.1f} [{summary['min']:.1f}-{summary['max']:.1f}]"

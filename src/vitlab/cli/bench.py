@@ -1,0 +1,67 @@
+"""``vitlab bench``: training-step and inference throughput, FLOPs, MFU and peak memory of a preset, next to timm.
+
+Examples::
+
+    vitlab bench vit_tiny img_size=32 patch_size=4 num_classes=10 --batch-size 32 --vs timm
+    vitlab bench vitcae_small img_size=32 patch_size=4 --precision bf16-mixed --vs timm --out bench.json
+    vitlab bench vit_small --threads 2 --repeats 9 --no-memory
+    vitlab bench vit_base img_size=224 patch_size=16 --device cuda --precision bf16-mixed --compile --vs timm
+
+Measurements alternate between the networks and a matmul peak in one process (see ``docs/benchmarks.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vitlab.cli.registry import Runner, command
+
+
+@command("bench", "training/inference throughput, FLOPs, MFU and peak memory of a model, optionally next to timm")
+def _bench(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("model", help="registered preset, e.g. vit_tiny; then model options as key=value (img_size=32)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
+    p.add_argument("--compile", action="store_true", help="torch.compile every network before timing")
+    p.add_argument("--vs", choices=["timm"], help="also time timm's network of the same shape, alternating")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: leave torch's default)")
+    p.add_argument("--repeats", type=int, default=5, help="measurement rounds (median and spread over them)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls of each network before the rounds")
+    p.add_argument("--sample-seconds", type=float, default=0.5, help="least seconds of one timed sample")
+    p.add_argument("--matmul-size", type=int, default=1024, help="side of the square matmul of the FLOP/s peak")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--out", help="write the JSON record here")
+
+    def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.bench import bench, format_bench
+        from vitlab.config import parse_overrides
+
+        if args.threads < 0:
+            p.error(f"--threads must be >= 0, got {args.threads}")
+        result = bench(
+            args.model,
+            overrides=parse_overrides(overrides),
+            batch_size=args.batch_size,
+            precision=args.precision,
+            compile=args.compile,
+            vs=args.vs,
+            threads=args.threads or None,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            sample_seconds=args.sample_seconds,
+            matmul_size=args.matmul_size,
+            device=args.device,
+            memory=not args.no_memory,
+        )
+        print(format_bench(result))
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2))
+            print(f"wrote {out}")
+        return 0
+
+    return run

@@ -1,0 +1,133 @@
+"""vitlab bench: FLOP counting against a hand count, timm counterparts, the measurement record and the CLI."""
+
+import json
+
+import pytest
+import torch
+
+from vitlab.bench import (
+    NetworkSpec,
+    bench,
+    flops_per_image,
+    input_shape,
+    round_ratio,
+    summarize,
+    timm_counterpart,
+)
+from vitlab.cli.main import main
+from vitlab.errors import ConfigError
+from vitlab.models import create_model, list_models
+
+TINY = dict(img_size=8, patch_size=4, in_chans=1, num_classes=3)
+FAST = dict(batch_size=2, repeats=2, warmup=1, sample_seconds=0.0, matmul_size=64)
+
+
+def test_forward_flops_match_a_hand_count_attention_included():
+    model = create_model("vit_pico", **TINY)  # width 64, depth 4, 4 heads, MLP 128
+    n, d, hidden, patches = 5, 64, 128, 4
+    patch_embed = 2 * patches * (1 * 4 * 4) * d
+    block = 2 * n * d * 3 * d + 2 * 2 * n * n * d + 2 * n * d * d + 2 * 2 * n * d * hidden
+    head = 2 * d * 3
+    flops = flops_per_image(model)
+    assert flops["forward"] == patch_embed + 4 * block + head
+    assert flops["training"] == 3 * flops["forward"]
+    # matrix products: 2x forward, less the patch embedding's input gradient; attention: 2.5x (the SDPA backward
+    # recomputes the logits)
+    assert 1.95 < flops["backward_over_forward"] < 2.05
+
+
+@pytest.mark.parametrize("name", ["vit_pico", "tome_pico"])
+def test_timm_counterpart_of_a_vit_takes_our_weights(name):
+    if name not in list_models():
+        pytest.skip(f"{name} is not registered")
+    ours = NetworkSpec("vitlab", name, TINY).build()
+    theirs = timm_counterpart(name, TINY).build()
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    state = {k: v for k, v in ours.state_dict().items() if not k.endswith("frozen_heads")}
+    theirs.load_state_dict(state, strict=True)
+
+
+def test_timm_counterpart_of_vitcae_is_its_encoder_without_temperature():
+    ours = NetworkSpec("vitlab", "vitcae_pico", {})
+    encoder = ours.build()
+    theirs = timm_counterpart("vitcae_pico").build()
+    assert ours.describe() == "vitlab vitcae_pico (encoder)"
+    temperatures = sum(p.numel() for n, p in encoder.named_parameters() if n.endswith("log_tau"))
+    assert temperatures == 4 * 4  # depth x heads
+    assert sum(p.numel() for p in encoder.parameters()) - temperatures == sum(p.numel() for p in theirs.parameters())
+    x = torch.randn(2, *input_shape(encoder))
+    assert encoder(x).shape == theirs(x).shape == (2, 64)
+
+
+def test_timm_counterpart_of_swin_has_its_shape():
+    if "swin_pico" not in list_models():
+        pytest.skip("no swin presets registered")
+    kwargs = dict(img_size=8, patch_size=2, num_classes=3)
+    ours, theirs = NetworkSpec("vitlab", "swin_pico", kwargs).build(), timm_counterpart("swin_pico", kwargs).build()
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+
+
+def test_no_timm_counterpart_is_a_clear_error():
+    with pytest.raises(ConfigError, match="no timm counterpart for 'cet_vit_pico'.*Run without --vs"):
+        timm_counterpart("cet_vit_pico")
+
+
+def test_summary_and_round_ratio_by_hand():
+    s = summarize([5.0, 1.0, 4.0, 2.0, 3.0])
+    assert (s["median"], s["q1"], s["q3"], s["min"], s["max"], s["n"]) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
+    record = {
+        "networks": {
+            "ours": {"train": {"seconds_per_batch": [1.0, 2.0, 4.0]}},
+            "timm": {"train": {"seconds_per_batch": [2.0, 2.0, 2.0]}},
+        }
+    }
+    ratio = round_ratio(record, "ours", "timm", "train")
+    assert (ratio["min"], ratio["median"], ratio["max"]) == (0.5, 1.0, 2.0)
+
+
+def test_bench_against_timm_returns_the_documented_record():
+    torch_threads = torch.get_num_threads()
+    result = bench("vit_pico", overrides=TINY, vs="timm", memory=False, **FAST)
+    assert torch.get_num_threads() == torch_threads  # the thread count is restored
+    assert result["settings"]["precision"] == "32-true" and result["settings"]["threads"] == 1
+    assert len(result["load_average"]["before"]) == 3
+    assert result["environment"]["versions"]["timm"]
+    assert result["matmul_peak"]["flops_per_s"]["median"] > 0
+    ours, theirs = result["networks"]["ours"], result["networks"]["timm"]
+    assert ours["parameters"] == theirs["parameters"]
+    assert ours["flops_per_image"]["forward"] == theirs["flops_per_image"]["forward"] > 0
+    for network in (ours, theirs):
+        for phase in ("train", "inference"):
+            assert network[phase]["images_per_s"]["n"] == 2
+            assert network[phase]["images_per_s"]["min"] > 0 and network[phase]["mfu"]["median"] > 0
+    for phase in ("train", "inference"):
+        assert result["ours_over_timm"][phase]["median"] > 0
+
+
+def test_bench_bf16_with_peak_memory_of_a_fresh_process():
+    result = bench("vitcae_pico", precision="bf16-mixed", **FAST)
+    ours = result["networks"]["ours"]
+    assert ours["description"] == "vitlab vitcae_pico (encoder)"
+    assert ours["peak_memory"]["mib"] > 0 and "fresh process" in ours["peak_memory"]["method"]
+    assert result["matmul_peak"]["precision"] == "bf16-mixed"
+    assert result["matmul_peak_fp32"]["flops_per_s"]["median"] > 0
+    assert ours["train"]["mfu_vs_fp32_peak"]["median"] > 0
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(ConfigError, match="precision must be one of 32-true, bf16-mixed"):
+        bench("vit_pico", overrides=TINY, precision="16-mixed")
+    with pytest.raises(ConfigError, match="batch size must be at least 1"):
+        bench("vit_pico", overrides=TINY, batch_size=0)
+
+
+def test_cli_writes_the_json_record(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "vit_pico", "img_size=8", "patch_size=4", "in_chans=1", "--vs", "timm", "--no-memory"]
+    argv += ["--batch-size", "2", "--repeats", "1", "--warmup", "1", "--sample-seconds", "0", "--matmul-size", "64"]
+    assert main([*argv, "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["settings"]["overrides"] == {"img_size": 8, "patch_size": 4, "in_chans": 1}
+    assert set(record["networks"]) == {"ours", "timm"}
+    printed = capsys.readouterr().out
+    assert "ours / timm, train" in printed and f"wrote {out}" in printed
