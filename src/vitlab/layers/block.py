@@ -7,13 +7,15 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 
 from vitlab.layers.attention import Attention, TemperatureForm
+from vitlab.layers.tome import bipartite_soft_matching, merge_wavg
 
 
 class Block(nn.Module):
     """``x + DropPath(Attn(LN(x)))`` then ``x + DropPath(MLP(LN(x)))``. ``x: [B, N, C]``.
 
     State-dict keys match timm's ``VisionTransformer`` blocks (``norm1``, ``attn.qkv``, ``attn.proj``, ``norm2``,
-    ``mlp.fc1``, ``mlp.fc2``) so weights move between the two without renaming.
+    ``mlp.fc1``, ``mlp.fc2``) so weights move between the two without renaming. :meth:`forward_merging` is the same
+    block with Token Merging between the attention and the MLP.
     """
 
     def __init__(
@@ -48,3 +50,18 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop_path1(self.attn(self.norm1(x)))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+    def forward_merging(
+        self, x: torch.Tensor, size: torch.Tensor, r: int, class_token: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block with Token Merging (ToMe, Bolya et al. 2023, sec. 3). ``x: [B, N, C]``, ``size: [B, N, 1]``.
+
+        Proportional attention (``log size`` added to the logits) returns the head-averaged keys; the ``r`` most
+        similar token pairs by those keys merge (:func:`~vitlab.layers.tome.bipartite_soft_matching`, size-weighted
+        by :func:`~vitlab.layers.tome.merge_wavg`); then the MLP runs on the ``N - r`` tokens left.
+        Returns ``(x [B, N - r, C], size [B, N - r, 1])``.
+        """
+        attended, keys = self.attn(self.norm1(x), size=size, return_keys=True)
+        x = x + self.drop_path1(attended)
+        x, size = merge_wavg(bipartite_soft_matching(keys, r, class_token=class_token), x, size)
+        return x + self.drop_path2(self.mlp(self.norm2(x))), size

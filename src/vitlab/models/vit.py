@@ -1,6 +1,8 @@
 """The plain Vision Transformer classifier (Dosovitskiy et al. 2021), made from vitlab's shared layers.
 
 Weights are key-compatible with timm's ``VisionTransformer`` of the same shape (see ``tests/test_vit.py``).
+``tome_r > 0`` turns it into a Token Merging ViT (Bolya et al. 2023): every block merges ``r`` tokens
+(:meth:`vitlab.layers.block.Block.forward_merging`); the weights and their keys do not change.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class VisionTransformer(nn.Module):
 
     Model contract (timm's): ``forward_features`` -> ``forward_head``; ``forward_intermediates``;
     ``no_weight_decay``.
+
+    ``tome_r``: tokens merged per block by Token Merging (ToMe, Bolya et al. 2023, sec. 3), in training and
+    inference; 0 (default) is the plain ViT. Each block then returns ``N - r`` tokens (fewer once the tokens run
+    low, see :func:`vitlab.layers.tome.bipartite_soft_matching`), the CLS token is never merged, and attention is
+    proportional to the token sizes. ToMe needs ``global_pool="token"``.
     """
 
     def __init__(
@@ -50,21 +57,31 @@ class VisionTransformer(nn.Module):
         global_pool: str = "token",
         temperature: bool = False,
         temperature_form: TemperatureForm = "inverse",
+        tome_r: int = 0,
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if tome_r < 0:
+            raise ValueError(f"tome_r (tokens merged per block) must be >= 0, got {tome_r}")
+        if tome_r > 0 and global_pool != "token":
+            raise ValueError(
+                "Token Merging (tome_r > 0) needs global_pool='token': merged tokens stand for different numbers of "
+                "patches, so a plain mean over them is not the image mean; set global_pool='token' or tome_r=0"
+            )
         grid = check_patch_grid(img_size, patch_size)
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.embed_dim = embed_dim
+        self.tome_r = tome_r
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
         self.grid_size = (grid, grid)
         self.num_prefix_tokens = 1
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, grid * grid + 1, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        # Plain Python (not torch.linspace) so the model can be built on the meta device.
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList(
             Block(
                 embed_dim,
@@ -98,22 +115,37 @@ class VisionTransformer(nn.Module):
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         return self.pos_drop(x + self.pos_embed)
 
+    def _initial_sizes(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Token sizes ``[B, 1 + N, 1]`` (all one) for ToMe's size tracking, or None without ToMe."""
+        return x.new_ones(x.shape[0], x.shape[1], 1) if self.tome_r > 0 else None
+
+    def _run_block(
+        self, block: Block, x: torch.Tensor, size: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One block; with ToMe (``size`` given) it also merges ``tome_r`` tokens and updates their sizes."""
+        if size is None:
+            return block(x), None
+        return block.forward_merging(x, size, self.tome_r)
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W] -> [B, 1 + N, D]`` after the final LayerNorm."""
+        """``[B, C, H, W] -> [B, 1 + N, D]`` after the final LayerNorm (fewer tokens with ToMe)."""
         x = self.embed(x)
+        size = self._initial_sizes(x)
         for block in self.blocks:
-            x = block(x)
+            x, size = self._run_block(block, x, size)
         return self.norm(x)
 
     def forward_intermediates(
         self, x: torch.Tensor, indices: list[int] | None = None, norm: bool = False
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Final features and the outputs ``[B, 1 + N, D]`` of the blocks in ``indices`` (default: all)."""
+        """Final features and the outputs ``[B, 1 + N, D]`` of the blocks in ``indices`` (default: all; with ToMe
+        each has the tokens left after that block)."""
         take = set(range(len(self.blocks))) if indices is None else {i % len(self.blocks) for i in indices}
         inter = []
         x = self.embed(x)
+        size = self._initial_sizes(x)
         for i, block in enumerate(self.blocks):
-            x = block(x)
+            x, size = self._run_block(block, x, size)
             if i in take:
                 inter.append(self.norm(x) if norm else x)
         return self.norm(x), inter
@@ -145,3 +177,13 @@ _VIT_SIZES = {
 }
 for _name, _kw in _VIT_SIZES.items():
     register_preset(_name, VisionTransformer, f"ViT classifier, width {_kw['embed_dim']}, depth {_kw['depth']}", **_kw)
+# Token Merging with the paper's r = 8 per block (spec section 5) on the ViTs that train on a CPU; the same weights as
+# the plain preset of the same size.
+for _size in ("pico", "nano", "tiny"):
+    register_preset(
+        f"tome_{_size}",
+        VisionTransformer,
+        f"vit_{_size} with Token Merging, r = 8 per block",
+        tome_r=8,
+        **_VIT_SIZES[f"vit_{_size}"],
+    )
