@@ -20,7 +20,7 @@ from vitlab.errors import ConfigError
 from vitlab.export import export_model
 from vitlab.report import REPORT_FILE, write_report
 from vitlab.report.html import better_direction, cls_attention_maps, config_differences, curve_panels
-from vitlab.training.run import data_info
+from vitlab.training.run import data_info, environment
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EPOCHS = 3
@@ -43,6 +43,7 @@ def make_run(
     export_model(model, run / "export", {"data": data_info(build_datamodule(data))})
     cfg = RunConfig(model={"name": preset, "patch_size": 2}, data=data, run=RunSection(name=name, seed=seed))
     (run / "config.yaml").write_text(dump_yaml(cfg))
+    (run / "env.json").write_text(json.dumps(environment()))
     rows = [
         {
             "epoch": epoch,
@@ -128,7 +129,9 @@ def test_report_of_one_run_has_the_sections_the_run_has(basic_report):
     for absent in ("evaluation", "dynamics", "segments", "other"):
         assert f'id="{absent}"' not in document and f'href="#{absent}"' not in document
     assert "<details><summary>Resolved config (config.yaml)</summary>" in document
-    assert "name: vit-run" in section_html(document, "config")
+    config = section_html(document, "config")
+    assert "name: vit-run" in config
+    assert "<details><summary>Environment (env.json)</summary>" in config and f"torch {torch.__version__}" in config
     test = section_html(document, "test")
     assert "test/acc" in test and ">0.5<" in test
     assert "reconstruction/psnr" in section_html(document, "generate")

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
 from torch import nn
 
 from vitlab.config import RunConfig, to_dict
@@ -291,8 +292,8 @@ def curves_figure(panels: Mapping[str, Mapping[str, Series]]) -> Figure:
             style = styles.get(name, {"color": matplotlib.colormaps["tab10"](2 + index % 8), "ls": "-"})
             ax.plot(epochs, values, label=name, lw=1.4, marker="o" if len(epochs) < 25 else None, ms=3, **style)
         _style_axis(ax, panel)
-        if panel == "learning rate":
-            ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        if panel == "learning rate":  # "0.0005" on the axis, not a "1e-3" multiplier on top of the title
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.2g}"))
         if len(series) > 1 or panel == "learning rate":
             ax.legend(fontsize=7, frameon=False)
     return fig
@@ -547,8 +548,8 @@ def config_section(run: RunRecord) -> Section:
             ("CPUs", hardware.get("cpu_count")),
             ("GPUs", ", ".join(hardware.get("cuda", [])) or "none"),
         ]
-        body += metrics_html({name: value for name, value in rows if value is not None}, "kv facts")
-        body += details_html("Environment (env.json)", pre_html(json.dumps(env, indent=2)))
+        facts = metrics_html({name: value for name, value in rows if value is not None}, "kv facts")
+        body += details_html("Environment (env.json)", facts + pre_html(json.dumps(env, indent=2)))
     return Section("config", "Config and environment", body)
 
 
@@ -928,8 +929,12 @@ def run_report_html(run: RunRecord, attention_images: int = ATTENTION_IMAGES) ->
     sections = [s for s in (build() for build in builders) if s is not None]
     other = other_outputs_section(run)
     sections += [other] if other else []
-    started = (run.env or {}).get("time", "")
-    subtitle = " · ".join(x for x in (run.model_name, run.config.data.name, started, str(run.path)) if x)
+    env = run.env or {}
+    revision = (env.get("git") or {}).get("revision")
+    dirty = " with uncommitted changes" if (env.get("git") or {}).get("dirty") else ""
+    git = f"git {revision[:7]}{dirty}" if revision else ""
+    facts = (run.model_name, run.config.data.name, env.get("time", ""), git, str(run.path))
+    subtitle = " · ".join(fact for fact in facts if fact)
     return page_html(run.name, subtitle, sections, run_summary(run, probe.model if probe else None))
 
 
