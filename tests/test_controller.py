@@ -136,7 +136,7 @@ STILL = torch.tensor([[True, False, False, True], [False, True, False, False]])
 
 
 def scheduled_controller(**config) -> DynamicsController:
-    settings = dict(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, probe_size=2, kappa_images=2)
+    settings = dict(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=2, kappa_images=2)
     controller = DynamicsController(DynamicsConfig(**{**settings, **config}))
     controller.attach(tiny_vit())
     return controller
@@ -171,6 +171,12 @@ def test_schedule_sets_tau_from_drift_and_spares_frozen_heads():
     )
     assert torch.equal(torch.tensor(third["converged"]), STILL)  # convergence is final
     assert third["non_converged"] == 5
+
+
+def test_no_head_converges_during_burn_in():
+    controller = scheduled_controller(burn_in=2)
+    converged_at = [controller.advance(point_masses(EPOCH0))["non_converged"] for _ in range(5)]
+    assert converged_at == [8, 8, 8, 0, 0]  # the tracker starts at epoch 2 (tau only), patience 1 -> epoch 3
 
 
 def test_learn_mode_leaves_tau_to_the_gradient_and_freeze_off_keeps_heads_trainable():
@@ -295,6 +301,8 @@ FIT = [
     "run.test=false",
     "run.export=false",
     "run.generate=false",
+    "model.name=vit_pico",  # pinned, so that changes to the packaged config do not change these tests
+    "model.patch_size=2",
     "dynamics.probe_size=16",
     "dynamics.probe_batch_size=8",
     "dynamics.kappa_images=4",
@@ -342,13 +350,53 @@ def test_checkpoint_holds_the_controller_state_as_plain_data(runs):
     assert state["previous"].shape == (2, NUM_HEADS, 16, 16)
 
 
-def test_resumed_run_continues_the_same_schedule(runs, tmp_path):
-    first = fit(build_config("vit/digits", [*FIT, f"run.dir={tmp_path}", "trainer.max_epochs=1"]))
-    cfg = build_config("vit/digits", [*FIT, f"run.dir={tmp_path}"])
-    fit(cfg, resume=first)
+@pytest.mark.parametrize(
+    ("check_val_every", "first_epochs"),
+    [
+        (1, 1),  # last.ckpt written at the end of epoch 1: the resumed run trains epoch 2 on the restored state
+        (2, 2),  # last.ckpt written at validation end, before the controller's step: Lightning replays that step
+    ],
+)
+def test_resumed_run_continues_the_same_schedule(runs, tmp_path, check_val_every, first_epochs):
+    settings = [*FIT, f"run.dir={tmp_path}", f"trainer.check_val_every_n_epoch={check_val_every}"]
+    first = fit(build_config("vit/digits", [*settings, f"trainer.max_epochs={first_epochs}"]))
+    fit(build_config("vit/digits", settings), resume=first)
+    epochs = [json.loads(line)["epoch"] for line in (tmp_path / "dynamics.jsonl").read_text().splitlines()]
+    assert epochs == ([0, 1, 2] if check_val_every == 1 else [0, 1, 2, 2])  # the replayed step writes epoch 2 again
     resumed, straight = read_dynamics(tmp_path), read_dynamics(runs["schedule"])
     for key in ("drift", "kappa", "tau", "converged", "frozen"):
         assert [r[key] for r in resumed] == [r[key] for r in straight], key
+
+
+class ScriptedController(DynamicsController):
+    """The real controller in a real fit, but its probe passes replaced by the hand-made measurements above, so that
+    exactly the STILL heads converge (and freeze) at the end of the first epoch."""
+
+    frozen_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+
+    def measure(self, probe: torch.Tensor) -> ProbeMeasurement:
+        epoch = 0 if self.epoch is None else self.epoch + 1
+        return point_masses([EPOCH0, EPOCH1, EPOCH2][epoch], num_images=len(probe))
+
+    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None) -> dict:
+        record = super().advance(measurement, epoch)
+        if record["epoch"] == 1:
+            self.frozen_rows = [head_rows(m) for m in self.modules]
+        return record
+
+
+def test_frozen_heads_stay_bit_identical_through_lightning_training(tmp_path):
+    settings = [s for s in FIT if not s.startswith("dynamics.")]
+    config = DynamicsConfig(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4)
+    controller = ScriptedController(config, tmp_path)
+    fit(build_config("vit/digits", [*settings, f"run.dir={tmp_path}"]), callbacks=[controller])
+    assert [r["epoch"] for r in read_dynamics(tmp_path)] == [0, 1, 2]
+    assert torch.equal(controller.frozen, STILL)
+    for module, mask, (weight, bias, log_tau) in zip(controller.modules, STILL, controller.frozen_rows, strict=True):
+        now_weight, now_bias, now_log_tau = head_rows(module)
+        assert torch.equal(now_weight[:, mask], weight[:, mask]) and torch.equal(now_bias[:, mask], bias[:, mask])
+        assert torch.equal(now_log_tau[mask], log_tau[mask])
+        assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
 
 
 def test_dynamics_command_prints_the_head_table_and_draws_the_comparison(runs, tmp_path, capsys):

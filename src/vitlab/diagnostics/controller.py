@@ -32,7 +32,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from vitlab.config import from_dict, to_dict
+from vitlab.config import from_dict
 from vitlab.diagnostics.dynamics import (
     ConvergenceTracker,
     attention_drift,
@@ -72,6 +72,9 @@ class DynamicsConfig:
         eps_d: a head is stable in an epoch when its drift is below ``eps_d`` ...
         eps_tau: ... and its tau moved by less than ``eps_tau`` ...
         patience: ... for this many consecutive epochs; it is then converged.
+        burn_in: epochs before the convergence test starts (the streaks count from epoch ``burn_in + 1``, so no head
+            converges before epoch ``burn_in + patience``). Right after initialisation attention is nearly uniform
+            and barely moves because nothing has been learned yet, not because it has settled.
         freeze: freeze converged heads (eq. 26).
         target: module-name prefix of the controlled attention modules; ``""`` controls every shared ``Attention``.
             ``None``: the model's ``dynamics_target`` attribute if it has one, else the modules with a temperature
@@ -90,6 +93,7 @@ class DynamicsConfig:
     eps_d: float = 0.05
     eps_tau: float = 0.05
     patience: int = 3
+    burn_in: int = 5
     freeze: bool = True
     target: str | None = None
     kappa_images: int = 32
@@ -114,6 +118,8 @@ class DynamicsConfig:
             problems.append(f"dynamics.eps_d and dynamics.eps_tau must be > 0, got {self.eps_d} and {self.eps_tau}")
         if self.patience < 1:
             problems.append(f"dynamics.patience must be >= 1 epoch, got {self.patience}")
+        if self.burn_in < 0:
+            problems.append(f"dynamics.burn_in must be >= 0 epochs, got {self.burn_in}")
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -174,9 +180,9 @@ class FrozenHeadGuard:
         return weight, bias, None if module.log_tau is None else module.log_tau.data
 
     def restore(self) -> None:
-        """Copy the snapshots of the frozen heads back into the parameters."""
+        """Copy the snapshots of the frozen heads back into the parameters (nothing before :meth:`freeze`)."""
         with torch.no_grad():
-            for module, (heads, weight_rows, bias_rows, log_tau) in zip(self.modules, self._snapshots, strict=True):
+            for module, (heads, weight_rows, bias_rows, log_tau) in zip(self.modules, self._snapshots, strict=False):
                 if not heads:
                     continue
                 weight, bias, module_log_tau = self._views(module)
@@ -342,7 +348,8 @@ class DynamicsController(pl.Callback):
         self.module_names = [n for n, _ in named]
         self.modules = [m for _, m in named]
         self.cost = patch_grid_cost(*grid)
-        self.num_prefix_tokens = _model_attribute(model, "num_prefix_tokens") or 1
+        prefix = _model_attribute(model, "num_prefix_tokens")
+        self.num_prefix_tokens = 1 if prefix is None else prefix
         self.guard = FrozenHeadGuard(self.modules)
         if cfg.mode == "fixed":
             for module in self.modules:
@@ -421,8 +428,9 @@ class DynamicsController(pl.Callback):
         and freezing (eq. 26). Returns the epoch's record (as written to ``dynamics.jsonl``).
 
         Order: the drift ``d_t`` is measured with the weights and tau the epoch ended with; in ``schedule`` mode
-        ``tau_{t+1} = 1 / (1 + alpha d_t)`` is written into the heads that are not frozen; the tracker sees ``d_t``
-        and that new tau; heads that converge are frozen with it. The first call (epoch 0) has no drift.
+        ``tau_{t+1} = 1 / (1 + alpha d_t)`` is written into the heads that are not frozen; from epoch ``burn_in`` on
+        the tracker sees ``d_t`` and that new tau; heads that converge are frozen with it. The first call (epoch 0)
+        has no drift.
         """
         cfg = self.config
         num_layers, num_heads = self.shape
@@ -439,8 +447,12 @@ class DynamicsController(pl.Callback):
             if cfg.mode == "schedule":
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
         tau = self.temperatures()
-        # The first tracker update only records tau (no previous tau, no streak), so its drift is a placeholder.
-        converged = self.tracker.update(torch.zeros_like(tau) if drift is None else drift, tau)
+        if epoch >= cfg.burn_in:
+            # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
+            # placeholder.
+            converged = self.tracker.update(torch.zeros_like(tau) if drift is None else drift, tau)
+        else:
+            converged = self.tracker.converged.clone()
         if cfg.freeze and (converged & ~self.frozen).any():
             self.frozen = self.frozen | converged
             self.guard.freeze(self.frozen)
@@ -507,12 +519,10 @@ class DynamicsController(pl.Callback):
         self.guard.freeze(self.frozen if self.frozen is not None else torch.zeros(self.shape, dtype=torch.bool))
         for optimizer in trainer.optimizers:
             self.guard.attach(optimizer)
+        # A resumed run has its measurements up to the checkpoint. When the checkpoint was written at validation end,
+        # before this callback's epoch end (check_val_every_n_epoch != 1), Lightning replays on_train_epoch_end.
         if self.epoch is None:
             self.step(trainer, epoch=0)
-        elif self.epoch < trainer.current_epoch:
-            # The checkpoint was written at validation end, before this controller ran for that epoch (Lightning
-            # does that when check_val_every_n_epoch != 1): run that epoch's step now, on the same weights.
-            self.step(trainer, epoch=trainer.current_epoch)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_started = time.perf_counter()
@@ -535,7 +545,6 @@ class DynamicsController(pl.Callback):
         return {
             "epoch": self.epoch,
             "modules": list(self.module_names),
-            "config": to_dict(self.config),
             "tracker": None if self.tracker is None else self.tracker.state_dict(),
             "previous": self.previous,
             "frozen": self.frozen,

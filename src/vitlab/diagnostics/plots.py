@@ -3,7 +3,7 @@
 - :func:`plot_dynamics`: per-head drift curves over epochs (top row) and consensus-cluster counts (bottom row), one
   panel per layer and one line per head; a head's freezing epoch is marked on its drift curve.
 - :func:`plot_comparison`: the same figure for two runs side by side, on shared axes (uncontrolled | controlled).
-- :func:`plot_temperature`: tau of every head over epochs as a heatmap; a white line runs along a frozen head's row.
+- :func:`plot_temperature`: tau of every head over epochs as a heatmap; a red line runs along a frozen head's row.
 - :func:`plot_frozen_epochs`: the epoch at which each head was frozen, as a layer x head map.
 
 All drawing uses matplotlib's Agg backend, so it runs without a display.
@@ -23,6 +23,7 @@ import numpy as np
 from matplotlib.figure import Figure, SubFigure
 
 _MAX_PANELS_PER_ROW = 6
+_KAPPA_FLOOR = 0.9  # kappa >= 1 (the all-ones eigenvector); a little room below keeps the kappa = 1 lines visible
 
 
 def read_dynamics(path: str | Path) -> list[dict[str, Any]]:
@@ -142,7 +143,7 @@ def _draw_dynamics(
         axes[2 * band + 1, column].set_visible(False)
     handles = axes[0, 0].get_legend_handles_labels()[0]
     handles.append(plt.Line2D([], [], ls="", marker="o", mfc="white", mec="black", label="frozen"))
-    canvas.legend(handles=handles, loc="lower center", ncol=min(num_heads + 1, 8), fontsize=8, frameon=False)
+    canvas.legend(handles=handles, loc="outside lower center", ncol=min(num_heads + 1, 8), fontsize=8, frameon=False)
 
 
 def _limits(*series: np.ndarray, floor: float = 0.0) -> tuple[float, float]:
@@ -166,9 +167,9 @@ def plot_dynamics(records: list[dict[str, Any]], path: str | Path, title: str | 
     columns = min(num_layers, _MAX_PANELS_PER_ROW)
     bands = -(-num_layers // columns)
     fig = plt.figure(figsize=(2.6 * columns + 0.8, 3.6 * bands + 0.9), layout="constrained")
-    _draw_dynamics(fig, records, _limits(arrays["drift"]), _limits(arrays["kappa"]), max_columns=_MAX_PANELS_PER_ROW)
+    kappa_limits = _limits(arrays["kappa"], floor=_KAPPA_FLOOR)
+    _draw_dynamics(fig, records, _limits(arrays["drift"]), kappa_limits, max_columns=_MAX_PANELS_PER_ROW)
     fig.suptitle(_run_title(records, title), fontsize=11)
-    fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))
     return _save(fig, path)
 
 
@@ -185,7 +186,7 @@ def plot_comparison(
     bands = -(-num_layers // columns)
     fig = plt.figure(figsize=(2 * (2.5 * columns + 0.6), 3.6 * bands + 1.1), layout="constrained")
     drift_limits = _limits(left["drift"], right["drift"])
-    kappa_limits = _limits(left["kappa"], right["kappa"])
+    kappa_limits = _limits(left["kappa"], right["kappa"], floor=_KAPPA_FLOOR)
     for canvas, records, label in zip(fig.subfigures(1, 2, wspace=0.04), (baseline, controlled), labels, strict=True):
         _draw_dynamics(canvas, records, drift_limits, kappa_limits, max_columns=columns)
         canvas.suptitle(_run_title(records, label), fontsize=10)
@@ -193,7 +194,7 @@ def plot_comparison(
 
 
 def plot_temperature(records: list[dict[str, Any]], path: str | Path) -> Path:
-    """Heatmap of tau for every head (rows ``l.h``) over epochs (columns); frozen stretches drawn as white lines."""
+    """Heatmap of tau for every head (rows ``l.h``) over epochs (columns); frozen stretches drawn as red lines."""
     arrays = dynamics_arrays(records)
     epochs, tau, frozen = arrays["epochs"], arrays["tau"], arrays["frozen"]
     num_epochs, num_layers, num_heads = tau.shape
@@ -208,14 +209,14 @@ def plot_temperature(records: list[dict[str, Any]], path: str | Path) -> Path:
     )
     for row, frozen_row in enumerate(frozen.reshape(num_epochs, -1).T):
         if frozen_row.any():
-            ax.plot([epochs[frozen_row.argmax()] - 0.5, epochs[-1] + 0.5], [row, row], color="white", lw=1.5)
+            ax.plot([epochs[frozen_row.argmax()] - 0.5, epochs[-1] + 0.5], [row, row], color="red", lw=1.5)
     ax.set_yticks(range(rows.shape[0]), [f"{layer}.{head}" for layer in range(num_layers) for head in range(num_heads)])
     ax.tick_params(axis="y", labelsize=7)
     for boundary in range(1, num_layers):
         ax.axhline(boundary * num_heads - 0.5, color="black", lw=0.6)
     ax.set_xlabel("epoch")
     ax.set_ylabel("layer.head")
-    ax.set_title(r"temperature $\tau$ per head (white: frozen)", fontsize=10)
+    ax.set_title(r"temperature $\tau$ per head (red line: frozen)", fontsize=10)
     fig.colorbar(image, ax=ax, label=r"$\tau$")
     return _save(fig, path)
 
