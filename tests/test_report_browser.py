@@ -30,12 +30,12 @@ window.addEventListener("load", () => {
 
 
 def find_chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
         if path := shutil.which(name):
             return path
     pytest.skip(
-        "headless Chromium is not installed (neither `chromium` nor `chromium-browser` is on PATH); install it, "
-        "e.g. `apt-get install -y chromium` on Debian, to run the browser test of the HTML report"
+        "headless Chromium is not installed (none of chromium, chromium-browser, google-chrome is on PATH); "
+        "install it, e.g. `apt-get install -y chromium` on Debian, to run the browser test of the HTML report"
     )
 
 
