@@ -181,6 +181,7 @@ def test_evaluation_dynamics_and_other_outputs(tmp_path):
     write_png(run / "probe" / "slot_k.png")
     (run / "probe" / "slot_k.json").write_text(json.dumps({"k_mean": 3.5, "note": "<probe>"}))
     (run / "probe" / ".partial.json.tmp").write_text("{")
+    (run / "probe" / "being_written.json").write_text('{"k": [1, 2')
     document = write_report([run], attention_images=0).read_text()
     assert sections(document) == ["config", "curves", "test", "evaluation", "dynamics", "other"]
 
@@ -194,6 +195,7 @@ def test_evaluation_dynamics_and_other_outputs(tmp_path):
     other = section_html(document, "other")
     assert "probe/slot_k.png" in other and "probe/slot_k.json" in other and "&lt;probe&gt;" in other
     assert "reliability.png" not in other and "evaluation.json" not in other and ".partial" not in other
+    assert "{&quot;k&quot;: [1, 2</pre>" in other  # an unreadable JSON file is shown as it is, not an error
     for uri in image_sources(document):
         decode_png(uri)
 

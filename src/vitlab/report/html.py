@@ -15,6 +15,7 @@ Every image is embedded as a base64 ``data:`` URI and the CSS is inline: the fil
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 import itertools
@@ -23,7 +24,7 @@ import math
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -697,14 +698,11 @@ def dynamics_section(run: RunRecord) -> Section | None:
         f"last epoch: {esc(final['non_converged'])}/{heads} heads not converged, "
         f"{esc(int(np.sum(final['frozen'])))}/{heads} frozen.</p>"
     )
-    wide = [
-        figure_html(uri, captions.get(name, name)) for name, uri in uris if name in ("dynamics.png", "comparison.png")
-    ]
-    small = [
-        figure_html(uri, captions.get(name, name))
-        for name, uri in uris
-        if name not in ("dynamics.png", "comparison.png")
-    ]
+    wide, small = [], []
+    for name, uri in uris:
+        (wide if name in ("dynamics.png", "comparison.png") else small).append(
+            figure_html(uri, captions.get(name, name))
+        )
     body += "".join(wide) + f'<div class="grid2">{"".join(small)}</div>'
     rows = [
         (r["layer"], r["head"], r["d"], r["kappa"], r["tau"], r["converged"], r["frozen_at"])
@@ -719,11 +717,9 @@ def other_outputs_section(run: RunRecord) -> Section | None:
     """PNG and JSON files of the run directory that no other section showed (probe outputs, for instance)."""
     found = []
     for root, dirs, files in os.walk(run.path):
-        depth_root = Path(root)
-        dirs[:] = sorted(
-            d for d in dirs if not d.startswith(".") and not (depth_root == run.path and d in SKIPPED_DIRS)
-        )
-        found += [depth_root / f for f in sorted(files) if f.endswith((".png", ".json")) and not f.startswith(".")]
+        folder = Path(root)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (folder == run.path and d in SKIPPED_DIRS))
+        found += [folder / f for f in sorted(files) if f.endswith((".png", ".json")) and not f.startswith(".")]
     found = [f for f in found if f.resolve() not in run.used_files]
     if not found:
         return None
@@ -735,7 +731,10 @@ def other_outputs_section(run: RunRecord) -> Section | None:
             if uri:
                 images.append(figure_html(uri, str(relative)))
         elif file.stat().st_size <= MAX_JSON_BYTES:
-            texts.append(details_html(str(relative), pre_html(json.dumps(_read_json(file), indent=2))))
+            text = file.read_text(errors="replace")
+            with contextlib.suppress(json.JSONDecodeError):  # a file another tool is still writing: shown as it is
+                text = json.dumps(json.loads(text), indent=2)
+            texts.append(details_html(str(relative), pre_html(text)))
         else:
             texts.append(f"<p><code>{esc(relative)}</code>: {esc(file.stat().st_size // 1024)} KB, not shown.</p>")
     if not images and not texts:
@@ -916,19 +915,18 @@ def page_html(title: str, subtitle: str, sections: Sequence[Section], intro: str
 def run_report_html(run: RunRecord, attention_images: int = ATTENTION_IMAGES) -> str:
     """The page of one run."""
     probe = load_image_probe(run, attention_images)
-    builders: list[Callable[[], Section | None]] = [
-        lambda: config_section(run),
-        lambda: curves_section(run),
-        lambda: test_metrics_section(run),
-        lambda: evaluation_section(run),
-        lambda: generate_section(run),
-        lambda: dynamics_section(run),
-        lambda: attention_section(probe) if probe else None,
-        lambda: segments_section(run, probe),
+    candidates = [
+        config_section(run),
+        curves_section(run),
+        test_metrics_section(run),
+        evaluation_section(run),
+        generate_section(run),
+        dynamics_section(run),
+        attention_section(probe) if probe else None,
+        segments_section(run, probe),
+        other_outputs_section(run),  # last: it shows what the sections above did not
     ]
-    sections = [s for s in (build() for build in builders) if s is not None]
-    other = other_outputs_section(run)
-    sections += [other] if other else []
+    sections = [section for section in candidates if section is not None]
     env = run.env or {}
     revision = (env.get("git") or {}).get("revision")
     dirty = " with uncommitted changes" if (env.get("git") or {}).get("dirty") else ""
