@@ -7,6 +7,7 @@ import torch
 import vitlab
 from vitlab.config import RunConfig
 from vitlab.layers import Attention
+from vitlab.models import SwinTransformer
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.training.run import build_task
 
@@ -16,7 +17,10 @@ NUM_CLASSES = 5
 def _small(name: str, **extra) -> torch.nn.Module:
     """The preset at a small input so every size, base included, runs quickly on a CPU."""
     accepted = constructor_args(get_preset(name).cls)
-    kwargs = {"img_size": 16, "patch_size": 2 if "cet" in name else 4, "in_chans": 3, "num_classes": NUM_CLASSES}
+    # Swin's four stages halve the patch grid three times: a 16x16 grid keeps 2x2 windows in the last stage (a 1x1
+    # window would leave its relative position bias without a gradient).
+    patch_size = 1 if "swin" in name else 2 if "cet" in name else 4
+    kwargs = {"img_size": 16, "patch_size": patch_size, "in_chans": 3, "num_classes": NUM_CLASSES}
     return vitlab.create_model(name, **{k: v for k, v in kwargs.items() if k in accepted}, **extra)
 
 
@@ -61,7 +65,9 @@ def test_sdpa_equals_eager_for_the_whole_model(name):
 
     fused = logits()
     attns = [m for m in model.modules() if isinstance(m, Attention)]
-    assert attns, f"{name} has no shared Attention"
+    if not attns:
+        assert isinstance(model, SwinTransformer), f"{name} has no shared Attention"
+        pytest.skip("timm's Swin attends with its own WindowAttention (its SDPA/eager parity: tests/test_swin.py)")
     for m in attns:
         m.fused = False
     torch.testing.assert_close(logits(), fused, atol=2e-5, rtol=1e-4)

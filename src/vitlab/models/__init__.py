@@ -2,7 +2,19 @@
 
 from vitlab.models.cet_vit import CETViT
 from vitlab.models.registry import create_model, list_models
+from vitlab.models.sizing import count_params, flops_per_image, match_width
+from vitlab.models.swin import SwinTransformer
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.vitcae import ViTCAE
 
-__all__ = ["CETViT", "ViTCAE", "VisionTransformer", "create_model", "list_models"]
+__all__ = [
+    "CETViT",
+    "SwinTransformer",
+    "ViTCAE",
+    "VisionTransformer",
+    "count_params",
+    "create_model",
+    "flops_per_image",
+    "list_models",
+    "match_width",
+]

@@ -1,0 +1,150 @@
+"""Model size: parameter counts per part, FLOPs against hand-counted formulas, width matching, the size-matched
+baselines of every CET-ViT preset, and ``vitlab params``."""
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import vitlab
+from vitlab.cli.main import main
+from vitlab.models import count_params, flops_per_image, match_width
+from vitlab.models.cet_vit import param_breakdown
+from vitlab.models.sizing import MATCH_INPUTS, TOME_R, matched_presets, width_step
+
+
+def _meta(name: str, **kwargs) -> nn.Module:
+    with torch.device("meta"):
+        return vitlab.create_model(name, **kwargs)
+
+
+def _vit_flops(depth, dim, hidden, heads, tokens, patches, patch_dim, classes, r=0):
+    """Forward FLOPs of a ViT counted by hand (a multiply-add is 2): patch projection, per block QKV, attention
+    (QK^T and AV), output projection, MLP, and the head. With ToMe the MLP runs on the tokens left after merging,
+    and the matching scores the ``N_A x N_B`` pairs on the head-averaged keys."""
+    flops = 2 * patches * patch_dim * dim + 2 * dim * classes
+    n = tokens
+    for _ in range(depth):
+        flops += 2 * n * dim * 3 * dim + 4 * n * n * dim + 2 * n * dim * dim
+        if r:
+            n_a, n_b = (n + 1) // 2, n // 2
+            flops += 2 * n_a * n_b * (dim // heads)
+            n -= min(r, (n - 1) // 2)
+        flops += 4 * n * dim * hidden
+    return flops
+
+
+def test_count_params_per_part_adds_up():
+    model = vitlab.create_model("vit_pico", img_size=16, patch_size=4, num_classes=5)
+    counts = count_params(model)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert sum(v for k, v in counts.items() if k != "total") == counts["total"]
+    assert list(counts)[1:] == ["cls_token", "pos_embed", "patch_embed", "blocks", "norm", "head"]
+    assert counts["cls_token"] == 64 and counts["pos_embed"] == 17 * 64 and counts["head"] == 64 * 5 + 5
+
+
+def test_count_params_agrees_with_cet_vit_breakdown_and_counts_shared_weights_once():
+    cet = vitlab.create_model("cet_vit_pico", img_size=16, num_classes=5)
+    counts = count_params(cet)
+    assert {k: v for k, v in counts.items() if k != "total"} == {k: v for k, v in param_breakdown(cet).items() if v}
+
+    tied = nn.Module()
+    tied.encoder = nn.Linear(4, 3, bias=False)
+    tied.decoder = nn.Linear(3, 4, bias=False)
+    tied.decoder.weight = tied.encoder.weight
+    assert count_params(tied) == {"total": 12, "encoder": 12}
+
+
+def test_flops_of_a_linear_model_counted_by_hand():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 2 * 2, 5))
+    assert flops_per_image(model, (3, 2, 2)) == 2 * 12 * 5
+
+
+@pytest.mark.parametrize("r", [0, 2])
+def test_vit_flops_match_the_hand_count_with_fused_and_eager_attention(r):
+    model = vitlab.create_model("tome_pico", img_size=16, patch_size=4, num_classes=5, tome_r=r)
+    want = _vit_flops(depth=4, dim=64, hidden=128, heads=4, tokens=17, patches=16, patch_dim=48, classes=5, r=r)
+    assert flops_per_image(model) == want  # SDPA's CPU kernel
+    for block in model.blocks:
+        block.attn.fused = False
+    assert flops_per_image(model, (3, 16, 16)) == want  # eager matrix products
+    assert model.training  # the count runs in eval mode and restores the mode
+
+
+def test_flops_need_an_input_shape_when_the_model_cannot_tell():
+    with pytest.raises(ValueError, match=r"pass input_shape=\(C, H, W\)"):
+        flops_per_image(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)))
+
+
+@pytest.mark.parametrize(
+    ("heads", "step"), [(4, 4), (3, 3), ((3, 6, 12, 24), 3), ((2, 4, 8, 16), 2), ((4, 4, 4), 4), ((1, 2, 4, 8), 1)]
+)
+def test_width_step(heads, step):
+    assert width_step(heads) == step
+
+
+def test_match_width_finds_the_width_of_a_known_count():
+    target = count_params(_meta("vit_pico", img_size=16, patch_size=4, embed_dim=96))["total"]
+    kwargs = match_width("vit_pico", target, img_size=16, patch_size=4)
+    assert kwargs["embed_dim"] == 96 and kwargs["depth"] == 4 and kwargs["img_size"] == 16
+    swin_target = count_params(_meta("swin_pico", img_size=16, patch_size=1, embed_dim=21))["total"]
+    assert match_width("swin_pico", swin_target, img_size=16, patch_size=1)["embed_dim"] == 21
+
+
+def test_match_width_picks_the_closer_neighbour_and_fails_clearly_when_none_is_close():
+    def params(width: int) -> int:
+        return count_params(_meta("vit_pico", img_size=16, patch_size=4, embed_dim=width))["total"]
+
+    low, high = params(96), params(100)
+    target = (2 * low + high) // 3  # a third of the way up: 96 is the closer width
+    kwargs = match_width("vit_pico", target, tolerance=0.05, img_size=16, patch_size=4)
+    assert kwargs["embed_dim"] == 96
+    assert abs(params(96) - target) < abs(params(100) - target)
+    with pytest.raises(
+        ValueError, match=r"no width of vit_pico is within 0.01% .* embed_dim=96, gives .* change the depth"
+    ):
+        match_width("vit_pico", target, tolerance=1e-4, img_size=16, patch_size=4)
+    with pytest.raises(ValueError, match="embed_dim is what match_width chooses"):
+        match_width("vit_pico", target, embed_dim=64)
+
+
+MATCHED = matched_presets()
+
+
+@pytest.mark.parametrize("matched", MATCHED, ids=[m.name for m in MATCHED])
+def test_matched_presets_are_within_two_percent_of_their_cet_vit(matched):
+    target = count_params(_meta(matched.target, **MATCH_INPUTS[matched.target]))["total"]
+    model = _meta(matched.name)
+    assert model.init_kwargs["patch_size"] == 2 and model.init_kwargs["img_size"] == 32
+    params = count_params(model)["total"]
+    assert abs(params / target - 1) <= 0.02, f"{matched.name}: {params:,} vs {matched.target}: {target:,}"
+    # the hard-coded width is still the closest one match_width can pick (the count grows with the width)
+    width, step = matched.kwargs["embed_dim"], width_step(matched.kwargs["num_heads"])
+    for neighbour in (width - step, width + step):
+        other = count_params(_meta(matched.name, embed_dim=neighbour))["total"]
+        assert abs(params - target) <= abs(other - target), f"embed_dim={neighbour} is closer than {width}"
+
+
+def test_every_cet_vit_preset_has_three_matched_baselines():
+    names = set(vitlab.list_models("*_matched_*"))
+    for cet in MATCH_INPUTS:
+        assert {f"vit_matched_{cet}", f"tome_matched_{cet}", f"swin_matched_{cet}"} <= names
+        tome, vit = _meta(f"tome_matched_{cet}"), _meta(f"vit_matched_{cet}")
+        assert tome.tome_r == TOME_R and vit.tome_r == 0
+        assert count_params(tome) == count_params(vit)
+
+
+def test_params_command(capsys):
+    assert main(["params", "tome_pico", "img_size=16", "patch_size=4", "num_classes=5", "tome_r=2"]) == 0
+    out = capsys.readouterr().out
+    model = vitlab.create_model("tome_pico", img_size=16, patch_size=4, num_classes=5, tome_r=2)
+    assert "input 3x16x16" in out
+    assert re.search(rf"\n  total +{count_params(model)['total']:,} ", out)
+    assert re.search(rf"\n  pos_embed +{17 * 64:,} ", out)
+    assert f"FLOPs per image: {flops_per_image(model):,} " in out
+
+
+def test_params_command_names_a_bad_option(capsys):
+    assert main(["params", "vit_pico", "embed_dims=3"]) == 2
+    assert "has no option 'embed_dims'. Did you mean embed_dim?" in capsys.readouterr().err
