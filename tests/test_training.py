@@ -22,6 +22,7 @@ TINY = [
     "model.depth=1",
     "data.limit_train=256",
     "run.generate=false",
+    "run.report=false",
 ]
 
 
@@ -33,7 +34,7 @@ def _fit_cli(tmp_path: Path, *extra: str, config: str = "vit/digits") -> Path:
 
 
 def test_cli_fit_writes_a_complete_run_directory(tmp_path, capsys):
-    run_dir = _fit_cli(tmp_path)
+    run_dir = _fit_cli(tmp_path, "run.report=true")
     out = capsys.readouterr().out
     assert f"run directory: {run_dir}" in out and "test: " in out
     for name in (
@@ -50,7 +51,8 @@ def test_cli_fit_writes_a_complete_run_directory(tmp_path, capsys):
     assert list((run_dir / "tb").rglob("events.out.tfevents.*")), "TensorBoard events missing"
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["epoch"] for r in rows] == [0, 1]
-    assert {"train/loss", "val/loss", "val/acc"} <= set(rows[-1])
+    assert {"train/loss", "train/lr", "val/loss", "val/acc"} <= set(rows[-1])
+    assert (run_dir / "report.html").stat().st_mode & 0o044, "the report must be readable by others (umask permitting)"
     env = json.loads((run_dir / "env.json").read_text())
     assert env["versions"]["torch"] == torch.__version__ and "git" in env
     assert not list(run_dir.rglob("*.tmp")), "temporary files left behind"

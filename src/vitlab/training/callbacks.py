@@ -18,6 +18,13 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
 
+def _umask_mode() -> int:
+    """The mode a plain ``open()`` would give a new file (mkstemp's 0600 would hide reports from colleagues)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so a reader never sees a partial file (temp file in the same folder + rename)."""
     path = Path(path)
@@ -28,6 +35,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -48,6 +56,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         os.close(fd)
         try:
             torch.save(checkpoint, tmp)
+            os.chmod(tmp, _umask_mode())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

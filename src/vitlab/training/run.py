@@ -19,7 +19,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from vitlab.config import ConfigError, RunConfig, deep_merge, dump_yaml, from_dict, parse_overrides, to_dict
@@ -147,7 +147,6 @@ def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callbac
         EpochSeed(cfg.run.seed),
         FlushMetrics(),
         DDPConsistencyCheck(run_dir),
-        LearningRateMonitor(logging_interval="epoch"),
         *task.extra_callbacks(run_dir),
     ]
     if cfg.dynamics is not None:
@@ -233,6 +232,10 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         if cfg.run.export:
             export_model(task.model, run_dir / "export", {"data": info})
         task.on_run_end(run_dir, dm)
+        if cfg.run.report:
+            from vitlab.report import write_report
+
+            write_report([run_dir])
     return run_dir
 
 

@@ -89,6 +89,8 @@ class BaseTask(pl.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         losses = self.compute_losses(batch, "train")
         self._log_losses(losses, "train")
+        # A host float, so no device sync; the epoch mean lands in metrics.jsonl and TensorBoard.
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=False, on_epoch=True)
         return losses["loss"]
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
