@@ -30,6 +30,7 @@ COMMAND_MODULES: list[str] = [
     "vitlab.cli.dynamics",
     "vitlab.cli.report",
     "vitlab.cli.bench",
+    "vitlab.cli.probe",
     "vitlab.cli.params",
 ]
 

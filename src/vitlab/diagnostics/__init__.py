@@ -10,6 +10,8 @@ from vitlab.diagnostics.dynamics import (
     patch_grid_cost,
     temperature_update,
 )
+from vitlab.diagnostics.probes import gradient_flow, init_distance, reversibility_table, slot_usage_summary
+from vitlab.diagnostics.segments import draw_segment_maps, segment_map
 
 __all__ = [
     "ConvergenceTracker",
@@ -20,6 +22,12 @@ __all__ = [
     "attention_drift",
     "attention_to_cls_distribution",
     "consensus_clusters",
+    "draw_segment_maps",
+    "gradient_flow",
+    "init_distance",
     "patch_grid_cost",
+    "reversibility_table",
+    "segment_map",
+    "slot_usage_summary",
     "temperature_update",
 ]
