@@ -9,6 +9,7 @@ from torch import nn
 
 import vitlab
 from vitlab.cli.main import main
+from vitlab.config import build_config, to_dict
 from vitlab.models import count_params, flops_per_image, match_width
 from vitlab.models.cet_vit import param_breakdown
 from vitlab.models.sizing import MATCH_INPUTS, TOME_R, matched_presets, width_step
@@ -148,3 +149,14 @@ def test_params_command(capsys):
 def test_params_command_names_a_bad_option(capsys):
     assert main(["params", "vit_pico", "embed_dims=3"]) == 2
     assert "has no option 'embed_dims'. Did you mean embed_dim?" in capsys.readouterr().err
+
+
+def test_compare_configs_share_one_protocol_and_differ_only_in_the_model():
+    resolved = {}
+    for variant in ("", "_vit", "_tome", "_swin"):
+        cfg = to_dict(build_config(f"compare/cifar10_cpu{variant}"))
+        resolved[cfg["model"].pop("name")] = cfg
+        cfg["run"].pop("name")
+    assert set(resolved) == {"cet_vit_nano", *(f"{f}_matched_cet_vit_nano" for f in ("vit", "tome", "swin"))}
+    protocols = list(resolved.values())
+    assert all(p == protocols[0] for p in protocols[1:])
