@@ -11,10 +11,10 @@ hits all of them alike; ratios and MFU are formed per round and summarised by th
 
 Definitions (``docs/benchmarks.md``):
 
-- FLOPs per image: the forward FLOPs that ``torch.utils.flop_counter.FlopCounterMode`` counts (matrix products and
-  attention; elementwise work is not counted) on a small batch, divided by its size. Training FLOPs are 3x the
-  forward FLOPs (the backward pass computes two matrix products per forward one: input and weight gradients); the
-  counted backward-over-forward ratio is reported next to it as a check.
+- FLOPs per image: the forward FLOPs that ``torch.utils.flop_counter.FlopCounterMode`` counts (matrix products,
+  convolutions and attention; elementwise work is not counted), :func:`vitlab.models.sizing.flops_per_image`.
+  Training FLOPs are 3x the forward FLOPs (the backward pass computes two matrix products per forward one: input
+  and weight gradients); the counted backward-over-forward ratio is reported next to it as a check.
 - MFU: achieved FLOP/s (FLOPs per image x images/s) over the FLOP/s of a ``matmul_size``-square matrix multiply
   measured in the same round, at the same precision (bf16 through autocast) and thread count.
 - Peak memory of a training step: on CUDA, ``max_memory_allocated`` above the allocation before the network was
@@ -47,16 +47,20 @@ import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count
 
 from vitlab.errors import ConfigError
 from vitlab.models.registry import constructor_args, create_model, get_preset, resolved_kwargs
+from vitlab.models.sizing import flops_per_image as flops_per_image_forward
+from vitlab.models.sizing import input_shape_of
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.vitcae import ViTCAE
 
 Precision = Literal["32-true", "bf16-mixed"]
 PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed")
 PHASES: tuple[str, ...] = ("train", "inference")
+#: ``wall``: elapsed time; ``cpu``: CPU time of the process, which time-sharing with other processes does not inflate
+CLOCKS: tuple[str, ...] = ("wall", "cpu")
 #: training FLOPs per forward FLOP: forward, then input and weight gradients in the backward pass
 TRAINING_FLOPS_PER_FORWARD = 3
 
@@ -151,46 +155,25 @@ def timm_counterpart(model: str, overrides: dict[str, Any] | None = None) -> Net
     )
 
 
-def input_shape(network: nn.Module) -> tuple[int, int, int]:
-    """``(C, H, W)`` of the images ``network`` takes, read from its (timm) ``patch_embed``."""
-    embed = getattr(network, "patch_embed", None)
-    if embed is None or not hasattr(embed, "img_size"):
-        raise ConfigError(
-            f"{type(network).__name__} has no patch_embed with an img_size, so the input shape is unknown; bench "
-            "networks that embed patches with timm's PatchEmbed (every vitlab and timm ViT/Swin does)"
-        )
-    height, width = embed.img_size
-    return embed.proj.in_channels, height, width
-
-
 # -------------------------------------------------------------------------------------------------------------------
 # FLOPs
-def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-
 def _cpu_flash_attention_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, **kwargs) -> int:
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
-#: the CPU SDPA kernels, which FlopCounterMode does not know (it knows the CUDA ones)
-CPU_ATTENTION_FLOPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_attention_backward_flops,
-}
-
-
 def flops_per_image(network: nn.Module, images: int = 2) -> dict[str, float]:
-    """FLOPs per image that ``FlopCounterMode`` counts: ``forward``; ``training`` (3x forward, the convention of
-    the MFU); ``backward_over_forward`` (counted on a real backward pass, a check of the 3x)."""
+    """FLOPs per image: ``forward`` (:func:`vitlab.models.sizing.flops_per_image`); ``training``, 3x forward, the
+    convention of the MFU; ``backward_over_forward``, counted by ``FlopCounterMode`` on a real backward pass (with
+    the CPU SDPA backward kernel, which the counter does not know), a check of the 3x."""
+    forward = flops_per_image_forward(network)
     device = next(network.parameters()).device
-    x = torch.randn(images, *input_shape(network), device=device)
-    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as forward_counter:
-        out = network(x)
-    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as backward_counter:
+    out = network(torch.randn(images, *input_shape_of(network), device=device))
+    backward_kernel = {
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_attention_backward_flops
+    }
+    with FlopCounterMode(display=False, custom_mapping=backward_kernel) as backward_counter:
         out.float().square().mean().backward()
     network.zero_grad(set_to_none=True)
-    forward = forward_counter.get_total_flops() / images
     return {
         "forward": forward,
         "training": TRAINING_FLOPS_PER_FORWARD * forward,
@@ -221,7 +204,7 @@ class _Subject:
         self.optimizer = torch.optim.AdamW(self.network.parameters(), lr=1e-4, weight_decay=0.05)
         self.precision, self.device = precision, device
         generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(batch_size, *input_shape(network), generator=generator).to(device)
+        self.x = torch.randn(batch_size, *input_shape_of(network), generator=generator).to(device)
         with torch.no_grad():
             width = self.network(self.x[:1]).shape[-1]
         # Cross-entropy over the output's last axis: logits of a classifier, pooled features of a headless encoder.
@@ -258,20 +241,21 @@ class _Matmul:
 
 @dataclass
 class _Task:
-    """A timed callable: ``calls`` per sample (set after the warm-up), seconds per call of each round."""
+    """A timed callable: ``calls`` per sample (set after the warm-up); per round, seconds per call on each clock."""
 
     run: Callable[[], None]
     calls: int = 1
-    seconds: list[float] = field(default_factory=list)
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {clock: [] for clock in CLOCKS})
 
 
-def _time_calls(run: Callable[[], None], calls: int, device: torch.device) -> float:
+def _time_calls(run: Callable[[], None], calls: int, device: torch.device) -> dict[str, float]:
+    """Seconds per call of ``run``: wall clock, and the CPU time of this process (all its threads)."""
     _synchronize(device)
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         run()
     _synchronize(device)
-    return (time.perf_counter() - start) / calls
+    return {"wall": (time.perf_counter() - wall) / calls, "cpu": (time.process_time() - cpu) / calls}
 
 
 def _measure_alternating(
@@ -280,12 +264,13 @@ def _measure_alternating(
     """Warm each task up, size its samples to ``sample_seconds``, then time them round-robin, ``repeats`` rounds;
     every other round runs in reverse order so that no task always follows the same one."""
     for task in tasks.values():
-        per_call = min(_time_calls(task.run, 1, device) for _ in range(max(warmup, 1)))
+        per_call = min(_time_calls(task.run, 1, device)["wall"] for _ in range(max(warmup, 1)))
         task.calls = max(1, round(sample_seconds / per_call))
     order = list(tasks)
     for round_index in range(repeats):
         for name in order if round_index % 2 == 0 else reversed(order):
-            tasks[name].seconds.append(_time_calls(tasks[name].run, tasks[name].calls, device))
+            for clock, seconds in _time_calls(tasks[name].run, tasks[name].calls, device).items():
+                tasks[name].seconds[clock].append(seconds)
 
 
 def summarize(values: list[float]) -> dict[str, float]:
@@ -331,33 +316,36 @@ def measure_networks(
 ) -> dict[str, Any]:
     """Time the training step and the inference of each network and the matmul peak, alternating (module doc).
 
-    Returns ``{"matmul_peak": {"size", "precision", "flops_per_s": summary}, "matmul_peak_fp32": ...`` (bf16 runs
-    only) ``, "networks": {name: {"parameters", "flops_per_image", "train", "inference"}}}``; each phase holds
-    ``images_per_s`` and ``mfu`` (and ``mfu_vs_fp32_peak`` for bf16) summaries over the rounds, and the raw
-    ``seconds_per_batch`` per round, in round order, for :func:`round_ratio`.
+    Returns ``{"clocks", "matmul_peak": {"size", "precision", "flops_per_s": {clock: summary}}, "networks": {name:
+    {"parameters", "flops_per_image", "train": {clock: ...}, "inference": {clock: ...}}}}`` plus, for bf16 runs,
+    ``"matmul_peak_fp32"``. Clocks: ``wall`` and, on CPU, ``cpu`` (process CPU time, see :data:`CLOCKS`). Each
+    phase and clock holds ``images_per_s`` and ``mfu`` (and ``mfu_vs_fp32_peak`` for bf16) summaries over the
+    rounds, and the raw ``seconds_per_batch`` per round, in round order, for :func:`round_ratio`.
     """
     _check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
     device = torch.device(device)
+    clocks = CLOCKS if device.type == "cpu" else ("wall",)  # CUDA runs asynchronously: the host's CPU time is no clock
     flops = {name: flops_per_image(network.to(device)) for name, network in networks.items()}
-    peaks = {precision: _Matmul(matmul_size, precision, device)}
-    if precision != "32-true":
-        peaks["32-true"] = _Matmul(matmul_size, "32-true", device)
-    tasks = {f"matmul {p}": _Task(matmul) for p, matmul in peaks.items()}
+    peak_precisions = [precision] if precision == "32-true" else [precision, "32-true"]
+    matmuls = {p: _Matmul(matmul_size, p, device) for p in peak_precisions}
+    tasks = {f"matmul {p}": _Task(matmul) for p, matmul in matmuls.items()}
     for name, network in networks.items():
         subject = _Subject(network, batch_size=batch_size, precision=precision, device=device, compile=compile)
         tasks[f"{name} train"] = _Task(subject.train_step)
         tasks[f"{name} inference"] = _Task(subject.inference)
     _measure_alternating(tasks, repeats=repeats, warmup=warmup, sample_seconds=sample_seconds, device=device)
 
-    peak_flops = {p: [matmul.flops / s for s in tasks[f"matmul {p}"].seconds] for p, matmul in peaks.items()}
-    result: dict[str, Any] = {
-        "matmul_peak": {"size": matmul_size, "precision": precision, "flops_per_s": summarize(peak_flops[precision])}
+    peak_flops = {
+        (p, clock): [matmul.flops / s for s in tasks[f"matmul {p}"].seconds[clock]]
+        for p, matmul in matmuls.items()
+        for clock in clocks
     }
-    if precision != "32-true":
-        result["matmul_peak_fp32"] = {
+    result: dict[str, Any] = {"clocks": list(clocks)}
+    for p in peak_precisions:
+        result["matmul_peak" if p == precision else "matmul_peak_fp32"] = {
             "size": matmul_size,
-            "precision": "32-true",
-            "flops_per_s": summarize(peak_flops["32-true"]),
+            "precision": p,
+            "flops_per_s": {clock: summarize(peak_flops[p, clock]) for clock in clocks},
         }
     result["networks"] = {}
     for name, network in networks.items():
@@ -366,27 +354,34 @@ def measure_networks(
             "flops_per_image": flops[name],
         }
         for phase in PHASES:
-            seconds = tasks[f"{name} {phase}"].seconds
             work = flops[name]["training" if phase == "train" else "forward"] * batch_size
-            phase_entry = {
-                "images_per_s": summarize([batch_size / s for s in seconds]),
-                "mfu": summarize([work / s / peak for s, peak in zip(seconds, peak_flops[precision], strict=True)]),
-                "seconds_per_batch": seconds,
-            }
-            if precision != "32-true":
-                phase_entry["mfu_vs_fp32_peak"] = summarize(
-                    [work / s / peak for s, peak in zip(seconds, peak_flops["32-true"], strict=True)]
-                )
-            entry[phase] = phase_entry
+            entry[phase] = {}
+            for clock in clocks:
+                seconds = tasks[f"{name} {phase}"].seconds[clock]
+                measured = {
+                    "images_per_s": summarize([batch_size / s for s in seconds]),
+                    "mfu": _mfu(work, seconds, peak_flops[precision, clock]),
+                    "seconds_per_batch": seconds,
+                }
+                if precision != "32-true":
+                    measured["mfu_vs_fp32_peak"] = _mfu(work, seconds, peak_flops["32-true", clock])
+                entry[phase][clock] = measured
         result["networks"][name] = entry
     return result
 
 
-def round_ratio(result: dict[str, Any], numerator: str, denominator: str, phase: str) -> dict[str, float]:
-    """Throughput of ``numerator`` over ``denominator`` in ``phase``, formed per round, summarised over rounds
-    (``>= 1``: the numerator is at least as fast)."""
-    top = result["networks"][numerator][phase]["seconds_per_batch"]
-    bottom = result["networks"][denominator][phase]["seconds_per_batch"]
+def _mfu(work: float, seconds: list[float], peaks: list[float]) -> dict[str, float]:
+    """Per round: ``work`` FLOPs in ``seconds`` over the matmul FLOP/s of the same round."""
+    return summarize([work / s / peak for s, peak in zip(seconds, peaks, strict=True)])
+
+
+def round_ratio(
+    result: dict[str, Any], numerator: str, denominator: str, phase: str, clock: str = "wall"
+) -> dict[str, float]:
+    """Throughput of ``numerator`` over ``denominator`` in ``phase`` on ``clock``, formed per round, summarised
+    over the rounds (``>= 1``: the numerator is at least as fast)."""
+    top = result["networks"][numerator][phase][clock]["seconds_per_batch"]
+    bottom = result["networks"][denominator][phase][clock]["seconds_per_batch"]
     return summarize([b / t for t, b in zip(top, bottom, strict=True)])
 
 
@@ -582,7 +577,10 @@ def bench(
         if name in peak:
             result["networks"][name]["peak_memory"] = peak[name]
     if vs == "timm":
-        result["ours_over_timm"] = {phase: round_ratio(result, "ours", "timm", phase) for phase in PHASES}
+        result["ours_over_timm"] = {
+            clock: {phase: round_ratio(result, "ours", "timm", phase, clock) for phase in PHASES}
+            for clock in result["clocks"]
+        }
     return {
         "benchmark": "bench",
         "settings": settings,
@@ -593,29 +591,35 @@ def bench(
 
 
 def format_bench(result: dict[str, Any]) -> str:
-    """A short text table of a :func:`bench` record."""
+    """A short text table of a :func:`bench` record: medians with [min, max] over the rounds, per clock."""
     s = result["settings"]
-    peak = result["matmul_peak"]["flops_per_s"]
     lines = [
         f"{s['model']} {s['overrides'] or ''} batch {s['batch_size']}, {s['precision']}, threads {s['threads']}, "
         f"{s['repeats']} rounds; load average {result['load_average']['before'][0]:.2f} -> "
-        f"{result['load_average']['after'][0]:.2f}",
-        f"matmul peak ({result['matmul_peak']['size']}^2, {s['precision']}): {peak['median'] / 1e9:.1f} GFLOP/s "
-        f"[{peak['min'] / 1e9:.1f}, {peak['max'] / 1e9:.1f}]",
-        f"{'network':<30} {'params':>9} {'GFLOP/img':>9} {'train img/s':>18} {'train MFU':>10} "
-        f"{'infer img/s':>18} {'infer MFU':>10} {'peak MiB':>9}",
+        f"{result['load_average']['after'][0]:.2f}"
     ]
-    for name, net in result["networks"].items():
-        train, infer = net["train"], net["inference"]
-        memory = net.get("peak_memory", {}).get("mib")
-        lines.append(
-            f"{net.get('description', name):<30} {net['parameters'] / 1e6:>8.2f}M "
-            f"{net['flops_per_image']['forward'] / 1e9:>9.3f} {_spread(train['images_per_s']):>18} "
-            f"{train['mfu']['median']:>10.1%} {_spread(infer['images_per_s']):>18} {infer['mfu']['median']:>10.1%} "
-            f"{'-' if memory is None else f'{memory:.0f}':>9}"
-        )
-    for phase, ratio in result.get("ours_over_timm", {}).items():
-        lines.append(f"ours / timm, {phase}: {ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]")
+    for clock in result["clocks"]:
+        peak = result["matmul_peak"]["flops_per_s"][clock]
+        lines += [
+            f"[{clock} clock] matmul peak ({result['matmul_peak']['size']}^2, {s['precision']}): "
+            f"{peak['median'] / 1e9:.1f} GFLOP/s [{peak['min'] / 1e9:.1f}, {peak['max'] / 1e9:.1f}]",
+            f"  {'network':<30} {'params':>9} {'GFLOP/img':>9} {'train img/s':>18} {'MFU':>6} "
+            f"{'infer img/s':>20} {'MFU':>6} {'peak MiB':>9}",
+        ]
+        for name, net in result["networks"].items():
+            train, infer = net["train"][clock], net["inference"][clock]
+            memory = net.get("peak_memory", {}).get("mib")
+            lines.append(
+                f"  {net.get('description', name):<30} {net['parameters'] / 1e6:>8.2f}M "
+                f"{net['flops_per_image']['forward'] / 1e9:>9.3f} {_spread(train['images_per_s']):>18} "
+                f"{train['mfu']['median']:>6.1%} {_spread(infer['images_per_s']):>20} {infer['mfu']['median']:>6.1%} "
+                f"{'-' if memory is None else f'{memory:.0f}':>9}"
+            )
+        for phase, ratio in result.get("ours_over_timm", {}).get(clock, {}).items():
+            lines.append(
+                f"  ours / timm, {phase}: {ratio['median']:.3f} (IQR {ratio['q1']:.3f}-{ratio['q3']:.3f}, "
+                f"range {ratio['min']:.3f}-{ratio['max']:.3f})"
+            )
     return "\n".join(lines)
 
 
