@@ -146,6 +146,29 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert "corrupt" in _cli_error(capsys, "fit", "--resume", str(garbage), "--config", "vit/digits")
 
 
+def test_gradient_clipping_reaches_the_trainer(tmp_path):
+    seen = {}
+
+    class Spy(pl.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            seen["clip"] = (trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+
+    cfg = build_config(
+        "vit/digits",
+        [
+            *TINY,
+            "trainer.max_epochs=1",
+            "data.limit_train=64",
+            "optim.grad_clip=0.25",
+            "run.test=false",
+            "run.export=false",
+            f"run.dir={tmp_path / 'r'}",
+        ],
+    )
+    fit(cfg, callbacks=[Spy()])
+    assert seen["clip"] == (0.25, "norm")
+
+
 def test_print_config(capsys):
     assert main(["fit", "--config", "vit/digits", "optim.lr=0.5", "--print-config"]) == 0
     out = capsys.readouterr().out

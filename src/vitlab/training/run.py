@@ -162,6 +162,8 @@ def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback]) ->
     trainer = pl.Trainer(
         **kwargs,
         default_root_dir=str(run_dir),
+        gradient_clip_val=cfg.optim.grad_clip,
+        gradient_clip_algorithm="norm",
         callbacks=callbacks,
         logger=[TensorBoardLogger(str(run_dir), name="tb", version=""), JSONLinesLogger(run_dir / "metrics.jsonl")],
         plugins=[AtomicCheckpointIO()],
