@@ -258,7 +258,8 @@ def cet_run(tmp_path_factory):
 
 def test_cli_slot_k_writes_the_json_and_the_segment_png(cet_run, tmp_path, capsys):
     out = tmp_path / "probes"
-    assert main(["probe", "slot-k", str(cet_run), "--num-images", "3", "--out", str(out)]) == 0
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    assert main(["probe", "slot-k", str(cet_run), "--num-images", "3", "--out", str(out), "--class-names", *names]) == 0
     test_size = len(build_datamodule(DataConfig(name="digits")).test_dataloader().dataset)  # the whole test split
     printed = capsys.readouterr().out
     assert f"slot-usage K over {test_size} images" in printed and "classes ranked by mean K" in printed
@@ -271,9 +272,15 @@ def test_cli_slot_k_writes_the_json_and_the_segment_png(cet_run, tmp_path, capsy
     means = [entry["mean_k"] for entry in summary["per_class"]]
     assert means == sorted(means, reverse=True) and sum(entry["n"] for entry in summary["per_class"]) == test_size
     assert 0 <= summary["accuracy"] <= 1
+    assert sorted(entry["class"] for entry in summary["per_class"]) == sorted(names)
     picture = np.asarray(Image.open(out / "segments.png").convert("RGB"))
     assert picture.shape[0] > 100 and picture.shape[1] > 100
     assert len(np.unique(picture.reshape(-1, 3), axis=0)) > 10  # drawn, not blank
+
+
+def test_cli_slot_k_checks_the_class_names(cet_run, tmp_path, capsys):
+    assert main(["probe", "slot-k", str(cet_run), "--out", str(tmp_path), "--class-names", "a", "b"]) == 2
+    assert "gives 2 names for the 10 classes" in capsys.readouterr().err
 
 
 def test_cli_slot_k_refuses_a_model_without_an_assignment(tmp_path, capsys):

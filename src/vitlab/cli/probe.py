@@ -9,6 +9,7 @@ Examples::
     vitlab probe reversibility --json -                            # the card's reading table, as JSON
     vitlab probe slot-k runs/cet-cifar10-cpu-... --num-images 8    # -> <run>/probes/slot_k.json, segments.png
     vitlab probe slot-k runs/cet-cifar10-cpu-... --data path=/data/cifar10.npz eval_batch_size=256
+    vitlab probe slot-k RUN_DIR --class-names airplane automobile bird cat deer dog frog horse ship truck
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--max-batches", type=int, help="only the first N test batches (quick checks)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     p.add_argument("--out", help="output folder (default: <run>/probes)")
+    p.add_argument("--class-names", nargs="+", metavar="NAME", help="names of the classes, for data that carry none")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         import itertools
@@ -167,6 +169,9 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
         model, dm = target.model, target.datamodule
         if not hasattr(model, "forward_with_aux"):
             raise ConfigError(f"{args.target} holds a {type(model).__name__}, which has no slot assignment S")
+        names = args.class_names or dm.class_names
+        if len(names) != dm.num_classes:
+            raise ConfigError(f"--class-names gives {len(names)} names for the {dm.num_classes} classes of the data")
         mean = torch.tensor(target.mean).view(-1, 1, 1)
         std = torch.tensor(target.std).view(-1, 1, 1)
 
@@ -176,7 +181,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
                 yield (denormalize(x, dm.mean, dm.std) - mean) / std, y
 
         collected = collect_assignments(model, batches(), keep_images=args.num_images, device=args.device)
-        summary = slot_usage_summary(collected["slot_k"], collected["labels"], dm.class_names, collected["predictions"])
+        summary = slot_usage_summary(collected["slot_k"], collected["labels"], names, collected["predictions"])
         summary["source"] = str(target.source)
         summary["per_image"] = collected["slot_k"].tolist()
         out = Path(args.out) if args.out else target.out_dir.parent / "probes"
@@ -186,7 +191,6 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
         print(f"written: {out / SLOT_K_FILE}")
         if args.num_images:
             shown = len(collected["images"])
-            names = dm.class_names
             titles = [
                 f"{names[label]}\npred {names[pred]}, K={k}"
                 for label, pred, k in zip(

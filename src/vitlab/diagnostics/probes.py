@@ -43,7 +43,8 @@ def gradient_flow(task: nn.Module, batch: Any) -> dict[str, Any]:
     ``task`` is a vitlab Lightning task (anything with ``compute_losses(batch, stage) -> {"loss": scalar, ...}``);
     ``batch`` one training batch as its data loader yields it, on the task's device. The task runs in training mode
     (dropout, Gumbel noise, Mixup targets as in training), the loss is backpropagated once, the gradients are read
-    and cleared again, and the task's mode is restored.
+    and cleared again, and the task's mode is restored (its running metrics, such as the training accuracy, do see
+    the batch).
 
     Returns ``{"loss", "num_tensors", "num_trainable", "no_grad", "zero_grad", "frozen", "dead", "grad_norms"}``:
     ``no_grad`` the trainable parameters whose ``.grad`` is None, ``zero_grad`` those whose gradient is all zeros,

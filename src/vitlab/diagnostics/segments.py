@@ -32,8 +32,13 @@ def segment_map(S: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
 
 
 def slot_palette(num_slots: int) -> np.ndarray:
-    """``[K, 3]`` RGB colours in [0, 1], one per slot: matplotlib's qualitative maps, then evenly spaced hues."""
-    colours = np.concatenate([np.asarray(matplotlib.colormaps[name].colors)[:, :3] for name in _QUALITATIVE])
+    """``[K, 3]`` RGB colours in [0, 1], one per slot: matplotlib's qualitative maps, then evenly spaced hues.
+
+    The tab20 maps hold pairs of a dark and a light shade of one hue; the dark shades come first, so the first ten
+    slots get ten different hues.
+    """
+    pairs = [np.asarray(matplotlib.colormaps[name].colors)[:, :3] for name in _QUALITATIVE]
+    colours = np.concatenate([shades[0::2] for shades in pairs] + [shades[1::2] for shades in pairs])
     if num_slots <= len(colours):
         return colours[:num_slots]
     return matplotlib.colormaps["hsv"](np.linspace(0, 1, num_slots, endpoint=False))[:, :3]
