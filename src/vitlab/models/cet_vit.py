@@ -37,7 +37,7 @@ from timm.models.swin_transformer import SwinTransformerStage
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
-from vitlab.layers import Block, Mlp, PatchEmbed, trunc_normal_
+from vitlab.layers import Block, CrossAttention, Mlp, PatchEmbed, trunc_normal_
 from vitlab.losses.ei import EI_VARIANTS, EIVariant, ei_terms
 from vitlab.models.registry import register_preset
 from vitlab.models.vit import check_patch_grid
@@ -263,34 +263,21 @@ class MacroEncoder(nn.Module):
         return x
 
 
-class CrossAttention(nn.Module):
-    """Pre-norm multi-head cross-attention with a residual: ``x + Proj(SDPA(Q(LN x), K(LN ctx), V(LN ctx)))``.
-
-    ``x: [B, N, D]`` (queries), ``context: [B, M, D]`` (keys and values) ``-> [B, N, D]``.
-    """
+class PreNormCrossAttention(nn.Module):
+    """``x + CrossAttention(LN x, LN context)``: ``x: [B, N, D]`` queries, ``context: [B, M, D]`` -> ``[B, N, D]``."""
 
     def __init__(
         self, dim: int, *, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f"width {dim} is not divisible by num_heads={num_heads}; choose a head count dividing it")
-        self.num_heads = num_heads
-        self.attn_drop = attn_drop
         self.norm_q = nn.LayerNorm(dim)
         self.norm_kv = nn.LayerNorm(dim)
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
+        self.attn = CrossAttention(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop
+        )
 
     def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        B, N, D = x.shape
-        H = self.num_heads
-        q = self.q(self.norm_q(x)).view(B, N, H, D // H).transpose(1, 2)
-        k, v = self.kv(self.norm_kv(context)).view(B, -1, 2, H, D // H).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        return x + self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, D)))
+        return x + self.attn(self.norm_q(x), self.norm_kv(context))
 
 
 class CrossScaleAttention(nn.Module):
@@ -303,8 +290,8 @@ class CrossScaleAttention(nn.Module):
     def __init__(self, dim: int, *, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float) -> None:
         super().__init__()
         kw = dict(num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
-        self.micro_from_macro = CrossAttention(dim, **kw)
-        self.macro_from_micro = CrossAttention(dim, **kw)
+        self.micro_from_macro = PreNormCrossAttention(dim, **kw)
+        self.macro_from_micro = PreNormCrossAttention(dim, **kw)
 
     def forward(self, micro: torch.Tensor, macro: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.micro_from_macro(micro, macro), self.macro_from_micro(macro, micro)
