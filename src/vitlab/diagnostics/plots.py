@@ -123,10 +123,8 @@ def _draw_dynamics(
         for head in range(num_heads):
             top.plot(epochs[1:], drift[1:, layer, head], color=colors[head], lw=1.2, label=f"head {head}")
             bottom.plot(epochs, kappa[:, layer, head], color=colors[head], lw=1.2, drawstyle="steps-mid")
-            first = frozen_at[layer, head]
-            if not np.isnan(first) and first >= 1:
-                at = int(np.flatnonzero(epochs == first)[0])
-                top.plot(first, drift[at, layer, head], "o", ms=5, mfc="white", mec=colors[head], mew=1.5)
+            if not np.isnan(frozen_at[layer, head]):  # a frozen head's drift is ~0: mark it at the top edge
+                top.plot(frozen_at[layer, head], 0.96 * drift_limits[1], "v", ms=6, color=colors[head])
         top.set_title(_layer_label(records, layer), fontsize=9)
         top.set_ylim(*drift_limits)
         bottom.set_ylim(*kappa_limits)
@@ -142,7 +140,7 @@ def _draw_dynamics(
         axes[2 * band, column].set_visible(False)
         axes[2 * band + 1, column].set_visible(False)
     handles = axes[0, 0].get_legend_handles_labels()[0]
-    handles.append(plt.Line2D([], [], ls="", marker="o", mfc="white", mec="black", label="frozen"))
+    handles.append(plt.Line2D([], [], ls="", marker="v", color="black", label="frozen at"))
     canvas.legend(handles=handles, loc="outside lower center", ncol=min(num_heads + 1, 8), fontsize=8, frameon=False)
 
 
