@@ -168,6 +168,9 @@ class ViTCAE(nn.Module):
             used by encoder and decoder alike.
     """
 
+    #: the attention the dynamics controller steers (eq. 20, 26): the encoder's, never the decoder's
+    dynamics_target = "encoder."
+
     def __init__(
         self,
         *,
