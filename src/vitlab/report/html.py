@@ -224,7 +224,8 @@ def curve_panels(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Serie
     """Group the per-epoch rows of ``metrics.jsonl`` into panels of series: ``{panel: {series: (epochs, values)}}``.
 
     ``train/<term>`` and ``val/<term>`` share the panel ``<term>`` (series ``train`` and ``val``); learning-rate keys
-    (``lr``, ``lr-AdamW``, ``lr-AdamW/pg1``: Lightning's ``LearningRateMonitor``) share the panel ``learning rate``;
+    (``train/lr`` from vitlab's tasks; ``lr``, ``lr-AdamW``, ``lr-AdamW/pg1`` from Lightning's
+    ``LearningRateMonitor``) share the panel ``learning rate``;
     any other key (``dynamics/mean_drift``) is a panel of its own. Panels come in the order loss, acc, learning rate,
     then the other train/val terms, then the rest, each group sorted by name; in a panel, train comes before val.
     ``epoch`` and ``step`` are the axis, not panels; values that are not finite numbers are left out.
@@ -239,7 +240,9 @@ def curve_panels(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Serie
             if key in ("epoch", "step") or not numeric or not math.isfinite(value):
                 continue
             stage, _, term = key.partition("/")
-            if stage in ("train", "val") and term:
+            if key == "train/lr":  # logged by vitlab's tasks
+                panel, series = "learning rate", "lr"
+            elif stage in ("train", "val") and term:
                 panel, series = term, stage
             elif key == "lr" or key.startswith("lr-"):
                 panel, series = "learning rate", key
