@@ -21,7 +21,7 @@ import sys
 from importlib import import_module
 from pathlib import Path
 
-from vitlab.cli.registry import COMMANDS, Runner, command
+from vitlab.cli.registry import COMMANDS, Runner, Setup, command
 
 #: modules whose import registers further sub-commands (each in its own file)
 COMMAND_MODULES: list[str] = [
@@ -79,30 +79,25 @@ def _print_summary(run_dir: Path) -> None:
     print("\n".join(lines))
 
 
-@command("validate", "run the validation loop of a run directory or checkpoint")
-def _validate(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("target", help="run directory or .ckpt")
+def _evaluation_loop(stage: str) -> Setup:
+    """``vitlab validate`` / ``vitlab test``: the loop of ``stage`` on a run directory (best.ckpt) or a .ckpt."""
 
-    def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.training.run import evaluate
+    def setup(p: argparse.ArgumentParser) -> Runner:
+        p.add_argument("target", help="run directory or .ckpt")
 
-        print(json.dumps(evaluate(args.target, "validate", overrides), indent=2))
-        return 0
+        def run(args: argparse.Namespace, overrides: list[str]) -> int:
+            from vitlab.training.run import evaluate
 
-    return run
+            print(json.dumps(evaluate(args.target, stage, overrides), indent=2))
+            return 0
+
+        return run
+
+    return setup
 
 
-@command("test", "run the test loop of a run directory or checkpoint")
-def _test(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("target", help="run directory or .ckpt")
-
-    def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.training.run import evaluate
-
-        print(json.dumps(evaluate(args.target, "test", overrides), indent=2))
-        return 0
-
-    return run
+command("validate", "run the validation loop of a run directory or checkpoint")(_evaluation_loop("validate"))
+command("test", "run the test loop of a run directory or checkpoint")(_evaluation_loop("test"))
 
 
 @command("export", "checkpoint -> model.safetensors + config.json (loadable offline)")
