@@ -525,7 +525,8 @@ def bench(
 
     Returns the :func:`measure_networks` record (networks ``ours`` and ``timm``) with ``settings``,
     ``environment``, ``load_average`` (``os.getloadavg()`` before and after), each network's ``description`` and
-    ``peak_memory`` (when ``memory``), and ``ours_over_timm``: per-phase throughput ratio summaries.
+    ``peak_memory`` (when ``memory``), and ``ours_over_timm``: ``{clock: {phase: summary}}`` of the throughput
+    ratio formed per round.
     """
     _check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
     if vs not in (None, "timm"):
