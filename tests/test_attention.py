@@ -111,3 +111,24 @@ def test_frozen_state_survives_state_dict():
 def test_bad_head_count_is_a_clear_error():
     with pytest.raises(ValueError, match="not divisible by num_heads"):
         Attention(30, num_heads=4)
+
+
+@pytest.mark.parametrize("form", ["inverse", "divide"])
+def test_temperature_gradient_matches_a_reference_formulation(form):
+    """The temperature is folded into the q rows of W_qkv; its gradient must equal that of scaling the logits."""
+    m = _attn(temperature=True, temperature_form=form).train()
+    with torch.no_grad():
+        m.log_tau.copy_(torch.tensor([0.4, -0.3, 0.0, 0.8]))
+    x = torch.randn(2, 6, 32)
+    target = torch.randn(2, 6, 32)
+    (m(x) - target).square().sum().backward()
+    got = m.log_tau.grad.clone()
+
+    log_tau = m.log_tau.detach().clone().requires_grad_(True)
+    B, N, C = x.shape
+    q, k, v = m.qkv(x).view(B, N, 3, 4, 8).permute(2, 0, 3, 1, 4)
+    tau = (log_tau if form == "inverse" else -log_tau).exp().view(1, -1, 1, 1)
+    attn = (q @ k.transpose(-2, -1) / 8**0.5 * tau).softmax(-1)
+    out = m.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
+    (out - target).square().sum().backward()
+    torch.testing.assert_close(got, log_tau.grad, atol=1e-5, rtol=1e-4)
