@@ -55,7 +55,7 @@ def overlay(images: np.ndarray, colours: np.ndarray, alpha: float) -> np.ndarray
     """Alpha blend ``(1 - alpha) * image + alpha * colour``; ``images, colours: [B, H, W, 3]`` in [0, 1]."""
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-    return (1 - alpha) * images + alpha * colours
+    return np.clip((1 - alpha) * images + alpha * colours, 0.0, 1.0)  # rounding may step past 1
 
 
 def draw_segment_maps(
