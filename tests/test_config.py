@@ -51,3 +51,10 @@ def test_yaml_defaults_are_merged(tmp_path):
 def test_malformed_override():
     with pytest.raises(ConfigError, match="key.sub=value"):
         parse_overrides(["lonely"])
+
+
+def test_union_fields_keep_the_exact_type():
+    cfg = build_config(None, ["trainer.limit_train_batches=1", "trainer.limit_val_batches=0.5", "trainer.devices=auto"])
+    assert cfg.trainer.limit_train_batches == 1 and isinstance(cfg.trainer.limit_train_batches, int)
+    assert cfg.trainer.limit_val_batches == 0.5
+    assert cfg.trainer.devices == "auto"

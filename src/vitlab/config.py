@@ -113,6 +113,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        if type(value) in args:  # an exact match wins: `limit_train_batches: 1` is one batch, not 1.0 = 100%
+            return value
         errors = []
         for arg in args:
             if arg is type(None):
