@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The ViTCAE paper's Table I at CPU scale: controlled (eq. 20 schedule + eq. 26 freezing) against uncontrolled
+# (tau = 1, no freezing), same data, budget and seeds; then the comparison over seeds.
+#   bash benchmarks/table1.sh [CONFIG] [OUT] [extra overrides...]     e.g. bash benchmarks/table1.sh vitcae/digits runs/table1-digits
+set -euo pipefail
+CONFIG=${1:-vitcae/digits}
+OUT=${2:-runs/table1-$(basename "$CONFIG")}
+shift $(( $# > 2 ? 2 : $# ))
+EXTRA=("$@")
+VITLAB=${VITLAB:-.venv/bin/vitlab}
+run() {  # mode seed
+  local dir="$OUT/$1-seed$2"
+  [ -f "$dir/test_metrics.json" ] && return 0
+  local args=(dynamics.mode=schedule dynamics.freeze=true)
+  [ "$1" = uncontrolled ] && args=(dynamics.mode=fixed dynamics.freeze=false)
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$VITLAB" fit --config "$CONFIG" "${args[@]}" run.seed="$2" data.seed="$2" \
+    run.dir="$dir" run.name="table1-$1" trainer.enable_progress_bar=false ${EXTRA[@]+"${EXTRA[@]}"} > "$dir.log" 2>&1
+}
+mkdir -p "$OUT"
+for seed in 0 1 2; do
+  run controlled "$seed" &
+  run uncontrolled "$seed" &
+  wait
+done
+"$VITLAB" compare "$OUT"/*-seed* --group-by dynamics.mode --metric test/acc --out "$OUT/table1"
