@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vitlab.diagnostics import probes
 from vitlab.losses.ei import ei_terms, ei_weight, macro_degeneracy, reversibility
 from vitlab.models.cet_vit import topk_softmax
 
@@ -14,22 +15,15 @@ N, K = 256, 32
 
 
 def balanced_one_hot(num_tokens: int = N, num_slots: int = K) -> torch.Tensor:
-    """``[N, K]``: token n goes wholly to slot ``n mod K`` (N/K tokens per slot)."""
-    return F.one_hot(torch.arange(num_tokens) % num_slots, num_slots).float()
+    return probes.balanced_one_hot(num_tokens, num_slots)
 
 
 def common_mode_mixture(a: float, num_tokens: int = N, num_slots: int = K) -> torch.Tensor:
-    """``[1, N, K]``: ``S = (1 - a) E + a / K``, a balanced one-hot E mixed with the uniform row.
-
-    Worked by hand: ``S^T S = (N/K) [(1 - a)^2 I + (2a - a^2)/K 11^T]``, so ``sigma_1 = sqrt(N/K)`` and the other
-    K - 1 singular values are ``sqrt(N/K) (1 - a)``: ``reversibility = 1 / (1 + (K - 1)(1 - a))``.
-    """
-    return ((1 - a) * balanced_one_hot(num_tokens, num_slots) + a / num_slots).unsqueeze(0)
+    return probes.common_mode_mixture(a, num_tokens, num_slots)
 
 
 def mixture_for_reversibility(target: float, num_slots: int = K) -> float:
-    """The ``a`` of :func:`common_mode_mixture` whose reversibility is ``target``."""
-    return 1 - (1 / target - 1) / (num_slots - 1)
+    return probes.mixture_for_reversibility(target, num_slots)
 
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 0.9, 0.999])
