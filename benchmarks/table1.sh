@@ -22,4 +22,4 @@ for seed in 0 1 2; do
   run uncontrolled "$seed" &
   wait
 done
-"$VITLAB" compare "$OUT"/*-seed* --group-by dynamics.mode --metric test/acc --out "$OUT/table1"
+"$VITLAB" compare "$OUT"/*-seed*/ --group-by dynamics.mode --metric test/acc --out "$OUT/table1"
