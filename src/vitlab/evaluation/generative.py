@@ -67,7 +67,7 @@ INTERPOLATION_GRID_PAIRS = 6
 INTERPOLATION_STEPS = 8
 INPAINTING_MASK_RATIO = 0.25
 INPAINTING_GRID_IMAGES = 8
-PIXEL_JUDGE_MAX_IMAGES = 10_000  # cap on the images the pixel judge is trained and tested on
+PIXEL_JUDGE_MAX_IMAGES = 10_000  # cap on the images the judge is trained and tested on
 SKLEARN_MAX_ITER = 2000
 #: passes of the judge's training over (at most PIXEL_JUDGE_MAX_IMAGES) training images
 JUDGE_EPOCHS = 3
@@ -281,7 +281,7 @@ def take_images(batches: Batches, max_images: int | None) -> Iterator[tuple[Tens
 @dataclass
 class EncodedSplit:
     """A split pushed through the encoder: ``mu_cls: [N, d_z]``, ``labels: int64 [N]`` (both on the CPU) and its
-    first ``images: [M, C, H, W]`` in [0, 1] (``M <= N``) for the pixel judge and the grids."""
+    first ``images: [M, C, H, W]`` in [0, 1] (``M <= N``) for the judge and the grids."""
 
     mu_cls: Tensor
     labels: Tensor
@@ -460,8 +460,9 @@ def conditional_generation_task(
 ) -> dict[str, float]:
     """Task 2: sample ``z_cls`` from each class Gaussian, ``z_pt`` from ``p(z_pt | z_cls)``, decode.
 
-    Class consistency: the pixel judge's accuracy on the samples (in [0, 1], as an image file would hold them), the
-    ViTCAE classifier's accuracy on the re-encoded samples and on the sampled ``z_cls``. Grid: one row per class.
+    Class consistency: the independent CNN judge's accuracy on the samples (in [0, 1], as an image file would hold
+    them), the ViTCAE classifier's accuracy on the re-encoded samples and on the sampled ``z_cls``. Grid: one row per
+    class.
     """
     z_cls, labels = sample_class_latents(gaussians, samples_per_class, generator)
     z_cls = z_cls.to(device)
