@@ -343,3 +343,12 @@ def test_cli_compare(fake_runs, tmp_path, capsys):
     assert "## Welch's t-test on test/acc" in printed and "| test/acc |" in printed
     assert out.read_text() in printed
     assert json.loads(out.with_suffix(".json").read_text())["metric"] == "test/acc"
+
+
+def test_compare_reads_training_times(fake_runs):
+    for i, run in enumerate(fake_runs):
+        (run / "timing.json").write_text(json.dumps({"time/backward_total_s": 10.0 + i, "epochs": 3}))
+    comparison = compare_runs(fake_runs)
+    backward = comparison["groups"]["vit_pico"]["metrics"]["time/backward_total_s"]
+    assert backward["mean"] == pytest.approx(11.0) and backward["n"] == 3
+    assert "epochs" not in comparison["groups"]["vit_pico"]["metrics"]  # only the time/ totals are metrics

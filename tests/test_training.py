@@ -52,6 +52,12 @@ def test_cli_fit_writes_a_complete_run_directory(tmp_path, capsys):
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["epoch"] for r in rows] == [0, 1]
     assert {"train/loss", "train/lr", "val/loss", "val/acc"} <= set(rows[-1])
+    for row in rows:  # StepTimer: backward inside the steps, the steps inside the epoch
+        assert 0 < row["time/backward_s"] < row["time/step_s"] < row["time/epoch_s"], row
+    timing = json.loads((run_dir / "timing.json").read_text())
+    assert timing["epochs"] == 2
+    assert timing["time/backward_total_s"] == pytest.approx(sum(r["time/backward_s"] for r in rows), rel=1e-5)
+    assert timing["time/epoch_total_s"] == pytest.approx(sum(r["time/epoch_s"] for r in rows), rel=1e-5)
     assert (run_dir / "report.html").stat().st_mode & 0o044, "the report must be readable by others (umask permitting)"
     env = json.loads((run_dir / "env.json").read_text())
     assert env["versions"]["torch"] == torch.__version__ and "git" in env
@@ -110,6 +116,9 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, config)
     assert torch.load(part / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 0
     resumed = fit(build_config(config, [*overrides, f"run.dir={part}"]), resume=part)
     a, b = _weights(full), _weights(resumed)
+    # the timing totals continue across the resume: three epochs, as many as the uninterrupted run
+    assert json.loads((resumed / "timing.json").read_text())["epochs"] == 3
+    assert json.loads((full / "timing.json").read_text())["epochs"] == 3
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs after resume"

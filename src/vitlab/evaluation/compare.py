@@ -4,7 +4,8 @@ CET-ViT card, "Results" (spec ``cetvit.md`` section 6): top-1 accuracy as mean a
 and Welch's unequal-variance t-test between two models' seeds. A run contributes the numbers of its
 ``test_metrics.json`` (as logged, e.g. ``test/acc``) and, when ``vitlab evaluate`` has run, the float values of
 ``evaluation/evaluation.json`` flattened to ``eval/<section>/<key>`` (e.g. ``eval/tta/top1``,
-``eval/corruptions/contrast/mean``).
+``eval/corruptions/contrast/mean``), and with the test metrics the training times of ``timing.json``
+(``time/step_total_s``, ``time/backward_total_s``, ``time/epoch_total_s``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from vitlab.evaluation.evaluate import EVALUATION_FILE
 from vitlab.evaluation.stats import summarize, welch_ttest
 
 TEST_METRICS_FILE = "test_metrics.json"
+TIMING_FILE = "timing.json"  # written by vitlab.training.callbacks.StepTimer
 PAIRINGS = ("first", "all")
 #: sections of evaluation.json that hold per-run metrics (``run`` is provenance, ``per_class`` a table)
 EVALUATION_SECTIONS = ("test", "calibration", "test_calibrated", "tta", "corruptions", "mean_corrupted", "assignment")
@@ -48,6 +50,10 @@ def run_metrics(run_dir: str | Path) -> dict[str, float]:
     if test_file.exists():
         test = json.loads(test_file.read_text())
         metrics.update({k: float(v) for k, v in test.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+    timing_file = run_dir / TIMING_FILE  # StepTimer: step, backward and epoch time over the run
+    if test_file.exists() and timing_file.exists():
+        timing = json.loads(timing_file.read_text())
+        metrics.update({k: float(v) for k, v in timing.items() if k.startswith("time/")})
     evaluation_file = run_dir / "evaluation" / EVALUATION_FILE
     if evaluation_file.exists():
         evaluation = json.loads(evaluation_file.read_text())

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +191,94 @@ class DDPConsistencyCheck(pl.Callback):
             atomic_write_text(self.run_dir / "ddp_check.json", json.dumps(record, indent=2))
             if not in_sync:
                 rank_zero_only(print)("WARNING: DDP replicas ended with different weights; see ddp_check.json")
+
+
+TIMING_FILE = "timing.json"
+
+
+class StepTimer(pl.Callback):
+    """Where training time goes: the optimisation steps, and the backward passes inside them.
+
+    Per epoch it logs ``time/step_s`` (the sum over batches from ``on_train_batch_start`` to ``on_train_batch_end``:
+    forward, backward and optimiser step, no data loading), ``time/backward_s`` (the sum from ``on_before_backward``
+    to ``on_after_backward``) and ``time/epoch_s`` (the epoch from start to end, data loading, validation and
+    callbacks such as the dynamics controller included). The totals over the run, resumed parts included, go to
+    ``timing.json`` as ``time/step_total_s``, ``time/backward_total_s`` and ``time/epoch_total_s``, and
+    ``vitlab compare`` reads them beside the test metrics.
+
+    No per-step host synchronisation: on a CPU the host clock is the device clock; on CUDA each interval is a pair
+    of CUDA events, read after one synchronisation at the end of the epoch. Times are rank zero's.
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.totals = {"time/step_total_s": 0.0, "time/backward_total_s": 0.0, "time/epoch_total_s": 0.0, "epochs": 0}
+        self._reset_epoch(cuda=False)
+
+    def _reset_epoch(self, cuda: bool) -> None:
+        self._cuda = cuda
+        self._step_s = 0.0
+        self._backward_s = 0.0
+        self._pairs: dict[str, list[tuple[Any, Any]]] = {"step": [], "backward": []}
+        self._open: dict[str, Any] = {}
+
+    def _start(self, kind: str) -> None:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._open[kind] = event
+        else:
+            self._open[kind] = time.perf_counter()
+
+    def _stop(self, kind: str) -> None:
+        start = self._open.pop(kind, None)
+        if start is None:
+            return
+        if self._cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pairs[kind].append((start, end))
+        elif kind == "step":
+            self._step_s += time.perf_counter() - start
+        else:
+            self._backward_s += time.perf_counter() - start
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset_epoch(cuda=pl_module.device.type == "cuda")
+        self._epoch_t0 = time.perf_counter()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._start("step")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._stop("step")
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        self._start("backward")
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop("backward")
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._cuda:
+            torch.cuda.synchronize()  # once per epoch, to read the events
+            self._step_s = sum(s.elapsed_time(e) for s, e in self._pairs["step"]) / 1000.0
+            self._backward_s = sum(s.elapsed_time(e) for s, e in self._pairs["backward"]) / 1000.0
+        epoch_s = time.perf_counter() - self._epoch_t0
+        values = {"time/step_s": self._step_s, "time/backward_s": self._backward_s, "time/epoch_s": epoch_s}
+        for key, value in values.items():
+            pl_module.log(key, value, on_step=False, on_epoch=True, rank_zero_only=True)
+        self.totals["time/step_total_s"] += self._step_s
+        self.totals["time/backward_total_s"] += self._backward_s
+        self.totals["time/epoch_total_s"] += epoch_s
+        self.totals["epochs"] += 1
+        if trainer.is_global_zero:
+            atomic_write_text(self.run_dir / TIMING_FILE, json.dumps(self.totals, indent=2))
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.totals)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.totals.update(state_dict)

@@ -34,6 +34,7 @@ from vitlab.training.callbacks import (
     EpochSeed,
     FlushMetrics,
     JSONLinesLogger,
+    StepTimer,
     atomic_write_text,
 )
 from vitlab.training.tasks import BaseTask, ClassificationTask
@@ -151,6 +152,7 @@ def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callbac
     ]
     if cfg.dynamics is not None:
         callbacks.append(DynamicsController.from_config(cfg.dynamics, run_dir))
+    callbacks.append(StepTimer(run_dir))  # after the controller, so the epoch time includes its measurement
     if cfg.trainer.enable_progress_bar:
         callbacks.append(TQDMProgressBar(refresh_rate=max(1, min(20, cfg.trainer.log_every_n_steps))))
     return callbacks
