@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # CET-ViT against its size-matched Swin, ToMe-ViT and ViT on the CIFAR-10 subset, seeds 0, 1, 2, under one protocol
-# (configs/compare/cifar10_cpu*.yaml; docs/baselines.md). Twelve CPU runs, then `vitlab compare` over seeds with
-# Welch's t-tests against CET-ViT. Hours on a CPU: see docs/baselines.md for the cost of each model.
+# (configs/compare/<protocol>*.yaml; docs/baselines.md). Twelve CPU runs, then `vitlab compare` over seeds with
+# Welch's t-tests against CET-ViT. See docs/baselines.md for the cost of each model under each protocol.
 #
-#   benchmarks/compare_cifar10.sh /path/to/cifar10.npz                 # the protocol as written
+#   benchmarks/compare_cifar10.sh /path/to/cifar10.npz                 # the protocol as written (compare/cifar10_cpu)
+#   PROTOCOL=compare/cifar10_p4 JOBS=2 benchmarks/compare_cifar10.sh /path/to/cifar10.npz   # the run in the docs
 #   benchmarks/compare_cifar10.sh /path/to/cifar10.npz trainer.max_epochs=2 data.limit_train=2000   # a quick look
 #
+# PROTOCOL (default compare/cifar10_cpu) names the CET-ViT config; <PROTOCOL>_{swin,tome,vit} are its baselines.
+# JOBS (default 1) runs that many trainings at once, one thread each (OMP_NUM_THREADS=1): on a CPU, one per core.
 # Finished runs (test_metrics.json present) are skipped and interrupted ones resumed from their last.ckpt, so the
-# script can be started again after a stop. RUNS (default runs/compare-cifar10) is where the runs go.
+# script can be started again after a stop. RUNS (default runs/compare-<protocol name>) is where the runs go; each
+# run's output goes to <run dir>.log.
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -16,22 +20,45 @@ if [[ $# -lt 1 ]]; then
 fi
 data=$1
 shift
-runs=${RUNS:-runs/compare-cifar10}
+protocol=${PROTOCOL:-compare/cifar10_cpu}
+runs=${RUNS:-runs/compare-$(basename "$protocol")}
+jobs_max=${JOBS:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 vitlab=${VITLAB:-vitlab}
+mkdir -p "$runs"
+
+train() {  # variant seed [overrides...]
+    local variant=$1 seed=$2 name=${1#_}
+    shift 2
+    local run_dir=$runs/${name:-cet_vit}-seed$seed
+    if [[ -f $run_dir/test_metrics.json ]]; then
+        echo "done: $run_dir"
+    elif [[ -f $run_dir/checkpoints/last.ckpt ]]; then
+        echo "resuming: $run_dir"
+        $vitlab fit --resume "$run_dir" > "$run_dir.log" 2>&1
+    else
+        echo "training: $run_dir"
+        $vitlab fit --config "$protocol$variant" data.path="$data" run.seed="$seed" run.dir="$run_dir" \
+            trainer.enable_progress_bar=false "$@" > "$run_dir.log" 2>&1
+    fi
+}
 
 for seed in 0 1 2; do
     for variant in "" _swin _tome _vit; do
-        name=${variant#_}
-        run_dir=$runs/${name:-cet_vit}-seed$seed
-        if [[ -f $run_dir/test_metrics.json ]]; then
-            echo "done: $run_dir"
-        elif [[ -f $run_dir/checkpoints/last.ckpt ]]; then
-            $vitlab fit --resume "$run_dir"
-        else
-            $vitlab fit --config "compare/cifar10_cpu$variant" data.path="$data" run.seed="$seed" run.dir="$run_dir" "$@"
-        fi
+        while (( $(jobs -rp | wc -l) >= jobs_max )); do
+            wait -n || true
+        done
+        train "$variant" "$seed" "$@" &
     done
 done
+wait || true
+missing=0
+for run_dir in "$runs"/{cet_vit,swin,tome,vit}-seed{0,1,2}; do
+    if [[ ! -f $run_dir/test_metrics.json ]]; then
+        echo "not finished: $run_dir (see $run_dir.log; run the script again to resume it)" >&2
+        missing=1
+    fi
+done
+(( missing == 0 )) || exit 1
 
-$vitlab compare "$runs"/cet_vit-seed* "$runs"/swin-seed* "$runs"/tome-seed* "$runs"/vit-seed* --out "$runs/comparison"
+$vitlab compare "$runs"/{cet_vit,swin,tome,vit}-seed{0,1,2} --out "$runs/comparison"

@@ -151,12 +151,19 @@ def test_params_command_names_a_bad_option(capsys):
     assert "has no option 'embed_dims'. Did you mean embed_dim?" in capsys.readouterr().err
 
 
-def test_compare_configs_share_one_protocol_and_differ_only_in_the_model():
+@pytest.mark.parametrize("protocol", ["cifar10_cpu", "cifar10_p4"])
+def test_compare_configs_share_one_protocol_and_differ_only_in_the_model(protocol):
     resolved = {}
     for variant in ("", "_vit", "_tome", "_swin"):
-        cfg = to_dict(build_config(f"compare/cifar10_cpu{variant}"))
+        cfg = to_dict(build_config(f"compare/{protocol}{variant}"))
         resolved[cfg["model"].pop("name")] = cfg
         cfg["run"].pop("name")
     assert set(resolved) == {"cet_vit_nano", *(f"{f}_matched_cet_vit_nano" for f in ("vit", "tome", "swin"))}
     protocols = list(resolved.values())
     assert all(p == protocols[0] for p in protocols[1:])
+    # the baselines stay within 2% of CET-ViT's parameters at the protocol's input (patch 4 moves all of them)
+    inputs = dict(img_size=32, in_chans=3, num_classes=10, patch_size=protocols[0]["model"].get("patch_size", 2))
+    target = count_params(_meta("cet_vit_nano", **inputs))["total"]
+    for name in resolved:
+        params = count_params(_meta(name, **inputs))["total"]
+        assert abs(params / target - 1) <= 0.02, f"{name} at {inputs}: {params:,} vs cet_vit_nano: {target:,}"

@@ -55,6 +55,7 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     limit_train_batches: float | int | None = None
     limit_val_batches: float | int | None = None
+    limit_test_batches: float | int | None = None  # quick looks only: the test metrics then cover part of the set
     check_val_every_n_epoch: int = 1
     enable_progress_bar: bool = True
     max_time: str | None = None
