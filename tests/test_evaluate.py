@@ -352,3 +352,28 @@ def test_compare_reads_training_times(fake_runs):
     backward = comparison["groups"]["vit_pico"]["metrics"]["time/backward_total_s"]
     assert backward["mean"] == pytest.approx(11.0) and backward["n"] == 3
     assert "epochs" not in comparison["groups"]["vit_pico"]["metrics"]  # only the time/ totals are metrics
+
+
+def test_evaluate_with_token_merging_at_inference(vit_run):
+    """``model_overrides`` rebuilds the trained model with options that keep its weights: ToMe at inference."""
+    run, results = vit_run
+    kwargs = dict(max_batches=MAX_BATCHES, tta_views=0, corruptions=False)
+    same = evaluate_run(run, model_overrides={"tome_r": 0}, **kwargs)
+    assert same["test"]["top1"] == pytest.approx(results["test"]["top1"])
+    assert same["test"]["nll"] == pytest.approx(results["test"]["nll"], abs=1e-6)
+    merged = evaluate_run(run, model_overrides={"tome_r": 4}, **kwargs)
+    assert merged["run"]["model_overrides"] == {"tome_r": 4}
+    assert Path(merged["run"]["out_dir"]) == run / "evaluation-tome_r=4"
+    assert (run / "evaluation-tome_r=4" / "evaluation.json").is_file()
+    assert merged["test"]["nll"] != pytest.approx(results["test"]["nll"], abs=1e-6)  # merging changed the outputs
+    with pytest.raises(ConfigError, match="embed_dim=32 changes the weights of vit_pico"):
+        evaluate_run(run, model_overrides={"embed_dim": 32}, **kwargs)
+
+
+def test_cli_evaluate_model_option(vit_run, capsys):
+    run, _ = vit_run
+    argv = ["evaluate", str(run), "--model", "tome_r=2", "--max-batches", "1", "--tta-views", "0", "--no-corruptions"]
+    assert main(argv) == 0
+    assert json.loads((run / "evaluation-tome_r=2" / "evaluation.json").read_text())["run"]["model_overrides"] == {
+        "tome_r": 2
+    }

@@ -17,7 +17,7 @@ from safetensors.torch import load_model as st_load_model
 from safetensors.torch import save_model as st_save_model
 from torch import nn
 
-from vitlab.errors import CheckpointError
+from vitlab.errors import CheckpointError, ConfigError
 from vitlab.models.registry import create_model, get_preset
 
 EXPORT_FORMAT = "vitlab-export/1"
@@ -49,11 +49,40 @@ def checkpoint_hparams(ckpt: dict[str, Any]) -> dict[str, Any]:
     return hp
 
 
-def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
-    """Rebuild the trained model of a checkpoint. Returns ``(model, hparams)``."""
+def _rebuild_kwargs(preset: str, stored: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """The stored constructor arguments with ``overrides`` applied, which must leave every weight's shape alone.
+
+    Options such as ``tome_r`` (merging at inference) or ``drop_rate`` change how trained weights are used, not
+    which weights there are; one that changes the weights (``embed_dim``, ``depth``) is an error.
+    """
+    if not overrides:
+        return stored
+    kwargs = {**stored, **overrides}
+    with torch.device("meta"):  # shapes only
+        before = {k: v.shape for k, v in create_model(preset, **stored).state_dict().items()}
+        after = {k: v.shape for k, v in create_model(preset, **kwargs).state_dict().items()}
+    if before != after:
+        changed = sorted(set(before) ^ set(after) | {k for k in set(before) & set(after) if before[k] != after[k]})
+        options = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+        raise ConfigError(
+            f"{options} changes the weights of {preset} ({len(changed)} tensors differ, e.g. {changed[0]}), so the "
+            "trained weights cannot be loaded into it; only options that leave the weights alone (such as tome_r, "
+            "drop_rate) can be changed on a trained model"
+        )
+    return kwargs
+
+
+def model_from_checkpoint(
+    path: str | Path, overrides: dict[str, Any] | None = None
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild the trained model of a checkpoint. Returns ``(model, hparams)``.
+
+    ``overrides``: constructor options to change that leave the weights alone, e.g. ``{"tome_r": 8}``.
+    """
     ckpt = read_checkpoint(path)
     hp = checkpoint_hparams(ckpt)
-    model = create_model(hp["config"]["model"]["name"], **hp["model_kwargs"])
+    name = hp["config"]["model"]["name"]
+    model = create_model(name, **_rebuild_kwargs(name, hp["model_kwargs"], overrides))
     state = {k[len("model.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state)
     return model, hp
@@ -85,10 +114,14 @@ def export_model(model: nn.Module, out_dir: str | Path, extra: dict[str, Any] | 
     return out_dir
 
 
-def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> nn.Module:
+def load_model(
+    path: str | Path, map_location: str | torch.device = "cpu", overrides: dict[str, Any] | None = None
+) -> nn.Module:
     """Rebuild a model offline from an exported folder, a run directory, or a ``.ckpt`` file; eval mode.
 
     The exported weights are read by safetensors (no pickle); checkpoints by ``torch.load(weights_only=True)``.
+    ``overrides``: constructor options to change that leave the weights alone, e.g. ``{"tome_r": 8}`` to merge
+    tokens at inference in a ViT trained without merging (an option that changes the weights is a ``ConfigError``).
     """
     path = Path(path)
     if path.is_dir() and (path / "export" / "config.json").exists():
@@ -107,7 +140,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> nn
         if meta.get("format") != EXPORT_FORMAT:
             raise CheckpointError(f"{cfg_file} is not a vitlab export (format {meta.get('format')!r})")
         get_preset(meta["model"])
-        model = create_model(meta["model"], **meta["kwargs"])
+        model = create_model(meta["model"], **_rebuild_kwargs(meta["model"], meta["kwargs"], overrides))
         weights = path / "model.safetensors"
         try:
             st_load_model(model, str(weights), strict=True, device=str(map_location))
@@ -116,5 +149,5 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> nn
         except Exception as e:
             raise CheckpointError(f"{weights} cannot be read ({e}); the file is corrupt: export the model again") from e
         return model.eval()
-    model, _ = model_from_checkpoint(path)
+    model, _ = model_from_checkpoint(path, overrides)
     return model.to(map_location).eval()

@@ -5,6 +5,7 @@ Examples::
     vitlab evaluate runs/cet-cifar100-seed0                      # -> runs/cet-cifar100-seed0/evaluation/
     vitlab evaluate runs/vit-digits-... --max-batches 2 --no-corruptions
     vitlab evaluate runs/vit-cifar10-... --data eval_batch_size=512 root=/data --device cuda
+    vitlab evaluate runs/vit-cifar10-... --model tome_r=8 --no-corruptions   # ToMe at inference -> evaluation-tome_r=8/
     vitlab compare runs/cet-* runs/vit-* --metric test/acc --out results/compare.md
     vitlab compare runs/cet-* --group-by model.ei --pairs all
 """
@@ -37,6 +38,13 @@ def _data_overrides(args: argparse.Namespace, overrides: list[str]) -> dict[str,
 def _evaluate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("target", help="run directory, its export/ folder, or a .ckpt file")
     p.add_argument("--data", nargs="+", action="append", metavar="KEY=VALUE", help="data config overrides")
+    p.add_argument(
+        "--model",
+        nargs="+",
+        action="append",
+        metavar="KEY=VALUE",
+        help="model options that leave the weights alone, e.g. tome_r=8 (Token Merging at inference)",
+    )
     p.add_argument("--no-corruptions", action="store_true", help="skip the corruption suite")
     p.add_argument("--severities", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="corruption severities 1..5")
     p.add_argument("--tta-views", type=int, default=5, help="test-time views (0 turns TTA off; default 5)")
@@ -53,8 +61,10 @@ def _evaluate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--out", help="output folder (default: <run>/evaluation)")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.config import parse_overrides
         from vitlab.evaluation.evaluate import EVALUATION_FILE, evaluate_run, format_evaluation
 
+        model_overrides = parse_overrides([item for group in args.model or [] for item in group])
         results = evaluate_run(
             args.target,
             data_overrides=_data_overrides(args, overrides),
@@ -67,6 +77,7 @@ def _evaluate(p: argparse.ArgumentParser) -> Runner:
             device=args.device,
             max_batches=args.max_batches,
             out_dir=args.out,
+            model_overrides=model_overrides,
         )
         print(format_evaluation(results))
         out = Path(results["run"]["out_dir"])

@@ -240,12 +240,15 @@ def load_evaluation_target(
     path: str | Path,
     data_overrides: Mapping[str, Any] | Sequence[str] | None = None,
     device: str | torch.device = "cpu",
+    model_overrides: Mapping[str, Any] | None = None,
 ) -> EvaluationTarget:
     """Load the model at ``path`` (run directory, export folder or ``.ckpt``) and the data module it was trained on.
 
     The data config comes from the run's ``config.yaml`` (or the checkpoint's stored config, or, for a lone export,
     ``DataConfig(name=<dataset in config.json>)``), with ``data_overrides`` (keys of the ``data`` section) applied.
     The output folder defaults to ``<run>/evaluation`` (``<export>/evaluation`` for a lone export).
+    ``model_overrides``: constructor options that leave the weights alone (``{"tome_r": 8}``); see
+    :func:`vitlab.export.load_model`.
     """
     from vitlab.training.run import load_run_config
 
@@ -253,10 +256,10 @@ def load_evaluation_target(
     run_dir, source = _locate(path)
     stored_data: dict[str, Any] | None = None
     if source.is_dir():
-        model = load_model(source, map_location=device)
+        model = load_model(source, map_location=device, overrides=dict(model_overrides or {}))
         info = json.loads((source / "config.json").read_text()).get("data") or {}
     else:
-        model, hparams = model_from_checkpoint(source)
+        model, hparams = model_from_checkpoint(source, dict(model_overrides or {}))
         model = model.to(device).eval()
         info, stored_data = hparams["data_info"], hparams["config"].get("data")
     if run_dir is not None:
@@ -421,6 +424,7 @@ def evaluate_run(
     device: str | torch.device = "cpu",
     max_batches: int | None = None,
     out_dir: str | Path | None = None,
+    model_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the evaluation suite on a trained classifier and write ``evaluation.json`` + ``reliability.png``.
 
@@ -434,14 +438,17 @@ def evaluate_run(
         corruptions: run the CIFAR-C corruption suite at ``severities``.
         seed: the validation half used to fit the temperature, the corruption noise and the bootstrap.
         max_batches: evaluate only the first ``max_batches`` batches of each of the validation and test loaders.
-        out_dir: where the JSON and PNG go (default ``<run>/evaluation``).
+        out_dir: where the JSON and PNG go (default ``<run>/evaluation``, ``<run>/evaluation-tome_r=8`` with
+            ``model_overrides={"tome_r": 8}``).
+        model_overrides: constructor options of the trained model to change that leave its weights alone, e.g.
+            ``{"tome_r": 8}``: Token Merging at inference in a ViT trained without it.
 
     Returns the results dict that is written to ``evaluation.json``: sections ``run``, ``test``,
     ``calibration`` (validation halves), ``test_calibrated``, ``tta``, ``corruptions``, ``mean_corrupted``,
     ``per_class`` and ``assignment`` (None for models without an assignment matrix).
     """
     _check_options(tta_views, severities, max_batches)
-    target = load_evaluation_target(run_dir_or_export, data_overrides, device)
+    target = load_evaluation_target(run_dir_or_export, data_overrides, device, model_overrides)
     model, dm = target.model.eval(), target.datamodule
     dm.setup()
     dataset = dm.cfg.name
@@ -472,7 +479,8 @@ def evaluate_run(
     )
     calibration = calibration_split_eval(val_logits, val_labels, seed=seed, n_bins=N_BINS)
     temperature = calibration["temperature"]
-    out = Path(out_dir) if out_dir is not None else target.out_dir
+    suffix = "".join(f"-{key}={value}" for key, value in sorted((model_overrides or {}).items()))
+    out = Path(out_dir) if out_dir is not None else target.out_dir.with_name(target.out_dir.name + suffix)
     reliability_diagram(
         test.logits,
         test.labels,
@@ -499,6 +507,7 @@ def evaluate_run(
             "n_test": num_test,
             "n_val": len(val_labels),
             "max_batches": max_batches,
+            "model_overrides": dict(model_overrides or {}),
             "seed": seed,
             "tta_views": [view.name for view in views],
             "severities": list(severities),
