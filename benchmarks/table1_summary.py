@@ -1,0 +1,112 @@
+"""The ViTCAE paper's Table I from the runs of ``benchmarks/table1.sh``: controlled against uncontrolled.
+
+Reads ``<RUNS>/{controlled,uncontrolled}-seed*/``: ``test_metrics.json`` (accuracy), ``generate/metrics.json``
+(linear probe, PSNR, class consistency), ``dynamics.jsonl`` (the controller's last record: non-converged and frozen
+heads, mean drift) and ``timing.json`` (step, backward and epoch time; runs made before it existed show ``-``).
+Prints a Markdown table of mean ± std over seeds, with the per-seed values of the head counts and Welch's t-test on
+each metric, and writes it to ``<RUNS>/table1_summary.md``.
+
+    python benchmarks/table1_summary.py runs/table1-mnist-long
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+ARMS = ("controlled", "uncontrolled")
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _last_dynamics(run: Path) -> dict:
+    lines = (run / "dynamics.jsonl").read_text().splitlines() if (run / "dynamics.jsonl").is_file() else []
+    return json.loads(lines[-1]) if lines else {}
+
+
+def run_row(run: Path) -> dict[str, float]:
+    """The Table I numbers of one run (missing ones are NaN)."""
+    test, gen, timing, dyn = (
+        _json(run / "test_metrics.json"),
+        _json(run / "generate" / "metrics.json"),
+        _json(run / "timing.json"),
+        _last_dynamics(run),
+    )
+    frozen = sum(sum(layer) for layer in dyn.get("frozen", [])) if dyn else math.nan
+    nan = math.nan
+    return {
+        "classification accuracy (test), %": 100 * test.get("test/acc", nan),
+        "linear probe on mu_cls, %": 100 * gen.get("linear_probe/accuracy", nan),
+        "reconstruction PSNR, dB": gen.get("reconstruction/psnr", nan),
+        "class consistency of samples (CNN judge), %": 100 * gen.get("conditional/judge_accuracy", nan),
+        "non-converged heads at the end": dyn.get("non_converged", nan),
+        "frozen heads at the end": frozen,
+        "mean drift in the last epoch (patch widths)": dyn.get("mean_drift", nan),
+        "train time: optimisation steps, s": timing.get("time/step_total_s", nan),
+        "train time: backward passes, s": timing.get("time/backward_total_s", nan),
+        "train time: epochs (with validation and probe), s": timing.get("time/epoch_total_s", nan),
+    }
+
+
+def _cell(values: list[float], per_seed: bool) -> str:
+    v = np.array([x for x in values if not math.isnan(x)])
+    if len(v) == 0:
+        return "-"
+    text = f"{v.mean():.4g} ± {v.std(ddof=1):.2g}" if len(v) > 1 else f"{v.mean():.4g}"
+    if per_seed:
+        text += " (" + ", ".join(f"{x:g}" for x in values) + ")"
+    return text
+
+
+def _welch(a: list[float], b: list[float]) -> str:
+    a_, b_ = [x for x in a if not math.isnan(x)], [x for x in b if not math.isnan(x)]
+    if len(a_) < 2 or len(b_) < 2 or (np.std(a_) == 0 and np.std(b_) == 0):
+        return "-"
+    result = stats.ttest_ind(a_, b_, equal_var=False)
+    return f"t = {result.statistic:.2f}, p = {result.pvalue:.2g}"
+
+
+def summarise(runs_dir: Path) -> str:
+    rows: dict[str, dict[str, list[float]]] = {}
+    seeds: dict[str, list[str]] = {}
+    for arm in ARMS:
+        runs = sorted(runs_dir.glob(f"{arm}-seed*/"))
+        runs = [r for r in runs if r.is_dir()]
+        if not runs:
+            raise SystemExit(f"no {arm}-seed*/ run directories in {runs_dir}; run benchmarks/table1.sh first")
+        seeds[arm] = [r.name.split("-seed")[-1] for r in runs]
+        for run in runs:
+            for metric, value in run_row(run).items():
+                rows.setdefault(metric, {a: [] for a in ARMS})[arm].append(value)
+    lines = [
+        f"Table I from {runs_dir}: mean ± std over seeds {', '.join(seeds['controlled'])} (controlled) and "
+        f"{', '.join(seeds['uncontrolled'])} (uncontrolled)",
+        "",
+        "| | controlled | uncontrolled | Welch's t-test |",
+        "|---|---|---|---|",
+    ]
+    for metric, by_arm in rows.items():
+        per_seed = "heads" in metric
+        cells = [_cell(by_arm[arm], per_seed) for arm in ARMS]
+        lines.append(f"| {metric} | {cells[0]} | {cells[1]} | {_welch(by_arm['controlled'], by_arm['uncontrolled'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, help="the OUT folder of benchmarks/table1.sh")
+    args = parser.parse_args()
+    table = summarise(args.runs)
+    print(table, end="")
+    (args.runs / "table1_summary.md").write_text(table)
+
+
+if __name__ == "__main__":
+    main()
