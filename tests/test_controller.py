@@ -363,6 +363,8 @@ def test_resumed_run_continues_the_same_schedule(runs, tmp_path, check_val_every
     fit(build_config("vit/digits", settings), resume=first)
     epochs = [json.loads(line)["epoch"] for line in (tmp_path / "dynamics.jsonl").read_text().splitlines()]
     assert epochs == ([0, 1, 2] if check_val_every == 1 else [0, 1, 2, 2])  # the replayed step writes epoch 2 again
+    # StepTimer continues too: two training epochs in all, the one whose end is replayed counted once
+    assert json.loads((tmp_path / "timing.json").read_text())["epochs"] == 2
     resumed, straight = read_dynamics(tmp_path), read_dynamics(runs["schedule"])
     for key in ("drift", "kappa", "tau", "converged", "frozen"):
         assert [r[key] for r in resumed] == [r[key] for r in straight], key

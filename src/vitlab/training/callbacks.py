@@ -201,10 +201,13 @@ class StepTimer(pl.Callback):
 
     Per epoch it logs ``time/step_s`` (the sum over batches from ``on_train_batch_start`` to ``on_train_batch_end``:
     forward, backward and optimiser step, no data loading), ``time/backward_s`` (the sum from ``on_before_backward``
-    to ``on_after_backward``) and ``time/epoch_s`` (the epoch from start to end, data loading, validation and
-    callbacks such as the dynamics controller included). The totals over the run, resumed parts included, go to
-    ``timing.json`` as ``time/step_total_s``, ``time/backward_total_s`` and ``time/epoch_total_s``, and
+    to ``on_after_backward``) and ``time/epoch_s`` (from the epoch's start to its end: data loading, validation and
+    the epoch-end work of the callbacks placed before this one, such as the dynamics controller). The totals over
+    the run go to ``timing.json`` as ``time/step_total_s``, ``time/backward_total_s`` and ``time/epoch_total_s``, and
     ``vitlab compare`` reads them beside the test metrics.
+
+    Resumed runs continue the totals: they are in the checkpoint, with the sums of an epoch still in progress (a
+    checkpoint written at validation end, before the epoch's end, whose end Lightning replays after a resume).
 
     No per-step host synchronisation: on a CPU the host clock is the device clock; on CUDA each interval is a pair
     of CUDA events, read after one synchronisation at the end of the epoch. Times are rank zero's.
@@ -213,6 +216,7 @@ class StepTimer(pl.Callback):
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.totals = {"time/step_total_s": 0.0, "time/backward_total_s": 0.0, "time/epoch_total_s": 0.0, "epochs": 0}
+        self._epoch_t0: float | None = None  # None outside an epoch
         self._reset_epoch(cuda=False)
 
     def _reset_epoch(self, cuda: bool) -> None:
@@ -243,6 +247,16 @@ class StepTimer(pl.Callback):
         else:
             self._backward_s += time.perf_counter() - start
 
+    def _epoch_sums(self) -> dict[str, float]:
+        """This epoch's sums so far (on CUDA: one synchronisation to read the events)."""
+        if self._cuda and (self._pairs["step"] or self._pairs["backward"]):
+            torch.cuda.synchronize()
+            self._step_s += sum(s.elapsed_time(e) for s, e in self._pairs["step"]) / 1000.0
+            self._backward_s += sum(s.elapsed_time(e) for s, e in self._pairs["backward"]) / 1000.0
+            self._pairs = {"step": [], "backward": []}
+        elapsed = 0.0 if self._epoch_t0 is None else time.perf_counter() - self._epoch_t0
+        return {"step_s": self._step_s, "backward_s": self._backward_s, "elapsed_s": elapsed}
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset_epoch(cuda=pl_module.device.type == "cuda")
         self._epoch_t0 = time.perf_counter()
@@ -262,23 +276,28 @@ class StepTimer(pl.Callback):
         self._stop("backward")
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._cuda:
-            torch.cuda.synchronize()  # once per epoch, to read the events
-            self._step_s = sum(s.elapsed_time(e) for s, e in self._pairs["step"]) / 1000.0
-            self._backward_s = sum(s.elapsed_time(e) for s, e in self._pairs["backward"]) / 1000.0
-        epoch_s = time.perf_counter() - self._epoch_t0
-        values = {"time/step_s": self._step_s, "time/backward_s": self._backward_s, "time/epoch_s": epoch_s}
+        if self._epoch_t0 is None:  # an epoch end replayed after a resume, with no epoch in progress restored
+            return
+        sums = self._epoch_sums()
+        self._epoch_t0 = None
+        values = {"time/step_s": sums["step_s"], "time/backward_s": sums["backward_s"], "time/epoch_s": sums["elapsed_s"]}
         for key, value in values.items():
             pl_module.log(key, value, on_step=False, on_epoch=True, rank_zero_only=True)
-        self.totals["time/step_total_s"] += self._step_s
-        self.totals["time/backward_total_s"] += self._backward_s
-        self.totals["time/epoch_total_s"] += epoch_s
+        self.totals["time/step_total_s"] += sums["step_s"]
+        self.totals["time/backward_total_s"] += sums["backward_s"]
+        self.totals["time/epoch_total_s"] += sums["elapsed_s"]
         self.totals["epochs"] += 1
         if trainer.is_global_zero:
             atomic_write_text(self.run_dir / TIMING_FILE, json.dumps(self.totals, indent=2))
 
     def state_dict(self) -> dict[str, Any]:
-        return dict(self.totals)
+        return {**self.totals, "in_progress": self._epoch_sums() if self._epoch_t0 is not None else None}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.totals.update(state_dict)
+        state = dict(state_dict)
+        in_progress = state.pop("in_progress", None)
+        self.totals.update(state)
+        if in_progress is not None:  # continue the interrupted epoch's sums; its clock restarts now
+            self._reset_epoch(cuda=False)
+            self._step_s, self._backward_s = in_progress["step_s"], in_progress["backward_s"]
+            self._epoch_t0 = time.perf_counter() - in_progress["elapsed_s"]
