@@ -1,12 +1,12 @@
-"""What Token Merging costs in accuracy on trained models: each run evaluated at several ``r`` (tokens merged per block).
+"""What Token Merging costs in accuracy on trained models: each run evaluated at several ``r`` (tokens per block).
 
 The same trained weights are evaluated with ``tome_r`` changed at inference (``vitlab evaluate RUN --model tome_r=R``,
 which rebuilds the model with the option changed; ToMe adds no parameters). Runs trained without merging (the plain
 ViT baseline) show what merging at inference costs; runs trained with ``r = 8`` (the ToMe baseline) show what
 turning it off gives back. Test top-1 and NLL over the whole test set, no TTA, no corruptions; mean ± std over runs.
 
-    OMP_NUM_THREADS=1 python benchmarks/tome_accuracy.py runs/compare-cifar10_p4/vit-seed* runs/compare-cifar10_p4/tome-seed* \
-        --r 0 4 8 --out benchmarks/results/tome_accuracy.json
+    OMP_NUM_THREADS=1 python benchmarks/tome_accuracy.py runs/compare-cifar10_p4/vit-seed{0,1,2} \
+        runs/compare-cifar10_p4/tome-seed{0,1,2} --r 0 4 8 --out benchmarks/results/tome_accuracy.json
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ def main() -> None:
         for r in args.r:
             start = time.perf_counter()
             ev = evaluate_run(
-                run, model_overrides={"tome_r": r}, tta_views=0, corruptions=False, out_dir=run / f"evaluation-tome_r={r}"
+                run,
+                model_overrides={"tome_r": r},
+                tta_views=0,
+                corruptions=False,
+                out_dir=run / f"evaluation-tome_r={r}",
             )
             row = {
                 "run": str(run),

@@ -261,7 +261,9 @@ class StepTimer(pl.Callback):
         self._reset_epoch(cuda=pl_module.device.type == "cuda")
         self._epoch_t0 = time.perf_counter()
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._start("step")
 
     def on_train_batch_end(
@@ -280,7 +282,11 @@ class StepTimer(pl.Callback):
             return
         sums = self._epoch_sums()
         self._epoch_t0 = None
-        values = {"time/step_s": sums["step_s"], "time/backward_s": sums["backward_s"], "time/epoch_s": sums["elapsed_s"]}
+        values = {
+            "time/step_s": sums["step_s"],
+            "time/backward_s": sums["backward_s"],
+            "time/epoch_s": sums["elapsed_s"],
+        }
         for key, value in values.items():
             pl_module.log(key, value, on_step=False, on_epoch=True, rank_zero_only=True)
         self.totals["time/step_total_s"] += sums["step_s"]
