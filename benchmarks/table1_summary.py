@@ -16,8 +16,7 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-from scipy import stats
+from vitlab.evaluation.stats import summarize, welch_ttest
 
 ARMS = ("controlled", "uncontrolled")
 
@@ -56,21 +55,22 @@ def run_row(run: Path) -> dict[str, float]:
 
 
 def _cell(values: list[float], per_seed: bool) -> str:
-    v = np.array([x for x in values if not math.isnan(x)])
-    if len(v) == 0:
+    present = [x for x in values if not math.isnan(x)]
+    if not present:
         return "-"
-    text = f"{v.mean():.4g} ± {v.std(ddof=1):.2g}" if len(v) > 1 else f"{v.mean():.4g}"
+    s = summarize(present)
+    text = f"{s['mean']:.4g} ± {s['std']:.2g}" if s["n"] > 1 else f"{s['mean']:.4g}"
     if per_seed:
         text += " (" + ", ".join(f"{x:g}" for x in values) + ")"
     return text
 
 
 def _welch(a: list[float], b: list[float]) -> str:
-    a_, b_ = [x for x in a if not math.isnan(x)], [x for x in b if not math.isnan(x)]
-    if len(a_) < 2 or len(b_) < 2 or (np.std(a_) == 0 and np.std(b_) == 0):
+    try:
+        t, p = welch_ttest([x for x in a if not math.isnan(x)], [x for x in b if not math.isnan(x)])
+    except ValueError:  # fewer than 2 values, or both arms constant
         return "-"
-    result = stats.ttest_ind(a_, b_, equal_var=False)
-    return f"t = {result.statistic:.2f}, p = {result.pvalue:.2g}"
+    return f"t = {t:.2f}, p = {p:.2g}"
 
 
 def summarise(runs_dir: Path) -> str:
