@@ -68,6 +68,7 @@ class RunSection:
     name: str = "run"
     dir: str | None = None
     root: str = "runs"
+    overwrite: bool = False  # a run.dir that holds a run is refused unless true (then that run's files are replaced)
     seed: int = 0
     export: bool = True
     test: bool = True

@@ -22,3 +22,7 @@ class ModelOptionError(VitlabError, TypeError):
 
 class CheckpointError(VitlabError, RuntimeError):
     """A checkpoint or exported model that cannot be read."""
+
+
+class RunFileError(VitlabError, FileNotFoundError):
+    """A file a command needs is not in the run directory (e.g. ``dynamics.jsonl`` of a run trained without it)."""

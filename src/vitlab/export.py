@@ -7,6 +7,7 @@ network even if the preset's defaults change. Checkpoints are read with ``torch.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,10 +18,17 @@ from safetensors.torch import load_model as st_load_model
 from safetensors.torch import save_model as st_save_model
 from torch import nn
 
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import CheckpointError, ConfigError, VitlabError
 from vitlab.models.registry import create_model, get_preset
 
 EXPORT_FORMAT = "vitlab-export/1"
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of an error message (torch's reader errors run on for several sentences)."""
+    line = text.strip().splitlines()[0] if text.strip() else "no detail"
+    end = line.find(". ")
+    return line[: end if end > 0 else len(line)].rstrip(".")
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -32,9 +40,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for truncated / foreign files
         raise CheckpointError(
-            f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]}). The file is "
-            "corrupt, truncated or not a checkpoint: use another checkpoint of the run (checkpoints/best.ckpt or "
-            "last.ckpt) or train again"
+            f"checkpoint {path} cannot be read: the file is corrupt, truncated or not a checkpoint "
+            f"({type(e).__name__}: {_first_sentence(str(e))}). Use another checkpoint of the run "
+            "(checkpoints/best.ckpt or last.ckpt) or train again"
         ) from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{path} is not a vitlab/Lightning checkpoint (no 'state_dict' entry)")
@@ -88,11 +96,42 @@ def model_from_checkpoint(
     return model, hp
 
 
-def export_model(model: nn.Module, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model.safetensors`` and ``config.json`` into ``out_dir`` atomically (staged, then renamed)."""
-    out_dir = Path(out_dir)
+#: the files :func:`export_model` writes; ``force=True`` replaces these and leaves anything else in the folder alone
+EXPORT_FILES = ("model.safetensors", "config.json")
+
+
+class ExportError(VitlabError, FileExistsError):
+    """The export folder cannot be written as asked (it holds other files, or it is not a folder)."""
+
+
+def _public_mode(directory: bool) -> int:
+    """The mode a plain ``open()`` / ``mkdir()`` would give (mkdtemp's 0700 would hide exports from colleagues)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def export_model(
+    model: nn.Module, out_dir: str | Path, extra: dict[str, Any] | None = None, *, force: bool = False
+) -> Path:
+    """Write ``model.safetensors`` and ``config.json`` into ``out_dir``, never deleting anything else.
+
+    A new or empty ``out_dir`` is staged in a temporary folder beside it and renamed into place, so a reader sees
+    the whole export or none. A folder that already holds files is refused, unless ``force``: then only the export's
+    own files (:data:`EXPORT_FILES`) are replaced, each atomically; the folder's other files stay.
+    """
+    out_dir = Path(out_dir).expanduser().absolute()
     if not hasattr(model, "preset"):
         raise ValueError("only models built with vitlab.create_model can be exported (they record their preset)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"export target {out_dir} is a file, not a folder; pass --out a new or empty folder")
+    existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if existing and not force:
+        shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
+        raise ExportError(
+            f"export folder {out_dir} is not empty ({shown}); pass a new or empty folder to --out, or --force to "
+            f"replace only the export's own files ({', '.join(EXPORT_FILES)})"
+        )
     meta = {
         "format": EXPORT_FORMAT,
         "model": model.preset,
@@ -101,13 +140,19 @@ def export_model(model: nn.Module, out_dir: str | Path, extra: dict[str, Any] | 
         **(extra or {}),
     }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.export-"))
     try:
         st_save_model(model, str(stage / "model.safetensors"))
         (stage / "config.json").write_text(json.dumps(meta, indent=2, default=str))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        stage.rename(out_dir)
+        for name in EXPORT_FILES:
+            os.chmod(stage / name, _public_mode(directory=False))
+        os.chmod(stage, _public_mode(directory=True))
+        if existing:  # --force: replace the export's files one by one, leave the rest
+            for name in EXPORT_FILES:
+                os.replace(stage / name, out_dir / name)
+            stage.rmdir()
+        else:  # rename(2) replaces an empty folder
+            os.replace(stage, out_dir)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -13,10 +13,10 @@ Measurements alternate between the networks and a matmul peak in one process (se
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from vitlab.cli.registry import Runner, command
+from vitlab.jsonio import strict_dumps
 
 
 @command("bench", "training/inference throughput, FLOPs, MFU and peak memory of a model, optionally next to timm")
@@ -60,7 +60,7 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
         if args.out:
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=2))
+            out.write_text(strict_dumps(result, indent=2))
             print(f"wrote {out}")
         return 0
 

@@ -43,16 +43,18 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--resume", help="run directory (or .ckpt) to continue from its last.ckpt")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.config import RunConfig, build_config, deep_merge, dump_yaml, from_dict, parse_overrides, to_dict
-        from vitlab.training.run import fit, load_run_config
+        import yaml
+
+        from vitlab.config import RunConfig, build_config, deep_merge, from_dict, parse_overrides, to_dict
+        from vitlab.training.run import fit, load_run_config, resolve_resume, resolved_config
 
         if args.resume and not args.config:
-            run_dir = Path(args.resume) if Path(args.resume).is_dir() else Path(args.resume).parent.parent
+            run_dir, _ = resolve_resume(args.resume)
             cfg = from_dict(RunConfig, deep_merge(to_dict(load_run_config(run_dir)), parse_overrides(overrides)))
         else:
             cfg = build_config(args.config, overrides)
         if args.print_config:
-            print(dump_yaml(cfg), end="")
+            print(yaml.safe_dump(resolved_config(cfg), sort_keys=False), end="")
             return 0
         run_dir = fit(cfg, resume=args.resume)
         if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
@@ -103,7 +105,10 @@ command("test", "run the test loop of a run directory or checkpoint")(_evaluatio
 @command("export", "checkpoint -> model.safetensors + config.json (loadable offline)")
 def _export(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("checkpoint", help=".ckpt file or run directory (its best.ckpt)")
-    p.add_argument("--out", help="output folder (default: <run>/export)")
+    p.add_argument("--out", help="output folder, new or empty (default: <run>/export)")
+    p.add_argument(
+        "--force", action="store_true", help="write into a folder that holds files: replace only the export's own files"
+    )
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.export import export_model, model_from_checkpoint
@@ -113,7 +118,7 @@ def _export(p: argparse.ArgumentParser) -> Runner:
             ckpt = ckpt / "checkpoints" / "best.ckpt"
         model, hp = model_from_checkpoint(ckpt)
         out = Path(args.out) if args.out else ckpt.parent.parent / "export"
-        export_model(model, out, {"data": hp["data_info"]})
+        out = export_model(model, out, {"data": hp["data_info"]}, force=args.force)
         print(f"exported {hp['config']['model']['name']} to {out}")
         return 0
 
@@ -179,12 +184,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.key value)")
     try:
         return runners[args.command](args, rest)
-    except VitlabError as e:
+    except (VitlabError, PermissionError, KeyboardInterrupt) as e:
         if os.environ.get("VITLAB_DEBUG"):
             raise
-        print(f"vitlab {args.command}: error: {e}", file=sys.stderr)
-        print("(set VITLAB_DEBUG=1 for the full traceback)", file=sys.stderr)
-        return 2
+        interrupted = isinstance(e, KeyboardInterrupt)
+        if isinstance(e, PermissionError):  # the environment, not a bug: say which file and what to do
+            message = f"permission denied: {e.filename}; run where you can write, or change that path's permissions"
+        elif interrupted and not isinstance(e, VitlabError):
+            message = "interrupted"
+        else:
+            message = str(e)
+        print(f"vitlab {args.command}: {'stopped' if interrupted else 'error'}: {message}", file=sys.stderr)
+        if not interrupted:
+            print("(set VITLAB_DEBUG=1 for the full traceback)", file=sys.stderr)
+        return 130 if interrupted else 2
 
 
 if __name__ == "__main__":

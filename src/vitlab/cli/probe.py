@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.cli.registry import Runner, command
+from vitlab.jsonio import strict_dumps
 
 SLOT_K_FILE = "slot_k.json"
 SEGMENTS_FILE = "segments.png"
@@ -34,7 +35,7 @@ def _write_json(report: Any, destination: str | None, text: str) -> None:
     if destination:
         path = Path(destination)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2))
+        path.write_text(strict_dumps(report, indent=2))
         print(f"written: {path}")
 
 
@@ -186,7 +187,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
         summary["per_image"] = collected["slot_k"].tolist()
         out = Path(args.out) if args.out else target.out_dir.parent / "probes"
         out.mkdir(parents=True, exist_ok=True)
-        (out / SLOT_K_FILE).write_text(json.dumps(summary, indent=2))
+        (out / SLOT_K_FILE).write_text(strict_dumps(summary, indent=2))
         print(format_slot_usage(summary))
         print(f"written: {out / SLOT_K_FILE}")
         if args.num_images:

@@ -35,6 +35,8 @@ class DataConfig:
     path: str | None = None  # for npz: the file; for imagefolder/tiny-imagenet: the folder (falls back to root)
     target: str | int | None = None  # class column for multi-label y (celeba/npz): name or index; celeba default "Male"
     img_size: int | None = None  # resize to this square size; None = native size
+    in_chans: int | None = None  # imagefolder: 1 (gray) or 3 (RGB), every image converted; None = most images' own
+    strict_images: bool = False  # imagefolder: an unreadable image is an error (naming it) instead of skipped
     batch_size: int = 64
     eval_batch_size: int | None = None
     num_workers: int = 0

@@ -9,7 +9,13 @@ size ``S``. In-memory sets (digits, MNIST-like, CIFAR, SVHN, npz) keep all image
 from __future__ import annotations
 
 import difflib
+import functools
+import hashlib
 import os
+import shutil
+import sys
+import tempfile
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
@@ -21,7 +27,8 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torch import Tensor
 from torch.utils.data import Dataset
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.datasets.mnist import read_image_file, read_label_file
 from torchvision.datasets.utils import download_and_extract_archive, extract_archive
 from torchvision.transforms.v2.functional import pil_to_tensor
 
@@ -114,8 +121,13 @@ class ImageFilePool(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        with Image.open(self.paths[index]) as image:
-            pixels = pil_to_tensor(image.convert(self.mode))
+        try:
+            with Image.open(self.paths[index]) as image:
+                pixels = pil_to_tensor(image.convert(self.mode))
+        except Exception as e:  # PIL's many error types; the user needs the file's name, not PIL's traceback
+            raise DataError(
+                f"cannot read image {self.paths[index]} ({type(e).__name__}: {e}); remove or replace it"
+            ) from e
         return resize_to_square(pixels, self.size), int(self.labels[index])
 
 
@@ -149,10 +161,16 @@ def dataset_info(cfg: DataConfig) -> DatasetInfo:
     if cfg.img_size is not None and cfg.img_size < 1:
         raise DataError(f"data.img_size must be a positive integer or null (native size), got {cfg.img_size}")
     if name in _KNOWN_INFO:
-        info = _KNOWN_INFO[name]
-        return replace(info, img_size=cfg.img_size or info.img_size)
-    source = load_dataset(cfg)
-    return DatasetInfo(num_classes=len(source.class_names), in_chans=source.train.in_chans, img_size=source.train.size)
+        info = replace(_KNOWN_INFO[name], img_size=cfg.img_size or _KNOWN_INFO[name].img_size)
+    else:
+        source = load_dataset(cfg)
+        info = DatasetInfo(len(source.class_names), in_chans=source.train.in_chans, img_size=source.train.size)
+    if cfg.in_chans is not None and cfg.in_chans != info.in_chans:
+        raise DataError(
+            f"data.in_chans={cfg.in_chans} but {name} images have {info.in_chans} channel(s); data.in_chans converts "
+            "imagefolder images only: unset it"
+        )
+    return info
 
 
 def load_dataset(cfg: DataConfig, *, download: bool = False) -> DatasetSource:
@@ -196,10 +214,7 @@ def _locate(path: str | None, root: str, dataset: str, fix: str) -> Path:
 
 
 def _download_hint(folder: Path, what: str) -> str:
-    return (
-        f"Set data.download=true to download it (then call prepare_data() before setup()), or put {what} "
-        f"in {folder}, or point data.root= at the folder that holds them."
-    )
+    return f"Put {what} in {folder}, or set data.download=true to download them there."
 
 
 def _images_nchw(array: np.ndarray, where: str) -> Tensor:
@@ -254,24 +269,72 @@ def _load_digits(cfg: DataConfig, download: bool) -> DatasetSource:
     return DatasetSource(train=pool, val=None, test=None, class_names=[str(digit) for digit in range(10)])
 
 
+def cache_dir() -> Path:
+    """Where vitlab unpacks archives it cannot unpack beside them: ``$VITLAB_CACHE``, else
+    ``$XDG_CACHE_HOME/vitlab``, else ``~/.cache/vitlab``."""
+    if os.environ.get("VITLAB_CACHE"):
+        return Path(os.environ["VITLAB_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vitlab"
+
+
+def _unpacked(packed: Path) -> Path:
+    """The unpacked copy of ``packed`` (``x.gz``): beside it when that folder is writable, else in the cache."""
+    beside = packed.with_suffix("")
+    if os.access(packed.parent, os.W_OK):
+        extract_archive(str(packed), str(packed.parent))  # a folder: torchvision names the file itself
+        return beside
+    digest = hashlib.sha1(str(packed.resolve()).encode()).hexdigest()[:16]
+    target = cache_dir() / "unpacked" / digest / beside.name
+    if not target.exists():  # unpacked into a fresh folder, then renamed: never a half-written file in the cache
+        target.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=".unpack-"))
+        try:
+            extract_archive(str(packed), str(stage))
+            os.replace(stage / beside.name, target)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    return target
+
+
 def _load_mnist_like(dataset_class: type[tvd.MNIST], name: str, cfg: DataConfig, download: bool) -> DatasetSource:
-    """torchvision's MNIST / FashionMNIST: IDX files in ``root/<ClassName>/raw/`` (``.gz`` copies are unpacked)."""
-    raw = Path(cfg.root).expanduser() / dataset_class.__name__ / "raw"
-    if not download:
-        files = [raw / os.path.splitext(filename)[0] for filename, _ in dataset_class.resources]
-        for file in files:
-            packed = Path(f"{file}.gz")
-            if not file.exists() and packed.exists():
-                extract_archive(str(packed))
-        _require(files, name, _download_hint(raw, "the IDX files (raw or .gz)"))
-    train = dataset_class(cfg.root, train=True, download=download)
-    test = dataset_class(cfg.root, train=False)
+    """torchvision's MNIST / FashionMNIST IDX files (raw or ``.gz``), in ``data.path`` when it is set (the folder
+    that holds them, or one above ``<ClassName>/raw/``), else in ``data.root/<ClassName>/raw/``. A ``.gz`` copy is
+    unpacked beside itself, or into :func:`cache_dir` when its folder is read-only."""
+    root = Path(cfg.root).expanduser()
+    raw = root / dataset_class.__name__ / "raw"
+    if download:
+        dataset_class(str(root), train=True, download=True)
+    if cfg.path is not None:
+        given = Path(cfg.path).expanduser()
+        folders = [given, given / dataset_class.__name__ / "raw", given / "raw"]
+    else:
+        folders = [raw]
+    filenames = [os.path.splitext(filename)[0] for filename, _ in dataset_class.resources]
+
+    def complete(folder: Path) -> bool:
+        return all((folder / f).exists() or (folder / f"{f}.gz").exists() for f in filenames)
+
+    folder = next((f for f in folders if complete(f)), None)
+    if folder is None:
+        also = f" (also looked in {', '.join(str(f) for f in folders[1:])})" if len(folders) > 1 else ""
+        raise DatasetNotFoundError(
+            f"{name}: files not found: {', '.join(str(folders[0] / f) for f in filenames)} (raw or .gz){also}. "
+            "Put them there, or set data.path= to the folder that holds them, or set data.download=true to "
+            f"download them into {raw}."
+        )
+    files = {f: folder / f if (folder / f).exists() else _unpacked(folder / f"{f}.gz") for f in filenames}
+    train_images, train_labels, test_images, test_labels = (
+        read_image_file(str(files[filenames[0]])),
+        read_label_file(str(files[filenames[1]])),
+        read_image_file(str(files[filenames[2]])),
+        read_label_file(str(files[filenames[3]])),
+    )
     size = _native_size(cfg, name)
     return DatasetSource(
-        train=TensorImagePool(train.data.unsqueeze(1), train.targets, size=size),
+        train=TensorImagePool(train_images.unsqueeze(1), train_labels, size=size),
         val=None,
-        test=TensorImagePool(test.data.unsqueeze(1), test.targets, size=size),
-        class_names=list(train.classes),
+        test=TensorImagePool(test_images.unsqueeze(1), test_labels, size=size),
+        class_names=list(dataset_class.classes),
     )
 
 
@@ -410,33 +473,117 @@ def _load_tiny_imagenet(cfg: DataConfig, download: bool) -> DatasetSource:
 
 
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
+_reported_bad_images: set[str] = set()
+
+
+def _hidden(name: str) -> bool:
+    """Hidden files and folders (``.ipynb_checkpoints``, ``.DS_Store``, ``.thumbs``) are not data."""
+    return name.startswith(".")
+
+
+def _class_folders(folder: Path) -> list[str]:
+    """The class names of an image folder: its visible sub-folders, sorted."""
+    return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not _hidden(entry.name))
+
+
+def _image_files(folder: Path, class_names: list[str]) -> list[tuple[Path, int]]:
+    """``(path, class index)`` of every visible image file under ``folder/<class>/`` (sub-folders included,
+    hidden files and folders skipped), in sorted order."""
+    samples = []
+    for label, name in enumerate(class_names):
+        if not (folder / name).is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(folder / name, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not _hidden(d))
+            samples += [
+                (Path(dirpath) / f, label)
+                for f in sorted(filenames)
+                if not _hidden(f) and f.lower().endswith(IMG_EXTENSIONS)
+            ]
+    return samples
+
+
+@functools.lru_cache(maxsize=1 << 20)
+def _probe_image(path: str, mtime_ns: int, size: int) -> tuple[str, int] | str:
+    """``(PIL mode, shorter side)`` of a decodable image, or the reason it cannot be read. Cached by file
+    identity: the folder is listed twice per run (for the model's shape, then for the data)."""
+    try:
+        with Image.open(path) as image:
+            mode, shorter = image.mode, min(image.size)
+            image.load()  # a full decode: a truncated file opens fine and fails only here
+        return mode, shorter
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError... on broken files
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+
+
+def _readable_images(
+    samples: list[tuple[Path, int]], strict: bool, where: str
+) -> tuple[list[tuple[Path, int]], list[tuple[str, int]]]:
+    """The samples whose image decodes, and ``(mode, shorter side)`` of each. An unreadable file is named and
+    skipped (one line with the count), or is a :class:`DataError` when ``strict``."""
+    kept, probes, bad = [], [], []
+    for path, label in samples:
+        stat = path.stat()
+        probe = _probe_image(str(path), stat.st_mtime_ns, stat.st_size)
+        if isinstance(probe, str):
+            if strict:
+                raise DataError(
+                    f"{where}: cannot read image {path} ({probe}); remove or replace the file, or set "
+                    "data.strict_images=false to skip unreadable images"
+                )
+            bad.append((path, probe))
+        else:
+            kept.append((path, label))
+            probes.append(probe)
+    new = [(path, reason) for path, reason in bad if str(path) not in _reported_bad_images]
+    if new:
+        _reported_bad_images.update(str(path) for path, _ in new)
+        first, reason = new[0]
+        print(
+            f"{where}: skipped {len(bad)} unreadable image{'s' * (len(bad) > 1)} of {len(samples)} "
+            f"(e.g. {first}: {reason}); set data.strict_images=true to stop on them instead",
+            file=sys.stderr,
+        )
+    return kept, probes
 
 
 def _load_imagefolder(cfg: DataConfig, download: bool) -> DatasetSource:
     """Any folder tree ``root/train/<class>/*`` with optional ``root/val/<class>/*``, ``root/test/<class>/*``, or
-    class folders directly under ``root``. Gray images give 1 channel (judged by the first training image); the
-    native size is the first training image's shorter side."""
+    class folders directly under ``root``. Hidden files and folders are not data. Every image is decoded once at
+    set-up: unreadable ones are named and skipped (``data.strict_images=true``: an error). The channels are
+    ``data.in_chans`` (1 or 3) or else those of most training images (a tie: RGB), and every image is converted to
+    them; the native size is the most common shorter side of the training images."""
     layout = "Expected <folder>/train/<class>/<image> (optional val/, test/) or <folder>/<class>/<image>."
     folder = _locate(cfg.path, cfg.root, "imagefolder", f"{layout} Point data.path= (or data.root=) at the folder.")
+    if cfg.in_chans not in (None, 1, 3):
+        raise DataError(f"data.in_chans must be 1 (gray), 3 (RGB) or null (the images' own), got {cfg.in_chans}")
     split_dirs = {split: folder / split for split in ("train", "val", "test") if (folder / split).is_dir()}
     train_dir = split_dirs.get("train", folder)
-    try:
-        class_names, class_to_idx = find_classes(train_dir)
-        train_samples = make_dataset(train_dir, class_to_idx, extensions=IMG_EXTENSIONS)
-    except FileNotFoundError as err:
-        raise DatasetNotFoundError(f"imagefolder: {err} {layout}") from err
-    with Image.open(train_samples[0][0]) as first:
-        mode = "L" if first.mode in _GRAY_MODES else "RGB"
-        size = cfg.img_size or min(first.size)
+    class_names = _class_folders(train_dir)
+    if not class_names:
+        raise DatasetNotFoundError(f"imagefolder: no class folders in {train_dir}. {layout}")
+    train_samples, probes = _readable_images(_image_files(train_dir, class_names), cfg.strict_images, "imagefolder")
+    if not train_samples:
+        raise DatasetNotFoundError(
+            f"imagefolder: no readable image ({', '.join(IMG_EXTENSIONS)}) in the class folders of {train_dir}. "
+            f"{layout}"
+        )
+    if cfg.in_chans is not None:
+        mode = "L" if cfg.in_chans == 1 else "RGB"
+    else:
+        gray = sum(probe_mode in _GRAY_MODES for probe_mode, _ in probes)
+        mode = "L" if gray > len(probes) - gray else "RGB"
+    size = cfg.img_size or Counter(shorter for _, shorter in probes).most_common(1)[0][0]
 
-    def pool(samples: list[tuple[str, int]]) -> ImageFilePool:
-        paths = [Path(path) for path, _ in samples]
+    def pool(samples: list[tuple[Path, int]]) -> ImageFilePool:
+        paths = [path for path, _ in samples]
         return ImageFilePool(paths, torch.tensor([label for _, label in samples]), mode=mode, size=size)
 
     def optional_pool(split: str) -> ImageFilePool | None:
         if split not in split_dirs:
             return None
-        return pool(make_dataset(split_dirs[split], class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True))
+        samples, _ = _readable_images(_image_files(split_dirs[split], class_names), cfg.strict_images, "imagefolder")
+        return pool(samples)
 
     return DatasetSource(pool(train_samples), optional_pool("val"), optional_pool("test"), class_names)
 

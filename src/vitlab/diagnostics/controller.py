@@ -20,7 +20,6 @@ the same schedule. The pure algorithms live in :mod:`vitlab.diagnostics.dynamics
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from vitlab.diagnostics.dynamics import (
     temperature_update,
 )
 from vitlab.errors import ConfigError
+from vitlab.jsonio import strict_dumps
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture, attention_modules
 
@@ -483,7 +483,7 @@ class DynamicsController(pl.Callback):
         if trainer.is_global_zero:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             with open(self.run_dir / DYNAMICS_FILE, "w" if epoch == 0 else "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(strict_dumps(record) + "\n")
         if record["drift"] is not None:
             scalars = {
                 "dynamics/non_converged": record["non_converged"],

@@ -22,6 +22,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure, SubFigure
 
+from vitlab.errors import RunFileError
+
 _MAX_PANELS_PER_ROW = 6
 _KAPPA_FLOOR = 0.9  # kappa >= 1 (the all-ones eigenvector); a little room below keeps the kappa = 1 lines visible
 
@@ -35,7 +37,7 @@ def read_dynamics(path: str | Path) -> list[dict[str, Any]]:
     if path.is_dir():
         path = path / "dynamics.jsonl"
     if not path.exists():
-        raise FileNotFoundError(
+        raise RunFileError(
             f"{path} does not exist: the run was trained without the dynamics controller (set a 'dynamics' section, "
             "e.g. dynamics.mode=schedule)"
         )
@@ -45,7 +47,7 @@ def read_dynamics(path: str | Path) -> list[dict[str, Any]]:
             record = json.loads(line)
             by_epoch[record["epoch"]] = record
     if not by_epoch:
-        raise ValueError(f"{path} holds no records")
+        raise RunFileError(f"{path} holds no records yet: the run has not finished an epoch with the controller")
     return [by_epoch[epoch] for epoch in sorted(by_epoch)]
 
 

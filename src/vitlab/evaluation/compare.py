@@ -22,6 +22,7 @@ import yaml
 from vitlab.errors import ConfigError
 from vitlab.evaluation.evaluate import EVALUATION_FILE
 from vitlab.evaluation.stats import summarize, welch_ttest
+from vitlab.jsonio import strict_dumps
 
 TEST_METRICS_FILE = "test_metrics.json"
 TIMING_FILE = "timing.json"  # written by vitlab.training.callbacks.StepTimer
@@ -145,20 +146,9 @@ def compare_runs(
     }
 
 
-def _json_safe(node: Any) -> Any:
-    """NaN (the std of a single run) -> null, so the file is strict JSON."""
-    if isinstance(node, float) and not math.isfinite(node):
-        return None
-    if isinstance(node, Mapping):
-        return {key: _json_safe(value) for key, value in node.items()}
-    if isinstance(node, list | tuple):
-        return [_json_safe(value) for value in node]
-    return node
-
-
 def comparison_json(comparison: Mapping[str, Any]) -> str:
     """The comparison as strict JSON text (NaN written as null)."""
-    return json.dumps(_json_safe(comparison), indent=2, allow_nan=False)
+    return strict_dumps(comparison, indent=2)
 
 
 def _cell(summary: Mapping[str, float] | None, runs: int) -> str:

@@ -32,6 +32,7 @@ from vitlab.evaluation.calibration import calibration_split_eval, expected_calib
 from vitlab.evaluation.corruptions import CORRUPTIONS, apply_corruption
 from vitlab.evaluation.stats import correlation_report
 from vitlab.export import load_model, model_from_checkpoint
+from vitlab.jsonio import strict_dumps
 from vitlab.losses.ei import reversibility
 from vitlab.models.cet_vit import slot_usage_k
 
@@ -541,7 +542,7 @@ def evaluate_run(
         "files": {"reliability": RELIABILITY_FILE},
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / EVALUATION_FILE).write_text(json.dumps(results, indent=2, allow_nan=False))
+    (out / EVALUATION_FILE).write_text(strict_dumps(results, indent=2))
     return results
 
 

@@ -27,7 +27,7 @@ test set. Training latents and pixels come from the training images without augm
 from __future__ import annotations
 
 import contextlib
-import json
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +48,7 @@ from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMe
 from torchvision.utils import make_grid
 
 from vitlab.data import ImageSplit, NormalizeCollate, VisionDataModule, denormalize
+from vitlab.jsonio import strict_dumps
 from vitlab.models.vitcae import ViTCAE
 
 Batches = Iterable[tuple[Tensor, Tensor]]
@@ -623,6 +624,7 @@ def run_generative_tasks(
     seed: int = 0,
     device: str | torch.device = "cpu",
     max_images: int | None = None,
+    progress: bool = True,
 ) -> dict[str, float]:
     """Run the four generative tasks and the linear probe; write their grids and ``metrics.json`` into ``out_dir``.
 
@@ -634,6 +636,8 @@ def run_generative_tasks(
     ``reconstruction/{mse,psnr,ssim}``, ``conditional/{judge_accuracy,judge_test_accuracy,self_agreement,
     latent_agreement,num_classes}``, ``interpolation/{endpoint_psnr,endpoint_judge_accuracy}``,
     ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}``. The grids are the files of ``GRID_FILES``.
+    ``progress``: print one line per stage with its time (the judge's training and the encodings take minutes on
+    large sets).
     """
     if not isinstance(model, ViTCAE):
         raise TypeError(f"the generative tasks need a ViTCAE, got {type(model).__name__}")
@@ -650,14 +654,26 @@ def run_generative_tasks(
     def test_batches() -> Iterator[tuple[Tensor, Tensor]]:
         return take_images(test_loader, max_images)
 
+    clock = {"name": None, "t0": time.perf_counter()}
+
+    def stage(name: str | None) -> None:
+        """Close the running stage (its time) and open the next one."""
+        if progress and clock["name"] is not None:
+            print(f"generate: {clock['name']} done in {time.perf_counter() - clock['t0']:.1f} s", flush=True)
+        clock["name"], clock["t0"] = name, time.perf_counter()
+
     generator = torch.Generator().manual_seed(seed)
     model.to(device)
     with _eval_mode(model), torch.no_grad():
+        stage("encoding the training images")
         train = encode_split(
             model, take_images(train_loader, max_images), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES
         )
+        stage("encoding the test images")
         test = encode_split(model, test_batches(), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES)
+        stage("training the CNN judge")
         judge = fit_pixel_judge(train.images, train.labels[: len(train.images)], seed, device=device)
+        stage("classifier and linear probe")
         classifier = model.head(test.mu_cls.to(device)).argmax(-1).cpu()
         metrics = {
             "images/train": float(len(train.labels)),
@@ -666,9 +682,11 @@ def run_generative_tasks(
             "linear_probe/accuracy": linear_probe_accuracy(train, test, seed),
             "conditional/judge_test_accuracy": judge_accuracy(judge, test.images, test.labels[: len(test.images)]),
         }
+        stage("reconstruction")
         metrics |= reconstruction_task(
             model, test_batches(), mean, std, out_dir / GRID_FILES["reconstruction"], device=device
         )
+        stage("conditional generation")
         metrics |= conditional_generation_task(
             model,
             fit_class_gaussians(train.mu_cls, train.labels),
@@ -680,6 +698,7 @@ def run_generative_tasks(
             class_names=class_names,
             generator=generator,
         )
+        stage("interpolation")
         metrics |= interpolation_task(
             model,
             test,
@@ -691,8 +710,10 @@ def run_generative_tasks(
             class_names=class_names,
             generator=generator,
         )
+        stage("inpainting")
         metrics |= inpainting_task(
             model, test_batches(), mean, std, out_dir / GRID_FILES["inpainting"], device=device, generator=generator
         )
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        stage(None)
+    (out_dir / "metrics.json").write_text(strict_dumps(metrics, indent=2))
     return metrics

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import tempfile
@@ -14,9 +15,12 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
+
+from vitlab.jsonio import strict_dumps
 
 
 def _umask_mode() -> int:
@@ -64,17 +68,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
 
 
-class JSONLinesLogger(Logger):
-    """Lightning logger writing one JSON object per epoch to ``metrics.jsonl`` (epoch-level metrics merged).
+STEP_PREFIX = "train_step/"  # per-step values (the task logs them on_step); they go to steps.jsonl
+STEPS_FILE = "steps.jsonl"
 
-    Step-level values (keys ending in ``_step``) are left to TensorBoard and test-set values to
+
+class JSONLinesLogger(Logger):
+    """Lightning logger writing one JSON object per epoch to ``metrics.jsonl`` (epoch-level metrics merged), and
+    the per-step training values (``train_step/*``, every ``trainer.log_every_n_steps`` steps) to ``steps.jsonl``
+    beside it.
+
+    Other step-level values (keys ending in ``_step``) are left to TensorBoard and test-set values to
     ``test_metrics.json``. A line is written when the epoch changes and when training ends, so a resumed run appends
-    to the same file.
+    to the same file. Non-finite values are written as ``null`` (strict JSON).
     """
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
         self.path = Path(path)
+        self.steps_path = self.path.with_name(STEPS_FILE)
         self._epoch: int | None = None
         self._buffer: dict[str, float] = {}
 
@@ -93,10 +104,15 @@ class JSONLinesLogger(Logger):
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         epoch = metrics.get("epoch")
+        per_step = {k[len(STEP_PREFIX) :]: float(v) for k, v in metrics.items() if k.startswith(STEP_PREFIX)}
+        if per_step:
+            self.steps_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.steps_path, "a") as f:
+                f.write(strict_dumps({"step": step, "epoch": None if epoch is None else int(epoch), **per_step}) + "\n")
         values = {
             k: float(v)
             for k, v in metrics.items()
-            if k != "epoch" and not k.endswith("_step") and not k.startswith("test/")
+            if k != "epoch" and not k.endswith("_step") and not k.startswith(("test/", STEP_PREFIX))
         }
         if epoch is None or not values:
             return
@@ -113,7 +129,7 @@ class JSONLinesLogger(Logger):
         record = {"epoch": self._epoch, **self._buffer}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(strict_dumps(record) + "\n")
         self._buffer = {}
 
     @rank_zero_only
@@ -141,6 +157,16 @@ class FlushMetrics(pl.Callback):
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a ``metrics.jsonl``; lines of the same epoch (e.g. before and after a resume) are merged."""
+    return _read_merged(path, "epoch")
+
+
+def read_steps(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a ``steps.jsonl`` (``step``, ``epoch``, ``loss``, ``lr``) in step order; a step logged again after a
+    resume keeps its last values."""
+    return _read_merged(path, "step")
+
+
+def _read_merged(path: str | Path, key: str) -> list[dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
     path = Path(path)
     if not path.exists():
@@ -148,8 +174,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     for line in path.read_text().splitlines():
         if line.strip():
             rec = json.loads(line)
-            rows.setdefault(rec["epoch"], {}).update(rec)
-    return [rows[e] for e in sorted(rows)]
+            rows.setdefault(rec[key], {}).update(rec)
+    return [rows[k] for k in sorted(rows)]
 
 
 class EpochSeed(pl.Callback):
@@ -294,7 +320,7 @@ class StepTimer(pl.Callback):
         self.totals["time/epoch_total_s"] += sums["elapsed_s"]
         self.totals["epochs"] += 1
         if trainer.is_global_zero:
-            atomic_write_text(self.run_dir / TIMING_FILE, json.dumps(self.totals, indent=2))
+            atomic_write_text(self.run_dir / TIMING_FILE, strict_dumps(self.totals, indent=2))
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.totals, "in_progress": self._epoch_sums() if self._epoch_t0 is not None else None}
@@ -307,3 +333,74 @@ class StepTimer(pl.Callback):
             self._reset_epoch(cuda=False)
             self._step_s, self._backward_s = in_progress["step_s"], in_progress["backward_s"]
             self._epoch_t0 = time.perf_counter() - in_progress["elapsed_s"]
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's progress bar without the logger's version (``v_num``), which means nothing in a run directory."""
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
+
+
+class EpochLines(pl.Callback):
+    """One line per epoch on stdout, for logs that go to a file (where a progress bar writes a line per update):
+    ``epoch 3/10  train/loss 0.512  val/loss 0.430  val/acc 0.912  lr 9.3e-04  12.3 s``.
+
+    Lightning hands an epoch's training values over after the epoch-end hooks, so the line is printed when the
+    next epoch starts, and when training ends.
+    """
+
+    KEYS = ("train/loss", "val/loss")
+
+    def __init__(self) -> None:
+        self._pending: int | None = None
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pending = trainer.current_epoch
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._print(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._print(trainer)
+
+    def _print(self, trainer: pl.Trainer) -> None:
+        if self._pending is None or not trainer.is_global_zero:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+        parts = [f"epoch {self._pending + 1}/{trainer.max_epochs}"]
+        keys = [*self.KEYS, *sorted(k for k in metrics if k.endswith("/acc") and k.startswith(("train/", "val/")))]
+        parts += [f"{key} {metrics[key]:.4g}" for key in keys if key in metrics]
+        if "train/lr" in metrics:
+            parts.append(f"lr {metrics['train/lr']:.2e}")
+        if "time/epoch_s" in metrics:
+            parts.append(f"{metrics['time/epoch_s']:.1f} s")
+        print("  ".join(parts), flush=True)
+        self._pending = None
+
+
+#: Lightning's start-up lines that say nothing about this run (advertisements, absent hardware, internals)
+_LIGHTNING_NOISE = (
+    "💡 Tip",
+    "TPU available",
+    "HPU available",
+    "Loading `train_dataloader`",
+    "`Trainer.fit` stopped: `max_epochs=",  # the run's plan, not news; other reasons to stop are kept
+    "Restoring states from the checkpoint path",
+    "Loaded model weights from the checkpoint",
+)
+
+
+class _DropLightningNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).lstrip().startswith(_LIGHTNING_NOISE)
+
+
+def quiet_lightning() -> None:
+    """Drop Lightning's advertisements and internal notes from the console (idempotent)."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropLightningNoise) for f in log.filters):
+            log.addFilter(_DropLightningNoise())

@@ -35,9 +35,11 @@ class CETViTTask(ClassificationTask):
     chosen K over the epoch's images (``train/k_frac_<K>``).
     """
 
+    loss_config = CETLossConfig
+
     def __init__(self, model: nn.Module, *, cfg: RunConfig, hparams: dict[str, Any]) -> None:
         super().__init__(model, cfg=cfg, hparams=hparams)
-        self.loss_cfg = from_dict(CETLossConfig, cfg.loss, "loss")
+        self.loss_cfg = from_dict(self.loss_config, cfg.loss, "loss")
         estimator = getattr(model, "k_estimator", None)
         candidates = list(getattr(estimator, "k_candidates", ()))
         self.register_buffer("k_counts", torch.zeros(len(candidates)), persistent=False)

@@ -8,9 +8,12 @@ A run directory holds: ``config.yaml`` (resolved), ``env.json``, ``metrics.jsonl
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
 import json
 import os
 import platform
+import shutil
+import signal
 import subprocess
 import sys
 import warnings
@@ -19,7 +22,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from vitlab.config import ConfigError, RunConfig, deep_merge, dump_yaml, from_dict, parse_overrides, to_dict
@@ -27,15 +30,20 @@ from vitlab.data import VisionDataModule, build_datamodule
 from vitlab.diagnostics.controller import DynamicsController
 from vitlab.errors import VitlabError
 from vitlab.export import CheckpointError, export_model, read_checkpoint
+from vitlab.jsonio import strict_dumps
 from vitlab.models.registry import constructor_args, create_model, get_preset
 from vitlab.training.callbacks import (
+    TIMING_FILE,
     AtomicCheckpointIO,
     DDPConsistencyCheck,
+    EpochLines,
     EpochSeed,
     FlushMetrics,
     JSONLinesLogger,
+    ProgressBar,
     StepTimer,
     atomic_write_text,
+    quiet_lightning,
 )
 from vitlab.training.tasks import BaseTask, ClassificationTask
 
@@ -80,20 +88,127 @@ def environment() -> dict[str, Any]:
     }
 
 
-def make_run_dir(cfg: RunConfig) -> Path:
-    """The run directory: ``run.dir`` if set, else ``<run.root>/<run.name>-<timestamp>``.
+#: what ``vitlab fit`` (and the commands that add to a run) write into a run directory; ``run.overwrite=true``
+#: removes these before a new run starts there, and nothing else
+RUN_OUTPUTS = (
+    "config.yaml",
+    "env.json",
+    "metrics.jsonl",
+    "steps.jsonl",
+    TIMING_FILE,
+    "test_metrics.json",
+    "ddp_check.json",
+    "dynamics.jsonl",
+    "report.html",
+    "tb",
+    "checkpoints",
+    "export",
+    "generate",
+    "dynamics",
+    "evaluation",
+)
+#: any of these means the folder already holds a run
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
 
-    DDP children started by Lightning inherit ``VITLAB_RUN_DIR`` so every process writes to the same folder.
+
+class RunDirError(VitlabError, OSError):
+    """The run directory cannot be used as asked (it holds another run, or it cannot be written)."""
+
+
+class RunInterrupted(VitlabError, KeyboardInterrupt):
+    """Training was stopped by Ctrl+C (SIGINT); the message says how to continue."""
+
+
+def _is_launching_process() -> bool:
+    """True in the process that starts a run: not in the DDP children Lightning or torchrun start."""
+    return (
+        int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0))) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+    )
+
+
+def _holds_run(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in RUN_MARKERS)
+
+
+def _clear_run_outputs(path: Path) -> None:
+    for name in RUN_OUTPUTS:
+        target = path / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+
+
+def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
+    """The run directory, created and checked: ``run.dir`` if set, else ``<run.root>/<run.name>-<timestamp>``.
+
+    A folder that already holds a run is refused unless the run resumes it (``--resume``) or ``run.overwrite`` is
+    set (which removes that run's outputs, :data:`RUN_OUTPUTS`, and nothing else); two runs never mix their files.
+    An unwritable location is a :class:`RunDirError` that names it. DDP children started by Lightning inherit
+    ``VITLAB_RUN_DIR`` so every process writes to the same folder.
     """
     if cfg.run.dir:
-        path = Path(cfg.run.dir)
-    elif os.environ.get(RUN_DIR_ENV):
+        path = Path(cfg.run.dir).expanduser()
+    elif os.environ.get(RUN_DIR_ENV) and not _is_launching_process():
         path = Path(os.environ[RUN_DIR_ENV])
     else:
         stamp = os.environ.get("TORCHELASTIC_RUN_ID") or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = Path(cfg.run.root) / f"{cfg.run.name}-{stamp}"
+        path = Path(cfg.run.root).expanduser() / f"{cfg.run.name}-{stamp}"
+        if _is_launching_process() and not os.environ.get("TORCHELASTIC_RUN_ID"):
+            base, n = path, 1
+            while path.exists():  # two runs started in the same second get their own folders
+                path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    if _is_launching_process():
+        if _holds_run(path) and not resuming:
+            if not cfg.run.overwrite:
+                raise RunDirError(
+                    f"run directory {path} already holds a run; continue it with `vitlab fit --resume {path}`, "
+                    "choose another run.dir, or set run.overwrite=true to replace that run's files"
+                )
+            _clear_run_outputs(path)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(
+                f"cannot create run directory {path} ({e.strerror}); set run.root= (or run.dir=) to a folder you can "
+                "write"
+            ) from e
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise RunDirError(
+                f"run directory {path} is not writable; set run.root= (or run.dir=) to a folder you can write"
+            )
     os.environ[RUN_DIR_ENV] = str(path.resolve())
     return path
+
+
+def resolve_resume(target: str | Path) -> tuple[Path, Path]:
+    """``(run_dir, checkpoint)`` for ``--resume TARGET``: a run directory (its ``last.ckpt``) or a ``.ckpt`` file."""
+    target = Path(target).expanduser()
+    if target.is_dir():
+        ckpt = target / "checkpoints" / "last.ckpt"
+        if not ckpt.is_file():
+            raise RunDirError(
+                f"--resume {target}: the folder has no checkpoints/last.ckpt; pass the run directory `vitlab fit` "
+                "printed, or a .ckpt file"
+            )
+        return target, ckpt
+    if target.is_file():
+        return target.parent.parent, target
+    raise RunDirError(f"--resume {target}: no such run directory or checkpoint; pass the folder `vitlab fit` printed")
+
+
+def absolute_data_paths(cfg: RunConfig) -> None:
+    """Store ``data.root`` and ``data.path`` as absolute paths, so the run's config works from any folder (as
+    ``vitlab evaluate`` and ``vitlab report`` use it). A relative ``data.path`` is resolved the way the loaders
+    look for it: relative to the current folder if it is there, else relative to ``data.root``."""
+    data = cfg.data
+    root = Path(data.root).expanduser().absolute()
+    if data.path is not None and not Path(data.path).expanduser().is_absolute():
+        given = Path(data.path).expanduser()
+        data.path = str((given if given.exists() or not (root / given).exists() else root / given).absolute())
+    elif data.path is not None:
+        data.path = str(Path(data.path).expanduser())
+    data.root = str(root)
 
 
 def data_info(dm: VisionDataModule) -> dict[str, Any]:
@@ -128,6 +243,46 @@ def model_kwargs_for(cfg: RunConfig, info: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def model_line(preset: str, model: torch.nn.Module) -> str:
+    """``model vit_nano (VisionTransformer): 0.80 M parameters, 0.80 M trainable``."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return f"model {preset} ({type(model).__name__}): {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"
+
+
+def resolved_config(cfg: RunConfig) -> dict[str, Any]:
+    """Every value a run of ``cfg`` uses, as plain data (what ``vitlab fit --print-config`` shows): the model's
+    constructor defaults, the preset's values, what the data fills in and the config's own; the defaults of the
+    ``loss`` and ``dynamics`` sections too."""
+    from vitlab.data import DataError, dataset_info
+    from vitlab.training import TASKS
+
+    preset = get_preset(cfg.model["name"])
+    try:
+        info = dataset_info(cfg.data)
+    except DataError:  # the data is not there yet: show what the config and the preset say, without the data's part
+        filled = {k: v for k, v in cfg.model.items() if k != "name"}
+    else:
+        filled = model_kwargs_for(
+            cfg, {"img_size": info.img_size, "in_chans": info.in_chans, "num_classes": info.num_classes}
+        )
+    defaults = {
+        name: param.default
+        for name, param in constructor_args(preset.cls).items()
+        if param.default is not inspect.Parameter.empty
+    }
+    out = to_dict(cfg)
+    out["model"] = to_dict({"name": preset.name, **defaults, **preset.kwargs, **filled})
+    loss_config = TASKS.get(preset.cls.__name__, ClassificationTask).loss_config
+    if loss_config is not None:
+        out["loss"] = to_dict(from_dict(loss_config, cfg.loss, "loss"))
+    if cfg.dynamics is not None:
+        from vitlab.diagnostics.controller import DynamicsConfig
+
+        out["dynamics"] = to_dict(from_dict(DynamicsConfig, cfg.dynamics, "dynamics"))
+    return out
+
+
 def build_task(cfg: RunConfig, model: torch.nn.Module, hparams: dict[str, Any]) -> BaseTask:
     """The Lightning task for a model: each model family names its task through ``TASKS``."""
     from vitlab.training import TASKS
@@ -153,16 +308,26 @@ def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callbac
     if cfg.dynamics is not None:
         callbacks.append(DynamicsController.from_config(cfg.dynamics, run_dir))
     callbacks.append(StepTimer(run_dir))  # after the controller, so the epoch time includes its measurement
-    if cfg.trainer.enable_progress_bar:
-        callbacks.append(TQDMProgressBar(refresh_rate=max(1, min(20, cfg.trainer.log_every_n_steps))))
+    if console_progress_bar(cfg):
+        callbacks.append(ProgressBar(refresh_rate=max(1, min(20, cfg.trainer.log_every_n_steps))))
+    else:
+        callbacks.append(EpochLines())
     return callbacks
+
+
+def console_progress_bar(cfg: RunConfig) -> bool:
+    """A progress bar only on a terminal: a log file gets one line per epoch (:class:`EpochLines`) instead."""
+    return cfg.trainer.enable_progress_bar and sys.stdout.isatty() and sys.stderr.isatty()
 
 
 def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
     t = cfg.trainer
     kwargs = {k: v for k, v in to_dict(t).items() if v is not None}
+    kwargs["enable_progress_bar"] = console_progress_bar(cfg)
+    quiet_lightning()
     trainer = pl.Trainer(
         **kwargs,
+        enable_model_summary=False,  # fit prints one line instead (Lightning's table has a FLOPs column of zeros)
         default_root_dir=str(run_dir),
         gradient_clip_val=cfg.optim.grad_clip,
         gradient_clip_algorithm="norm",
@@ -192,15 +357,14 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     """
     ckpt_path = None
     if resume is not None:
-        ckpt_path = Path(resume)
-        if ckpt_path.is_dir():
-            ckpt_path = ckpt_path / "checkpoints" / "last.ckpt"
+        resumed_dir, ckpt_path = resolve_resume(resume)
         read_checkpoint(ckpt_path)  # fail early, with a clear message, on a corrupt file
         if not cfg.run.dir:
-            cfg.run.dir = str(ckpt_path.parent.parent)
+            cfg.run.dir = str(resumed_dir)
 
     pl.seed_everything(cfg.run.seed, workers=True, verbose=False)
-    run_dir = make_run_dir(cfg)
+    absolute_data_paths(cfg)
+    run_dir = make_run_dir(cfg, resuming=ckpt_path is not None)
     dm = build_datamodule(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
@@ -217,24 +381,38 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     trainer = make_trainer(cfg, run_dir, _callbacks(cfg, run_dir, task) + list(callbacks or []))
 
     if trainer.is_global_zero:
-        run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
         atomic_write_text(run_dir / "env.json", json.dumps(environment(), indent=2))
 
+    if trainer.is_global_zero:
+        print(model_line(cfg.model["name"], model), flush=True)
+        if ckpt_path is not None:
+            print(f"resuming from {ckpt_path}", flush=True)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*number of training batches.*")
-        trainer.fit(task, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")  # Lightning's use of torch's pytree
+        warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # a resume
+        try:
+            trainer.fit(task, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+        except SystemExit:  # Lightning's answer to Ctrl+C: shut down cleanly, then sys.exit(1)
+            if not trainer.interrupted:
+                raise
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT from then on
+            raise RunInterrupted(
+                f"interrupted during epoch {trainer.current_epoch}; nothing was tested or exported. Continue the run "
+                f"from its last checkpoint with: vitlab fit --resume {run_dir}"
+            ) from None
         if cfg.run.test:
             best = run_dir / "checkpoints" / "best.ckpt"
             results = trainer.test(
                 task, datamodule=dm, ckpt_path=str(best) if best.exists() else None, verbose=False, weights_only=True
             )
             if trainer.is_global_zero and results:
-                atomic_write_text(run_dir / "test_metrics.json", json.dumps(results[0], indent=2))
+                atomic_write_text(run_dir / "test_metrics.json", strict_dumps(results[0], indent=2))
     if trainer.is_global_zero:
         if cfg.run.export:
-            export_model(task.model, run_dir / "export", {"data": info})
+            export_model(task.model, run_dir / "export", {"data": info}, force=True)  # the run's own folder
         task.on_run_end(run_dir, dm)
         if cfg.run.report:
             from vitlab.report import write_report
@@ -275,7 +453,7 @@ def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | Non
         devices=1,
         precision=cfg.trainer.precision,
         logger=False,
-        enable_progress_bar=cfg.trainer.enable_progress_bar,
+        enable_progress_bar=console_progress_bar(cfg),
     )
     run = trainer.validate if stage == "validate" else trainer.test
     results = run(task, datamodule=dm, ckpt_path=str(ckpt), verbose=False, weights_only=True)

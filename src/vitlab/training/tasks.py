@@ -12,6 +12,11 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitlab.config import OptimConfig, RunConfig
+from vitlab.errors import VitlabError
+
+
+class NonFiniteLossError(VitlabError, FloatingPointError):
+    """The training loss went NaN or infinite: the run is stopped at that step."""
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -49,6 +54,8 @@ class BaseTask(pl.LightningModule):
 
     #: the validation metric that picks ``best.ckpt``, and whether lower or higher is better
     monitor: tuple[str, str] = ("val/loss", "min")
+    #: the dataclass that validates the config's ``loss`` section (None: the task takes no loss options)
+    loss_config: type | None = None
 
     def __init__(self, model: nn.Module, *, cfg: RunConfig, hparams: dict[str, Any]) -> None:
         super().__init__()
@@ -88,10 +95,48 @@ class BaseTask(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         losses = self.compute_losses(batch, "train")
+        self._stop_if_not_finite(losses["loss"])
         self._log_losses(losses, "train")
         # A host float, so no device sync; the epoch mean lands in metrics.jsonl and TensorBoard.
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=False, on_epoch=True)
+        lr = self.optimizers().param_groups[0]["lr"]
+        self.log("train/lr", lr, on_step=False, on_epoch=True)
+        # Per-step curves (TensorBoard, steps.jsonl): Lightning reads them every trainer.log_every_n_steps steps
+        # only, so the device is not synchronised at every step.
+        self.log("train_step/loss", losses["loss"].detach(), on_step=True, on_epoch=False)
+        self.log("train_step/lr", lr, on_step=True, on_epoch=False)
         return losses["loss"]
+
+    _first_bad_step: torch.Tensor | None = None
+
+    def _stop_if_not_finite(self, loss: torch.Tensor) -> None:
+        """Stop the run at the first step whose loss is NaN or infinite, with a message that says what to change.
+
+        On a CPU the check is free and happens at every step. On an accelerator the step of the first non-finite
+        loss is kept on the device and read every ``trainer.log_every_n_steps`` steps (when Lightning reads the
+        logged values anyway), so there is no host synchronisation per step.
+        """
+        step = self.trainer.global_step
+        if loss.device.type == "cpu":
+            if not torch.isfinite(loss):
+                self._raise_not_finite(float(loss), step)
+            return
+        if self._first_bad_step is None:
+            self._first_bad_step = torch.full((), -1, dtype=torch.long, device=loss.device)
+        bad = ~torch.isfinite(loss.detach()) & (self._first_bad_step < 0)
+        self._first_bad_step = torch.where(bad, torch.full_like(self._first_bad_step, step), self._first_bad_step)
+        if (step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
+            first = int(self._first_bad_step)
+            if first >= 0:
+                self._raise_not_finite(float("nan"), first)
+
+    def _raise_not_finite(self, value: float, step: int) -> None:
+        cfg = self.optim_cfg
+        clip = "off" if cfg.grad_clip is None else f"{cfg.grad_clip:g}"
+        raise NonFiniteLossError(
+            f"training loss is {value} at epoch {self.current_epoch}, step {step}: the run diverged and was stopped "
+            f"(nothing tested or exported). Lower optim.lr (now {cfg.lr:g}) or set optim.grad_clip (now {clip}), "
+            "then train again"
+        )
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._log_losses(self.compute_losses(batch, "val"), "val")

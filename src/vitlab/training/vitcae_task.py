@@ -23,13 +23,15 @@ class ViTCAETask(ClassificationTask):
     :func:`vitlab.evaluation.generative.run_generative_tasks`, which runs after training.
     """
 
+    loss_config = ViTCAELossConfig
+
     #: best.ckpt by the validation objective (the quantity the paper's ReduceLROnPlateau watches): an autoencoder
     #: picked by accuracy alone can keep an early, blurry decoder.
     monitor = ("val/loss", "min")
 
     def __init__(self, model: nn.Module, *, cfg: RunConfig, hparams: dict[str, Any]) -> None:
         super().__init__(model, cfg=cfg, hparams=hparams)
-        self.loss_cfg = from_dict(ViTCAELossConfig, cfg.loss, "loss")
+        self.loss_cfg = from_dict(self.loss_config, cfg.loss, "loss")
 
     def compute_losses(self, batch: Any, stage: str) -> dict[str, torch.Tensor]:
         x, y = batch
