@@ -161,6 +161,7 @@ class RunRecord:
     env: dict[str, Any] | None
     metrics: list[dict[str, Any]]
     test_metrics: dict[str, float] | None
+    steps: list[dict[str, Any]]
     generate_metrics: dict[str, float] | None
     evaluation: dict[str, Any] | None
     name: str = ""
@@ -168,7 +169,7 @@ class RunRecord:
 
     @classmethod
     def load(cls, run_dir: str | Path) -> RunRecord:
-        from vitlab.training.callbacks import read_metrics
+        from vitlab.training.callbacks import STEPS_FILE, read_metrics, read_steps
         from vitlab.training.run import load_run_config
 
         path = Path(run_dir)
@@ -185,11 +186,12 @@ class RunRecord:
             env=optional_json("env.json"),
             metrics=read_metrics(path / "metrics.jsonl"),
             test_metrics=optional_json("test_metrics.json"),
+            steps=read_steps(path / STEPS_FILE),
             generate_metrics=optional_json("generate/metrics.json"),
             evaluation=optional_json("evaluation/evaluation.json"),
             name=path.resolve().name,
         )
-        record.use("config.yaml", "env.json", "metrics.jsonl", "test_metrics.json")
+        record.use("config.yaml", "env.json", "metrics.jsonl", STEPS_FILE, "test_metrics.json")
         record.use("generate/metrics.json", "evaluation/evaluation.json")
         return record
 
@@ -261,6 +263,30 @@ def curve_panels(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Serie
     }
 
 
+PER_STEP = " (per step)"
+
+
+def add_step_series(
+    panels: dict[str, dict[str, Series]], steps: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]
+) -> dict[str, dict[str, Series]]:
+    """Add the per-step training loss and learning rate of ``steps.jsonl`` to the ``loss`` and ``learning rate``
+    panels (series ``train (per step)``, ``lr (per step)``), on the epoch axis: the last step of epoch ``e`` (the
+    ``step`` of its ``metrics.jsonl`` row) lands at ``e``, where the epoch's mean is drawn."""
+    ends = {int(row["epoch"]): int(row["step"]) for row in rows if row.get("step") is not None}
+    for key, panel, series in (("loss", "loss", "train" + PER_STEP), ("lr", "learning rate", "lr" + PER_STEP)):
+        xs, ys = [], []
+        for record in steps:
+            epoch, step, value = record.get("epoch"), record.get("step"), record.get(key)
+            if epoch not in ends or step is None or not isinstance(value, int | float) or not math.isfinite(value):
+                continue
+            start = ends.get(epoch - 1, -1)
+            xs.append(epoch - 1 + (step - start) / max(1, ends[epoch] - start))
+            ys.append(float(value))
+        if xs:
+            panels.setdefault(panel, {})[series] = (xs, ys)
+    return panels
+
+
 def _panel_rank(panel: str, series: Iterable[str]) -> tuple[int, str]:
     """Sort key of a panel: loss, acc, learning rate, then train/val terms, then other keys, each by name."""
     first = {"loss": 0, "acc": 1, "learning rate": 2}
@@ -293,6 +319,9 @@ def curves_figure(panels: Mapping[str, Mapping[str, Series]]) -> Figure:
     styles = {"train": {"color": "tab:blue", "ls": "-"}, "val": {"color": "tab:orange", "ls": "--"}}
     for ax, (panel, series) in zip(axes, panels.items(), strict=False):
         for index, (name, (epochs, values)) in enumerate(series.items()):
+            if name.endswith(PER_STEP):  # many points: a thin, light line under the epoch means
+                ax.plot(epochs, values, label=name, lw=0.8, alpha=0.45, color="tab:gray", zorder=1)
+                continue
             style = styles.get(name, {"color": matplotlib.colormaps["tab10"](2 + index % 8), "ls": "-"})
             ax.plot(epochs, values, label=name, lw=1.4, marker="o" if len(epochs) < 25 else None, ms=3, **style)
         _style_axis(ax, panel)
@@ -558,10 +587,12 @@ def config_section(run: RunRecord) -> Section:
 
 
 def curves_section(run: RunRecord) -> Section | None:
-    panels = curve_panels(run.metrics)
+    panels = add_step_series(curve_panels(run.metrics), run.steps, run.metrics)
     if not panels:
         return None
     note = "Per epoch, from metrics.jsonl: training (solid) and validation (dashed) values of every logged term."
+    if run.steps:
+        note += " In grey: the training loss and learning rate every trainer.log_every_n_steps steps (steps.jsonl)."
     if "learning rate" not in panels:
         note += " The run logged no learning rate."
     return Section("curves", "Training curves", f"<p>{esc(note)}</p>" + figure_html(figure_uri(curves_figure(panels))))

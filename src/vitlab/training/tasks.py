@@ -118,7 +118,7 @@ class BaseTask(pl.LightningModule):
         step = self.trainer.global_step
         if loss.device.type == "cpu":
             if not torch.isfinite(loss):
-                self._raise_not_finite(float(loss), step)
+                self._raise_not_finite(float(loss.detach()), step)
             return
         if self._first_bad_step is None:
             self._first_bad_step = torch.full((), -1, dtype=torch.long, device=loss.device)
