@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_fixtures import write_imagefolder, write_mnist, write_png
 
 import vitlab
+from data_fixtures import write_imagefolder, write_mnist, write_png
 from vitlab.cli.main import main
 from vitlab.config import DataConfig, build_config
 from vitlab.data import DataError, build_datamodule
