@@ -46,11 +46,16 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
         import yaml
 
         from vitlab.config import RunConfig, build_config, deep_merge, from_dict, parse_overrides, to_dict
+        from vitlab.export import checkpoint_hparams, read_checkpoint
         from vitlab.training.run import fit, load_run_config, resolve_resume, resolved_config
 
         if args.resume and not args.config:
-            run_dir, _ = resolve_resume(args.resume)
-            cfg = from_dict(RunConfig, deep_merge(to_dict(load_run_config(run_dir)), parse_overrides(overrides)))
+            run_dir, ckpt = resolve_resume(args.resume)
+            if (run_dir / "config.yaml").exists():
+                stored = to_dict(load_run_config(run_dir))
+            else:  # a checkpoint outside its run directory carries the run's config itself
+                stored = checkpoint_hparams(read_checkpoint(ckpt))["config"]
+            cfg = from_dict(RunConfig, deep_merge(stored, parse_overrides(overrides)))
         else:
             cfg = build_config(args.config, overrides)
         if args.print_config:
