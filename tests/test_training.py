@@ -11,19 +11,11 @@ import pytest
 import torch
 
 import vitlab
+from run_fixtures import TINY
 from vitlab.cli.main import main
 from vitlab.config import build_config
 from vitlab.training.callbacks import read_metrics
 from vitlab.training.run import fit
-
-TINY = [
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "model.depth=1",
-    "data.limit_train=256",
-    "run.generate=false",
-    "run.report=false",
-]
 
 
 def _fit_cli(tmp_path: Path, *extra: str, config: str = "vit/digits") -> Path:

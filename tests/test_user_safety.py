@@ -19,6 +19,7 @@ import torch
 
 import vitlab
 from data_fixtures import write_imagefolder, write_mnist, write_png
+from run_fixtures import TINY
 from vitlab.cli.main import main
 from vitlab.config import DataConfig, build_config
 from vitlab.data import DataError, build_datamodule
@@ -26,15 +27,6 @@ from vitlab.export import ExportError, export_model
 from vitlab.jsonio import strict_dumps
 from vitlab.training.callbacks import JSONLinesLogger, read_steps
 from vitlab.training.run import fit, load_run_config
-
-TINY = [
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "model.depth=1",
-    "data.limit_train=256",
-    "run.generate=false",
-    "run.report=false",
-]
 
 
 def _strict_json(text: str):
