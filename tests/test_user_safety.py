@@ -148,7 +148,9 @@ def test_5_reusing_a_run_directory_is_refused_unless_overwrite(tmp_path, capsys)
     assert (run_dir / "metrics.jsonl").read_text() == before and "lr: 0.0005" not in (
         run_dir / "config.yaml"
     ).read_text()
+    (run_dir / "evaluation-tome_r=8").mkdir()  # what `vitlab evaluate --model tome_r=8` wrote for the old run
     assert main([*args, "optim.lr=5e-4", "run.overwrite=true"]) == 0
+    assert not (run_dir / "evaluation-tome_r=8").exists(), "the old run's evaluation would describe the new run"
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1, "the old run's lines were kept"
     assert "lr: 0.0005" in (run_dir / "config.yaml").read_text() and (run_dir / "my_notes.md").read_text() == "keep"
 

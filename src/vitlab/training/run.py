@@ -106,6 +106,7 @@ RUN_OUTPUTS = (
     "generate",
     "dynamics",
     "evaluation",
+    "evaluation-*",  # `vitlab evaluate --model KEY=VALUE` writes evaluation-KEY=VALUE/
 )
 #: any of these means the folder already holds a run
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
@@ -131,12 +132,12 @@ def _holds_run(path: Path) -> bool:
 
 
 def _clear_run_outputs(path: Path) -> None:
-    for name in RUN_OUTPUTS:
-        target = path / name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
-            target.unlink()
+    for pattern in RUN_OUTPUTS:
+        for target in path.glob(pattern):
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
 
 
 def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
