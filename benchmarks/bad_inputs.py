@@ -89,6 +89,15 @@ def cases(work: Path, run_dir: Path) -> list[tuple[str, list[str]]]:
         ("dynamics of a run trained without them", ["dynamics", str(run_dir)]),
         ("evaluate a folder that is not a run", ["evaluate", str(work / "mine")]),
         ("load a model option that changes the weights", ["evaluate", str(run_dir), "--model", "embed_dim=32"]),
+        ("a model option that does not exist", ["evaluate", str(run_dir), "--model", "tome_rr=2"]),
+        ("dynamics of a folder that does not exist", ["dynamics", str(work / "nope")]),
+        ("test of a run that does not exist", ["test", str(work / "nope")]),
+        ("report of a folder that is not a run", ["report", str(work / "mine")]),
+        ("compare of a folder that is not a run", ["compare", str(run_dir), str(work / "mine")]),
+        ("generate on a run that is not a ViTCAE", ["generate", str(run_dir)]),
+        ("slot assignments of a run that is not a CET-ViT", ["probe", "slot-k", str(run_dir)]),
+        ("bench of an unknown model", ["bench", "vit_tinyy"]),
+        ("list-models with a pattern that matches nothing", ["list-models", "zzz*"]),
     ]
 
 

@@ -35,7 +35,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a Lightning checkpoint safely (``weights_only=True``), with a clear error when it is unusable."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist; pass a .ckpt file (runs/<run>/checkpoints/last.ckpt)")
+        raise CheckpointError(
+            f"checkpoint {path} does not exist; pass a run directory or a .ckpt file (runs/<run>/checkpoints/last.ckpt)"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for truncated / foreign files

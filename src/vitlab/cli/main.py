@@ -135,9 +135,15 @@ def _list_models(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("pattern", nargs="?", default="*", help="glob, e.g. 'vit_*'")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.errors import UnknownModelError
         from vitlab.models.registry import get_preset, list_models
 
-        for name in list_models(args.pattern):
+        names = list_models(args.pattern)
+        if not names:
+            raise UnknownModelError(
+                f"no registered model matches {args.pattern!r}; `vitlab list-models` lists them all"
+            )
+        for name in names:
             print(f"{name:24s} {get_preset(name).description}")
         return 0
 

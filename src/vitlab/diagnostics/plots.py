@@ -34,6 +34,8 @@ def read_dynamics(path: str | Path) -> list[dict[str, Any]]:
     A resumed run may write an epoch twice; the later line wins.
     """
     path = Path(path)
+    if not path.exists():
+        raise RunFileError(f"{path} does not exist; pass a run directory (the folder `vitlab fit` printed)")
     if path.is_dir():
         path = path / "dynamics.jsonl"
     if not path.exists():
