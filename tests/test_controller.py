@@ -41,10 +41,11 @@ def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps:
 
 
 def head_rows(module: Attention) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Copies of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]`` of a module."""
-    weight = module.qkv.weight.detach().view(3, NUM_HEADS, HEAD_DIM, WIDTH).clone()
-    bias = module.qkv.bias.detach().view(3, NUM_HEADS, HEAD_DIM).clone()
-    return weight, bias, module.log_tau.detach().clone()
+    """Copies of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]`` of a module, by original
+    head (the module keeps its frozen heads in its first slots)."""
+    weight = module.in_original_order("qkv.weight", module.qkv.weight.detach()).view(3, NUM_HEADS, HEAD_DIM, WIDTH)
+    bias = module.in_original_order("qkv.bias", module.qkv.bias.detach()).view(3, NUM_HEADS, HEAD_DIM)
+    return weight.clone(), bias.clone(), module.in_original_order("log_tau", module.log_tau.detach()).clone()
 
 
 FROZEN = torch.tensor([[True, False, False, True], [False, True, False, False]])
@@ -64,8 +65,10 @@ def test_frozen_heads_stay_bit_identical_through_adamw_with_weight_decay():
     for module, mask, (weight, bias, log_tau) in zip(modules, FROZEN, before, strict=True):
         assert module.frozen_heads.tolist() == mask.tolist()
         # eq. 26: no gradient reaches a frozen head's rows or tau
-        grad = module.qkv.weight.grad.view(3, NUM_HEADS, HEAD_DIM, WIDTH)
-        assert torch.all(grad[:, mask] == 0) and torch.all(module.log_tau.grad[mask] == 0)
+        grad = module.in_original_order("qkv.weight", module.qkv.weight.grad).view(3, NUM_HEADS, HEAD_DIM, WIDTH)
+        assert torch.all(grad[:, mask] == 0) and torch.all(
+            module.in_original_order("log_tau", module.log_tau.grad)[mask] == 0
+        )
         now_weight, now_bias, now_log_tau = head_rows(module)
         assert torch.equal(now_weight[:, mask], weight[:, mask])
         assert torch.equal(now_bias[:, mask], bias[:, mask])
@@ -73,6 +76,30 @@ def test_frozen_heads_stay_bit_identical_through_adamw_with_weight_decay():
         # the other heads keep training
         assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
         assert (now_log_tau[~mask] != log_tau[~mask]).all()
+
+
+def test_freezing_moves_the_optimizer_state_with_the_heads():
+    """The heads move to contiguous slots when they freeze; AdamW's moments must move with them, or every later step
+    would apply one head's momentum to another's rows."""
+    model = tiny_vit()
+    modules = [m for _, m in controlled_modules(model, None)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    train_steps(model, optimizer, 3, seed=0)
+
+    def moments(module):
+        return [
+            {k: module.in_original_order(name, v).clone() for k, v in optimizer.state[p].items() if k != "step"}
+            for name, p in module.head_parameters()
+        ]
+
+    before = [moments(m) for m in modules]
+    guard = FrozenHeadGuard(modules)
+    guard.attach(optimizer)
+    guard.freeze(FROZEN)
+    assert modules[0].head_order.tolist() == [0, 3, 1, 2] and modules[1].head_order.tolist() == [1, 0, 2, 3]
+    for module, saved in zip(modules, before, strict=True):
+        for now, then in zip(moments(module), saved, strict=True):
+            assert all(torch.equal(now[key], then[key]) for key in then)
 
 
 def test_without_the_guard_adamw_moves_zero_gradient_rows():
@@ -399,6 +426,39 @@ def test_frozen_heads_stay_bit_identical_through_lightning_training(tmp_path):
         assert torch.equal(now_weight[:, mask], weight[:, mask]) and torch.equal(now_bias[:, mask], bias[:, mask])
         assert torch.equal(now_log_tau[mask], log_tau[mask])
         assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
+
+
+def test_resumed_run_after_a_head_permutation_continues_bit_identically(tmp_path):
+    """STILL's heads freeze at the end of epoch 1, which moves them to the first slots of their modules (and the
+    AdamW state with them); a run stopped right there and resumed ends bit-identical to one that never stopped."""
+    settings = [s for s in FIT if not s.startswith("dynamics.")]
+    config = DynamicsConfig(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4)
+
+    def last_checkpoint(run_dir):
+        return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+
+    straight = tmp_path / "straight"
+    fit(
+        build_config("vit/digits", [*settings, f"run.dir={straight}"]), callbacks=[ScriptedController(config, straight)]
+    )
+    resumed = tmp_path / "resumed"
+    first = [*settings, f"run.dir={resumed}", "trainer.max_epochs=1"]
+    fit(build_config("vit/digits", first), callbacks=[ScriptedController(config, resumed)])
+    assert last_checkpoint(resumed)["state_dict"]["model.blocks.0.attn.head_order"].tolist() == [0, 3, 1, 2]
+    fit(
+        build_config("vit/digits", [*settings, f"run.dir={resumed}"]),
+        resume=resumed,
+        callbacks=[ScriptedController(config, resumed)],
+    )
+    a, b = last_checkpoint(straight), last_checkpoint(resumed)
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    for state_a, state_b in zip(
+        a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values(), strict=True
+    ):
+        assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+    assert [r["frozen"] for r in read_dynamics(straight)] == [r["frozen"] for r in read_dynamics(resumed)]
 
 
 def test_dynamics_command_prints_the_head_table_and_draws_the_comparison(runs, tmp_path, capsys):

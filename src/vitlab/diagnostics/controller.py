@@ -145,11 +145,17 @@ class FrozenHeadGuard:
     so their rows of the QKV projection and their tau get zero gradient) and snapshots those rows and tau. Zero
     gradient is not enough: AdamW still moves a parameter through its momentum and its weight decay. So after every
     step of an optimizer passed to :meth:`attach`, :meth:`restore` copies the snapshots back.
+
+    ``set_frozen_heads`` moves the frozen heads to the first slots of each module's parameters; the guard applies
+    the same permutation to the state of every attached optimizer (AdamW's moments, SGD's momentum: every tensor
+    shaped like its parameter), so training continues exactly as it would have without the move. Attach the
+    optimizers before freezing.
     """
 
     def __init__(self, modules: list[Attention]) -> None:
         self.modules = modules
-        self._snapshots: list[tuple[list[int], torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        self._snapshots: list[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[Any] = []
 
     def freeze(self, frozen: torch.Tensor) -> None:
@@ -159,21 +165,30 @@ class FrozenHeadGuard:
         self._snapshots = []
         with torch.no_grad():
             for module, mask in zip(self.modules, frozen, strict=True):
-                module.set_frozen_heads(mask)
-                heads = mask.nonzero().flatten().tolist()
+                perm = module.set_frozen_heads(mask)
+                if perm is not None:
+                    self._permute_optimizer_state(module, perm)
+                count = module.num_frozen  # the frozen heads now fill the first `count` slots
                 weight, bias, log_tau = self._views(module)
                 self._snapshots.append(
                     (
-                        heads,
-                        weight[:, heads].clone(),
-                        None if bias is None else bias[:, heads].clone(),
-                        None if log_tau is None else log_tau[heads].clone(),
+                        count,
+                        weight[:, :count].clone(),
+                        None if bias is None else bias[:, :count].clone(),
+                        None if log_tau is None else log_tau[:count].clone(),
                     )
                 )
 
+    def _permute_optimizer_state(self, module: Attention, perm: torch.Tensor) -> None:
+        for optimizer in self._optimizers:
+            for name, parameter in module.head_parameters():
+                for value in optimizer.state.get(parameter, {}).values():
+                    if torch.is_tensor(value) and value.shape == parameter.shape:
+                        value.copy_(module.permute_heads_of(name, value, perm))
+
     @staticmethod
     def _views(module: Attention) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Per-head views of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]``."""
+        """Per-slot views of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]``."""
         heads, head_dim = module.num_heads, module.head_dim
         weight = module.qkv.weight.data.view(3, heads, head_dim, -1)
         bias = None if module.qkv.bias is None else module.qkv.bias.data.view(3, heads, head_dim)
@@ -182,24 +197,26 @@ class FrozenHeadGuard:
     def restore(self) -> None:
         """Copy the snapshots of the frozen heads back into the parameters (nothing before :meth:`freeze`)."""
         with torch.no_grad():
-            for module, (heads, weight_rows, bias_rows, log_tau) in zip(self.modules, self._snapshots, strict=False):
-                if not heads:
+            for module, (count, weight_rows, bias_rows, log_tau) in zip(self.modules, self._snapshots, strict=False):
+                if not count:
                     continue
                 weight, bias, module_log_tau = self._views(module)
-                weight[:, heads] = weight_rows
+                weight[:, :count] = weight_rows
                 if bias is not None:
-                    bias[:, heads] = bias_rows
+                    bias[:, :count] = bias_rows
                 if module_log_tau is not None:
-                    module_log_tau[heads] = log_tau
+                    module_log_tau[:count] = log_tau
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
-        """Restore the frozen heads after every ``optimizer.step()``."""
+        """Restore the frozen heads after every ``optimizer.step()``; permute its state when heads move."""
+        self._optimizers.append(optimizer)
         self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.restore()))
 
     def detach(self) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        self._optimizers = []
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -418,10 +435,11 @@ class DynamicsController(pl.Callback):
 
     @torch.no_grad()
     def set_temperatures(self, tau: torch.Tensor, heads: torch.Tensor) -> None:
-        """Write ``tau: [L, H]`` into the heads marked in ``heads: [L, H]`` bool (as ``log_tau``)."""
+        """Write ``tau: [L, H]`` into the heads marked in ``heads: [L, H]`` bool, by original head (as ``log_tau``)."""
         for module, values, mask in zip(self.modules, tau, heads, strict=True):
             if mask.any():
-                module.log_tau[mask.to(module.log_tau.device)] = values[mask].log().to(module.log_tau)
+                slots = module.head_slots[mask.cpu()].to(module.log_tau.device)  # parameters are in slot order
+                module.log_tau[slots] = values[mask].log().to(module.log_tau)
 
     def advance(self, measurement: ProbeMeasurement, epoch: int | None = None) -> dict[str, Any]:
         """Record one epoch: drift against the previous measurement, the temperature schedule (eq. 20), convergence
