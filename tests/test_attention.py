@@ -129,6 +129,28 @@ def test_permuted_frozen_heads_give_the_unpermuted_outputs_and_gradients(mask):
         assert weight_grad[:, ~frozen].abs().sum() > 0 and got["log_tau"][~frozen].abs().sum() > 0
 
 
+@pytest.mark.parametrize("route", ["flash", "recompute"])
+def test_frozen_heads_backward_routes_agree_with_the_saved_attention(route, monkeypatch):
+    """The frozen heads' dV = P^T dO three ways: from the CPU flash kernel's log-sum-exps, from P recomputed, and
+    from P kept by the eager path; with proportional attention's bias, which the flash route must add back."""
+    import vitlab.layers.attention as attention
+
+    if route == "recompute":
+        monkeypatch.setattr(attention, "_flash_with_logsumexp", lambda q: False)
+    x = torch.randn(2, 6, 32)
+    size = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 4.0]).view(1, 6, 1).expand(2, 6, 1)
+    grads = []
+    for fused in (True, False):
+        m = _attn(temperature=True).train()
+        m.set_frozen_heads(torch.tensor([False, True, True, False]))
+        m.fused = fused
+        inputs = x.clone().requires_grad_(True)
+        m(inputs, size=size).square().sum().backward()
+        grads.append([inputs.grad, *(p.grad for _, p in m.head_parameters())])
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
 def test_freezing_more_heads_later_keeps_the_function():
     m = _attn(temperature=True)
     with torch.no_grad():

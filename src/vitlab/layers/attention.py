@@ -42,66 +42,107 @@ def _attention_probs(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None
     return logits.softmax(dim=-1)
 
 
-class _QKVFrozenRows(torch.autograd.Function):
-    """The fused QKV product ``x W^T + b`` whose backward skips the first ``frozen_width`` rows of each of q, k, v.
+class _QKVWithFrozenHeads(torch.autograd.Function):
+    """The fused QKV product ``x W^T + b`` split into the frozen heads' and the active heads' q, k, v.
 
-    ``x: [B, N, C]``, ``weight: [3 C', C]``, ``bias: [3 C']`` -> ``[B, N, 3 C']``. Those rows belong to the frozen
-    heads (contiguous in the first slots, see :class:`Attention`): their weight and bias gradients are exactly zero
-    and never formed, and the frozen heads' q and k, whose attention is a constant of the backward pass (eq. 26),
-    contribute nothing to the input gradient. Their v keeps its input gradient.
+    ``x: [B, N, C]``, ``weight: [3C, C]``, ``bias: [3C]`` or None, the frozen heads in the first ``frozen`` slots.
+    Returns ``(q_f, k_f, v_f, q_a, k_a, v_a)``, each ``[B, heads, N, d]`` (views of the one product). The frozen
+    heads' attention is a constant of the backward pass (eq. 26), so ``q_f`` and ``k_f`` are not differentiable:
+    their rows of ``W`` and ``b`` get exactly zero gradient, never formed, and they add nothing to the input
+    gradient. ``v_f`` keeps its input gradient, and not its weight gradient. The backward forms one product per
+    part instead of one for all of ``3C``; it never materialises a ``[B, N, 3C]`` gradient.
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, frozen_width: int):
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, heads: int, frozen: int):
+        B, N = x.shape[:2]
+        qkv = F.linear(x, weight, bias).view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4)
         ctx.save_for_backward(x, weight)
-        ctx.frozen_width = frozen_width
-        ctx.has_bias = bias is not None
-        return F.linear(x, weight, bias)
+        ctx.frozen, ctx.heads, ctx.has_bias = frozen, heads, bias is not None
+        ctx.set_materialize_grads(False)
+        q_f, k_f, v_f = qkv[:, :, :frozen].unbind(0)
+        q_a, k_a, v_a = qkv[:, :, frozen:].unbind(0)
+        ctx.mark_non_differentiable(q_f, k_f)
+        return q_f, k_f, v_f, q_a, k_a, v_a
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):
+    def backward(ctx: Any, _q_f, _k_f, grad_v_f, grad_q_a, grad_k_a, grad_v_a):
         x, weight = ctx.saved_tensors
-        width, fw = weight.shape[0] // 3, ctx.frozen_width
-        dtype = grad.dtype  # under autocast the product ran in grad's dtype
-        g = grad.reshape(-1, 3, width)
-        x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-        w = weight.view(3, width, -1).to(dtype)
+        B, N, C = x.shape
+        frozen, width = ctx.frozen, weight.shape[0] // 3
+        split = frozen * (width // ctx.heads)  # rows of each of q, k, v that belong to frozen heads
+        reference = next((g for g in (grad_v_f, grad_v_a, grad_q_a, grad_k_a) if g is not None), None)
+        if reference is None:
+            return None, None, None, None, None
+        dtype = reference.dtype  # under autocast the product ran in the gradient's dtype
+        w = weight.view(3, width, C).to(dtype)
+
+        def flat(grad: torch.Tensor | None, heads: int) -> torch.Tensor:
+            """``[B, heads, N, d] -> [B N, heads d]`` (zeros for a part that got no gradient)."""
+            if grad is None:
+                return reference.new_zeros(B * N, heads * (width // ctx.heads))
+            return grad.transpose(1, 2).reshape(B * N, -1)
+
+        # (part, its rows, the gradient of their outputs): the frozen v first (frozen q and k have none), then the
+        # active heads' q, k, v, the only rows that get a weight gradient
+        active = ctx.heads - frozen
+        parts = [(2, slice(0, split), flat(grad_v_f, frozen))]
+        if active:
+            parts += [(p, slice(split, width), flat(g, active)) for p, g in enumerate((grad_q_a, grad_k_a, grad_v_a))]
+        trained = parts[1:]
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = g[:, 2] @ w[2]
-            if fw < width:
-                grad_x.addmm_(g[:, 0, fw:], w[0, fw:]).addmm_(g[:, 1, fw:], w[1, fw:])
-            grad_x = grad_x.view(x.shape).to(x.dtype)
+            for part, rows, grad in parts:
+                grad_x = (
+                    grad @ w[part, rows] if grad_x is None else torch.addmm(grad_x, grad, w[part, rows], out=grad_x)
+                )
+            grad_x = grad_x.view(B, N, C).to(x.dtype)
         if ctx.needs_input_grad[1]:
-            grad_w = weight.new_zeros(3, width, weight.shape[1], dtype=dtype)
-            if fw < width:
-                for part in range(3):
-                    torch.mm(g[:, part, fw:].T, x2, out=grad_w[part, fw:])
+            x2 = x.reshape(B * N, C).to(dtype)
+            grad_w = weight.new_zeros(3, width, C, dtype=dtype)
+            for part, rows, grad in trained:
+                torch.mm(grad.T, x2, out=grad_w[part, rows])
             grad_w = grad_w.view(weight.shape).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = weight.new_zeros(3, width, dtype=dtype)
-            grad_b[:, fw:] = g[:, :, fw:].sum(0)
+            for part, rows, grad in trained:
+                grad_b[part, rows] = grad.sum(0)
             grad_b = grad_b.view(-1).to(weight.dtype)
-        return grad_x, grad_w, grad_b, None
+        return grad_x, grad_w, grad_b, None, None
+
+
+def _flash_with_logsumexp(q: torch.Tensor) -> bool:
+    """Whether PyTorch's CPU flash-attention kernel, which also returns the log-sum-exp of each row, can run."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and hasattr(torch.ops.aten, _CPU_FLASH)
+
+
+_CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
 
 
 class _FrozenHeadAttention(torch.autograd.Function):
-    """Attention of frozen heads: ``P V`` with ``P = softmax(q k^T * scale + bias)`` a constant (eq. 26).
+    """Attention of frozen heads: ``O = P V`` with ``P = softmax(q k^T * scale + bias)`` a constant (eq. 26).
 
-    ``q, k, v: [B, F, N, d]``, ``bias: [B, 1, 1, N]`` or None. Only ``v`` gets a gradient, ``P^T dO``. Without
-    dropout (and with ``fused``) the forward is SDPA and ``P`` is recomputed, without autograd, in the backward; with
-    attention dropout (or on the eager path) ``P`` is formed, dropped out and kept for the backward, so both passes
-    see the same mask.
+    ``q, k, v: [B, F, N, d]``, ``bias: [B, 1, 1, N]`` or None. Only ``v`` gets a gradient, ``dV = P^T dO``; ``P`` is
+    never kept. The forward is SDPA. On the CPU it is PyTorch's flash kernel, whose row log-sum-exps ``lse`` make the
+    backward one more flash call: with ``P[i, j] = exp(s[i, j] + bias[j] - lse[i])``,
+    ``dV[j] = exp(bias[j]) sum_i exp(s[i, j] - lse[i]) dO[i]``, which is attention with k as the queries, q as the
+    keys, ``-lse`` as the mask and ``dO`` as the values, times the exponential of its own log-sum-exp. Elsewhere the
+    backward recomputes ``P`` without autograd. With attention dropout (or on the eager path) ``P`` is formed, dropped
+    out and kept for the backward, so both passes see the same mask.
     """
 
     @staticmethod
     def forward(ctx: Any, q, k, v, bias, scale: float, dropout_p: float, fused: bool):
         ctx.scale = scale
-        if fused and dropout_p == 0:
-            ctx.recompute = True
+        ctx.mode = "recompute" if fused and dropout_p == 0 else "saved"
+        if ctx.mode == "recompute" and _flash_with_logsumexp(q):
+            ctx.mode = "flash"
+            out, lse = getattr(torch.ops.aten, _CPU_FLASH)(q, k, v, attn_mask=bias, scale=scale)
+            ctx.save_for_backward(q, k, bias, lse)
+            return out
+        if ctx.mode == "recompute":
             ctx.save_for_backward(q, k, bias)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
-        ctx.recompute = False
         probs = _attention_probs(q, k, bias, scale)
         if dropout_p > 0:
             probs = F.dropout(probs, p=dropout_p)
@@ -110,12 +151,20 @@ class _FrozenHeadAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):
-        if ctx.recompute:
-            q, k, bias = ctx.saved_tensors
-            probs = _attention_probs(q, k, bias, ctx.scale)
+        if ctx.mode == "flash":
+            q, k, bias, lse = ctx.saved_tensors
+            mask = (-lse).unsqueeze(-2).to(q.dtype)  # [B, F, 1, N]: over the keys of the transposed problem
+            column, column_lse = getattr(torch.ops.aten, _CPU_FLASH)(k, q, grad_out, attn_mask=mask, scale=ctx.scale)
+            if bias is not None:
+                column_lse = column_lse + bias.view(bias.shape[0], 1, -1)
+            grad_v = column * column_lse.exp().unsqueeze(-1).to(column.dtype)
         else:
-            (probs,) = ctx.saved_tensors
-        grad_v = probs.to(grad_out.dtype).transpose(-2, -1) @ grad_out
+            if ctx.mode == "recompute":
+                q, k, bias = ctx.saved_tensors
+                probs = _attention_probs(q, k, bias, ctx.scale)
+            else:
+                (probs,) = ctx.saved_tensors
+            grad_v = probs.to(grad_out.dtype).transpose(-2, -1) @ grad_out
         return None, None, grad_v, None, None, None, None
 
 
@@ -280,12 +329,13 @@ class Attention(nn.Module):
         weight, qkv_bias = self._qkv_parameters()
         # Without autograd a frozen head computes exactly what an active one does: the plain path.
         frozen = self.num_frozen if torch.is_grad_enabled() else 0
-        qkv = _QKVFrozenRows.apply(x, weight, qkv_bias, frozen * d) if frozen else F.linear(x, weight, qkv_bias)
-        q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, N, d], q scaled by tau
         if frozen:
-            out = self._attend_with_frozen(q, k, v, bias, frozen)
+            parts = _QKVWithFrozenHeads.apply(x, weight, qkv_bias, H, frozen)
+            out = self._attend_with_frozen(*parts, bias)
+            k = torch.cat([parts[1], parts[4]], dim=1) if return_keys else None
         else:
-            out = self._attend(q, k, v, bias).transpose(1, 2).reshape(B, N, C)
+            q, k, v = F.linear(x, weight, qkv_bias).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+            out = self._attend(q, k, v, bias).transpose(1, 2).reshape(B, N, C)  # q scaled by tau
         if self.capture and self._permuted:
             self.captured = self.captured[:, self.head_slots.to(self.captured.device)]
         out = self.proj_drop(self.proj(out))
@@ -305,20 +355,19 @@ class Attention(nn.Module):
             attn = F.dropout(attn, p=drop)
         return attn @ v
 
-    def _attend_with_frozen(self, q, k, v, bias: torch.Tensor | None, frozen: int) -> torch.Tensor:
-        """Eq. 26 for the first ``frozen`` slots: their attention is a constant, only their value path has a
-        gradient (:class:`_FrozenHeadAttention`); the other slots attend as usual. ``q, k, v: [B, H, N, d]`` ->
-        ``[B, N, C]`` (the two groups written side by side in one copy)."""
+    def _attend_with_frozen(self, q_f, k_f, v_f, q_a, k_a, v_a, bias: torch.Tensor | None) -> torch.Tensor:
+        """Eq. 26: the frozen heads' attention (``*_f: [B, F, N, d]``) is a constant and only their value path has a
+        gradient (:class:`_FrozenHeadAttention`); the active heads (``*_a``) attend as usual. Returns ``[B, N, C]``,
+        the two groups written side by side in one copy."""
         drop = self.attn_drop if self.training else 0.0
-        qf, kf = q[:, :frozen].detach(), k[:, :frozen].detach()
-        outs = [_FrozenHeadAttention.apply(qf, kf, v[:, :frozen], bias, self.scale, drop, self.fused)]
+        outs = [_FrozenHeadAttention.apply(q_f, k_f, v_f, bias, self.scale, drop, self.fused)]
         captured = None
-        if frozen < self.num_heads:
-            outs.append(self._attend(q[:, frozen:], k[:, frozen:], v[:, frozen:], bias))
+        if q_a.shape[1]:
+            outs.append(self._attend(q_a, k_a, v_a, bias))
             captured = self.captured
         if self.capture:
             with torch.no_grad():
-                probs = _attention_probs(qf, kf, bias, self.scale)
+                probs = _attention_probs(q_f, k_f, bias, self.scale)
             self.captured = probs if captured is None else torch.cat([probs, captured], dim=1)
-        B, _, N, _ = q.shape
+        B, _, N, _ = q_f.shape
         return torch.cat([o.transpose(1, 2) for o in outs], dim=2).view(B, N, -1)
