@@ -200,6 +200,54 @@ def test_schedule_sets_tau_from_drift_and_spares_frozen_heads():
     assert third["non_converged"] == 5
 
 
+def moves(shifts: list[list[list[int]]]) -> torch.Tensor:
+    """``[L, H, P, 16]`` point masses: image ``i`` of head ``(l, h)`` on patch ``shifts[l][h][i]`` of the 4x4 grid's
+    first row, so its drift from patch 0 is that many patch widths."""
+    dist = torch.zeros(len(shifts), len(shifts[0]), len(shifts[0][0]), 16)
+    for layer, row in enumerate(shifts):
+        for head, images in enumerate(row):
+            for image, patch in enumerate(images):
+                dist[layer, head, image, patch] = 1
+    return dist
+
+
+def test_adaptive_probe_extends_only_heads_near_the_threshold():
+    controller = scheduled_controller(probe_size=8, probe_min=4, probe_z=3.0, eps_d=0.5, kappa_images=2)
+    still = [[[0] * 8] * NUM_HEADS] * 2
+    kappa = torch.ones(2, NUM_HEADS, dtype=torch.float64)
+    base, rest = moves(still)[:, :, :4], moves(still)[:, :, 4:]
+    controller.advance(ProbeMeasurement(base, kappa), 0, extend=lambda: rest)  # epoch 0 keeps the whole probe
+    assert controller.previous.shape[2] == 8
+    # head (0, 0): 0.5 +- 0.29 on the first four images, within 3 standard errors of eps_d; (0, 1): 2 patches, sure
+    shifts = [[[0] * 8 for _ in range(NUM_HEADS)] for _ in range(2)]
+    shifts[0][0], shifts[0][1] = [0, 1, 0, 1, 1, 1, 1, 1], [2] * 8
+    epoch1 = moves(shifts)
+    calls = []
+    record = controller.advance(
+        ProbeMeasurement(epoch1[:, :, :4], None), 1, extend=lambda: calls.append(1) or epoch1[:, :, 4:]
+    )
+    assert calls == [1] and controller.previous.shape[2] == 8
+    assert record["drift"][0][:2] == [0.75, 2.0]  # (0, 0) over all 8 images, (0, 1) over the first 4
+    assert record["drift_images"][0][:2] == [8, 4] and record["kappa"] == kappa.tolist()
+    # nothing near the threshold: the other images are neither pushed through the model nor stored
+    record = controller.advance(ProbeMeasurement(epoch1[:, :, :4], None), 2, extend=lambda: 1 / 0)
+    assert controller.previous.shape[2] == 4 and record["drift_images"][0][0] == 4
+
+
+def test_kappa_every_k_epochs_repeats_the_last_count_with_its_epoch():
+    controller = scheduled_controller(kappa_every=2)
+    records = []
+    for epoch, patches in enumerate([EPOCH0, EPOCH1, EPOCH2]):
+        counted = controller.wants_kappa(epoch)
+        kappa = torch.full((2, NUM_HEADS), epoch + 1.0, dtype=torch.float64)
+        records.append(
+            controller.advance(ProbeMeasurement(point_masses(patches).distributions, kappa if counted else None), epoch)
+        )
+    assert [r["kappa_epoch"] for r in records] == [0, 0, 2]
+    assert [r["kappa"][0][0] for r in records] == [1.0, 1.0, 3.0]
+    assert controller.state_dict()["kappa_epoch"] == 2
+
+
 def test_no_head_converges_during_burn_in():
     controller = scheduled_controller(burn_in=2)
     converged_at = [controller.advance(point_masses(EPOCH0))["non_converged"] for _ in range(5)]
@@ -403,12 +451,12 @@ class ScriptedController(DynamicsController):
 
     frozen_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
-    def measure(self, probe: torch.Tensor) -> ProbeMeasurement:
+    def measure(self, probe: torch.Tensor, kappa: bool = True) -> ProbeMeasurement:
         epoch = 0 if self.epoch is None else self.epoch + 1
         return point_masses([EPOCH0, EPOCH1, EPOCH2][epoch], num_images=len(probe))
 
-    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None) -> dict:
-        record = super().advance(measurement, epoch)
+    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None, extend=None) -> dict:
+        record = super().advance(measurement, epoch, extend)
         if record["epoch"] == 1:
             self.frozen_rows = [head_rows(m) for m in self.modules]
         return record

@@ -144,6 +144,15 @@ def test_consensus_clusters_nearly_decoupled_blocks_depend_on_eps():
         consensus_clusters(attn, eps=1.5)
 
 
+def test_consensus_clusters_in_float32_counts_as_float64_away_from_the_threshold():
+    generator = torch.Generator().manual_seed(0)
+    blocks = torch.block_diag(*[torch.ones(n, n) / n for n in (3, 4, 5)])
+    attn = torch.softmax(torch.randn(16, 12, 12, generator=generator), -1) * 0.05 + blocks * 0.95
+    assert torch.equal(consensus_clusters(attn, 0.1, dtype=torch.float32), consensus_clusters(attn, 0.1))
+    with pytest.raises(ValueError, match="float64 or torch.float32"):
+        consensus_clusters(attn, 0.1, dtype=torch.float16)
+
+
 def test_temperature_update_is_eq_20():
     drift = torch.tensor([[0.0, 1.0], [3.0, 0.5]])
     torch.testing.assert_close(temperature_update(drift, alpha=2.0), 1 / (1 + 2 * drift))
