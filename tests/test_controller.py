@@ -234,6 +234,21 @@ def test_adaptive_probe_extends_only_heads_near_the_threshold():
     assert controller.previous.shape[2] == 4 and record["drift_images"][0][0] == 4
 
 
+def test_adaptive_probe_measures_the_whole_probe_only_when_a_decision_needs_it():
+    controller = scheduled_controller(probe_size=8, probe_min=4, eps_d=0.5, burn_in=2, kappa_images=2)
+    shifts = [[[0, 1, 0, 1, 1, 1, 1, 1] for _ in range(NUM_HEADS)] for _ in range(2)]  # always near eps_d
+    calls = []
+    for epoch in range(4):
+        dist = moves(shifts if epoch % 2 else [[[0] * 8] * NUM_HEADS] * 2)
+        kappa = torch.ones(2, NUM_HEADS, dtype=torch.float64)
+        controller.advance(
+            ProbeMeasurement(dist[:, :, :4], kappa), epoch, extend=lambda d=dist: calls.append(1) or d[:, :, 4:]
+        )
+        calls.append(controller.previous.shape[2])
+    # burn-in: epoch 0 on the small probe, epoch 1 (= burn_in - 1) whole for the first decision, then as needed
+    assert calls == [4, 1, 8, 1, 8, 1, 8]
+
+
 def test_kappa_every_k_epochs_repeats_the_last_count_with_its_epoch():
     controller = scheduled_controller(kappa_every=2)
     records = []

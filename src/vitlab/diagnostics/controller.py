@@ -494,9 +494,10 @@ class DynamicsController(pl.Callback):
         has no drift.
 
         With the adaptive probe (``probe_min``) ``measurement`` holds the first ``probe_min`` probe images and
-        ``extend()`` returns the distributions of the others, ``[L, H, P - probe_min, N]``; it is called only when
-        some head's drift is within ``probe_z`` standard errors of ``eps_d``. Those heads' drift then averages over
-        every probe image for which the previous epoch has a distribution too.
+        ``extend()`` returns the distributions of the others, ``[L, H, P - probe_min, N]``; from epoch ``burn_in`` on
+        it is called when some head's drift is within ``probe_z`` standard errors of ``eps_d``, and those heads'
+        drift then averages over every probe image for which the previous epoch has a distribution too. It is also
+        called at epoch ``burn_in - 1``, so that the first decision can use the whole probe.
         """
         cfg = self.config
         num_layers, num_heads = self.shape
@@ -511,11 +512,11 @@ class DynamicsController(pl.Callback):
         current = measurement.distributions.float()
         drift = drift_images = None
         if self.previous is not None:
-            drift, drift_images, current = self._drift(current, extend)
+            drift, drift_images, current = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
             if cfg.mode == "schedule":
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
-        elif extend is not None and cfg.probe_min is not None:
-            current = torch.cat([current, extend().float()], dim=2)  # epoch 0: the full probe, for the next drift
+        if extend is not None and current.shape[2] == cfg.probe_min and epoch == max(cfg.burn_in - 1, 0):
+            current = torch.cat([current, extend().float()], dim=2)  # the whole probe, for the first decision
         tau = self.temperatures()
         if epoch >= cfg.burn_in:
             # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
@@ -547,10 +548,11 @@ class DynamicsController(pl.Callback):
         return record
 
     def _drift(
-        self, current: torch.Tensor, extend: Callable[[], torch.Tensor] | None
+        self, current: torch.Tensor, extend: Callable[[], torch.Tensor] | None, deciding: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``d: [L, H]`` float64 of ``current: [L, H, P, N]`` against ``self.previous``, the probe images each head
-        averaged over ``[L, H]``, and ``current`` (extended when the adaptive probe asked for the other images)."""
+        averaged over ``[L, H]``, and ``current`` (extended when the adaptive probe asked for the other images).
+        ``deciding``: the convergence test runs this epoch (no extension during the burn-in, nothing is decided)."""
         cfg, previous = self.config, self.previous
         if cfg.probe_min is None:
             per_image = attention_drift(current, previous, self.cost)  # [L, H, P]
@@ -561,7 +563,7 @@ class DynamicsController(pl.Callback):
         images = torch.full(drift.shape, base)
         standard_error = per_image.std(dim=-1) / math.sqrt(base) if base > 1 else torch.zeros_like(drift)
         uncertain = ((drift - cfg.eps_d).abs() < cfg.probe_z * standard_error) & ~self.frozen
-        if uncertain.any() and extend is not None:
+        if deciding and uncertain.any() and extend is not None:
             current = torch.cat([current, extend().float()], dim=2)
             common = min(current.shape[2], previous.shape[2])
             if common > base:  # the previous epoch was extended too: these heads average over every common image

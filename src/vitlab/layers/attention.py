@@ -123,12 +123,11 @@ class _FrozenHeadAttention(torch.autograd.Function):
     """Attention of frozen heads: ``O = P V`` with ``P = softmax(q k^T * scale + bias)`` a constant (eq. 26).
 
     ``q, k, v: [B, F, N, d]``, ``bias: [B, 1, 1, N]`` or None. Only ``v`` gets a gradient, ``dV = P^T dO``; ``P`` is
-    never kept. The forward is SDPA. On the CPU it is PyTorch's flash kernel, whose row log-sum-exps ``lse`` make the
-    backward one more flash call: with ``P[i, j] = exp(s[i, j] + bias[j] - lse[i])``,
-    ``dV[j] = exp(bias[j]) sum_i exp(s[i, j] - lse[i]) dO[i]``, which is attention with k as the queries, q as the
-    keys, ``-lse`` as the mask and ``dO`` as the values, times the exponential of its own log-sum-exp. Elsewhere the
-    backward recomputes ``P`` without autograd. With attention dropout (or on the eager path) ``P`` is formed, dropped
-    out and kept for the backward, so both passes see the same mask.
+    not kept between the passes. The forward is SDPA. On the CPU it is PyTorch's flash kernel, which also returns
+    each row's log-sum-exp ``lse``, so the backward forms ``P = exp(q k^T * scale + bias - lse)`` with one product
+    and an exponential (no softmax); elsewhere it recomputes the softmax, without autograd either way. With attention
+    dropout (or on the eager path) ``P`` is formed, dropped out and kept for the backward, so both passes see the
+    same mask.
     """
 
     @staticmethod
@@ -136,7 +135,7 @@ class _FrozenHeadAttention(torch.autograd.Function):
         ctx.scale = scale
         ctx.mode = "recompute" if fused and dropout_p == 0 else "saved"
         if ctx.mode == "recompute" and _flash_with_logsumexp(q):
-            ctx.mode = "flash"
+            ctx.mode = "logsumexp"
             out, lse = getattr(torch.ops.aten, _CPU_FLASH)(q, k, v, attn_mask=bias, scale=scale)
             ctx.save_for_backward(q, k, bias, lse)
             return out
@@ -151,20 +150,24 @@ class _FrozenHeadAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):
-        if ctx.mode == "flash":
+        if ctx.mode == "logsumexp":
             q, k, bias, lse = ctx.saved_tensors
-            mask = (-lse).unsqueeze(-2).to(q.dtype)  # [B, F, 1, N]: over the keys of the transposed problem
-            column, column_lse = getattr(torch.ops.aten, _CPU_FLASH)(k, q, grad_out, attn_mask=mask, scale=ctx.scale)
+            B, heads, N, d = q.shape
+            logits = torch.baddbmm(
+                -lse.reshape(B * heads, N, 1).to(q.dtype),
+                q.reshape(B * heads, N, d),
+                k.reshape(B * heads, N, d).transpose(1, 2),
+                alpha=ctx.scale,
+            ).view(B, heads, N, N)
             if bias is not None:
-                column_lse = column_lse + bias.view(bias.shape[0], 1, -1)
-            grad_v = column * column_lse.exp().unsqueeze(-1).to(column.dtype)
+                logits += bias
+            probs = logits.exp_()
+        elif ctx.mode == "recompute":
+            q, k, bias = ctx.saved_tensors
+            probs = _attention_probs(q, k, bias, ctx.scale)
         else:
-            if ctx.mode == "recompute":
-                q, k, bias = ctx.saved_tensors
-                probs = _attention_probs(q, k, bias, ctx.scale)
-            else:
-                (probs,) = ctx.saved_tensors
-            grad_v = probs.to(grad_out.dtype).transpose(-2, -1) @ grad_out
+            (probs,) = ctx.saved_tensors
+        grad_v = probs.to(grad_out.dtype).transpose(-2, -1) @ grad_out
         return None, None, grad_v, None, None, None, None
 
 
