@@ -85,9 +85,9 @@ class DynamicsConfig:
             an eigen-decomposition costs O(N^3) per head and image, the drift only O(N^2).
         kappa_every: count the clusters every this many epochs (and at epoch 0); between, a record repeats the last
             count and names its epoch in ``kappa_epoch``. ``1``: every epoch (the paper's figures).
-        kappa_dtype: ``float64`` (default) or ``float32`` eigenvalues for ``kappa``; float32 takes about half the
-            time and gave the same counts on the measured probes (``docs/dynamics.md``), but a modulus within float32
-            rounding of ``1 - eps`` can count differently.
+        kappa_dtype: ``float64`` (default) or ``float32`` eigenvalues for ``kappa``; float32 gave the same counts on
+            the measured probes (``docs/dynamics.md``), but a modulus within float32 rounding of ``1 - eps`` can count
+            differently.
         probe_min: ``None`` (default): every epoch measures the drift of every head on all ``probe_size`` images, as
             the paper does. An integer turns on the adaptive probe: the probe pass and the drift run on the first
             ``probe_min`` images, and are extended to all ``probe_size`` images only for heads whose drift is within

@@ -114,8 +114,8 @@ def consensus_clusters(attn: torch.Tensor, eps: float = 0.1, dtype: torch.dtype 
 
     ``attn: [..., N, N]`` row-stochastic. Counts the eigenvalues of modulus ``>= 1 - eps``: 1 for global consensus,
     k for k nearly-decoupled groups of tokens, N when every token attends only to itself. Eigenvalues are computed
-    in ``dtype`` (float64 by default; float32 is about twice as fast, and a modulus within float32 rounding of
-    ``1 - eps`` may then count differently). Returns ``kappa: [...]`` int64 on ``attn``'s device.
+    in ``dtype`` (float64 by default; in float32 a modulus within float32 rounding of ``1 - eps`` may count
+    differently). Returns ``kappa: [...]`` int64 on ``attn``'s device.
     """
     if not 0 < eps < 1:
         raise ValueError(f"eps must be in (0, 1), got {eps}")

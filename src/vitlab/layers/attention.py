@@ -111,12 +111,13 @@ class _QKVWithFrozenHeads(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None
 
 
-def _flash_with_logsumexp(q: torch.Tensor) -> bool:
-    """Whether PyTorch's CPU flash-attention kernel, which also returns the log-sum-exp of each row, can run."""
-    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and hasattr(torch.ops.aten, _CPU_FLASH)
-
-
+# PyTorch's CPU flash-attention kernel (what SDPA runs on the CPU), which also returns each row's log-sum-exp.
 _CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def _flash_with_logsumexp(q: torch.Tensor) -> bool:
+    """Whether the CPU flash kernel with log-sum-exps can run on ``q``'s device and dtype."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and hasattr(torch.ops.aten, _CPU_FLASH)
 
 
 class _FrozenHeadAttention(torch.autograd.Function):
