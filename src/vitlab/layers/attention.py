@@ -10,7 +10,7 @@ module, never copies of it:
   the row-stochastic attention ``[B, H, N, N]`` is kept in ``captured``; otherwise SDPA runs and no matrix exists.
 - frozen heads (ViTCAE eq. 26): heads marked with :meth:`Attention.set_frozen_heads` become constants of the
   backward pass. Their attention pattern gets no gradient, their rows of ``W_q, W_k, W_v`` and their tau get
-  exactly zero gradient, and only the input gradient through their value path is kept (see "Frozen heads" below).
+  exactly zero gradient, and only the input gradient through their value path is kept (how: below).
 - proportional attention (ToMe, Bolya et al. 2023, sec. 3): ``size`` adds ``log(size)`` to the logits.
 
 Frozen heads are kept contiguous: :meth:`Attention.set_frozen_heads` permutes the heads so that the frozen ones
