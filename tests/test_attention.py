@@ -243,3 +243,15 @@ def test_temperature_gradient_matches_a_reference_formulation(form):
     out = m.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
     (out - target).square().sum().backward()
     torch.testing.assert_close(got, log_tau.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_frozen_heads_under_bf16_autocast():
+    m = _attn(temperature=True).train()
+    m.set_frozen_heads(torch.tensor([True, False, True, False]))
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(x)
+    out.float().square().sum().backward()
+    assert out.dtype == torch.bfloat16 and x.grad.dtype == torch.float32 and m.qkv.weight.grad.dtype == torch.float32
+    grad = m.in_original_order("qkv.weight", m.qkv.weight.grad).view(3, 4, 8, 32)
+    assert torch.all(grad[:, [0, 2]] == 0) and grad[:, [1, 3]].abs().sum() > 0
