@@ -1,11 +1,14 @@
 """What the attention-dynamics controller costs per epoch, against the epoch's training time.
 
-Two measurements:
+Three measurements:
 
-1. ``digits``: a real ``vitlab fit`` of ``vit/digits`` (ViT-pico with temperature, 4x4 patch grid) for a few
-   epochs with the controller on; per epoch, ``dynamics.jsonl`` records the controller's seconds and the epoch's
-   seconds without it.
-2. ``synthetic``: a ViT-micro (width 192, depth 6, 3 heads) on 32x32 RGB images with 4x4 patches (64 tokens), or
+1. ``fits``: real ``vitlab fit`` runs with the controller on, for a few epochs; per epoch, ``dynamics.jsonl``
+   records the controller's seconds and the epoch's seconds without it. ``vit/digits`` (ViT-nano with temperature,
+   4x4 patch grid) and, with ``--celeba PATH`` (the 32x32 CelebA subset npz), ``vitcae/celeba32`` (8x8 grid), each
+   with the exact defaults and with the approximations of ``--fast`` (the adaptive probe, float32 kappa).
+2. ``drift_check``: the drift of the synthetic model's probe between two weight states, by ``attention_drift`` and
+   by the implementation it replaced (``ot.emd2`` per reduced problem): the largest difference.
+3. ``synthetic``: a ViT-micro (width 192, depth 6, 3 heads) on 32x32 RGB images with 4x4 patches (64 tokens), or
    64x64 images (256 tokens). One controller epoch (probe 256, kappa on 32 images) is timed with its parts (probe
    forward with attention captured, drift by exact optimal transport, cluster counts by eigenvalues) and set
    against the time of a CIFAR-10-sized training epoch (45,000 images, batch 128), estimated from timed steps.
@@ -13,7 +16,7 @@ Two measurements:
 Each controller part is timed as the minimum over ``--repeats`` runs, the training step as the median of
 ``--steps``. Run (single-threaded, a few minutes)::
 
-    python benchmarks/controller_cost.py --threads 1
+    python benchmarks/controller_cost.py --threads 1 --celeba ../shared/datasets/celeba32_subset.npz
 
 Writes ``benchmarks/results/controller_cost.json``.
 """
@@ -29,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import ot
 import torch
 import torch.nn.functional as F
 
@@ -40,35 +45,53 @@ from vitlab.models.vit import VisionTransformer
 from vitlab.training.run import fit
 
 
-def digits_fit(epochs: int) -> dict:
+def real_fit(case: str, config: str, overrides: list[str], epochs: int) -> dict:
     """A real fit with the controller: its seconds against the epoch's seconds, per epoch."""
     with tempfile.TemporaryDirectory() as root:
-        overrides = [
+        settings = [
             f"run.dir={root}/run",
             f"trainer.max_epochs={epochs}",
             "trainer.enable_progress_bar=false",
-            "model.temperature=true",
             "run.test=false",
             "run.export=false",
             "run.generate=false",
             "dynamics.mode=schedule",
+            *overrides,
         ]
-        run_dir = fit(build_config("vit/digits", overrides))
+        run_dir = fit(build_config(config, settings))
         records = read_dynamics(run_dir)
     rows = [
         {"epoch": r["epoch"], "controller_s": r["seconds"], "epoch_s": r["epoch_seconds"]}
         for r in records
         if r["epoch_seconds"] is not None
     ]
-    controller = statistics.median(r["controller_s"] for r in rows)
-    epoch = statistics.median(r["epoch_s"] for r in rows)
+    # means, not medians: with kappa_every > 1 the controller's cost varies from epoch to epoch
+    controller = statistics.mean(r["controller_s"] for r in rows)
+    epoch = statistics.mean(r["epoch_s"] for r in rows)
     return {
-        "case": "digits: the vit/digits config with temperature (16 patches), probe 256 capped at the validation set",
+        "case": case,
+        "config": config,
+        "overrides": overrides,
         "epochs": rows,
         "controller_s": controller,
         "epoch_s": epoch,
         "controller_over_epoch": controller / epoch,
     }
+
+
+def reduced_emd2_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> np.ndarray:
+    """The drift as ``attention_drift`` computed it before it called POT's C solver: ``ot.emd2`` per problem on
+    ``(p - q)+ -> (p - q)-``. ``p, q: [..., N]`` -> flat ``[R]`` float64."""
+    p, q = p.double().reshape(-1, p.shape[-1]), q.double().reshape(-1, q.shape[-1])
+    difference = (p / p.sum(-1, keepdim=True) - q / q.sum(-1, keepdim=True)).numpy()
+    drift = np.zeros(len(difference))
+    for i, delta in enumerate(difference):
+        surplus, deficit = delta > 0, delta < 0
+        moved = delta[surplus].sum()
+        if moved > 0:
+            source, target = delta[surplus] / moved, -delta[deficit] / -delta[deficit].sum()
+            drift[i] = moved * ot.emd2(source, target, cost.numpy()[np.ix_(surplus, deficit)], check_marginals=False)
+    return drift
 
 
 def synthetic(tokens: int, args: argparse.Namespace) -> dict:
@@ -113,6 +136,22 @@ def synthetic(tokens: int, args: argparse.Namespace) -> dict:
     shifted = torch.roll(distributions, shifts=1, dims=-1)  # a different distribution on every row
     drift_s = fastest(lambda: attention_drift(distributions, shifted, controller.cost))
     controller.advance(controller.measure(probe))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    moved = controller.measure(probe).distributions
+    started = time.perf_counter()
+    fast = attention_drift(moved, distributions, controller.cost).flatten().numpy()
+    fast_s = time.perf_counter() - started
+    started = time.perf_counter()
+    reference = reduced_emd2_drift(moved, distributions, controller.cost)
+    reference_s = time.perf_counter() - started
+    drift_check = {
+        "problems": len(reference),
+        "max_abs_difference": float(np.abs(fast - reference).max()),
+        "fast_s": fast_s,
+        "emd2_s": reference_s,
+    }
     epochs = []
     for _ in range(args.repeats):  # a full epoch of control (measure, drift, schedule, tracker) after weights moved
         with torch.no_grad():
@@ -139,6 +178,7 @@ def synthetic(tokens: int, args: argparse.Namespace) -> dict:
         "tokens": tokens,
         "controller_s": controller_s,
         "parts_s": {"probe_forward_with_capture": forward_s, "drift_pot": drift_s, "kappa_eig": kappa_s},
+        "drift_check": drift_check,
         "train_step_s": step_s,
         "steps_per_epoch": steps_per_epoch,
         "epoch_s_estimated": epoch_s,
@@ -146,10 +186,39 @@ def synthetic(tokens: int, args: argparse.Namespace) -> dict:
     }
 
 
+def fits(args: argparse.Namespace) -> list[dict]:
+    """The real fits: digits and (with ``--celeba``) CelebA-32, exact defaults and the ``--fast`` options."""
+    digits = ["model.temperature=true"]
+    cases = [("digits, vit/digits (ViT-nano, 24 heads, 4x4 grid)", "vit/digits", digits, args.digits_epochs)]
+    if args.celeba:
+        celeba = ["data.name=npz", f"data.path={args.celeba}"]
+        cases.append(
+            (
+                "CelebA-32, vitcae/celeba32 (ViTCAE-pico, 16 heads, 8x8 grid)",
+                "vitcae/celeba32",
+                celeba,
+                args.celeba_epochs,
+            )
+        )
+    results = []
+    for case, config, overrides, epochs in cases:
+        results.append(real_fit(f"{case}, exact", config, overrides, epochs))
+        results.append(real_fit(f"{case}, {' '.join(args.fast)}", config, [*overrides, *args.fast], epochs))
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--digits-epochs", type=int, default=3)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--celeba", default=None, help="path of the 32x32 CelebA subset npz (skipped without it)")
+    parser.add_argument("--celeba-epochs", type=int, default=2)
+    parser.add_argument(
+        "--fast",
+        nargs="*",
+        default=["dynamics.probe_min=64", "dynamics.kappa_dtype=float32", "dynamics.kappa_every=2"],
+        help="the dynamics overrides of the approximate arm",
+    )
+    parser.add_argument("--tokens", type=int, nargs="+", default=[64])
     parser.add_argument("--probe", type=int, default=256)
     parser.add_argument("--kappa-images", type=int, default=32)
     parser.add_argument("--batch", type=int, default=128)
@@ -166,23 +235,24 @@ def main() -> None:
         "processor": platform.processor() or platform.machine(),
         "threads": args.threads,
         "settings": vars(args),
-        "digits": digits_fit(args.digits_epochs),
+        "fits": fits(args),
         "synthetic": [synthetic(tokens, args) for tokens in args.tokens],
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    digits = results["digits"]
-    print(
-        f"{digits['case']}: controller {digits['controller_s']:.2f} s per epoch, epoch {digits['epoch_s']:.2f} s "
-        f"({digits['controller_over_epoch']:.0%})"
-    )
+    for case in results["fits"]:
+        print(
+            f"{case['case']}: controller {case['controller_s']:.3f} s per epoch, epoch {case['epoch_s']:.2f} s "
+            f"({case['controller_over_epoch']:.1%})"
+        )
     for case in results["synthetic"]:
         parts = ", ".join(f"{k} {v:.2f} s" for k, v in case["parts_s"].items())
         print(
             f"{case['case']}: controller {case['controller_s']:.2f} s ({parts}); training epoch of "
             f"{args.epoch_images} images ~ {case['epoch_s_estimated']:.0f} s ({case['train_step_s']:.3f} s/step): "
-            f"{case['controller_over_epoch']:.1%}"
+            f"{case['controller_over_epoch']:.1%}; drift vs the emd2 implementation: max difference "
+            f"{case['drift_check']['max_abs_difference']:.1e} over {case['drift_check']['problems']} problems"
         )
     print(f"wrote {out}")
 

@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -169,7 +168,7 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
                 times[index].append(sample)
     base_backward = base_step = None
     for row, samples in zip(rows, times, strict=True):
-        forward, backward, optim = (statistics.median(s[i] for s in samples) for i in range(3))
+        forward, backward, optim = (min(s[i] for s in samples) for i in range(3))
         row["seconds"] = {
             "forward": forward,
             "backward": backward,
@@ -177,12 +176,13 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
             "step": forward + backward + optim,
         }
         if base_backward is None:
-            base_backward, base_step, base_flops = backward, row["seconds"]["step"], row["flops"]
+            base_forward, base_backward, base_step, base_flops = forward, backward, row["seconds"]["step"], row["flops"]
         flops = row["flops"]
         predicted_backward = 1 - flops["backward"] / base_flops["backward"]
         predicted_step = 1 - (flops["forward"] + flops["backward"]) / (base_flops["forward"] + base_flops["backward"])
         measured_backward = 1 - backward / base_backward
         measured_step = 1 - row["seconds"]["step"] / base_step
+        row["forward_overhead"] = forward / base_forward - 1
         row["saving"] = {
             "backward_predicted": predicted_backward,
             "backward_measured": measured_backward,
@@ -224,7 +224,7 @@ def main() -> None:
             f"batch {args.batch}"
         )
         print(
-            f"{'frozen':>7} {'fwd s':>7} {'bwd s':>7} {'step s':>7} | {'bwd saving pred':>15} {'meas':>6} "
+            f"{'frozen':>7} {'fwd s':>7} {'fwd +':>6} {'bwd s':>7} {'step s':>7} | {'bwd saving pred':>15} {'meas':>6} "
             f"{'ratio':>6} | {'step saving pred':>16} {'meas':>6} {'ratio':>6} | matmul FLOPs counted/analytic"
         )
         for row in case["rows"]:
@@ -232,7 +232,8 @@ def main() -> None:
             ratio = lambda value: "-" if value is None else f"{value:.2f}"  # noqa: E731
             agreement = (c["forward"] + c["backward"]) / (f["forward_matmul"] + f["backward_matmul"])
             print(
-                f"{row['frozen_fraction']:>7.0%} {s['forward']:>7.3f} {s['backward']:>7.3f} {s['step']:>7.3f} | "
+                f"{row['frozen_fraction']:>7.0%} {s['forward']:>7.3f} {row['forward_overhead']:>+6.1%} "
+                f"{s['backward']:>7.3f} {s['step']:>7.3f} | "
                 f"{v['backward_predicted']:>15.1%} {v['backward_measured']:>6.1%} "
                 f"{ratio(v['backward_measured_over_predicted']):>6} | {v['step_predicted']:>16.1%} "
                 f"{v['step_measured']:>6.1%} {ratio(v['step_measured_over_predicted']):>6} | {agreement:.4f}"

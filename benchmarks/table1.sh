@@ -2,6 +2,7 @@
 # The ViTCAE paper's Table I at CPU scale: controlled (eq. 20 schedule + eq. 26 freezing) against uncontrolled
 # (tau = 1, no freezing), same data, budget and seeds; then the comparison over seeds.
 #   bash benchmarks/table1.sh [CONFIG] [OUT] [extra overrides...]     e.g. bash benchmarks/table1.sh vitcae/digits runs/table1-digits
+# The two arms of a seed train at the same time; JOBS=1 trains one run at a time (for timing on a shared machine).
 set -euo pipefail
 CONFIG=${1:-vitcae/digits}
 OUT=${2:-runs/table1-$(basename "$CONFIG")}
@@ -17,9 +18,15 @@ run() {  # mode seed
     run.dir="$dir" run.name="table1-$1" trainer.enable_progress_bar=false ${EXTRA[@]+"${EXTRA[@]}"} > "$dir.log" 2>&1
 }
 mkdir -p "$OUT"
-for seed in 0 1 2; do
-  run controlled "$seed" &
-  run uncontrolled "$seed" &
-  wait
+SEEDS=${SEEDS:-0 1 2}
+for seed in $SEEDS; do
+  if [ "${JOBS:-2}" = 1 ]; then
+    run controlled "$seed"
+    run uncontrolled "$seed"
+  else
+    run controlled "$seed" &
+    run uncontrolled "$seed" &
+    wait
+  fi
 done
 "$VITLAB" compare "$OUT"/*-seed*/ --group-by dynamics.mode --metric test/acc --out "$OUT/table1"

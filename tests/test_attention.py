@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vitlab.layers import Attention, Block, attention_capture, capture_attention
 
@@ -73,19 +74,115 @@ def test_capture_raises_without_attention():
         capture_attention(torch.nn.Linear(3, 3), torch.randn(1, 3))
 
 
-def test_frozen_heads_forward_unchanged_and_backward_skipped():
-    m = _attn(temperature=True)
+def _unpermuted_frozen_reference(m: Attention, x: torch.Tensor, frozen: torch.Tensor) -> torch.Tensor:
+    """Eq. 26 written out in original head order, with plain autograd: the frozen heads' weight rows and tau are
+    detached, their q and k are constants, their attention ``P`` a constant, and only ``P V`` keeps a gradient."""
+    B, N, C = x.shape
+    H, d = m.num_heads, m.head_dim
+    rows = frozen.repeat_interleave(d).repeat(3)[:, None]  # [3C, 1]: the frozen heads' rows of W_qkv
+    weight = torch.where(rows, m.qkv.weight.detach(), m.qkv.weight)
+    bias = torch.where(rows[:, 0], m.qkv.bias.detach(), m.qkv.bias)
+    log_tau = torch.where(frozen, m.log_tau.detach(), m.log_tau)
+    q, k, v = F.linear(x, weight, bias).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)
+    q = q * log_tau.exp().view(1, H, 1, 1)
+    head = frozen.view(1, H, 1, 1)
+    q, k = torch.where(head, q.detach(), q), torch.where(head, k.detach(), k)
+    probs = ((q @ k.transpose(-2, -1)) * m.scale).softmax(-1)
+    probs = torch.where(head, probs.detach(), probs)
+    return m.proj((probs @ v).transpose(1, 2).reshape(B, N, C))
+
+
+def _grads_in_original_order(m: Attention) -> dict[str, torch.Tensor]:
+    grads = {name: m.in_original_order(name, p.grad) for name, p in m.head_parameters()}
+    return {**grads, "proj.bias": m.proj.bias.grad}
+
+
+@pytest.mark.parametrize(
+    "mask", [[True, False, True, False], [False, True, True, False], [True] * 4, [False, True, False, False]]
+)
+def test_permuted_frozen_heads_give_the_unpermuted_outputs_and_gradients(mask):
+    frozen = torch.tensor(mask)
+    m = _attn(temperature=True).train()
+    with torch.no_grad():
+        m.log_tau.copy_(torch.tensor([0.4, -0.3, 0.2, 0.8]))
     x = torch.randn(2, 6, 32, requires_grad=True)
+    target = torch.randn(2, 6, 32)
+    (_unpermuted_frozen_reference(m, x, frozen) - target).square().sum().backward()
+    reference, reference_x = _grads_in_original_order(m), x.grad.clone()
+    reference_tau = m.tau.detach().clone()
+    m.zero_grad()
+    x.grad = None
+
+    m.set_frozen_heads(frozen)
+    assert m.frozen_heads.tolist() == mask and m.num_frozen == sum(mask)
+    assert m.head_order[: sum(mask)].tolist() == [h for h in range(4) if mask[h]], "frozen heads go first"
+    torch.testing.assert_close(m.tau, reference_tau)  # tau is reported by original head
+    (m(x) - target).square().sum().backward()
+    got = _grads_in_original_order(m)
+    for name, grad in reference.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    torch.testing.assert_close(x.grad, reference_x, atol=1e-5, rtol=1e-4)
+    weight_grad = got["qkv.weight"].view(3, 4, 8, 32)
+    assert torch.all(weight_grad[:, frozen] == 0) and torch.all(got["log_tau"][frozen] == 0), "exactly zero"
+    assert torch.all(got["qkv.bias"].view(3, 4, 8)[:, frozen] == 0)
+    if not frozen.all():
+        assert weight_grad[:, ~frozen].abs().sum() > 0 and got["log_tau"][~frozen].abs().sum() > 0
+
+
+@pytest.mark.parametrize("route", ["logsumexp", "recompute"])
+def test_frozen_heads_backward_routes_agree_with_the_saved_attention(route, monkeypatch):
+    """The frozen heads' dV = P^T dO three ways: P from the CPU flash kernel's log-sum-exps, P recomputed, and P
+    kept by the eager path; with proportional attention's bias."""
+    import vitlab.layers.attention as attention
+
+    if route == "recompute":
+        monkeypatch.setattr(attention, "_flash_with_logsumexp", lambda q: False)
+    x = torch.randn(2, 6, 32)
+    size = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 4.0]).view(1, 6, 1).expand(2, 6, 1)
+    grads = []
+    for fused in (True, False):
+        m = _attn(temperature=True).train()
+        m.set_frozen_heads(torch.tensor([False, True, True, False]))
+        m.fused = fused
+        inputs = x.clone().requires_grad_(True)
+        m(inputs, size=size).square().sum().backward()
+        grads.append([inputs.grad, *(p.grad for _, p in m.head_parameters())])
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_freezing_more_heads_later_keeps_the_function():
+    m = _attn(temperature=True)
+    with torch.no_grad():
+        m.log_tau.copy_(torch.tensor([0.4, -0.3, 0.2, 0.8]))
+    x = torch.randn(2, 6, 32)
     ref = m(x)
-    m.set_frozen_heads(torch.tensor([True, False, True, False]))
+    for mask in ([False, False, True, False], [True, False, True, False], [False, True, True, True], [False] * 4):
+        assert m.set_frozen_heads(torch.tensor(mask)) is not None
+        torch.testing.assert_close(m(x), ref, atol=1e-6, rtol=1e-5)
+    assert m.head_order.tolist() == [0, 1, 2, 3] and m.set_frozen_heads(torch.zeros(4, dtype=torch.bool)) is None
+
+
+def test_frozen_heads_apply_attention_dropout():
+    """The frozen branch drops attention out as the active one does (it did not, once)."""
+    m = _attn(attn_drop=0.5).train()
+    m.set_frozen_heads(torch.ones(4, dtype=torch.bool))
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    torch.manual_seed(3)
     out = m(x)
-    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
-    out.square().sum().backward()
-    g = m.qkv.weight.grad.view(3, 4, 8, 32)
-    assert g[:, [0, 2]].abs().sum() == 0, "frozen heads' Q/K/V rows must get no gradient"
-    assert g[:, [1, 3]].abs().sum() > 0
-    assert m.log_tau.grad[[0, 2]].abs().sum() == 0 and m.log_tau.grad[[1, 3]].abs().sum() > 0
-    assert x.grad is not None and x.grad.abs().sum() > 0, "the value path keeps the input gradient"
+    B, N, C = x.shape
+    q, k, v = m.qkv(x).view(B, N, 3, 4, 8).permute(2, 0, 3, 1, 4)
+    probs = ((q @ k.transpose(-2, -1)) * m.scale).softmax(-1).detach()
+    torch.manual_seed(3)
+    dropped = F.dropout(probs, p=0.5)  # the same draw: the frozen branch is the only consumer of the RNG
+    reference = m.proj((dropped @ v).transpose(1, 2).reshape(B, N, C))
+    torch.testing.assert_close(out, reference)
+    assert not torch.allclose(out, m.eval()(x), atol=1e-3)
+    out.square().sum().backward()  # and its backward uses the same mask
+    (x_ref := x.detach().clone().requires_grad_(True))
+    q, k, v = m.qkv(x_ref).view(B, N, 3, 4, 8).permute(2, 0, 3, 1, 4)
+    m.proj((dropped @ v).transpose(1, 2).reshape(B, N, C)).square().sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
 
 
 def test_frozen_heads_capture_is_complete():
@@ -95,17 +192,31 @@ def test_frozen_heads_capture_is_complete():
         m(x)
     ref = cap.maps[""]
     m.set_frozen_heads(torch.tensor([False, True, False, True]))
-    with attention_capture(m) as cap:
-        m(x)
-    torch.testing.assert_close(cap.maps[""], ref, atol=1e-6, rtol=1e-5)
+    for grad in (False, True):
+        with attention_capture(m) as cap, torch.set_grad_enabled(grad):
+            m(x)
+        torch.testing.assert_close(cap.maps[""], ref, atol=1e-6, rtol=1e-5)  # by original head
 
 
 def test_frozen_state_survives_state_dict():
     m = _attn()
+    x = torch.randn(2, 6, 32)
     m.set_frozen_heads(torch.tensor([True, False, False, True]))
     m2 = _attn()
     m2.load_state_dict(m.state_dict())
-    assert m2._frozen_idx == [0, 3]
+    assert m2.frozen_heads.tolist() == [True, False, False, True] and m2.head_order.tolist() == [0, 3, 1, 2]
+    assert torch.equal(m2(x), m(x))
+
+
+def test_a_state_saved_before_heads_were_permuted_loads_in_original_order():
+    m = _attn()
+    x = torch.randn(2, 6, 32)
+    legacy = {k: v for k, v in m.state_dict().items() if k != "head_order"}
+    legacy["frozen_heads"] = torch.tensor([False, True, False, True])
+    m2 = _attn()
+    m2.load_state_dict(legacy)
+    assert m2.head_order.tolist() == [1, 3, 0, 2] and m2.frozen_heads.tolist() == [False, True, False, True]
+    torch.testing.assert_close(m2(x), m(x), atol=1e-6, rtol=1e-5)
 
 
 def test_bad_head_count_is_a_clear_error():
@@ -132,3 +243,15 @@ def test_temperature_gradient_matches_a_reference_formulation(form):
     out = m.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
     (out - target).square().sum().backward()
     torch.testing.assert_close(got, log_tau.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_frozen_heads_under_bf16_autocast():
+    m = _attn(temperature=True).train()
+    m.set_frozen_heads(torch.tensor([True, False, True, False]))
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(x)
+    out.float().square().sum().backward()
+    assert out.dtype == torch.bfloat16 and x.grad.dtype == torch.float32 and m.qkv.weight.grad.dtype == torch.float32
+    grad = m.in_original_order("qkv.weight", m.qkv.weight.grad).view(3, 4, 8, 32)
+    assert torch.all(grad[:, [0, 2]] == 0) and grad[:, [1, 3]].abs().sum() > 0

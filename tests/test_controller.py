@@ -41,10 +41,11 @@ def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps:
 
 
 def head_rows(module: Attention) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Copies of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]`` of a module."""
-    weight = module.qkv.weight.detach().view(3, NUM_HEADS, HEAD_DIM, WIDTH).clone()
-    bias = module.qkv.bias.detach().view(3, NUM_HEADS, HEAD_DIM).clone()
-    return weight, bias, module.log_tau.detach().clone()
+    """Copies of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]`` of a module, by original
+    head (the module keeps its frozen heads in its first slots)."""
+    weight = module.in_original_order("qkv.weight", module.qkv.weight.detach()).view(3, NUM_HEADS, HEAD_DIM, WIDTH)
+    bias = module.in_original_order("qkv.bias", module.qkv.bias.detach()).view(3, NUM_HEADS, HEAD_DIM)
+    return weight.clone(), bias.clone(), module.in_original_order("log_tau", module.log_tau.detach()).clone()
 
 
 FROZEN = torch.tensor([[True, False, False, True], [False, True, False, False]])
@@ -64,8 +65,10 @@ def test_frozen_heads_stay_bit_identical_through_adamw_with_weight_decay():
     for module, mask, (weight, bias, log_tau) in zip(modules, FROZEN, before, strict=True):
         assert module.frozen_heads.tolist() == mask.tolist()
         # eq. 26: no gradient reaches a frozen head's rows or tau
-        grad = module.qkv.weight.grad.view(3, NUM_HEADS, HEAD_DIM, WIDTH)
-        assert torch.all(grad[:, mask] == 0) and torch.all(module.log_tau.grad[mask] == 0)
+        grad = module.in_original_order("qkv.weight", module.qkv.weight.grad).view(3, NUM_HEADS, HEAD_DIM, WIDTH)
+        assert torch.all(grad[:, mask] == 0) and torch.all(
+            module.in_original_order("log_tau", module.log_tau.grad)[mask] == 0
+        )
         now_weight, now_bias, now_log_tau = head_rows(module)
         assert torch.equal(now_weight[:, mask], weight[:, mask])
         assert torch.equal(now_bias[:, mask], bias[:, mask])
@@ -73,6 +76,30 @@ def test_frozen_heads_stay_bit_identical_through_adamw_with_weight_decay():
         # the other heads keep training
         assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
         assert (now_log_tau[~mask] != log_tau[~mask]).all()
+
+
+def test_freezing_moves_the_optimizer_state_with_the_heads():
+    """The heads move to contiguous slots when they freeze; AdamW's moments must move with them, or every later step
+    would apply one head's momentum to another's rows."""
+    model = tiny_vit()
+    modules = [m for _, m in controlled_modules(model, None)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    train_steps(model, optimizer, 3, seed=0)
+
+    def moments(module):
+        return [
+            {k: module.in_original_order(name, v).clone() for k, v in optimizer.state[p].items() if k != "step"}
+            for name, p in module.head_parameters()
+        ]
+
+    before = [moments(m) for m in modules]
+    guard = FrozenHeadGuard(modules)
+    guard.attach(optimizer)
+    guard.freeze(FROZEN)
+    assert modules[0].head_order.tolist() == [0, 3, 1, 2] and modules[1].head_order.tolist() == [1, 0, 2, 3]
+    for module, saved in zip(modules, before, strict=True):
+        for now, then in zip(moments(module), saved, strict=True):
+            assert all(torch.equal(now[key], then[key]) for key in then)
 
 
 def test_without_the_guard_adamw_moves_zero_gradient_rows():
@@ -171,6 +198,69 @@ def test_schedule_sets_tau_from_drift_and_spares_frozen_heads():
     )
     assert torch.equal(torch.tensor(third["converged"]), STILL)  # convergence is final
     assert third["non_converged"] == 5
+
+
+def moves(shifts: list[list[list[int]]]) -> torch.Tensor:
+    """``[L, H, P, 16]`` point masses: image ``i`` of head ``(l, h)`` on patch ``shifts[l][h][i]`` of the 4x4 grid's
+    first row, so its drift from patch 0 is that many patch widths."""
+    dist = torch.zeros(len(shifts), len(shifts[0]), len(shifts[0][0]), 16)
+    for layer, row in enumerate(shifts):
+        for head, images in enumerate(row):
+            for image, patch in enumerate(images):
+                dist[layer, head, image, patch] = 1
+    return dist
+
+
+def test_adaptive_probe_extends_only_heads_near_the_threshold():
+    controller = scheduled_controller(probe_size=8, probe_min=4, probe_z=3.0, eps_d=0.5, kappa_images=2)
+    still = [[[0] * 8] * NUM_HEADS] * 2
+    kappa = torch.ones(2, NUM_HEADS, dtype=torch.float64)
+    base, rest = moves(still)[:, :, :4], moves(still)[:, :, 4:]
+    controller.advance(ProbeMeasurement(base, kappa), 0, extend=lambda: rest)  # epoch 0 keeps the whole probe
+    assert controller.previous.shape[2] == 8
+    # head (0, 0): 0.5 +- 0.29 on the first four images, within 3 standard errors of eps_d; (0, 1): 2 patches, sure
+    shifts = [[[0] * 8 for _ in range(NUM_HEADS)] for _ in range(2)]
+    shifts[0][0], shifts[0][1] = [0, 1, 0, 1, 1, 1, 1, 1], [2] * 8
+    epoch1 = moves(shifts)
+    calls = []
+    record = controller.advance(
+        ProbeMeasurement(epoch1[:, :, :4], None), 1, extend=lambda: calls.append(1) or epoch1[:, :, 4:]
+    )
+    assert calls == [1] and controller.previous.shape[2] == 8
+    assert record["drift"][0][:2] == [0.75, 2.0]  # (0, 0) over all 8 images, (0, 1) over the first 4
+    assert record["drift_images"][0][:2] == [8, 4] and record["kappa"] == kappa.tolist()
+    # nothing near the threshold: the other images are neither pushed through the model nor stored
+    record = controller.advance(ProbeMeasurement(epoch1[:, :, :4], None), 2, extend=lambda: 1 / 0)
+    assert controller.previous.shape[2] == 4 and record["drift_images"][0][0] == 4
+
+
+def test_adaptive_probe_measures_the_whole_probe_only_when_a_decision_needs_it():
+    controller = scheduled_controller(probe_size=8, probe_min=4, eps_d=0.5, burn_in=2, kappa_images=2)
+    shifts = [[[0, 1, 0, 1, 1, 1, 1, 1] for _ in range(NUM_HEADS)] for _ in range(2)]  # always near eps_d
+    calls = []
+    for epoch in range(4):
+        dist = moves(shifts if epoch % 2 else [[[0] * 8] * NUM_HEADS] * 2)
+        kappa = torch.ones(2, NUM_HEADS, dtype=torch.float64)
+        controller.advance(
+            ProbeMeasurement(dist[:, :, :4], kappa), epoch, extend=lambda d=dist: calls.append(1) or d[:, :, 4:]
+        )
+        calls.append(controller.previous.shape[2])
+    # burn-in: epoch 0 on the small probe, epoch 1 (= burn_in - 1) whole for the first decision, then as needed
+    assert calls == [4, 1, 8, 1, 8, 1, 8]
+
+
+def test_kappa_every_k_epochs_repeats_the_last_count_with_its_epoch():
+    controller = scheduled_controller(kappa_every=2)
+    records = []
+    for epoch, patches in enumerate([EPOCH0, EPOCH1, EPOCH2]):
+        counted = controller.wants_kappa(epoch)
+        kappa = torch.full((2, NUM_HEADS), epoch + 1.0, dtype=torch.float64)
+        records.append(
+            controller.advance(ProbeMeasurement(point_masses(patches).distributions, kappa if counted else None), epoch)
+        )
+    assert [r["kappa_epoch"] for r in records] == [0, 0, 2]
+    assert [r["kappa"][0][0] for r in records] == [1.0, 1.0, 3.0]
+    assert controller.state_dict()["kappa_epoch"] == 2
 
 
 def test_no_head_converges_during_burn_in():
@@ -376,12 +466,12 @@ class ScriptedController(DynamicsController):
 
     frozen_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
-    def measure(self, probe: torch.Tensor) -> ProbeMeasurement:
+    def measure(self, probe: torch.Tensor, kappa: bool = True) -> ProbeMeasurement:
         epoch = 0 if self.epoch is None else self.epoch + 1
         return point_masses([EPOCH0, EPOCH1, EPOCH2][epoch], num_images=len(probe))
 
-    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None) -> dict:
-        record = super().advance(measurement, epoch)
+    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None, extend=None) -> dict:
+        record = super().advance(measurement, epoch, extend)
         if record["epoch"] == 1:
             self.frozen_rows = [head_rows(m) for m in self.modules]
         return record
@@ -399,6 +489,39 @@ def test_frozen_heads_stay_bit_identical_through_lightning_training(tmp_path):
         assert torch.equal(now_weight[:, mask], weight[:, mask]) and torch.equal(now_bias[:, mask], bias[:, mask])
         assert torch.equal(now_log_tau[mask], log_tau[mask])
         assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
+
+
+def test_resumed_run_after_a_head_permutation_continues_bit_identically(tmp_path):
+    """STILL's heads freeze at the end of epoch 1, which moves them to the first slots of their modules (and the
+    AdamW state with them); a run stopped right there and resumed ends bit-identical to one that never stopped."""
+    settings = [s for s in FIT if not s.startswith("dynamics.")]
+    config = DynamicsConfig(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4)
+
+    def last_checkpoint(run_dir):
+        return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+
+    straight = tmp_path / "straight"
+    fit(
+        build_config("vit/digits", [*settings, f"run.dir={straight}"]), callbacks=[ScriptedController(config, straight)]
+    )
+    resumed = tmp_path / "resumed"
+    first = [*settings, f"run.dir={resumed}", "trainer.max_epochs=1"]
+    fit(build_config("vit/digits", first), callbacks=[ScriptedController(config, resumed)])
+    assert last_checkpoint(resumed)["state_dict"]["model.blocks.0.attn.head_order"].tolist() == [0, 3, 1, 2]
+    fit(
+        build_config("vit/digits", [*settings, f"run.dir={resumed}"]),
+        resume=resumed,
+        callbacks=[ScriptedController(config, resumed)],
+    )
+    a, b = last_checkpoint(straight), last_checkpoint(resumed)
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    for state_a, state_b in zip(
+        a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values(), strict=True
+    ):
+        assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+    assert [r["frozen"] for r in read_dynamics(straight)] == [r["frozen"] for r in read_dynamics(resumed)]
 
 
 def test_dynamics_command_prints_the_head_table_and_draws_the_comparison(runs, tmp_path, capsys):

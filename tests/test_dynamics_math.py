@@ -34,11 +34,14 @@ def test_patch_grid_cost_is_euclidean_between_row_major_centres():
     assert torch.equal(cost, cost.T) and torch.all(cost.diagonal() == 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("grid", [(4, 4), (8, 8), (3, 5)])
-def test_attention_drift_equals_pot_emd2(grid):
+def test_attention_drift_equals_pot_emd2(grid, dtype):
+    """The fast W1 (POT's C solver on the Kantorovich-Rubinstein reduction) against ot.emd2 on the full problem."""
     cost = patch_grid_cost(*grid)
-    p = random_distributions(12, cost.shape[0], seed=0)
-    q = random_distributions(12, cost.shape[0], seed=1)
+    p = random_distributions(12, cost.shape[0], seed=0).to(dtype)
+    q = random_distributions(12, cost.shape[0], seed=1).to(dtype)
+    q[3] = p[3]  # nothing to move
     reference = [ot.emd2(a.double().numpy(), b.double().numpy(), cost.numpy()) for a, b in zip(p, q, strict=True)]
     drift = attention_drift(p, q, cost)
     assert drift.shape == (12,)
@@ -117,6 +120,15 @@ def test_consensus_clusters_nearly_decoupled_blocks_depend_on_eps():
         consensus_clusters(attn * 2)
     with pytest.raises(ValueError, match="eps"):
         consensus_clusters(attn, eps=1.5)
+
+
+def test_consensus_clusters_in_float32_counts_as_float64_away_from_the_threshold():
+    generator = torch.Generator().manual_seed(0)
+    blocks = torch.block_diag(*[torch.ones(n, n) / n for n in (3, 4, 5)])
+    attn = torch.softmax(torch.randn(16, 12, 12, generator=generator), -1) * 0.05 + blocks * 0.95
+    assert torch.equal(consensus_clusters(attn, 0.1, dtype=torch.float32), consensus_clusters(attn, 0.1))
+    with pytest.raises(ValueError, match="float64 or torch.float32"):
+        consensus_clusters(attn, 0.1, dtype=torch.float16)
 
 
 def test_temperature_update_is_eq_20():

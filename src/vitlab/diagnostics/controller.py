@@ -20,8 +20,9 @@ the same schedule. The pure algorithms live in :mod:`vitlab.diagnostics.dynamics
 from __future__ import annotations
 
 import contextlib
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ DYNAMICS_FILE = "dynamics.jsonl"
 PLOTS_DIR = "dynamics"
 MODES = ("schedule", "learn", "fixed")
 PROBE_TAUS = ("model", "unit")
+KAPPA_DTYPES = ("float64", "float32")
 
 
 @dataclass
@@ -81,6 +83,17 @@ class DynamicsConfig:
             if there are any (ViTCAE's encoder, not its decoder), else every module.
         kappa_images: probe images (the first ones) whose attention matrices are eigen-decomposed for ``kappa``;
             an eigen-decomposition costs O(N^3) per head and image, the drift only O(N^2).
+        kappa_every: count the clusters every this many epochs (and at epoch 0); between, a record repeats the last
+            count and names its epoch in ``kappa_epoch``. ``1``: every epoch (the paper's figures).
+        kappa_dtype: ``float64`` (default) or ``float32`` eigenvalues for ``kappa``; float32 gave the same counts on
+            the measured probes (``docs/dynamics.md``), but a modulus within float32 rounding of ``1 - eps`` can count
+            differently.
+        probe_min: ``None`` (default): every epoch measures the drift of every head on all ``probe_size`` images, as
+            the paper does. An integer turns on the adaptive probe: the probe pass and the drift run on the first
+            ``probe_min`` images, and are extended to all ``probe_size`` images only for heads whose drift is within
+            ``probe_z`` standard errors of ``eps_d`` (where the convergence decision is uncertain). An approximation
+            of eq. 20's ``d`` for the other heads (standard error about ``d / sqrt(probe_min)``).
+        probe_z: the standard errors of the adaptive probe (see ``probe_min``).
     """
 
     mode: str = "schedule"
@@ -97,6 +110,10 @@ class DynamicsConfig:
     freeze: bool = True
     target: str | None = None
     kappa_images: int = 32
+    kappa_every: int = 1
+    kappa_dtype: str = "float64"
+    probe_min: int | None = None
+    probe_z: float = 3.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -112,6 +129,17 @@ class DynamicsConfig:
             problems.append(
                 f"dynamics.kappa_images must be in [1, probe_size={self.probe_size}], got {self.kappa_images}"
             )
+        if self.kappa_every < 1:
+            problems.append(f"dynamics.kappa_every must be >= 1 epoch, got {self.kappa_every}")
+        if self.kappa_dtype not in KAPPA_DTYPES:
+            problems.append(f"dynamics.kappa_dtype must be one of {', '.join(KAPPA_DTYPES)}, got {self.kappa_dtype!r}")
+        if self.probe_min is not None and not self.kappa_images <= self.probe_min <= self.probe_size:
+            problems.append(
+                f"dynamics.probe_min must be in [kappa_images={self.kappa_images}, probe_size={self.probe_size}] "
+                f"or null (every image every epoch), got {self.probe_min}"
+            )
+        if not self.probe_z > 0:
+            problems.append(f"dynamics.probe_z must be > 0 standard errors, got {self.probe_z}")
         if not 0 < self.eps < 1:
             problems.append(f"dynamics.eps must be in (0, 1), got {self.eps}")
         if not (self.eps_d > 0 and self.eps_tau > 0):
@@ -130,11 +158,12 @@ class ProbeMeasurement:
 
     Attributes:
         distributions: CLS-to-patch attention renormalised over the ``N`` patches, ``[L, H, P, N]`` float32 (CPU).
-        kappa: consensus clusters, mean over the first ``kappa_images`` probe images, ``[L, H]`` float64.
+        kappa: consensus clusters, mean over the first ``kappa_images`` probe images, ``[L, H]`` float64; ``None``
+            when the pass did not count them (``kappa_every``, or the adaptive probe's extension).
     """
 
     distributions: torch.Tensor
-    kappa: torch.Tensor
+    kappa: torch.Tensor | None
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -145,11 +174,17 @@ class FrozenHeadGuard:
     so their rows of the QKV projection and their tau get zero gradient) and snapshots those rows and tau. Zero
     gradient is not enough: AdamW still moves a parameter through its momentum and its weight decay. So after every
     step of an optimizer passed to :meth:`attach`, :meth:`restore` copies the snapshots back.
+
+    ``set_frozen_heads`` moves the frozen heads to the first slots of each module's parameters; the guard applies
+    the same permutation to the state of every attached optimizer (AdamW's moments, SGD's momentum: every tensor
+    shaped like its parameter), so training continues exactly as it would have without the move. Attach the
+    optimizers before freezing.
     """
 
     def __init__(self, modules: list[Attention]) -> None:
         self.modules = modules
-        self._snapshots: list[tuple[list[int], torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        self._snapshots: list[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[Any] = []
 
     def freeze(self, frozen: torch.Tensor) -> None:
@@ -159,21 +194,30 @@ class FrozenHeadGuard:
         self._snapshots = []
         with torch.no_grad():
             for module, mask in zip(self.modules, frozen, strict=True):
-                module.set_frozen_heads(mask)
-                heads = mask.nonzero().flatten().tolist()
+                perm = module.set_frozen_heads(mask)
+                if perm is not None:
+                    self._permute_optimizer_state(module, perm)
+                count = module.num_frozen  # the frozen heads now fill the first `count` slots
                 weight, bias, log_tau = self._views(module)
                 self._snapshots.append(
                     (
-                        heads,
-                        weight[:, heads].clone(),
-                        None if bias is None else bias[:, heads].clone(),
-                        None if log_tau is None else log_tau[heads].clone(),
+                        count,
+                        weight[:, :count].clone(),
+                        None if bias is None else bias[:, :count].clone(),
+                        None if log_tau is None else log_tau[:count].clone(),
                     )
                 )
 
+    def _permute_optimizer_state(self, module: Attention, perm: torch.Tensor) -> None:
+        for optimizer in self._optimizers:
+            for name, parameter in module.head_parameters():
+                for value in optimizer.state.get(parameter, {}).values():
+                    if torch.is_tensor(value) and value.shape == parameter.shape:
+                        value.copy_(module.permute_heads_of(name, value, perm))
+
     @staticmethod
     def _views(module: Attention) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Per-head views of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]``."""
+        """Per-slot views of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]``."""
         heads, head_dim = module.num_heads, module.head_dim
         weight = module.qkv.weight.data.view(3, heads, head_dim, -1)
         bias = None if module.qkv.bias is None else module.qkv.bias.data.view(3, heads, head_dim)
@@ -182,24 +226,26 @@ class FrozenHeadGuard:
     def restore(self) -> None:
         """Copy the snapshots of the frozen heads back into the parameters (nothing before :meth:`freeze`)."""
         with torch.no_grad():
-            for module, (heads, weight_rows, bias_rows, log_tau) in zip(self.modules, self._snapshots, strict=False):
-                if not heads:
+            for module, (count, weight_rows, bias_rows, log_tau) in zip(self.modules, self._snapshots, strict=False):
+                if not count:
                     continue
                 weight, bias, module_log_tau = self._views(module)
-                weight[:, heads] = weight_rows
+                weight[:, :count] = weight_rows
                 if bias is not None:
-                    bias[:, heads] = bias_rows
+                    bias[:, :count] = bias_rows
                 if module_log_tau is not None:
-                    module_log_tau[heads] = log_tau
+                    module_log_tau[:count] = log_tau
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
-        """Restore the frozen heads after every ``optimizer.step()``."""
+        """Restore the frozen heads after every ``optimizer.step()``; permute its state when heads move."""
+        self._optimizers.append(optimizer)
         self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.restore()))
 
     def detach(self) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        self._optimizers = []
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -303,7 +349,9 @@ class DynamicsController(pl.Callback):
         self.num_prefix_tokens = 1
         self.epoch: int | None = None  # the last epoch measured; 0 = before training
         self.tracker: ConvergenceTracker | None = None
-        self.previous: torch.Tensor | None = None  # [L, H, P, N] float32
+        self.previous: torch.Tensor | None = None  # [L, H, P, N] float32 (P = probe_min when not extended)
+        self.kappa: torch.Tensor | None = None  # [L, H] float64, the last count
+        self.kappa_epoch: int | None = None  # the epoch it was counted at
         self.frozen: torch.Tensor | None = None  # [L, H] bool
         self._pending_state: dict[str, Any] | None = None
         self._epoch_started: float | None = None
@@ -362,16 +410,18 @@ class DynamicsController(pl.Callback):
 
     # --- one epoch of control ---------------------------------------------------------------------------------------
     @torch.no_grad()
-    def measure(self, probe: torch.Tensor) -> ProbeMeasurement:
+    def measure(self, probe: torch.Tensor, kappa: bool = True) -> ProbeMeasurement:
         """Push ``probe: [P, C, H, W]`` through the attached model (eval mode, attention captured, at the temperature
-        ``probe_tau`` says) and measure the CLS-to-patch distributions and consensus clusters of every head."""
+        ``probe_tau`` says) and measure the CLS-to-patch distributions and (with ``kappa``) the consensus clusters of
+        every head."""
         model, cfg = self.model, self.config
         if model is None:
             raise RuntimeError("attach a model before measuring")
         device = next(model.parameters()).device
         forward = getattr(model, "forward_features", model)
         distributions, kappa_sum = [], torch.zeros(self.shape, dtype=torch.float64)
-        kappa_images = min(cfg.kappa_images, len(probe))
+        kappa_images = min(cfg.kappa_images, len(probe)) if kappa else 0
+        kappa_dtype = getattr(torch, cfg.kappa_dtype)
         was_training = model.training
         model.eval()
         try:
@@ -386,11 +436,12 @@ class DynamicsController(pl.Callback):
                         attn = self._checked_map(maps, name)  # [b, H, T, T]
                         chunk.append(attention_to_cls_distribution(attn, self.num_prefix_tokens).cpu())
                         if start < kappa_images:
-                            kappa_sum[layer] += consensus_clusters(attn[: kappa_images - start], cfg.eps).sum(0).cpu()
+                            clusters = consensus_clusters(attn[: kappa_images - start], cfg.eps, dtype=kappa_dtype)
+                            kappa_sum[layer] += clusters.sum(0).cpu()
                     distributions.append(torch.stack(chunk).transpose(1, 2))  # [L, H, b, N]
         finally:
             model.train(was_training)
-        return ProbeMeasurement(torch.cat(distributions, dim=2), kappa_sum / kappa_images)
+        return ProbeMeasurement(torch.cat(distributions, dim=2), kappa_sum / kappa_images if kappa else None)
 
     def _checked_map(self, maps: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         if name not in maps:
@@ -418,12 +469,22 @@ class DynamicsController(pl.Callback):
 
     @torch.no_grad()
     def set_temperatures(self, tau: torch.Tensor, heads: torch.Tensor) -> None:
-        """Write ``tau: [L, H]`` into the heads marked in ``heads: [L, H]`` bool (as ``log_tau``)."""
+        """Write ``tau: [L, H]`` into the heads marked in ``heads: [L, H]`` bool, by original head (as ``log_tau``)."""
         for module, values, mask in zip(self.modules, tau, heads, strict=True):
             if mask.any():
-                module.log_tau[mask.to(module.log_tau.device)] = values[mask].log().to(module.log_tau)
+                slots = module.head_slots[mask.cpu()].to(module.log_tau.device)  # parameters are in slot order
+                module.log_tau[slots] = values[mask].log().to(module.log_tau)
 
-    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None) -> dict[str, Any]:
+    def wants_kappa(self, epoch: int) -> bool:
+        """Whether epoch ``epoch``'s probe pass counts the clusters (``kappa_every``)."""
+        return epoch % self.config.kappa_every == 0 or self.kappa is None
+
+    def advance(
+        self,
+        measurement: ProbeMeasurement,
+        epoch: int | None = None,
+        extend: Callable[[], torch.Tensor] | None = None,
+    ) -> dict[str, Any]:
         """Record one epoch: drift against the previous measurement, the temperature schedule (eq. 20), convergence
         and freezing (eq. 26). Returns the epoch's record (as written to ``dynamics.jsonl``).
 
@@ -431,6 +492,12 @@ class DynamicsController(pl.Callback):
         ``tau_{t+1} = 1 / (1 + alpha d_t)`` is written into the heads that are not frozen; from epoch ``burn_in`` on
         the tracker sees ``d_t`` and that new tau; heads that converge are frozen with it. The first call (epoch 0)
         has no drift.
+
+        With the adaptive probe (``probe_min``) ``measurement`` holds the first ``probe_min`` probe images and
+        ``extend()`` returns the distributions of the others, ``[L, H, P - probe_min, N]``; from epoch ``burn_in`` on
+        it is called when some head's drift is within ``probe_z`` standard errors of ``eps_d``, and those heads'
+        drift then averages over every probe image for which the previous epoch has a distribution too. It is also
+        called at epoch ``burn_in - 1``, so that the first decision can use the whole probe.
         """
         cfg = self.config
         num_layers, num_heads = self.shape
@@ -440,12 +507,16 @@ class DynamicsController(pl.Callback):
         if self.tracker is None:
             self.tracker = ConvergenceTracker(num_layers, num_heads, cfg.eps_d, cfg.eps_tau, cfg.patience)
             self.frozen = torch.zeros(num_layers, num_heads, dtype=torch.bool)
+        if measurement.kappa is not None:
+            self.kappa, self.kappa_epoch = measurement.kappa, epoch
         current = measurement.distributions.float()
-        drift = None
+        drift = drift_images = None
         if self.previous is not None:
-            drift = attention_drift(current, self.previous, self.cost).mean(dim=-1)  # [L, H] float64
+            drift, drift_images, current = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
             if cfg.mode == "schedule":
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
+        if extend is not None and current.shape[2] == cfg.probe_min and epoch == max(cfg.burn_in - 1, 0):
+            current = torch.cat([current, extend().float()], dim=2)  # the whole probe, for the first decision
         tau = self.temperatures()
         if epoch >= cfg.burn_in:
             # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
@@ -458,26 +529,68 @@ class DynamicsController(pl.Callback):
             self.guard.freeze(self.frozen)
         self.previous = current
         self.epoch = epoch
-        return {
+        record = {
             "epoch": epoch,
             "mode": cfg.mode,
             "modules": self.module_names,
             "drift": None if drift is None else drift.tolist(),
-            "kappa": measurement.kappa.tolist(),
+            "kappa": self.kappa.tolist(),
             "tau": tau.tolist(),
             "converged": converged.tolist(),
             "frozen": self.frozen.tolist(),
             "non_converged": int((~converged).sum()),
             "mean_drift": None if drift is None else float(drift.mean()),
         }
+        if cfg.kappa_every > 1:
+            record["kappa_epoch"] = self.kappa_epoch
+        if cfg.probe_min is not None:
+            record["drift_images"] = None if drift_images is None else drift_images.tolist()
+        return record
+
+    def _drift(
+        self, current: torch.Tensor, extend: Callable[[], torch.Tensor] | None, deciding: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``d: [L, H]`` float64 of ``current: [L, H, P, N]`` against ``self.previous``, the probe images each head
+        averaged over ``[L, H]``, and ``current`` (extended when the adaptive probe asked for the other images).
+        ``deciding``: the convergence test runs this epoch (no extension during the burn-in, nothing is decided)."""
+        cfg, previous = self.config, self.previous
+        if cfg.probe_min is None:
+            per_image = attention_drift(current, previous, self.cost)  # [L, H, P]
+            return per_image.mean(dim=-1), torch.full(per_image.shape[:2], per_image.shape[-1]), current
+        base = min(cfg.probe_min, current.shape[2], previous.shape[2])
+        per_image = attention_drift(current[:, :, :base], previous[:, :, :base], self.cost)
+        drift = per_image.mean(dim=-1)
+        images = torch.full(drift.shape, base)
+        standard_error = per_image.std(dim=-1) / math.sqrt(base) if base > 1 else torch.zeros_like(drift)
+        uncertain = ((drift - cfg.eps_d).abs() < cfg.probe_z * standard_error) & ~self.frozen
+        if deciding and uncertain.any() and extend is not None:
+            current = torch.cat([current, extend().float()], dim=2)
+            common = min(current.shape[2], previous.shape[2])
+            if common > base:  # the previous epoch was extended too: these heads average over every common image
+                rest = attention_drift(
+                    current[uncertain][:, base:common], previous[uncertain][:, base:common], self.cost
+                )
+                drift[uncertain] = (per_image[uncertain].sum(-1) + rest.sum(-1)) / common
+                images[uncertain] = common
+        return drift, images, current
 
     def step(self, trainer: pl.Trainer, epoch: int) -> dict[str, Any]:
         """Measure, advance, write the record and log its scalars: the controller's work for one epoch."""
         started = time.perf_counter()
-        measurement = self.measure(self.probe)
-        if trainer.world_size > 1:  # identical inputs on every rank -> identical schedules and frozen masks
-            measurement = trainer.strategy.broadcast(measurement, src=0)
-        record = self.advance(measurement, epoch)
+        cfg = self.config
+
+        def identical_on_every_rank(value: Any) -> Any:  # identical inputs -> identical schedules and frozen masks
+            return trainer.strategy.broadcast(value, src=0) if trainer.world_size > 1 else value
+
+        first = len(self.probe) if cfg.probe_min is None else cfg.probe_min
+        measurement = identical_on_every_rank(self.measure(self.probe[:first], kappa=self.wants_kappa(epoch)))
+        extend = None
+        if first < len(self.probe):
+
+            def extend() -> torch.Tensor:
+                return identical_on_every_rank(self.measure(self.probe[first:], kappa=False)).distributions
+
+        record = self.advance(measurement, epoch, extend)
         record["seconds"] = time.perf_counter() - started
         record["epoch_seconds"] = None if self._epoch_started is None else started - self._epoch_started
         if trainer.is_global_zero:
@@ -489,7 +602,7 @@ class DynamicsController(pl.Callback):
                 "dynamics/non_converged": record["non_converged"],
                 "dynamics/frozen": int(self.frozen.sum()),
                 "dynamics/mean_drift": record["mean_drift"],
-                "dynamics/mean_kappa": float(measurement.kappa.mean()),
+                "dynamics/mean_kappa": float(self.kappa.mean()),
                 "dynamics/mean_tau": float(self.temperatures().mean()),
                 "dynamics/seconds": record["seconds"],
                 "epoch": epoch - 1,  # the training epoch that just ended (Lightning counts from 0)
@@ -548,6 +661,8 @@ class DynamicsController(pl.Callback):
             "tracker": None if self.tracker is None else self.tracker.state_dict(),
             "previous": self.previous,
             "frozen": self.frozen,
+            "kappa": self.kappa,
+            "kappa_epoch": self.kappa_epoch,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -564,6 +679,7 @@ class DynamicsController(pl.Callback):
                 f"{self.module_names}; resume with the same model and dynamics.target"
             )
         self.epoch, self.previous, self.frozen = state["epoch"], state["previous"], state["frozen"]
+        self.kappa, self.kappa_epoch = state.get("kappa"), state.get("kappa_epoch")  # absent before kappa_every
         if state["tracker"] is None:
             self.tracker = None
             return

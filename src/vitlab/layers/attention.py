@@ -8,20 +8,168 @@ module, never copies of it:
   ``"divide"`` divides them (eq. 19 as printed).
 - capture: when ``capture`` is set (see :func:`vitlab.layers.capture.capture_attention`) the eager path runs and
   the row-stochastic attention ``[B, H, N, N]`` is kept in ``captured``; otherwise SDPA runs and no matrix exists.
-- frozen heads (ViTCAE eq. 26): heads marked in the ``frozen_heads`` buffer get their attention pattern computed
-  without autograd, so the backward pass skips their Q/K path and softmax; the value path keeps the input gradient.
+- frozen heads (ViTCAE eq. 26): heads marked with :meth:`Attention.set_frozen_heads` become constants of the
+  backward pass. Their attention pattern gets no gradient, their rows of ``W_q, W_k, W_v`` and their tau get
+  exactly zero gradient, and only the input gradient through their value path is kept (how: below).
 - proportional attention (ToMe, Bolya et al. 2023, sec. 3): ``size`` adds ``log(size)`` to the logits.
+
+Frozen heads are kept contiguous: :meth:`Attention.set_frozen_heads` permutes the heads so that the frozen ones
+occupy the first slots (the rows of ``W_qkv`` and ``b_qkv``, the columns of ``W_proj`` and ``log_tau`` move
+together, an exact symmetry of multi-head attention). ``head_order[j]`` (a persistent buffer, so checkpoints and
+exports carry it) is the original index of the head in slot ``j``; everything the module reports (``frozen_heads``,
+``tau``, ``captured``) is indexed by original head, and :meth:`Attention.permute_heads_of` applies the same
+permutation to optimizer state.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 TemperatureForm = Literal["inverse", "divide"]
+# The parameters of Attention that have one slice per head, by their name inside the module.
+HEAD_PARAMETERS = ("qkv.weight", "qkv.bias", "proj.weight", "log_tau")
+
+
+def _attention_probs(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Row-stochastic attention ``softmax(q k^T * scale + bias)``: ``[B, H, N, d] -> [B, H, N, N]``."""
+    logits = (q * scale) @ k.transpose(-2, -1)
+    if bias is not None:
+        logits = logits + bias
+    return logits.softmax(dim=-1)
+
+
+class _QKVWithFrozenHeads(torch.autograd.Function):
+    """The fused QKV product ``x W^T + b`` split into the frozen heads' and the active heads' q, k, v.
+
+    ``x: [B, N, C]``, ``weight: [3C, C]``, ``bias: [3C]`` or None, the frozen heads in the first ``frozen`` slots.
+    Returns ``(q_f, k_f, v_f, q_a, k_a, v_a)``, each ``[B, heads, N, d]`` (views of the one product). The frozen
+    heads' attention is a constant of the backward pass (eq. 26), so ``q_f`` and ``k_f`` are not differentiable:
+    their rows of ``W`` and ``b`` get exactly zero gradient, never formed, and they add nothing to the input
+    gradient. ``v_f`` keeps its input gradient, and not its weight gradient. The backward forms one product per
+    part instead of one for all of ``3C``; it never materialises a ``[B, N, 3C]`` gradient.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, heads: int, frozen: int):
+        B, N = x.shape[:2]
+        qkv = F.linear(x, weight, bias).view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4)
+        ctx.save_for_backward(x, weight)
+        ctx.frozen, ctx.heads, ctx.has_bias = frozen, heads, bias is not None
+        ctx.set_materialize_grads(False)
+        q_f, k_f, v_f = qkv[:, :, :frozen].unbind(0)
+        q_a, k_a, v_a = qkv[:, :, frozen:].unbind(0)
+        ctx.mark_non_differentiable(q_f, k_f)
+        return q_f, k_f, v_f, q_a, k_a, v_a
+
+    @staticmethod
+    def backward(ctx: Any, _q_f, _k_f, grad_v_f, grad_q_a, grad_k_a, grad_v_a):
+        x, weight = ctx.saved_tensors
+        B, N, C = x.shape
+        frozen, width = ctx.frozen, weight.shape[0] // 3
+        split = frozen * (width // ctx.heads)  # rows of each of q, k, v that belong to frozen heads
+        reference = next((g for g in (grad_v_f, grad_v_a, grad_q_a, grad_k_a) if g is not None), None)
+        if reference is None:
+            return None, None, None, None, None
+        dtype = reference.dtype  # under autocast the product ran in the gradient's dtype
+        w = weight.view(3, width, C).to(dtype)
+
+        def flat(grad: torch.Tensor | None, heads: int) -> torch.Tensor:
+            """``[B, heads, N, d] -> [B N, heads d]`` (zeros for a part that got no gradient)."""
+            if grad is None:
+                return reference.new_zeros(B * N, heads * (width // ctx.heads))
+            return grad.transpose(1, 2).reshape(B * N, -1)
+
+        # (part, its rows, the gradient of their outputs): the frozen v first (frozen q and k have none), then the
+        # active heads' q, k, v, the only rows that get a weight gradient
+        active = ctx.heads - frozen
+        parts = [(2, slice(0, split), flat(grad_v_f, frozen))]
+        if active:
+            parts += [(p, slice(split, width), flat(g, active)) for p, g in enumerate((grad_q_a, grad_k_a, grad_v_a))]
+        trained = parts[1:]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            for part, rows, grad in parts:
+                grad_x = (
+                    grad @ w[part, rows] if grad_x is None else torch.addmm(grad_x, grad, w[part, rows], out=grad_x)
+                )
+            grad_x = grad_x.view(B, N, C).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            x2 = x.reshape(B * N, C).to(dtype)
+            grad_w = weight.new_zeros(3, width, C, dtype=dtype)
+            for part, rows, grad in trained:
+                torch.mm(grad.T, x2, out=grad_w[part, rows])
+            grad_w = grad_w.view(weight.shape).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = weight.new_zeros(3, width, dtype=dtype)
+            for part, rows, grad in trained:
+                grad_b[part, rows] = grad.sum(0)
+            grad_b = grad_b.view(-1).to(weight.dtype)
+        return grad_x, grad_w, grad_b, None, None
+
+
+# PyTorch's CPU flash-attention kernel (what SDPA runs on the CPU), which also returns each row's log-sum-exp.
+_CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def _flash_with_logsumexp(q: torch.Tensor) -> bool:
+    """Whether the CPU flash kernel with log-sum-exps can run on ``q``'s device and dtype."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and hasattr(torch.ops.aten, _CPU_FLASH)
+
+
+class _FrozenHeadAttention(torch.autograd.Function):
+    """Attention of frozen heads: ``O = P V`` with ``P = softmax(q k^T * scale + bias)`` a constant (eq. 26).
+
+    ``q, k, v: [B, F, N, d]``, ``bias: [B, 1, 1, N]`` or None. Only ``v`` gets a gradient, ``dV = P^T dO``; ``P`` is
+    not kept between the passes. The forward is SDPA. On the CPU it is PyTorch's flash kernel, which also returns
+    each row's log-sum-exp ``lse``, so the backward forms ``P = exp(q k^T * scale + bias - lse)`` with one product
+    and an exponential (no softmax); elsewhere it recomputes the softmax, without autograd either way. With attention
+    dropout (or on the eager path) ``P`` is formed, dropped out and kept for the backward, so both passes see the
+    same mask.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q, k, v, bias, scale: float, dropout_p: float, fused: bool):
+        ctx.scale = scale
+        ctx.mode = "recompute" if fused and dropout_p == 0 else "saved"
+        if ctx.mode == "recompute" and _flash_with_logsumexp(q):
+            ctx.mode = "logsumexp"
+            out, lse = getattr(torch.ops.aten, _CPU_FLASH)(q, k, v, attn_mask=bias, scale=scale)
+            ctx.save_for_backward(q, k, bias, lse)
+            return out
+        if ctx.mode == "recompute":
+            ctx.save_for_backward(q, k, bias)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+        probs = _attention_probs(q, k, bias, scale)
+        if dropout_p > 0:
+            probs = F.dropout(probs, p=dropout_p)
+        ctx.save_for_backward(probs)
+        return probs @ v
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):
+        if ctx.mode == "logsumexp":
+            q, k, bias, lse = ctx.saved_tensors
+            B, heads, N, d = q.shape
+            logits = torch.baddbmm(
+                -lse.reshape(B * heads, N, 1).to(q.dtype),
+                q.reshape(B * heads, N, d),
+                k.reshape(B * heads, N, d).transpose(1, 2),
+                alpha=ctx.scale,
+            ).view(B, heads, N, N)
+            if bias is not None:
+                logits += bias
+            probs = logits.exp_()
+        elif ctx.mode == "recompute":
+            q, k, bias = ctx.saved_tensors
+            probs = _attention_probs(q, k, bias, ctx.scale)
+        else:
+            (probs,) = ctx.saved_tensors
+        grad_v = probs.to(grad_out.dtype).transpose(-2, -1) @ grad_out
+        return None, None, grad_v, None, None, None, None
 
 
 class Attention(nn.Module):
@@ -66,77 +214,137 @@ class Attention(nn.Module):
         else:
             self.register_parameter("log_tau", None)
         self.register_buffer("frozen_heads", torch.zeros(num_heads, dtype=torch.bool), persistent=True)
-        # Host-side copies of the frozen / active head indices, so the hot path never syncs with the device.
-        self._frozen_idx: list[int] = []
-        self._active_idx: list[int] = list(range(num_heads))
+        self.register_buffer("head_order", torch.arange(num_heads), persistent=True)
+        # Host-side state derived from the buffers, so the hot path never syncs with the device.
+        self.num_frozen = 0
+        self._permuted = False
         self.fused = True
         self.capture = False
         self.captured: torch.Tensor | None = None
 
     # ----------------------------------------------------------------------------------------------------------
     @property
+    def head_slots(self) -> torch.Tensor:
+        """``[H]`` long (CPU): the slot of the parameters that holds each original head."""
+        return self.head_order.cpu().argsort()
+
+    @property
     def tau(self) -> torch.Tensor | None:
-        """Per-head temperature ``[H]`` (``None`` when the module has no temperature)."""
-        return None if self.log_tau is None else self.log_tau.exp()
-
-    def set_frozen_heads(self, frozen: torch.Tensor) -> None:
-        """Mark heads as frozen (eq. 26). ``frozen: [H]`` bool."""
-        frozen = torch.as_tensor(frozen, dtype=torch.bool, device=self.frozen_heads.device)
-        if frozen.shape != (self.num_heads,):
-            raise ValueError(f"frozen mask must have shape [{self.num_heads}], got {list(frozen.shape)}")
-        self.frozen_heads.copy_(frozen)
-        self._sync_head_indices()
-
-    def _sync_head_indices(self) -> None:
-        mask = self.frozen_heads.tolist()
-        self._frozen_idx = [h for h, f in enumerate(mask) if f]
-        self._active_idx = [h for h, f in enumerate(mask) if not f]
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self._sync_head_indices()
-
-    def _query_scale(self) -> torch.Tensor | None:
-        """``[1, H, 1, 1]`` multiplier for q that applies the temperature (None when there is none)."""
+        """Per-head temperature ``[H]`` by original head (``None`` when the module has no temperature)."""
         if self.log_tau is None:
             return None
-        sign = 1.0 if self.temperature_form == "inverse" else -1.0
-        return (sign * self.log_tau).exp().view(1, -1, 1, 1)
+        tau = self.log_tau.exp()
+        return tau[self.head_slots.to(tau.device)] if self._permuted else tau
 
-    def _project_qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """``x: [B, N, C] -> [B, N, 3C]``, the q part scaled per head by the temperature.
+    def set_frozen_heads(self, frozen: torch.Tensor) -> torch.Tensor | None:
+        """Mark heads as frozen (eq. 26). ``frozen: [H]`` bool, by original head.
+
+        The frozen heads are moved to the first slots (frozen, then the others, each in original order). Returns the
+        slot permutation ``perm: [H]`` (new slot ``j`` holds what slot ``perm[j]`` held) when the heads moved, else
+        None. Whoever keeps state shaped like this module's parameters (an optimizer's moments) must permute it with
+        :meth:`permute_heads_of`; :class:`vitlab.diagnostics.FrozenHeadGuard` does so for the optimizers it guards.
+        """
+        frozen = torch.as_tensor(frozen, dtype=torch.bool).detach().cpu()
+        if frozen.shape != (self.num_heads,):
+            raise ValueError(f"frozen mask must have shape [{self.num_heads}], got {list(frozen.shape)}")
+        order = torch.cat([frozen.nonzero().flatten(), (~frozen).nonzero().flatten()])
+        current = self.head_order.cpu()
+        perm = None
+        if not torch.equal(order, current):
+            perm = current.argsort()[order]
+            with torch.no_grad():
+                for name, parameter in self.head_parameters():
+                    parameter.copy_(self.permute_heads_of(name, parameter, perm))
+                    if parameter.grad is not None:
+                        parameter.grad.copy_(self.permute_heads_of(name, parameter.grad, perm))
+                self.head_order.copy_(order)
+        self.frozen_heads.copy_(frozen)
+        self._sync_head_state()
+        return perm
+
+    def head_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """The parameters with one slice per head, ``(name, parameter)``; see :meth:`permute_heads_of`."""
+        found = [("qkv.weight", self.qkv.weight), ("qkv.bias", self.qkv.bias)]
+        found += [("proj.weight", self.proj.weight), ("log_tau", self.log_tau)]
+        return [(name, p) for name, p in found if p is not None]
+
+    def permute_heads_of(self, name: str, tensor: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+        """``tensor`` shaped like parameter ``name`` (one of ``HEAD_PARAMETERS``) with its head slices permuted.
+
+        Slot ``j`` of the result is slot ``perm[j]`` of ``tensor``: rows of ``qkv.weight`` / ``qkv.bias`` per head
+        within each of q, k and v, columns of ``proj.weight``, entries of ``log_tau``.
+        """
+        heads, head_dim = self.num_heads, self.head_dim
+        perm = perm.to(tensor.device)
+        if name == "qkv.weight":
+            return tensor.view(3, heads, head_dim, -1)[:, perm].reshape(tensor.shape)
+        if name == "qkv.bias":
+            return tensor.view(3, heads, head_dim)[:, perm].reshape(tensor.shape)
+        if name == "proj.weight":
+            return tensor.view(-1, heads, head_dim)[:, perm].reshape(tensor.shape)
+        if name == "log_tau":
+            return tensor[perm]
+        raise ValueError(f"{name!r} has no head slices; the parameters that do are {HEAD_PARAMETERS}")
+
+    def in_original_order(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` shaped like parameter ``name`` (its value, gradient or an optimizer moment) with the heads put
+        back in original order: what a model that never permuted its heads would hold."""
+        return self.permute_heads_of(name, tensor, self.head_slots) if self._permuted else tensor
+
+    def _sync_head_state(self) -> None:
+        self.num_frozen = int(self.frozen_heads.sum())
+        self._permuted = not torch.equal(self.head_order.cpu(), torch.arange(self.num_heads))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A state saved before heads were permuted has no head_order: its parameters are in original order.
+        legacy = prefix + "head_order" not in state_dict
+        if legacy:
+            state_dict[prefix + "head_order"] = torch.arange(self.num_heads)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._sync_head_state()
+        if legacy and self.num_frozen:
+            self.set_frozen_heads(self.frozen_heads.clone())
+
+    def _qkv_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``W_qkv [3C, C]`` and ``b_qkv [3C]`` with the q rows scaled per head by the temperature.
 
         The temperature scales the q rows of ``W_qkv`` and ``b_qkv`` (``(x W_q^T + b_q) tau = x (tau W_q)^T +
         tau b_q``): O(C^2) work per step, where scaling q itself costs O(B N C) forward and backward, which made
         a ViT block's training step about 3% slower (docs/benchmarks.md).
         """
         if self.log_tau is None:
-            return self.qkv(x)
+            return self.qkv.weight, self.qkv.bias
         sign = 1.0 if self.temperature_form == "inverse" else -1.0
         q_rows = (sign * self.log_tau).exp().repeat_interleave(self.head_dim)  # [C]
         row_scale = torch.cat([q_rows, q_rows.new_ones(2 * q_rows.numel())])  # [3C]: q rows scaled, k and v not
         bias = None if self.qkv.bias is None else self.qkv.bias * row_scale
-        return F.linear(x, self.qkv.weight * row_scale[:, None], bias)
+        return self.qkv.weight * row_scale[:, None], bias
 
     # ----------------------------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, size: torch.Tensor | None = None, return_keys: bool = False):
         """``x: [B, N, C]``; ``size: [B, N, 1]`` token sizes for proportional attention (ToMe) or None.
 
         Returns ``[B, N, C]``, or ``([B, N, C], keys [B, N, C/H])`` with the head-averaged keys when
-        ``return_keys`` (the ToMe matching metric).
+        ``return_keys`` (the ToMe matching metric, without gradient).
         """
         B, N, C = x.shape
+        H, d = self.num_heads, self.head_dim
         bias = None if size is None else size.log().view(B, 1, 1, N).to(x.dtype)
-        if self._frozen_idx:
-            out, k = self._forward_with_frozen(x, bias)
+        weight, qkv_bias = self._qkv_parameters()
+        # Without autograd a frozen head computes exactly what an active one does: the plain path.
+        frozen = self.num_frozen if torch.is_grad_enabled() else 0
+        if frozen:
+            parts = _QKVWithFrozenHeads.apply(x, weight, qkv_bias, H, frozen)
+            out = self._attend_with_frozen(*parts, bias)
+            k = torch.cat([parts[1], parts[4]], dim=1) if return_keys else None
         else:
-            qkv = self._project_qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv.unbind(0)  # [B, H, N, d], q already scaled by the temperature
-            out = self._attend(q, k, v, bias)
-        out = out.transpose(1, 2).reshape(B, N, C)
+            q, k, v = F.linear(x, weight, qkv_bias).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+            out = self._attend(q, k, v, bias).transpose(1, 2).reshape(B, N, C)  # q scaled by tau
+        if self.capture and self._permuted:
+            self.captured = self.captured[:, self.head_slots.to(self.captured.device)]
         out = self.proj_drop(self.proj(out))
         if return_keys:
-            return out, k.mean(1)
+            return out, k.detach().mean(1)
         return out
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -144,62 +352,26 @@ class Attention(nn.Module):
         drop = self.attn_drop if self.training else 0.0
         if self.fused and not self.capture:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
-        attn = (q * self.scale) @ k.transpose(-2, -1)
-        if bias is not None:
-            attn = attn + bias
-        attn = attn.softmax(dim=-1)
+        attn = _attention_probs(q, k, bias, self.scale)
         if self.capture:
             self.captured = attn.detach()
         if drop > 0:
             attn = F.dropout(attn, p=drop)
         return attn @ v
 
-    def _forward_with_frozen(self, x: torch.Tensor, bias: torch.Tensor | None):
-        """Eq. 26: frozen heads' attention as a constant; only their value path stays in the autograd graph.
-
-        The weight rows of frozen heads are used detached, so neither W_q, W_k, W_v rows nor tau of those heads
-        get a gradient, and autograd records nothing for their Q/K projections, logits or softmax.
-        """
-        B, N, C = x.shape
-        H, d = self.num_heads, self.head_dim
-        frozen, active = self._frozen_idx, self._active_idx
-        w = self.qkv.weight.view(3, H, d, C)
-        b = None if self.qkv.bias is None else self.qkv.bias.view(3, H, d)
-        scale = self._query_scale()
-        outs = x.new_empty(B, H, N, d)
-        keys = x.new_empty(B, H, N, d)
-        captured_active = None
-
-        def project(part: slice, heads: list[int], detach: bool) -> torch.Tensor:
-            wr = w[part][:, heads].reshape(-1, C)
-            br = None if b is None else b[part][:, heads].reshape(-1)
-            if detach:
-                wr = wr.detach()
-                br = None if br is None else br.detach()
-            return F.linear(x, wr, br).view(B, N, -1, len(heads), d).permute(2, 0, 3, 1, 4)
-
-        if active:
-            q, k, v = project(slice(0, 3), active, detach=False).unbind(0)
-            if scale is not None:
-                q = q * scale[:, active].to(q.dtype)
-            outs[:, active] = self._attend(q, k, v, bias)
-            keys[:, active] = k.detach()
-            captured_active = self.captured if self.capture else None
-        with torch.no_grad():
-            qf, kf = project(slice(0, 2), frozen, detach=True).unbind(0)
-            if scale is not None:
-                qf = qf * scale[:, frozen].to(qf.dtype)
-            logits = (qf * self.scale) @ kf.transpose(-2, -1)
-            if bias is not None:
-                logits = logits + bias
-            probs = logits.softmax(-1)
-        vf = project(slice(2, 3), frozen, detach=True)[0]
-        outs[:, frozen] = probs @ vf
-        keys[:, frozen] = kf
+    def _attend_with_frozen(self, q_f, k_f, v_f, q_a, k_a, v_a, bias: torch.Tensor | None) -> torch.Tensor:
+        """Eq. 26: the frozen heads' attention (``*_f: [B, F, N, d]``) is a constant and only their value path has a
+        gradient (:class:`_FrozenHeadAttention`); the active heads (``*_a``) attend as usual. Returns ``[B, N, C]``,
+        the two groups written side by side in one copy."""
+        drop = self.attn_drop if self.training else 0.0
+        outs = [_FrozenHeadAttention.apply(q_f, k_f, v_f, bias, self.scale, drop, self.fused)]
+        captured = None
+        if q_a.shape[1]:
+            outs.append(self._attend(q_a, k_a, v_a, bias))
+            captured = self.captured
         if self.capture:
-            full = x.new_empty(B, H, N, N)
-            if captured_active is not None:
-                full[:, active] = captured_active
-            full[:, frozen] = probs
-            self.captured = full
-        return outs, keys
+            with torch.no_grad():
+                probs = _attention_probs(q_f, k_f, bias, self.scale)
+            self.captured = probs if captured is None else torch.cat([probs, captured], dim=1)
+        B, _, N, _ = q_f.shape
+        return torch.cat([o.transpose(1, 2) for o in outs], dim=2).view(B, N, -1)
