@@ -555,5 +555,8 @@ def test_read_dynamics_keeps_the_last_line_of_an_epoch_and_finds_freezing_epochs
     records = read_dynamics(tmp_path)
     assert [r["epoch"] for r in records] == [0, 1, 2]
     assert frozen_at_epoch(records).tolist() == [[1.0, 1.0]]
+    (tmp_path / "plain").mkdir()  # a run trained without the controller
     with pytest.raises(FileNotFoundError, match="without the dynamics controller"):
+        read_dynamics(tmp_path / "plain")
+    with pytest.raises(FileNotFoundError, match="missing does not exist; pass a run directory"):
         read_dynamics(tmp_path / "missing")
