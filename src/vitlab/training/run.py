@@ -159,10 +159,8 @@ def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callbac
 
 
 def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
-    t = cfg.trainer
-    kwargs = {k: v for k, v in to_dict(t).items() if v is not None}
     trainer = pl.Trainer(
-        **kwargs,
+        **cfg.trainer.lightning_kwargs(),
         default_root_dir=str(run_dir),
         gradient_clip_val=cfg.optim.grad_clip,
         gradient_clip_algorithm="norm",

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitlab.acceleration import adamw, compile_network
 from vitlab.config import OptimConfig, RunConfig
+from vitlab.errors import ConfigError
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -38,6 +40,20 @@ class WarmupCosine:
             return (step + 1) / self.warmup
         progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _fused_for_precision(cfg: OptimConfig, precision: str) -> bool | str:
+    """``optim.fused`` under fp16 with gradient clipping: a fused AdamW unscales the gradients inside its step,
+    after Lightning has clipped them still scaled, so Lightning refuses it; ``auto`` then takes torch's default."""
+    if not (precision.startswith("16") and cfg.grad_clip):
+        return cfg.fused
+    if cfg.fused is True:
+        raise ConfigError(
+            f"optim.fused=true with trainer.precision={precision} and optim.grad_clip={cfg.grad_clip}: a fused AdamW "
+            "unscales fp16 gradients inside its step, after clipping; use bf16-mixed, optim.grad_clip=null or "
+            "optim.fused=auto"
+        )
+    return False
 
 
 class BaseTask(pl.LightningModule):
@@ -72,6 +88,13 @@ class BaseTask(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Called before configure_optimizers on resume; the state is applied when the scheduler is built.
         self._plateau_state = checkpoint.get("plateau_scheduler")
+
+    def setup(self, stage: str) -> None:
+        """``trainer.compile``: compile the network's blocks in place for training (``vitlab.acceleration``); the
+        module tree and the state-dict keys stay those of the eager network, so checkpoints and exports are too."""
+        if stage == "fit" and self.cfg.trainer.compile:
+            t = self.cfg.trainer
+            compile_network(self.model, mode=t.compile_mode, backend=t.compile_backend)
 
     def extra_callbacks(self, run_dir: Any) -> list[pl.Callback]:
         """Task-specific callbacks (e.g. the attention-dynamics controller)."""
@@ -113,8 +136,12 @@ class BaseTask(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         cfg = self.optim_cfg
-        optimizer = torch.optim.AdamW(
-            param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        optimizer = adamw(
+            param_groups(self.model, cfg.weight_decay),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            fused=_fused_for_precision(cfg, str(self.trainer.precision)),
         )
         if cfg.schedule == "none":
             return optimizer
