@@ -232,3 +232,30 @@ def test_fit_with_compile_keeps_checkpoint_keys_resumes_and_exports(tmp_path):
     x = torch.randn(2, 1, 8, 8)
     torch.testing.assert_close(exported(x), vitlab.load_model(resumed / "checkpoints" / "last.ckpt")(x))
     assert "compile: true" in (resumed / "config.yaml").read_text()  # the resolved config records it
+
+
+def test_bf16_mixed_clips_the_gradients_before_the_fused_step(tmp_path):
+    """Lightning's mixed-precision plugin refuses to clip for a fused optimizer (for fp16's scaler); under bf16-mixed
+    the task clips with Lightning's plain code, so the fused AdamW sees gradients of norm at most optim.grad_clip."""
+    import lightning.pytorch as pl
+
+    norms: list[float] = []
+
+    class GradNorm(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            def record(optimizer, *_):
+                grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+                norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+            trainer.optimizers[0].register_step_post_hook(record)  # the closure (backward, clip) runs in step()
+
+    run = [
+        "trainer.max_epochs=1",
+        "trainer.precision=bf16-mixed",
+        "optim.grad_clip=0.001",
+        "trainer.limit_train_batches=2",
+    ]
+    run_dir = _fit(tmp_path, "bf16", *run, "run.export=false", callbacks=[GradNorm()])
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["optimizer_states"][0]["param_groups"][0]["fused"] is True
+    assert len(norms) == 2 and all(n <= 0.001 * (1 + 1e-3) for n in norms), norms

@@ -8,6 +8,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -44,7 +46,8 @@ class WarmupCosine:
 
 def _fused_for_precision(cfg: OptimConfig, precision: str) -> bool | str:
     """``optim.fused`` under fp16 with gradient clipping: a fused AdamW unscales the gradients inside its step,
-    after Lightning has clipped them still scaled, so Lightning refuses it; ``auto`` then takes torch's default."""
+    after Lightning has clipped them still scaled, so Lightning refuses it; ``auto`` then takes torch's default.
+    (bf16-mixed has no scaler: :meth:`BaseTask.configure_gradient_clipping` clips before the fused step.)"""
     if not (precision.startswith("16") and cfg.grad_clip):
         return cfg.fused
     if cfg.fused is True:
@@ -95,6 +98,19 @@ class BaseTask(pl.LightningModule):
         if stage == "fit" and self.cfg.trainer.compile:
             t = self.cfg.trainer
             compile_network(self.model, mode=t.compile_mode, backend=t.compile_backend)
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        """Lightning's clipping, also for a fused AdamW under bf16-mixed: Lightning's mixed-precision plugin refuses
+        to clip for any optimizer that unscales gradients in its step (for fp16's scaler), but bf16 has no scaler,
+        so clipping before the fused step is exact; its plain-precision code then does the clipping."""
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def extra_callbacks(self, run_dir: Any) -> list[pl.Callback]:
         """Task-specific callbacks (e.g. the attention-dynamics controller)."""
