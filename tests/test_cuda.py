@@ -90,6 +90,29 @@ def test_a_bf16_mixed_training_step_without_host_synchronisation(name):
     assert sum(moved) > 0.9 * len(moved)
 
 
+@pytest.mark.parametrize("config", ["vit/digits", "vitcae/digits"])
+def test_the_tasks_losses_and_metrics_do_not_synchronise(config):
+    """The task's part of a step (losses, the accuracy metric's update) under the sync debug mode set to raise."""
+    from vitlab.config import build_config
+    from vitlab.training.run import build_task
+
+    cfg = build_config(config, ["model.depth=1"])
+    kwargs = {k: v for k, v in cfg.model.items() if k != "name"} | dict(img_size=8, in_chans=1, num_classes=10)
+    model = create_model(cfg.model["name"], **kwargs)
+    task = build_task(cfg, model, {"config": {}, "model_kwargs": kwargs, "data_info": {"num_classes": 10}}).to(CUDA)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 1, 8, 8, generator=generator).to(CUDA)
+    y = torch.randint(0, 10, (8,), generator=generator).to(CUDA)
+    task.compute_losses((x, y), "train")  # warm-up: lazy initialisation may synchronise once
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        losses = task.compute_losses((x, y), "train")
+        losses["loss"].backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(losses["loss"])
+
+
 def test_capture_on_cuda_gives_row_stochastic_maps():
     model = create_model("vit_pico", **IMAGES, patch_size=4).to(CUDA).eval()
     maps = capture_attention(model, _batch()[0])

@@ -215,7 +215,7 @@ class Runner:
         return f"{how}, AdamW {'fused=' + str(self.fused) if self.fused is not False else 'torch default'}"
 
 
-class _Subject:
+class Subject:
     """One network under measurement: the (optionally compiled) module, its AdamW, a fixed batch and targets."""
 
     def __init__(
@@ -363,7 +363,7 @@ def measure_networks(
     default = Runner(compile="model") if compile else Runner()
     runners = {name: (runners or {}).get(name, default) for name in networks}
     for name, network in networks.items():
-        subject = _Subject(network, batch_size=batch_size, precision=precision, device=device, runner=runners[name])
+        subject = Subject(network, batch_size=batch_size, precision=precision, device=device, runner=runners[name])
         tasks[f"{name} train"] = _Task(subject.train_step)
         tasks[f"{name} inference"] = _Task(subject.inference)
     _measure_alternating(tasks, repeats=repeats, warmup=warmup, sample_seconds=sample_seconds, device=device)
@@ -441,7 +441,7 @@ def _train_steps_peak_rss_growth_mib(
     except OSError:
         before, method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss growth of a fresh process"
     cpu = torch.device("cpu")
-    subject = _Subject(spec.build(), batch_size=batch_size, precision=precision, device=cpu)
+    subject = Subject(spec.build(), batch_size=batch_size, precision=precision, device=cpu)
     for _ in range(2):
         subject.train_step()
     if method.startswith("VmHWM"):
@@ -459,7 +459,7 @@ def peak_memory(
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        subject = _Subject(spec.build(), batch_size=batch_size, precision=precision, device=device)
+        subject = Subject(spec.build(), batch_size=batch_size, precision=precision, device=device)
         for _ in range(2):
             subject.train_step()
         peak = torch.cuda.max_memory_allocated(device) - before

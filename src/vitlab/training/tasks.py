@@ -189,9 +189,13 @@ class ClassificationTask(BaseTask):
         super().__init__(model, cfg=cfg, hparams=hparams)
         num_classes = hparams["data_info"]["num_classes"]
         self.num_classes = num_classes
-        # keyed by stage; "train" itself would clash with nn.Module.train
+        # keyed by stage; "train" itself would clash with nn.Module.train. validate_args=False: the check counts the
+        # distinct labels with torch.unique, a host synchronisation in every step on a GPU.
         self.accuracy = nn.ModuleDict(
-            {f"{s}_acc": MulticlassAccuracy(num_classes, average="micro") for s in ("train", "val", "test")}
+            {
+                f"{s}_acc": MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+                for s in ("train", "val", "test")
+            }
         )
 
     def classification_losses(self, logits: torch.Tensor, y: torch.Tensor, stage: str) -> dict[str, torch.Tensor]:
