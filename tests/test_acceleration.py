@@ -259,3 +259,22 @@ def test_bf16_mixed_clips_the_gradients_before_the_fused_step(tmp_path):
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["optimizer_states"][0]["param_groups"][0]["fused"] is True
     assert len(norms) == 2 and all(n <= 0.001 * (1 + 1e-3) for n in norms), norms
+
+
+def test_fit_with_compile_and_the_dynamics_controller_probes_and_freezes(tmp_path, caplog):
+    """The attention-dynamics controller under compile: its probes capture (the blocks run eager meanwhile) and it
+    freezes heads (their blocks run eager from then on), each said once in the log."""
+    dynamics = ["dynamics.mode=schedule", "dynamics.freeze=true", "dynamics.alpha=2.0", "dynamics.eps_d=100"]
+    dynamics += ["dynamics.eps_tau=100", "dynamics.patience=1", "dynamics.burn_in=0", "dynamics.probe_size=4"]
+    dynamics += ["dynamics.kappa_images=4"]
+    settings = ["trainer.max_epochs=3", "trainer.limit_train_batches=2", "model.temperature=true", "run.export=false"]
+    settings += ["trainer.compile=true", f"trainer.compile_backend={BACKEND}"]
+    with caplog.at_level(logging.WARNING, logger="vitlab.acceleration"):
+        run_dir = _fit(tmp_path, "dyn", *settings, *dynamics)
+    lines = [r.getMessage() for r in caplog.records if r.name == "vitlab.acceleration"]
+    assert sum("capture" in line for line in lines) == 1 and sum("frozen" in line for line in lines) == 1, lines
+    from vitlab.diagnostics.plots import read_dynamics
+
+    records = read_dynamics(run_dir)
+    first = next(r for r in records if any(any(row) for row in r["frozen"]))
+    assert first["epoch"] < records[-1]["epoch"], "heads should freeze before the last epoch"
