@@ -86,8 +86,9 @@ def test_a_bf16_mixed_training_step_without_host_synchronisation(name):
             torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(loss)
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    moved = [not torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before, strict=True)]
-    assert sum(moved) > 0.9 * len(moved)
+    trained = [(p, b) for p, b in zip(model.parameters(), before, strict=True) if p.grad is not None]
+    moved = [not torch.equal(p.detach(), b) for p, b in trained]  # a ViTCAE's decoder gets no gradient from the CE
+    assert len(trained) >= 10 and sum(moved) > 0.9 * len(moved)
 
 
 @pytest.mark.parametrize("config", ["vit/digits", "vitcae/digits"])
@@ -118,7 +119,7 @@ def test_capture_on_cuda_gives_row_stochastic_maps():
     maps = capture_attention(model, _batch()[0])
     assert len(maps) == 4
     for attn in maps.values():
-        assert attn.device.type == "cuda" and attn.shape == (8, 4, 65, 65)
+        assert attn.device.type == CUDA.type and attn.shape == (8, 4, 65, 65)
         torch.testing.assert_close(attn.sum(-1), torch.ones_like(attn.sum(-1)))
 
 
