@@ -9,6 +9,7 @@ from vitlab.bench import (
     NetworkSpec,
     bench,
     flops_per_image,
+    format_bench,
     round_ratio,
     summarize,
     timm_counterpart,
@@ -110,7 +111,7 @@ def test_bench_against_timm_returns_the_documented_record():
 def test_bench_bf16_with_peak_memory_of_a_fresh_process():
     result = bench("vitcae_pico", precision="bf16-mixed", **FAST)
     ours = result["networks"]["ours"]
-    assert ours["description"] == "vitlab vitcae_pico (encoder)"
+    assert ours["description"] == "vitlab vitcae_pico (encoder), eager, AdamW fused=auto"
     assert ours["peak_memory"]["mib"] > 0 and "fresh process" in ours["peak_memory"]["method"]
     assert result["matmul_peak"]["precision"] == "bf16-mixed"
     assert result["matmul_peak_fp32"]["flops_per_s"]["wall"]["median"] > 0
@@ -134,3 +135,19 @@ def test_cli_writes_the_json_record(tmp_path, capsys):
     assert set(record["networks"]) == {"ours", "timm"}
     printed = capsys.readouterr().out
     assert "ours / timm, train" in printed and f"wrote {out}" in printed
+
+
+def test_bench_compile_times_ours_compiled_against_eager_and_timm_both_ways():
+    compiled = dict(compile=True, compile_backend="aot_eager")
+    result = bench("vit_pico", overrides=TINY, vs="timm", memory=False, **compiled, **FAST)
+    assert list(result["networks"]) == ["ours", "ours_eager", "timm", "timm_compiled"]
+    runners = {name: net["runner"] for name, net in result["networks"].items()}
+    assert runners["ours"]["compile"] == "blocks" and runners["ours"]["fused"] == "auto"
+    assert runners["ours_eager"]["compile"] == "none" and runners["ours_eager"]["fused"] == "auto"
+    assert runners["timm"] == {**runners["timm"], "compile": "none", "fused": False}
+    assert runners["timm_compiled"]["compile"] == "model" and runners["timm_compiled"]["backend"] == "aot_eager"
+    assert "compiled blocks" in result["networks"]["ours"]["description"]
+    for other in ("timm", "ours_eager", "timm_compiled"):
+        assert result[f"ours_over_{other}"]["cpu"]["train"]["median"] > 0
+    printed = format_bench(result)
+    assert "ours / timm_compiled, train" in printed and "ours / ours_eager, inference" in printed

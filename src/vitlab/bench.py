@@ -49,6 +49,7 @@ from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count
 
+from vitlab.acceleration import adamw, check_compile_mode, compile_network
 from vitlab.errors import ConfigError
 from vitlab.models.registry import constructor_args, create_model, get_preset, resolved_kwargs
 from vitlab.models.sizing import flops_per_image as flops_per_image_forward
@@ -195,20 +196,46 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class _Subject:
+@dataclass(frozen=True)
+class Runner:
+    """How a network is run: ``compile`` ``"none"`` (eager), ``"blocks"`` (vitlab's ``trainer.compile``,
+    :func:`vitlab.acceleration.compile_network`) or ``"model"`` (``torch.compile`` of the whole network, what a timm
+    user writes), with ``mode`` and ``backend``; ``fused``: AdamW's implementation (``"auto"``, ``True``, ``False``:
+    torch's default, :func:`vitlab.acceleration.adamw`)."""
+
+    compile: Literal["none", "blocks", "model"] = "none"
+    mode: str | None = None
+    backend: str = "inductor"
+    fused: bool | str = False
+
+    def describe(self) -> str:
+        how = {"none": "eager", "blocks": "compiled blocks", "model": "torch.compile(model)"}[self.compile]
+        if self.compile != "none" and self.mode not in (None, "default"):
+            how += f" ({self.mode})"
+        return f"{how}, AdamW {'fused=' + str(self.fused) if self.fused is not False else 'torch default'}"
+
+
+class Subject:
     """One network under measurement: the (optionally compiled) module, its AdamW, a fixed batch and targets."""
 
-    def __init__(self, network: nn.Module, *, batch_size: int, precision: str, device: torch.device, compile: bool):
+    def __init__(
+        self, network: nn.Module, *, batch_size: int, precision: str, device: torch.device, runner: Runner = Runner()
+    ):
         self.network = network.to(device)
-        self.runnable = torch.compile(self.network) if compile else self.network
-        self.optimizer = torch.optim.AdamW(self.network.parameters(), lr=1e-4, weight_decay=0.05)
         self.precision, self.device = precision, device
         generator = torch.Generator().manual_seed(0)
         self.x = torch.randn(batch_size, *input_shape_of(network), generator=generator).to(device)
-        with torch.no_grad():
+        with torch.no_grad():  # before compiling: a batch of one would be a graph the timing never uses
             width = self.network(self.x[:1]).shape[-1]
         # Cross-entropy over the output's last axis: logits of a classifier, pooled features of a headless encoder.
         self.y = torch.randint(0, width, (batch_size,), generator=generator).to(device)
+        self.runnable = self.network
+        if runner.compile == "blocks":
+            compile_network(self.network, mode=runner.mode, backend=runner.backend)
+        elif runner.compile == "model":
+            mode = None if runner.mode == "default" else runner.mode
+            self.runnable = torch.compile(self.network, mode=mode, backend=runner.backend)
+        self.optimizer = adamw(list(self.network.parameters()), lr=1e-4, weight_decay=0.05, fused=runner.fused)
 
     def train_step(self) -> None:
         self.network.train()
@@ -309,12 +336,16 @@ def measure_networks(
     precision: str = "32-true",
     device: str | torch.device = "cpu",
     compile: bool = False,
+    runners: dict[str, Runner] | None = None,
     repeats: int = 5,
     warmup: int = 2,
     sample_seconds: float = 0.5,
     matmul_size: int = 1024,
 ) -> dict[str, Any]:
     """Time the training step and the inference of each network and the matmul peak, alternating (module doc).
+
+    ``runners``: how each network runs (:class:`Runner`; a network without one runs eager, with torch's AdamW, or
+    with ``compile=True`` as ``torch.compile`` of the whole network).
 
     Returns ``{"clocks", "matmul_peak": {"size", "precision", "flops_per_s": {clock: summary}}, "networks": {name:
     {"parameters", "flops_per_image", "train": {clock: ...}, "inference": {clock: ...}}}}`` plus, for bf16 runs,
@@ -329,8 +360,10 @@ def measure_networks(
     peak_precisions = [precision] if precision == "32-true" else [precision, "32-true"]
     matmuls = {p: _Matmul(matmul_size, p, device) for p in peak_precisions}
     tasks = {f"matmul {p}": _Task(matmul) for p, matmul in matmuls.items()}
+    default = Runner(compile="model") if compile else Runner()
+    runners = {name: (runners or {}).get(name, default) for name in networks}
     for name, network in networks.items():
-        subject = _Subject(network, batch_size=batch_size, precision=precision, device=device, compile=compile)
+        subject = Subject(network, batch_size=batch_size, precision=precision, device=device, runner=runners[name])
         tasks[f"{name} train"] = _Task(subject.train_step)
         tasks[f"{name} inference"] = _Task(subject.inference)
     _measure_alternating(tasks, repeats=repeats, warmup=warmup, sample_seconds=sample_seconds, device=device)
@@ -352,6 +385,7 @@ def measure_networks(
         entry: dict[str, Any] = {
             "parameters": sum(p.numel() for p in network.parameters()),
             "flops_per_image": flops[name],
+            "runner": {**asdict(runners[name]), "description": runners[name].describe()},
         }
         for phase in PHASES:
             work = flops[name]["training" if phase == "train" else "forward"] * batch_size
@@ -407,7 +441,7 @@ def _train_steps_peak_rss_growth_mib(
     except OSError:
         before, method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss growth of a fresh process"
     cpu = torch.device("cpu")
-    subject = _Subject(spec.build(), batch_size=batch_size, precision=precision, device=cpu, compile=False)
+    subject = Subject(spec.build(), batch_size=batch_size, precision=precision, device=cpu)
     for _ in range(2):
         subject.train_step()
     if method.startswith("VmHWM"):
@@ -425,7 +459,7 @@ def peak_memory(
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        subject = _Subject(spec.build(), batch_size=batch_size, precision=precision, device=device, compile=False)
+        subject = Subject(spec.build(), batch_size=batch_size, precision=precision, device=device)
         for _ in range(2):
             subject.train_step()
         peak = torch.cuda.max_memory_allocated(device) - before
@@ -512,6 +546,9 @@ def bench(
     batch_size: int = 64,
     precision: str = "32-true",
     compile: bool = False,
+    compile_mode: str | None = None,
+    compile_backend: str = "inductor",
+    fused: bool | str = "auto",
     vs: str | None = None,
     threads: int | None = 1,
     repeats: int = 5,
@@ -523,26 +560,42 @@ def bench(
 ) -> dict[str, Any]:
     """Benchmark the preset ``model`` (with keyword ``overrides``) alone or, with ``vs="timm"``, next to timm's.
 
-    Returns the :func:`measure_networks` record (networks ``ours`` and ``timm``) with ``settings``,
-    ``environment``, ``load_average`` (``os.getloadavg()`` before and after), each network's ``description`` and
-    ``peak_memory`` (when ``memory``), and ``ours_over_timm``: ``{clock: {phase: summary}}`` of the throughput
-    ratio formed per round.
+    ``ours`` runs as ``vitlab fit`` trains: AdamW with ``optim.fused=fused`` and, with ``compile``, its blocks
+    compiled (``trainer.compile``, mode ``compile_mode``); ``timm`` runs as a timm user's script does by default:
+    eager, torch's default AdamW. With ``compile`` the run also times ``ours_eager`` and, with ``vs="timm"``,
+    ``timm_compiled`` (``torch.compile`` of the whole network, same mode), all alternating in one process.
+
+    Returns the :func:`measure_networks` record with ``settings``, ``environment``, ``load_average``
+    (``os.getloadavg()`` before and after), each network's ``description``, ``runner`` and ``peak_memory`` (when
+    ``memory``; eager training steps), and the throughput ratios formed per round, ``{clock: {phase: summary}}``:
+    ``ours_over_timm``, and with ``compile`` ``ours_over_ours_eager`` and ``ours_over_timm_compiled``.
     """
     _check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
     if vs not in (None, "timm"):
         raise ConfigError(f"--vs compares with 'timm' only, got {vs!r}")
+    check_compile_mode(compile_mode)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA device; use --device cpu")
     overrides = dict(overrides or {})
-    specs = {"ours": NetworkSpec("vitlab", model, overrides)}
+    ours = NetworkSpec("vitlab", model, overrides)
+    specs = {"ours": ours}
+    compiled = dict(mode=compile_mode, backend=compile_backend)
+    runners = {"ours": Runner(compile="blocks", fused=fused, **compiled) if compile else Runner(fused=fused)}
+    if compile:
+        specs["ours_eager"], runners["ours_eager"] = ours, Runner(fused=fused)
     if vs == "timm":
-        specs["timm"] = timm_counterpart(model, overrides)
+        specs["timm"], runners["timm"] = timm_counterpart(model, overrides), Runner()
+        if compile:
+            specs["timm_compiled"], runners["timm_compiled"] = specs["timm"], Runner(compile="model", **compiled)
     settings = dict(
         model=model,
         overrides=overrides,
         batch_size=batch_size,
         precision=precision,
         compile=compile,
+        compile_mode=compile_mode,
+        compile_backend=compile_backend,
+        fused=fused,
         vs=vs,
         threads=threads,
         repeats=repeats,
@@ -556,16 +609,18 @@ def bench(
         peak = {
             name: peak_memory(spec, batch_size=batch_size, precision=precision, device=device, threads=threads)
             for name, spec in specs.items()
-            if memory
+            if memory and name in ("ours", "timm")
         }
-        torch.manual_seed(0)
-        networks = {name: spec.build() for name, spec in specs.items()}
+        networks = {}
+        for name, spec in specs.items():
+            torch.manual_seed(0)  # the compiled and the eager copy of a network start from the same weights
+            networks[name] = spec.build()
         result = measure_networks(
             networks,
             batch_size=batch_size,
             precision=precision,
             device=device,
-            compile=compile,
+            runners=runners,
             repeats=repeats,
             warmup=warmup,
             sample_seconds=sample_seconds,
@@ -573,15 +628,16 @@ def bench(
         )
         environment = bench_environment()
     for name, spec in specs.items():
-        result["networks"][name]["description"] = spec.describe()
+        result["networks"][name]["description"] = f"{spec.describe()}, {runners[name].describe()}"
         result["networks"][name]["spec"] = {"source": spec.source, "name": spec.name, "kwargs": spec.kwargs}
         if name in peak:
             result["networks"][name]["peak_memory"] = peak[name]
-    if vs == "timm":
-        result["ours_over_timm"] = {
-            clock: {phase: round_ratio(result, "ours", "timm", phase, clock) for phase in PHASES}
-            for clock in result["clocks"]
-        }
+    for other in ("timm", "ours_eager", "timm_compiled"):
+        if other in specs:
+            result[f"ours_over_{other}"] = {
+                clock: {phase: round_ratio(result, "ours", other, phase, clock) for phase in PHASES}
+                for clock in result["clocks"]
+            }
     return {
         "benchmark": "bench",
         "settings": settings,
@@ -599,28 +655,30 @@ def format_bench(result: dict[str, Any]) -> str:
         f"{s['repeats']} rounds; load average {result['load_average']['before'][0]:.2f} -> "
         f"{result['load_average']['after'][0]:.2f}"
     ]
+    lines += [f"  {name}: {net.get('description', name)}" for name, net in result["networks"].items()]
     for clock in result["clocks"]:
         peak = result["matmul_peak"]["flops_per_s"][clock]
         lines += [
             f"[{clock} clock] matmul peak ({result['matmul_peak']['size']}^2, {s['precision']}): "
             f"{peak['median'] / 1e9:.1f} GFLOP/s [{peak['min'] / 1e9:.1f}, {peak['max'] / 1e9:.1f}]",
-            f"  {'network':<30} {'params':>9} {'GFLOP/img':>9} {'train img/s':>18} {'MFU':>6} "
+            f"  {'network':<14} {'params':>9} {'GFLOP/img':>9} {'train img/s':>18} {'MFU':>6} "
             f"{'infer img/s':>20} {'MFU':>6} {'peak MiB':>9}",
         ]
         for name, net in result["networks"].items():
             train, infer = net["train"][clock], net["inference"][clock]
             memory = net.get("peak_memory", {}).get("mib")
             lines.append(
-                f"  {net.get('description', name):<30} {net['parameters'] / 1e6:>8.2f}M "
+                f"  {name:<14} {net['parameters'] / 1e6:>8.2f}M "
                 f"{net['flops_per_image']['forward'] / 1e9:>9.3f} {_spread(train['images_per_s']):>18} "
                 f"{train['mfu']['median']:>6.1%} {_spread(infer['images_per_s']):>20} {infer['mfu']['median']:>6.1%} "
                 f"{'-' if memory is None else f'{memory:.0f}':>9}"
             )
-        for phase, ratio in result.get("ours_over_timm", {}).get(clock, {}).items():
-            lines.append(
-                f"  ours / timm, {phase}: {ratio['median']:.3f} (IQR {ratio['q1']:.3f}-{ratio['q3']:.3f}, "
-                f"range {ratio['min']:.3f}-{ratio['max']:.3f})"
-            )
+        for other in ("timm", "ours_eager", "timm_compiled"):
+            for phase, ratio in result.get(f"ours_over_{other}", {}).get(clock, {}).items():
+                lines.append(
+                    f"  ours / {other}, {phase}: {ratio['median']:.3f} (IQR {ratio['q1']:.3f}-{ratio['q3']:.3f}, "
+                    f"range {ratio['min']:.3f}-{ratio['max']:.3f})"
+                )
     return "\n".join(lines)
 
 

@@ -39,11 +39,16 @@ class OptimConfig:
     plateau_patience: int = 5
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
+    #: AdamW's implementation: ``auto`` (fused where the device has the kernel), ``true`` (fused, or an error),
+    #: ``false`` (torch's default: foreach on CUDA, a per-tensor loop on CPU); ``vitlab.acceleration.adamw``
+    fused: bool | str = "auto"
 
 
 @dataclass
 class TrainerConfig:
-    """Arguments passed through to ``lightning.pytorch.Trainer``."""
+    """Arguments passed through to ``lightning.pytorch.Trainer``, and vitlab's own (``VITLAB_KEYS``): ``compile``
+    (``torch.compile`` of the network's blocks, ``vitlab.acceleration.compile_network``) with ``compile_mode``
+    (``default``, ``reduce-overhead``, ``max-autotune``, ``max-autotune-no-cudagraphs``) and ``compile_backend``."""
 
     max_epochs: int = 10
     accelerator: str = "auto"
@@ -59,6 +64,17 @@ class TrainerConfig:
     check_val_every_n_epoch: int = 1
     enable_progress_bar: bool = True
     max_time: str | None = None
+    compile: bool = False
+    compile_mode: str | None = None
+    compile_backend: str = "inductor"
+
+    def lightning_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for ``lightning.pytorch.Trainer``: every set key but ``VITLAB_KEYS``."""
+        return {k: v for k, v in to_dict(self).items() if v is not None and k not in VITLAB_KEYS}
+
+
+#: keys of :class:`TrainerConfig` that vitlab uses itself, not passed to Lightning
+VITLAB_KEYS: tuple[str, ...] = ("compile", "compile_mode", "compile_backend")
 
 
 @dataclass

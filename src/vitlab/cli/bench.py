@@ -24,7 +24,22 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("model", help="registered preset, e.g. vit_tiny; then model options as key=value (img_size=32)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
-    p.add_argument("--compile", action="store_true", help="torch.compile every network before timing")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile ours (trainer.compile: its blocks) and also time it eager; with --vs timm, timm eager and "
+        "torch.compile(timm)",
+    )
+    p.add_argument(
+        "--compile-mode", help="torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"
+    )
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: trace only)")
+    p.add_argument(
+        "--fused",
+        default="auto",
+        choices=["auto", "true", "false"],
+        help="our AdamW's optim.fused (timm's: torch's default)",
+    )
     p.add_argument("--vs", choices=["timm"], help="also time timm's network of the same shape, alternating")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: leave torch's default)")
     p.add_argument("--repeats", type=int, default=5, help="measurement rounds (median and spread over them)")
@@ -47,6 +62,9 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
             batch_size=args.batch_size,
             precision=args.precision,
             compile=args.compile,
+            compile_mode=args.compile_mode,
+            compile_backend=args.compile_backend,
+            fused={"true": True, "false": False}.get(args.fused, args.fused),
             vs=args.vs,
             threads=args.threads or None,
             repeats=args.repeats,

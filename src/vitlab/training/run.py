@@ -322,8 +322,7 @@ def console_progress_bar(cfg: RunConfig) -> bool:
 
 
 def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
-    t = cfg.trainer
-    kwargs = {k: v for k, v in to_dict(t).items() if v is not None}
+    kwargs = cfg.trainer.lightning_kwargs()
     kwargs["enable_progress_bar"] = console_progress_bar(cfg)
     quiet_lightning()
     trainer = pl.Trainer(

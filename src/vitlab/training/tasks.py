@@ -8,11 +8,14 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitlab.acceleration import adamw, compile_network
 from vitlab.config import OptimConfig, RunConfig
-from vitlab.errors import VitlabError
+from vitlab.errors import ConfigError, VitlabError
 
 
 class NonFiniteLossError(VitlabError, FloatingPointError):
@@ -43,6 +46,21 @@ class WarmupCosine:
             return (step + 1) / self.warmup
         progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _fused_for_precision(cfg: OptimConfig, precision: str) -> bool | str:
+    """``optim.fused`` under fp16 with gradient clipping: a fused AdamW unscales the gradients inside its step,
+    after Lightning has clipped them still scaled, so Lightning refuses it; ``auto`` then takes torch's default.
+    (bf16-mixed has no scaler: :meth:`BaseTask.configure_gradient_clipping` clips before the fused step.)"""
+    if not (precision.startswith("16") and cfg.grad_clip):
+        return cfg.fused
+    if cfg.fused is True:
+        raise ConfigError(
+            f"optim.fused=true with trainer.precision={precision} and optim.grad_clip={cfg.grad_clip}: a fused AdamW "
+            "unscales fp16 gradients inside its step, after clipping; use bf16-mixed, optim.grad_clip=null or "
+            "optim.fused=auto"
+        )
+    return False
 
 
 class BaseTask(pl.LightningModule):
@@ -79,6 +97,26 @@ class BaseTask(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Called before configure_optimizers on resume; the state is applied when the scheduler is built.
         self._plateau_state = checkpoint.get("plateau_scheduler")
+
+    def setup(self, stage: str) -> None:
+        """``trainer.compile``: compile the network's blocks in place for training (``vitlab.acceleration``); the
+        module tree and the state-dict keys stay those of the eager network, so checkpoints and exports are too."""
+        if stage == "fit" and self.cfg.trainer.compile:
+            t = self.cfg.trainer
+            compile_network(self.model, mode=t.compile_mode, backend=t.compile_backend)
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        """Lightning's clipping, also for a fused AdamW under bf16-mixed: Lightning's mixed-precision plugin refuses
+        to clip for any optimizer that unscales gradients in its step (for fp16's scaler), but bf16 has no scaler,
+        so clipping before the fused step is exact; its plain-precision code then does the clipping."""
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def extra_callbacks(self, run_dir: Any) -> list[pl.Callback]:
         """Task-specific callbacks (e.g. the attention-dynamics controller)."""
@@ -158,8 +196,12 @@ class BaseTask(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         cfg = self.optim_cfg
-        optimizer = torch.optim.AdamW(
-            param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        optimizer = adamw(
+            param_groups(self.model, cfg.weight_decay),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            fused=_fused_for_precision(cfg, str(self.trainer.precision)),
         )
         if cfg.schedule == "none":
             return optimizer
@@ -191,9 +233,13 @@ class ClassificationTask(BaseTask):
         super().__init__(model, cfg=cfg, hparams=hparams)
         num_classes = hparams["data_info"]["num_classes"]
         self.num_classes = num_classes
-        # keyed by stage; "train" itself would clash with nn.Module.train
+        # keyed by stage; "train" itself would clash with nn.Module.train. validate_args=False: the check counts the
+        # distinct labels with torch.unique, a host synchronisation in every step on a GPU.
         self.accuracy = nn.ModuleDict(
-            {f"{s}_acc": MulticlassAccuracy(num_classes, average="micro") for s in ("train", "val", "test")}
+            {
+                f"{s}_acc": MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+                for s in ("train", "val", "test")
+            }
         )
 
     def classification_losses(self, logits: torch.Tensor, y: torch.Tensor, stage: str) -> dict[str, torch.Tensor]:

@@ -1,0 +1,178 @@
+"""What makes a training step fast on its device: ``torch.compile`` of a network's blocks and a fused AdamW.
+
+:func:`compile_network` compiles a network **block by block** (PyTorch's "regional compilation"): every
+transformer block (the innermost element of an ``nn.ModuleList`` / ``nn.Sequential`` that holds an attention) gets
+a compiled ``forward``; the rest of the network (patch embedding, heads, the model's own methods such as
+``CETViT.forward_with_aux`` or ``ViTCAE.encode``, their dataclass outputs) stays plain Python. Why blocks and not
+the whole network:
+
+- the blocks of a network share their code, so one compilation serves all of them (compile time is that of one
+  block, which on a CPU is minutes saved per run);
+- the module tree and its state-dict keys are unchanged (no ``_orig_mod.`` prefix): checkpoints, resume and export
+  see the same network as without compilation;
+- a feature that changes the computation from one call to the next falls back to eager **per block**, and only
+  while it is on: a block runs its eager ``forward`` while one of its attentions captures its matrix
+  (``vitlab.layers.capture``) or has frozen heads (ViTCAE eq. 26; the frozen set changes as training goes, and
+  each set would be a new graph). Token Merging (``tome_r > 0``) runs ``Block.forward_merging``, whose token count
+  shrinks block by block; those blocks stay eager. Each reason is logged once, in one line.
+
+:func:`adamw` builds ``torch.optim.AdamW`` with its implementation chosen from ``fused``: ``"auto"`` takes the
+fused kernel where the parameters' device has one (CUDA, CPU, ...), ``True`` insists on it, ``False`` leaves
+torch's default (the multi-tensor ``foreach`` path on CUDA, a per-tensor loop on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.errors import ConfigError
+from vitlab.layers.attention import Attention
+
+log = logging.getLogger(__name__)
+
+#: ``torch.compile`` modes (``None``: the default mode)
+COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# torch.compile, block by block
+def compiled_blocks(network: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The blocks :func:`compile_network` compiles: innermost elements of an ``nn.ModuleList`` or ``nn.Sequential``
+    that hold an attention (a module whose class name ends in ``Attention``: vitlab's, timm's ``WindowAttention``,
+    the cross attentions), with their qualified names."""
+
+    def holds_attention(module: nn.Module) -> bool:
+        return any(type(m).__name__.endswith("Attention") for m in module.modules())
+
+    candidates = {
+        f"{name}.{child_name}" if name else child_name: child
+        for name, container in network.named_modules()
+        if isinstance(container, nn.ModuleList | nn.Sequential)
+        for child_name, child in container.named_children()
+        if holds_attention(child)
+    }
+    ids = {id(m) for m in candidates.values()}
+    return [
+        (name, block)
+        for name, block in candidates.items()
+        if not any(id(m) in ids for m in block.modules() if m is not block)
+    ]
+
+
+def _eager_reason(block: nn.Module) -> str | None:
+    """Why ``block`` must run eager now, or None. Host-side attributes only: no device synchronisation."""
+    for module in block.modules():
+        if isinstance(module, Attention):
+            if module.capture:
+                return "an attention capture is on (its matrices are kept on the module)"
+            if module.num_frozen:  # host-side count Attention keeps for its hot path (no device sync)
+                return "heads are frozen (each frozen set would be a new graph)"
+    return None
+
+
+class _BlockForward:
+    """A block's ``forward``: the compiled one unless :func:`_eager_reason` says eager (logged once per reason).
+
+    The compiled function is the block class's unbound ``forward``, called with the block, so a ``deepcopy`` of the
+    network (whose copy of this object points to the copied block) runs the copy's weights."""
+
+    def __init__(self, block: nn.Module, name: str, compiled: Any, logged: set[str]) -> None:
+        self.block, self.name, self.compiled, self.logged = block, name, compiled, logged
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        reason = _eager_reason(self.block)
+        if reason is None:
+            return self.compiled(self.block, *args, **kwargs)
+        if reason not in self.logged:
+            self.logged.add(reason)
+            log.warning(
+                "trainer.compile: blocks run eager while %s (first: %s); the others stay compiled", reason, self.name
+            )
+        return type(self.block).forward(self.block, *args, **kwargs)
+
+
+def check_compile_mode(mode: str | None) -> None:
+    """Raise :class:`ConfigError` unless ``mode`` is None or one of :data:`COMPILE_MODES`."""
+    if mode not in (None, *COMPILE_MODES):
+        raise ConfigError(f"trainer.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+
+
+def compile_network(
+    network: nn.Module, *, mode: str | None = None, backend: str = "inductor", dynamic: bool | None = None
+) -> list[str]:
+    """Compile ``network``'s blocks in place (module doc); returns the names of the compiled blocks.
+
+    ``mode``: a ``torch.compile`` mode (:data:`COMPILE_MODES`; None or ``"default"``: the default); ``backend``:
+    ``"inductor"`` (the default, generated kernels), ``"aot_eager"`` (traced, run by eager kernels: what the tests
+    use, since it compiles in a second). ``dynamic``: torch's default (None) compiles for the first shapes
+    seen and, at the first change (the last batch of an epoch, an evaluation batch size, a Swin stage of another
+    width), once more with those sizes symbolic, so the recompilations stay few.
+    """
+    check_compile_mode(mode)
+    blocks = compiled_blocks(network)
+    if not blocks:
+        log.warning("trainer.compile: %s has no attention blocks to compile; it runs eager", type(network).__name__)
+        return []
+    logged: set[str] = set()
+    options = dict(mode=None if mode == "default" else mode, backend=backend, dynamic=dynamic)
+    compiled: dict[type, Any] = {}  # one compiled function per block class, shared by its blocks
+    for name, block in blocks:
+        if is_compiled(block):
+            continue
+        cls = type(block)
+        if cls not in compiled:
+            compiled[cls] = torch.compile(cls.forward, **options)
+        block.forward = _BlockForward(block, name, compiled[cls], logged)
+    if getattr(network, "tome_r", 0) > 0:
+        log.warning(
+            "trainer.compile: token merging (tome_r=%d) shrinks the tokens block by block; its blocks run eager",
+            network.tome_r,
+        )
+    return [name for name, _ in blocks]
+
+
+def is_compiled(block: nn.Module) -> bool:
+    """Whether :func:`compile_network` compiled ``block``."""
+    return isinstance(block.__dict__.get("forward"), _BlockForward)
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# AdamW
+def adamw_implementation(fused: bool | str, parameters: Iterable[torch.Tensor]) -> dict[str, bool]:
+    """``torch.optim.AdamW`` keyword arguments for ``fused`` (``"auto"``, ``True``, ``False``; module doc)."""
+    if not (fused == "auto" or isinstance(fused, bool)):
+        raise ConfigError(f"optim.fused must be auto, true or false, got {fused!r}")
+    if fused is False:
+        return {}
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    supported = set(_get_fused_kernels_supported_devices())
+    devices = {p.device.type for p in parameters}
+    fusable = bool(devices) and devices <= supported and all(p.is_floating_point() for p in parameters)
+    if fused is True and not fusable:
+        raise ConfigError(
+            f"optim.fused=true, but torch has no fused AdamW for parameters on {', '.join(sorted(devices))} "
+            f"(it has one for {', '.join(sorted(supported))}); set optim.fused=auto or false"
+        )
+    return {"fused": True} if fusable else {}
+
+
+def adamw(
+    params: list[dict[str, Any]] | list[torch.Tensor],
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.05,
+    fused: bool | str = "auto",
+) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` over ``params`` (tensors or parameter groups) with the implementation ``fused`` picks."""
+    groups = list(params)
+    tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+    return torch.optim.AdamW(
+        groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay, **adamw_implementation(fused, tensors)
+    )
