@@ -21,6 +21,7 @@ import sys
 from importlib import import_module
 from pathlib import Path
 
+from vitlab.cli.deploy import add_format_option, seed_overrides, write_extra_format
 from vitlab.cli.registry import COMMANDS, Runner, Setup, command
 
 #: modules whose import registers further sub-commands (each in its own file)
@@ -32,6 +33,7 @@ COMMAND_MODULES: list[str] = [
     "vitlab.cli.bench",
     "vitlab.cli.probe",
     "vitlab.cli.params",
+    "vitlab.cli.deploy",
 ]
 
 
@@ -104,6 +106,7 @@ command("test", "run the test loop of a run directory or checkpoint")(_evaluatio
 def _export(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("checkpoint", help=".ckpt file or run directory (its best.ckpt)")
     p.add_argument("--out", help="output folder (default: <run>/export)")
+    add_format_option(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.export import export_model, model_from_checkpoint
@@ -115,6 +118,7 @@ def _export(p: argparse.ArgumentParser) -> Runner:
         out = Path(args.out) if args.out else ckpt.parent.parent / "export"
         export_model(model, out, {"data": hp["data_info"]})
         print(f"exported {hp['config']['model']['name']} to {out}")
+        write_extra_format(model, out, args.format)
         return 0
 
     return run
@@ -161,6 +165,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
         epilog="Overrides: key.sub=value or --key.sub value (e.g. optim.lr=1e-3 --trainer.devices 2).",
     )
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        dest="global_seed",
+        help="shortcut for the override run.seed=N (before or after the command)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runners = {}
     for name, (setup, help_) in COMMANDS.items():
@@ -174,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, runners = build_parser()
     args, rest = parser.parse_known_args(argv)
+    rest = seed_overrides(args.global_seed, rest)
     unknown = [a for a in rest if a.startswith("-") and "." not in a.split("=")[0]]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.key value)")
