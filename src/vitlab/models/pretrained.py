@@ -301,6 +301,10 @@ def fit_to_backbone(
             old_chans = state[_ANCHOR].shape[1]
             state[_ANCHOR] = adapt_input_conv(want[1], state[_ANCHOR].float(), base_chans=old_chans).to(weight.dtype)
             report.adapted.append(f"patch embedding adapted from {old_chans} to {want[1]} input channels")
+    target_head = [k for k in target if k.startswith("head.")]
+    if target_head and not any(k.startswith("head.") for k in state):  # e.g. a ViTCAE encoder or a timm backbone
+        state.update({k: target[k] for k in target_head})
+        report.adapted.append(f"head initialised for {backbone.num_classes} classes (the weights have none)")
     head_keys = [k for k in state if k.startswith("head.")]
     if head_keys and any(k not in target or state[k].shape != target[k].shape for k in head_keys):
         for k in head_keys:
@@ -333,6 +337,11 @@ def check_keys(state: dict[str, torch.Tensor], backbone: nn.Module, source: str,
         problems.append(
             f"{len(shapes)} of another shape (e.g. {first}: file {list(state[first].shape)}, model "
             f"{list(target[first].shape)})"
+        )
+    if unexpected and all(k.endswith(".log_tau") for k in unexpected) and not (missing or shapes):
+        raise PretrainedWeightsError(
+            f"pretrained weights {source} have per-head temperatures (log_tau, e.g. from a ViTCAE encoder) that "
+            f"{arch} has no place for; set model.temperature=true to load them"
         )
     features = sorted({hint for k in unexpected for key, hint in _FEATURE_HINTS.items() if key in k})
     why = f" The file's ViT has {', '.join(features)}, which vitlab's ViT does not." if features else ""
