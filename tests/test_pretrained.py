@@ -181,6 +181,14 @@ def test_layer_decay_scales_each_block_and_keeps_weight_decay():
     assert lr_of["blocks.0.mlp.fc1.weight"] == (0.5**4, 0.05)
     assert lr_of["pos_embed"] == (0.5**5, 0.0) and lr_of["patch_embed.proj.weight"][0] == 0.5**5
     assert len(lr_of) == len(list(model.parameters()))
+    # through the config: the task's optimiser groups
+    from vitlab.training.tasks import ClassificationTask
+
+    cfg = build_config(None, ["finetune.layer_decay=0.5", "optim.lr=0.1"])
+    task = ClassificationTask(model, cfg=cfg, hparams={"data_info": {"num_classes": 3}})
+    assert sorted({g["lr"] for g in task.param_groups()}) == [0.1 * 0.5**k for k in range(5, -1, -1)]
+    plain = ClassificationTask(model, cfg=build_config(), hparams={"data_info": {"num_classes": 3}}).param_groups()
+    assert len(plain) == 2 and all("lr" not in g for g in plain)
 
 
 def test_freeze_backbone_is_a_linear_probe():
@@ -209,7 +217,7 @@ def test_finetune_config_errors_and_early_stopping():
     )
 
 
-def test_fit_with_pretrained_frozen_backbone_layer_decay_and_early_stopping(tmp_path):
+def test_fit_with_pretrained_weights_frozen_backbone_and_early_stopping(tmp_path):
     """One tiny run through the config: weights from a previous run's export, linear probe, early stopping."""
     from vitlab.training.run import fit
 
@@ -237,3 +245,12 @@ def test_fit_with_pretrained_frozen_backbone_layer_decay_and_early_stopping(tmp_
     assert len(epochs) == 2  # early stopping, not the 6 epochs asked for
     with pytest.raises(VitlabError, match="no such file"):
         fit(build_config(None, [*common, f"run.dir={tmp_path / 'c'}", f"model.pretrained={tmp_path / 'missing'}"]))
+
+
+@pytest.mark.parametrize("name", ["tome_pico", "vit_matched_cet_vit_nano"])
+def test_the_vit_baselines_take_pretrained_weights(name, tmp_path):
+    source = vitlab.create_model(name, img_size=16, patch_size=4, num_classes=10)
+    path = _saved(source, tmp_path / "source.safetensors")
+    model = vitlab.create_model(name, img_size=32, patch_size=4, num_classes=10, pretrained=path)
+    torch.testing.assert_close(model.blocks[-1].mlp.fc2.weight, source.blocks[-1].mlp.fc2.weight)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
