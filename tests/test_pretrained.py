@@ -132,6 +132,27 @@ def test_timm_name_offline_names_the_file_to_pass(monkeypatch):
         vitlab.create_model("vit_tiny", pretrained="timm:vit_nonexistent")
 
 
+def test_timm_name_goes_through_timms_own_download(monkeypatch):
+    """Online, timm:NAME is timm.create_model(NAME, pretrained=True); here a local timm model stands in for it."""
+    ref = timm_vit()
+    calls = []
+
+    def fake_create_model(name, pretrained=False, **kw):
+        calls.append((name, pretrained))
+        return ref
+
+    monkeypatch.setattr(timm, "create_model", fake_create_model)
+    model = vitlab.create_model(
+        "vit_pico", img_size=16, patch_size=4, num_classes=7, pretrained="timm:vit_tiny_patch16_224"
+    )
+    assert calls == [("vit_tiny_patch16_224", True)]
+    x = torch.randn(2, 3, 16, 16)
+    assert (model.eval()(x) - ref(x)).abs().max() <= 1e-6
+    monkeypatch.setattr(timm, "create_model", lambda name, pretrained=False, **kw: timm_vit(qk_norm=True))
+    with pytest.raises(PretrainedWeightsError, match="uses qk-norm"):
+        vitlab.create_model("vit_pico", img_size=16, patch_size=4, pretrained="timm:vit_tiny_patch16_224")
+
+
 def test_from_timm_gives_timms_logits_and_row_stochastic_maps_for_every_block():
     ref = timm_vit()
     ours = vitlab.from_timm(ref)
