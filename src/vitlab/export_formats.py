@@ -14,6 +14,7 @@ import io
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -75,19 +76,32 @@ def _trace(model: nn.Module) -> tuple[ClassifierGraph, torch.Tensor, dict[int, o
     return graph, example_input(model), {0: batch}
 
 
-def _atomic_target(path: Path) -> Path:
+@contextlib.contextmanager
+def _staged(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` that becomes ``path`` only when the block succeeds (checks included)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(fd)
-    return Path(tmp)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
-def _quiet():
-    """torch.onnx prints progress lines and warns about its own internals; neither is the user's business."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+def _capturing(model: nn.Module, fmt: str) -> Iterator[None]:
+    """torch.onnx prints progress lines and warns about its own internals (neither is the user's business); a
+    failure to capture the graph becomes an :class:`ExportFormatError` that says why."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        yield
+        try:
+            yield
+        except ExportFormatError:
+            raise
+        except Exception as e:  # torch.export / onnxscript raise many types
+            raise _cannot(model, fmt, e) from e
 
 
 def export_onnx(model: nn.Module, path: str | Path, opset: int | None = None) -> Path:
@@ -95,28 +109,21 @@ def export_onnx(model: nn.Module, path: str | Path, opset: int | None = None) ->
     and check it with onnxruntime (:func:`check_onnx`); the file appears only once it passed."""
     path = Path(path)
     graph, x, dims = _trace(model)
-    tmp = _atomic_target(path)
-    try:
-        with _quiet(), torch.no_grad():
-            try:
-                torch.onnx.export(
-                    graph,
-                    (x,),
-                    str(tmp),
-                    dynamo=True,
-                    input_names=["images"],
-                    output_names=["logits"],
-                    dynamic_shapes=(dims,),
-                    opset_version=opset,
-                    external_data=False,
-                    verbose=False,
-                )
-            except Exception as e:  # torch.export / onnxscript raise many types
-                raise _cannot(model, "ONNX", e) from e
+    with _staged(path) as tmp:
+        with _capturing(model, "ONNX"):
+            torch.onnx.export(
+                graph,
+                (x,),
+                str(tmp),
+                dynamo=True,
+                input_names=["images"],
+                output_names=["logits"],
+                dynamic_shapes=(dims,),
+                opset_version=opset,
+                external_data=False,
+                verbose=False,
+            )
         check_onnx(tmp, model)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -153,21 +160,14 @@ def export_program(model: nn.Module, path: str | Path) -> Path:
     the eager model on a batch of another size."""
     path = Path(path)
     graph, x, dims = _trace(model)
-    tmp = _atomic_target(path)
-    try:
-        with _quiet(), torch.no_grad():
-            try:
-                program = torch.export.export(graph, (x,), dynamic_shapes=(dims,))
-            except Exception as e:
-                raise _cannot(model, "torch-export", e) from e
-            torch.export.save(program, str(tmp))
-            check = example_input(model, CHECK_BATCH)
+    with _staged(path) as tmp:
+        with _capturing(model, "torch-export"):
+            torch.export.save(torch.export.export(graph, (x,), dynamic_shapes=(dims,)), str(tmp))
+        check = example_input(model, CHECK_BATCH)
+        with torch.no_grad():
             got = torch.export.load(str(tmp)).module()(check)
             want = graph(check)
         _check(model, "torch.export", got, want, TOLERANCE)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
