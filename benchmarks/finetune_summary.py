@@ -47,7 +47,7 @@ def main(root: Path) -> None:
         arrays = [
             dynamics_arrays(read_dynamics(r))
             for r in sorted(root.glob(f"{arm}-seed*"))
-            if (r / "dynamics.jsonl").exists()
+            if (r / "dynamics.jsonl").exists() and (r / "test_metrics.json").exists()  # finished runs only
         ]
         if not arrays:
             continue

@@ -41,7 +41,8 @@ def checkpoint(tmp_path):
 
 def test_onnx_agrees_with_onnxruntime_on_another_batch_size(tmp_path):
     model = vitlab.create_model("vit_pico", **KWARGS).eval()
-    path = write_format(model, export_model(model, tmp_path / "export"), "onnx")
+    path, diff = write_format(model, export_model(model, tmp_path / "export"), "onnx")
+    assert diff <= 1e-4 and path.stat().st_mode & 0o044  # readable by others, as the umask allows
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for batch in (1, 5):  # exported with a batch of 2
         x = torch.randn(batch, 3, 16, 16)
@@ -53,7 +54,7 @@ def test_onnx_agrees_with_onnxruntime_on_another_batch_size(tmp_path):
 
 def test_torch_export_program_and_vitcae_classifier(tmp_path):
     cae = vitlab.create_model("vitcae_pico", **KWARGS).eval()
-    path = write_format(cae, tmp_path, "torch-export")
+    path, _ = write_format(cae, tmp_path, "torch-export")
     program = torch.export.load(str(path)).module()
     x = torch.randn(4, 3, 16, 16)
     torch.testing.assert_close(program(x), cae(x).logits, atol=1e-5, rtol=1e-5)

@@ -85,6 +85,9 @@ def _staged(path: Path) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide a deployed file from other users
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -104,9 +107,10 @@ def _capturing(model: nn.Module, fmt: str) -> Iterator[None]:
             raise _cannot(model, fmt, e) from e
 
 
-def export_onnx(model: nn.Module, path: str | Path, opset: int | None = None) -> Path:
+def export_onnx(model: nn.Module, path: str | Path, opset: int | None = None) -> tuple[Path, float]:
     """Write ``model``'s classifier graph to ``path`` as ONNX (input ``images``, output ``logits``, dynamic batch)
-    and check it with onnxruntime (:func:`check_onnx`); the file appears only once it passed."""
+    and check it with onnxruntime (:func:`check_onnx`); the file appears only once it passed. Returns the path and
+    the max |onnxruntime - model| of the check."""
     path = Path(path)
     graph, x, dims = _trace(model)
     with _staged(path) as tmp:
@@ -123,8 +127,8 @@ def export_onnx(model: nn.Module, path: str | Path, opset: int | None = None) ->
                 external_data=False,
                 verbose=False,
             )
-        check_onnx(tmp, model)
-    return path
+        diff = check_onnx(tmp, model)
+    return path, diff
 
 
 def check_onnx(path: str | Path, model: nn.Module, batch: int = CHECK_BATCH, atol: float = TOLERANCE) -> float:
@@ -155,9 +159,9 @@ def _check(model: nn.Module, what: str, got: torch.Tensor, want: torch.Tensor, a
     return diff
 
 
-def export_program(model: nn.Module, path: str | Path) -> Path:
+def export_program(model: nn.Module, path: str | Path) -> tuple[Path, float]:
     """Write ``model``'s classifier graph as a ``torch.export`` program (``.pt2``, dynamic batch), checked against
-    the eager model on a batch of another size."""
+    the eager model on a batch of another size. Returns the path and the max difference of the check."""
     path = Path(path)
     graph, x, dims = _trace(model)
     with _staged(path) as tmp:
@@ -167,12 +171,13 @@ def export_program(model: nn.Module, path: str | Path) -> Path:
         with torch.no_grad():
             got = torch.export.load(str(tmp)).module()(check)
             want = graph(check)
-        _check(model, "torch.export", got, want, TOLERANCE)
-    return path
+        diff = _check(model, "torch.export", got, want, TOLERANCE)
+    return path, diff
 
 
-def write_format(model: nn.Module, out_dir: str | Path, fmt: str) -> Path | None:
-    """Add ``fmt``'s file to the export folder ``out_dir`` (nothing for ``safetensors``, which is always written)."""
+def write_format(model: nn.Module, out_dir: str | Path, fmt: str) -> tuple[Path, float] | None:
+    """Add ``fmt``'s file to the export folder ``out_dir`` (nothing for ``safetensors``, which is always written).
+    Returns the file and the max |file's logits - model's| on a batch of ``CHECK_BATCH``."""
     if fmt not in FORMATS:
         raise ExportFormatError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     if fmt == "safetensors":

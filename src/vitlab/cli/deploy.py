@@ -48,11 +48,12 @@ def add_format_option(p: argparse.ArgumentParser) -> None:
 
 def write_extra_format(model, out: Path, fmt: str) -> None:
     """After the safetensors export: the ``--format`` file, with a line saying what was written."""
-    from vitlab.export_formats import write_format
+    from vitlab.export_formats import CHECK_BATCH, write_format
 
     written = write_format(model, out, fmt)
     if written is not None:
-        print(f"wrote {written} (dynamic batch; checked against the model on another batch size)")
+        path, diff = written
+        print(f"wrote {path} (dynamic batch; on a batch of {CHECK_BATCH}, max |logits - model's| = {diff:.1e})")
 
 
 # -------------------------------------------------------------------------------------------------------------------
