@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fine-tuning recipe of docs/recipes.md ("Pretrained weights and fine-tuning"): a vit_pico pretrained on the
 # CIFAR-10 subset, fine-tuned on a tenth of CelebA-32's training images (the Male attribute), against the same network
-# from scratch at the same budget and with the dynamics controller on, seeds 0, 1, 2; one training at a time.
+# from scratch at the same budget and with the dynamics controller on, seeds 0, 1, 2; one training at a time. Then two
+# more fine-tuning arms: a linear probe (frozen backbone, lr 1e-2) and layer-wise learning-rate decay 0.75.
 #
 #   benchmarks/finetune_celeba32.sh /path/to/cifar10.npz /path/to/celeba32_subset.npz [overrides for every fine-tune]
 #
@@ -41,4 +42,9 @@ for seed in 0 1 2; do
     train "$runs/pretrained-seed$seed" finetune/celeba32_male "${common[@]}" model.pretrained="$runs/pretrain" "$@"
     train "$runs/controlled-seed$seed" finetune/celeba32_male "${common[@]}" model.pretrained="$runs/pretrain" \
         model.temperature=true dynamics.mode=schedule dynamics.freeze=true "$@"
+done
+for seed in 0 1 2; do
+    common=(data.path="$celeba" run.seed=$seed model.pretrained="$runs/pretrain")
+    train "$runs/probe-seed$seed" finetune/celeba32_male "${common[@]}" finetune.freeze=backbone optim.lr=1e-2 "$@"
+    train "$runs/layerdecay-seed$seed" finetune/celeba32_male "${common[@]}" finetune.layer_decay=0.75 "$@"
 done

@@ -2,10 +2,11 @@
 
     python benchmarks/finetune_summary.py runs/finetune
 
-Per arm (scratch, pretrained, controlled): test accuracy mean ± std over the seeds and Welch's t-test against
-scratch; per layer, mean over heads and seeds: drift d after epoch 1 and after the last epoch (patch widths),
-consensus clusters kappa at the end, the share of heads converged at the end and the mean epoch at which they first
-converged (``dynamics.jsonl``; for the arms with ``dynamics.mode=fixed`` the controller only measures).
+Per arm: test accuracy mean ± std over the seeds and Welch's t-test against scratch (and against pretrained for
+the later arms). Per layer, mean over heads and seeds (``dynamics.jsonl``; in the arms with ``dynamics.mode=fixed``
+the controller only measures): the drift d after epoch 1, its peak over the epochs and after the last epoch (patch
+widths), consensus clusters kappa at the end, the share of heads converged at the end and the mean epoch at which
+they first converged, the share frozen and the mean tau at the end.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from vitlab.diagnostics.plots import dynamics_arrays, read_dynamics
 from vitlab.evaluation.stats import summarize, welch_ttest
 
-ARMS = ("scratch", "pretrained", "controlled")
+ARMS = ("scratch", "pretrained", "controlled", "probe", "layerdecay")
 
 
 def main(root: Path) -> None:
@@ -33,12 +34,15 @@ def main(root: Path) -> None:
             for r in runs
             if (r.parent / f"{r.name}.time").exists()
         ]
+        if not acc[arm]:
+            continue
         s = summarize(acc[arm])
         values = ", ".join(f"{a:.2f}" for a in acc[arm])
         line = f"{arm:11s} test acc {s['mean']:.2f} ± {s['std']:.2f} % (n={s['n']}: {values})"
-        if arm != "scratch" and len(acc[arm]) > 1:
-            t, p = welch_ttest(acc[arm], acc["scratch"])
-            line += f"; vs scratch t={t:.2f} p={p:.3g}"
+        for other in ("scratch", "pretrained"):
+            if ARMS.index(arm) > ARMS.index(other) and len(acc[arm]) > 1 and len(acc[other]) > 1:
+                t, p = welch_ttest(acc[arm], acc[other])
+                line += f"; vs {other} t={t:.2f} p={p:.3g}"
         if times:
             line += f"; wall {np.mean(times):.0f} s per run"
         print(line)
@@ -53,6 +57,7 @@ def main(root: Path) -> None:
             continue
         drift1 = np.stack([a["drift"][1] for a in arrays])  # [S, L, H]
         drift_end = np.stack([a["drift"][-1] for a in arrays])
+        peak = np.stack([np.nanmax(np.nanmean(a["drift"], axis=2), axis=0) for a in arrays])  # [S, L]
         kappa = np.stack([a["kappa"][-1] for a in arrays])
         converged = np.stack([a["converged"][-1] for a in arrays])
         first = np.stack(
@@ -61,12 +66,13 @@ def main(root: Path) -> None:
         frozen = np.stack([a["frozen"][-1] for a in arrays])
         tau = np.stack([a["tau"][-1] for a in arrays])
         print(f"{arm}: per layer (mean over heads and {len(arrays)} seeds)")
-        print("  layer  d(epoch 1)  d(last)  kappa  converged  first converged (epoch)  frozen  tau")
+        print("  layer  d(epoch 1)  d(peak)  d(last)  kappa  converged  first converged (epoch)  frozen  tau")
         for layer in range(drift1.shape[1]):
             f = first[:, layer]
             when = f"{np.nanmean(f):.1f}" if np.isfinite(f).any() else "-"
             print(
-                f"  {layer:5d}  {drift1[:, layer].mean():10.3f}  {drift_end[:, layer].mean():7.3f}  "
+                f"  {layer:5d}  {drift1[:, layer].mean():10.3f}  {peak[:, layer].mean():7.3f}  "
+                f"{drift_end[:, layer].mean():7.3f}  "
                 f"{kappa[:, layer].mean():5.2f}  {converged[:, layer].mean():9.0%}  {when:>23s}  "
                 f"{frozen[:, layer].mean():6.0%}  {tau[:, layer].mean():.3f}"
             )
