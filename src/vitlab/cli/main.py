@@ -21,7 +21,6 @@ import sys
 from importlib import import_module
 from pathlib import Path
 
-from vitlab.cli.deploy import add_format_option, seed_overrides, write_extra_format
 from vitlab.cli.registry import COMMANDS, Runner, Setup, command
 
 #: modules whose import registers further sub-commands (each in its own file)
@@ -106,6 +105,8 @@ command("test", "run the test loop of a run directory or checkpoint")(_evaluatio
 def _export(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("checkpoint", help=".ckpt file or run directory (its best.ckpt)")
     p.add_argument("--out", help="output folder (default: <run>/export)")
+    from vitlab.cli.deploy import add_format_option, write_extra_format
+
     add_format_option(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -169,6 +170,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
         "--seed",
         type=int,
         dest="global_seed",
+        metavar="N",
         help="shortcut for the override run.seed=N (before or after the command)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, runners = build_parser()
     args, rest = parser.parse_known_args(argv)
+    from vitlab.cli.deploy import seed_overrides
+
     rest = seed_overrides(args.global_seed, rest)
     unknown = [a for a in rest if a.startswith("-") and "." not in a.split("=")[0]]
     if unknown:
