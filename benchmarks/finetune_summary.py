@@ -57,7 +57,7 @@ def main(root: Path) -> None:
             continue
         drift1 = np.stack([a["drift"][1] for a in arrays])  # [S, L, H]
         drift_end = np.stack([a["drift"][-1] for a in arrays])
-        peak = np.stack([np.nanmax(np.nanmean(a["drift"], axis=2), axis=0) for a in arrays])  # [S, L]
+        peak = np.stack([np.nanmax(np.nanmean(a["drift"][1:], axis=2), axis=0) for a in arrays])  # [S, L]
         kappa = np.stack([a["kappa"][-1] for a in arrays])
         converged = np.stack([a["converged"][-1] for a in arrays])
         first = np.stack(
