@@ -1,7 +1,7 @@
 """vitlab: train, control and inspect Vision Transformers."""
 
 from vitlab.layers import attention_capture, capture_attention
-from vitlab.models import create_model, list_models
+from vitlab.models import create_model, from_timm, list_models
 
 __version__ = "0.1.0"
 
@@ -13,4 +13,12 @@ def load_model(path, map_location="cpu"):
     return _load(path, map_location=map_location)
 
 
-__all__ = ["__version__", "attention_capture", "capture_attention", "create_model", "list_models", "load_model"]
+__all__ = [
+    "__version__",
+    "attention_capture",
+    "capture_attention",
+    "create_model",
+    "from_timm",
+    "list_models",
+    "load_model",
+]

@@ -93,6 +93,40 @@ class RunSection:
 
 
 @dataclass
+class FinetuneConfig:
+    """Fine-tuning options (docs/recipes.md, "Pretrained weights and fine-tuning"); the weights themselves come from
+    ``model.pretrained``. ``layer_decay``: layer-wise learning-rate decay (BEiT, Bao et al. 2022, sec. 2.6): block
+    ``i`` of ``L`` trains at ``lr * layer_decay ** (L - i)``, the embeddings at ``lr * layer_decay ** (L + 1)``, the
+    final norm, head and everything outside the ViT at ``lr``; ``None`` = off. ``freeze``: ``none``, or ``backbone``
+    (the ViT's weights get no gradient: a linear probe for a ViT, only the decoder side for ViTCAE).
+    ``early_stopping_patience``: stop after this many validation epochs without improvement of
+    ``early_stopping_monitor`` (default: the metric that picks best.ckpt) by more than ``early_stopping_min_delta``
+    (Lightning's ``EarlyStopping``); ``None`` = off."""
+
+    layer_decay: float | None = None
+    freeze: str = "none"
+    early_stopping_patience: int | None = None
+    early_stopping_monitor: str | None = None
+    early_stopping_mode: str | None = None
+    early_stopping_min_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            problems.append(f"finetune.layer_decay must be in (0, 1] (or null for off), got {self.layer_decay}")
+        if self.freeze not in ("none", "backbone"):
+            problems.append(f"finetune.freeze must be none or backbone, got {self.freeze!r}")
+        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
+            problems.append(
+                f"finetune.early_stopping_patience must be >= 1 (or null), got {self.early_stopping_patience}"
+            )
+        if self.early_stopping_mode not in (None, "min", "max"):
+            problems.append(f"finetune.early_stopping_mode must be min, max or null, got {self.early_stopping_mode!r}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+@dataclass
 class RunConfig:
     """Everything one ``vitlab fit`` needs. ``model`` is ``{name: <preset>, **constructor overrides}``;
     ``loss`` holds the task's loss weights (validated by the task's own dataclass), ``callbacks`` extra callbacks."""
@@ -104,6 +138,7 @@ class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     loss: dict[str, Any] = field(default_factory=dict)
     dynamics: dict[str, Any] | None = None
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -311,6 +346,7 @@ __all__ = [
     "AugmentConfig",
     "ConfigError",
     "DataConfig",
+    "FinetuneConfig",
     "OptimConfig",
     "RunConfig",
     "RunSection",

@@ -32,6 +32,7 @@ COMMAND_MODULES: list[str] = [
     "vitlab.cli.bench",
     "vitlab.cli.probe",
     "vitlab.cli.params",
+    "vitlab.cli.deploy",
 ]
 
 
@@ -114,6 +115,9 @@ def _export(p: argparse.ArgumentParser) -> Runner:
     p.add_argument(
         "--force", action="store_true", help="write into a folder that holds files: replace only the export's own files"
     )
+    from vitlab.cli.deploy import add_format_option, write_extra_format
+
+    add_format_option(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.export import export_model, model_from_checkpoint
@@ -125,6 +129,7 @@ def _export(p: argparse.ArgumentParser) -> Runner:
         out = Path(args.out) if args.out else ckpt.parent.parent / "export"
         out = export_model(model, out, {"data": hp["data_info"]}, force=args.force)
         print(f"exported {hp['config']['model']['name']} to {out}")
+        write_extra_format(model, out, args.format)
         return 0
 
     return run
@@ -177,6 +182,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
         epilog="Overrides: key.sub=value or --key.sub value (e.g. optim.lr=1e-3 --trainer.devices 2).",
     )
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        dest="global_seed",
+        metavar="N",
+        help="shortcut for the override run.seed=N (before or after the command)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runners = {}
     for name, (setup, help_) in COMMANDS.items():
@@ -190,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, runners = build_parser()
     args, rest = parser.parse_known_args(argv)
+    from vitlab.cli.deploy import seed_overrides
+
+    rest = seed_overrides(args.global_seed, rest)
     unknown = [a for a in rest if a.startswith("-") and "." not in a.split("=")[0]]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.key value)")

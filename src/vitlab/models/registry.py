@@ -78,11 +78,21 @@ def resolved_kwargs(name: str, **overrides: Any) -> dict[str, Any]:
     return {**preset.kwargs, **overrides}
 
 
-def create_model(name: str, **overrides: Any) -> nn.Module:
-    """Build the preset ``name`` with keyword ``overrides`` (e.g. ``img_size=8, num_classes=10``)."""
+def create_model(name: str, pretrained: str | None = None, **overrides: Any) -> nn.Module:
+    """Build the preset ``name`` with keyword ``overrides`` (e.g. ``img_size=8, num_classes=10``).
+
+    ``pretrained``: weights for the model's ViT backbone, a file, a vitlab export or run directory, or
+    ``timm:NAME[.TAG]`` (:func:`vitlab.models.pretrained.load_pretrained`: position and patch embeddings resampled,
+    head reset, any other mismatch an error). It is kept as ``model.pretrained``, not in ``init_kwargs``.
+    """
     preset = get_preset(name)
     kwargs = resolved_kwargs(name, **overrides)
     model = preset.cls(**kwargs)
     model.preset = name
     model.init_kwargs = kwargs
+    if pretrained:
+        from vitlab.models.pretrained import load_pretrained
+
+        load_pretrained(model, pretrained, arch=name)
+        model.pretrained = str(pretrained)
     return model

@@ -45,6 +45,7 @@ from vitlab.training.callbacks import (
     atomic_write_text,
     quiet_lightning,
 )
+from vitlab.training.finetune import setup_finetuning
 from vitlab.training.tasks import BaseTask, ClassificationTask
 
 RUN_DIR_ENV = "VITLAB_RUN_DIR"
@@ -226,7 +227,7 @@ def data_info(dm: VisionDataModule) -> dict[str, Any]:
 
 def model_kwargs_for(cfg: RunConfig, info: dict[str, Any]) -> dict[str, Any]:
     """Model overrides from the config, with image size, channels and classes filled in from the data."""
-    kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+    kwargs = {k: v for k, v in cfg.model.items() if k not in ("name", "pretrained")}  # pretrained: weights, not shape
     preset = get_preset(cfg.model["name"])
     accepted = constructor_args(preset.cls)
     for key, value in (
@@ -371,14 +372,16 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     info = data_info(dm)
     kwargs = model_kwargs_for(cfg, info)
     try:
-        model = create_model(cfg.model["name"], **kwargs)
+        pretrained = None if ckpt_path else cfg.model.get("pretrained")  # a resumed run has its weights
+        model = create_model(cfg.model["name"], pretrained=pretrained, **kwargs)
     except (ValueError, TypeError) as e:
         if isinstance(e, ConfigError | VitlabError):
             raise
         raise ConfigError(f"cannot build model {cfg.model['name']!r} with {kwargs}: {e}") from e
     hparams = {"config": to_dict(cfg), "model_kwargs": kwargs, "data_info": info}
     task = build_task(cfg, model, hparams)
-    trainer = make_trainer(cfg, run_dir, _callbacks(cfg, run_dir, task) + list(callbacks or []))
+    finetune_callbacks = setup_finetuning(cfg, model, task.monitor)
+    trainer = make_trainer(cfg, run_dir, _callbacks(cfg, run_dir, task) + finetune_callbacks + list(callbacks or []))
 
     if trainer.is_global_zero:
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))

@@ -194,10 +194,19 @@ class BaseTask(pl.LightningModule):
                 sync_dist=stage != "train",
             )
 
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups: :func:`param_groups`, split by layer when ``finetune.layer_decay``."""
+        groups = param_groups(self.model, self.optim_cfg.weight_decay)
+        if self.cfg.finetune.layer_decay is None:
+            return groups
+        from vitlab.training.finetune import layer_decay_groups
+
+        return layer_decay_groups(self.model, groups, self.optim_cfg.lr, self.cfg.finetune.layer_decay)
+
     def configure_optimizers(self) -> Any:
         cfg = self.optim_cfg
         optimizer = adamw(
-            param_groups(self.model, cfg.weight_decay),
+            self.param_groups(),
             lr=cfg.lr,
             betas=cfg.betas,
             weight_decay=cfg.weight_decay,

@@ -1,0 +1,157 @@
+"""Top-k predictions of a trained classifier on image files, with the evaluation preprocessing of its run.
+
+The preprocessing is the one the run's validation and test sets went through (``vitlab.data``): the image read as
+``uint8`` with the run's channel count (grayscale or RGB), the shorter side resized to the run's image size and
+centre-cropped (:func:`vitlab.data.transforms.resize_to_square`), then normalised with the run's mean and std.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitlab.data.transforms import resize_to_square
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.export_formats import ClassifierGraph
+
+#: file suffixes taken from a folder (a file named on the command line is tried whatever its suffix)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+@dataclass
+class Prediction:
+    """The ``k`` most probable classes of one image: ``classes[i]`` (its index ``indices[i]``), probability
+    ``probs[i]``, most probable first."""
+
+    path: str
+    indices: list[int]
+    classes: list[str]
+    probs: list[float]
+
+
+def load_predictor(target: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """The model (eval mode) and the data description (``img_size, in_chans, mean, std, class_names``) of a run
+    directory, an export folder or a ``.ckpt`` file."""
+    from vitlab.export import checkpoint_hparams, load_model, read_checkpoint
+
+    path = Path(target)
+    export = path / "export" if (path / "export" / "config.json").is_file() else path
+    if (export / "config.json").is_file():
+        meta = json.loads((export / "config.json").read_text())
+        info = meta.get("data")
+        if not info:
+            raise CheckpointError(f"{export / 'config.json'} has no data description; export it with `vitlab export`")
+        return load_model(export), info
+    ckpt = path
+    if path.is_dir():
+        ckpt = next((c for c in (path / "checkpoints" / n for n in ("best.ckpt", "last.ckpt")) if c.is_file()), path)
+    info = checkpoint_hparams(read_checkpoint(ckpt))["data_info"]
+    return load_model(ckpt), info
+
+
+def image_files(inputs: Iterable[str | Path]) -> Iterator[Path]:
+    """Files named, and the image files (``IMAGE_SUFFIXES``) under folders named, in sorted order."""
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        elif path.exists():
+            yield path
+        else:
+            raise ConfigError(f"{path} does not exist; pass image files or folders of images")
+
+
+def read_image(path: Path, info: dict[str, Any]) -> torch.Tensor:
+    """``uint8 [C, S, S]``: the file in the run's channel count, resized and centre-cropped to its image size.
+    Raises ``OSError``/``ValueError`` for a file that is not a readable image."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image = image.convert("L" if info["in_chans"] == 1 else "RGB")
+        pixels = np.asarray(image, dtype=np.uint8)
+    tensor = torch.from_numpy(pixels.copy())
+    tensor = tensor.unsqueeze(0) if tensor.ndim == 2 else tensor.permute(2, 0, 1)
+    return resize_to_square(tensor, int(info["img_size"]))
+
+
+def normalise(images: torch.Tensor, info: dict[str, Any]) -> torch.Tensor:
+    """``uint8 [B, C, H, W]`` -> the run's normalised float input (as ``NormalizeCollate`` makes it)."""
+    mean = torch.tensor(info["mean"], dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor(info["std"], dtype=torch.float32).view(1, -1, 1, 1)
+    return (images.float() / 255 - mean) / std
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    info: dict[str, Any],
+    files: Iterable[Path],
+    *,
+    topk: int = 5,
+    batch_size: int = 64,
+    on_error: Any = None,
+) -> Iterator[Prediction]:
+    """Top-``topk`` predictions for each readable file, in batches of ``batch_size``. A file that cannot be read
+    as an image is passed to ``on_error(path, exception)`` and skipped."""
+    graph = ClassifierGraph(model).eval()
+    device = next(model.parameters()).device
+    names = list(info.get("class_names") or [])
+    paths: list[Path] = []
+    images: list[torch.Tensor] = []
+
+    def flush() -> Iterator[Prediction]:
+        x = normalise(torch.stack(images), info).to(device)
+        probs = graph(x).float().softmax(-1).cpu()
+        k = min(topk, probs.shape[1])
+        values, indices = probs.topk(k, dim=-1)
+        for path, p, i in zip(paths, values.tolist(), indices.tolist(), strict=True):
+            classes = [names[j] if j < len(names) else str(j) for j in i]
+            yield Prediction(str(path), i, classes, p)
+        paths.clear()
+        images.clear()
+
+    for path in files:
+        try:
+            images.append(read_image(path, info))
+        except (OSError, ValueError, SyntaxError) as e:  # PIL: UnidentifiedImageError (an OSError), truncated files
+            if on_error is not None:
+                on_error(path, e)
+            continue
+        paths.append(path)
+        if len(images) == batch_size:
+            yield from flush()
+    if images:
+        yield from flush()
+
+
+def rows(predictions: Iterable[Prediction]) -> Iterator[dict[str, Any]]:
+    """Flat records: ``path, top1, prob1, top2, prob2, ...`` (probabilities rounded to 6 digits)."""
+    for p in predictions:
+        row: dict[str, Any] = {"path": p.path}
+        for rank, (name, prob) in enumerate(zip(p.classes, p.probs, strict=True), start=1):
+            row[f"top{rank}"] = name
+            row[f"prob{rank}"] = round(prob, 6)
+        yield row
+
+
+def write_rows(records: list[dict[str, Any]], path: Path) -> None:
+    """CSV (``.csv``) or JSON lines (any other suffix, e.g. ``.jsonl``) of the records."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".csv":
+        buffer = io.StringIO()
+        fields = list(dict.fromkeys(k for r in records for k in r))
+        writer = csv.DictWriter(buffer, fieldnames=fields or ["path"])
+        writer.writeheader()
+        writer.writerows(records)
+        path.write_text(buffer.getvalue())
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -1,0 +1,106 @@
+"""Fine-tuning from pretrained weights: the ``finetune`` config section applied to a model and its optimiser.
+
+- a frozen backbone / linear probe (``finetune.freeze=backbone``);
+- layer-wise learning-rate decay (``finetune.layer_decay``; BEiT, Bao et al. 2022, sec. 2.6, after ELECTRA, Clark
+  et al. 2020, appendix A);
+- early stopping (Lightning's ``EarlyStopping``) on the validation metric.
+
+The pretrained weights themselves come from ``model.pretrained`` (:mod:`vitlab.models.pretrained`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from vitlab.config import FinetuneConfig, RunConfig
+from vitlab.errors import ConfigError
+from vitlab.models.pretrained import PretrainedWeightsError, backbone_of
+
+
+def _backbone(model: nn.Module, option: str) -> tuple[nn.Module, str]:
+    try:
+        backbone, where = backbone_of(model)
+    except PretrainedWeightsError as e:
+        raise ConfigError(f"{option} needs a ViT backbone: {e}") from e
+    return backbone, f"{where}." if where else ""
+
+
+def freeze_backbone(model: nn.Module) -> int:
+    """Stop the gradient of every weight of the ViT backbone except its classifier head; returns how many tensors.
+
+    For a ViT only the head then trains (a linear probe on the CLS token); for ViTCAE the encoder is fixed and the
+    latent heads, prior, decoder and classifier train. Dropout in the backbone still acts in training mode.
+    """
+    backbone, _ = _backbone(model, "finetune.freeze=backbone")
+    frozen = 0
+    for name, p in backbone.named_parameters():
+        if not name.startswith("head."):
+            p.requires_grad_(False)
+            frozen += 1
+    return frozen
+
+
+def layer_id(name: str, depth: int, prefix: str) -> int:
+    """Layer of parameter ``name`` for the decay: 0 the embeddings, ``i + 1`` block ``i``, ``depth + 1`` the rest
+    (final norm, head, and everything outside the backbone ``prefix``)."""
+    if not name.startswith(prefix):
+        return depth + 1
+    local = name[len(prefix) :]
+    if local.startswith(("cls_token", "pos_embed", "patch_embed")):
+        return 0
+    if local.startswith("blocks."):
+        return int(local.split(".")[1]) + 1
+    return depth + 1
+
+
+def layer_decay_groups(model: nn.Module, groups: list[dict[str, Any]], lr: float, decay: float) -> list[dict[str, Any]]:
+    """Split AdamW parameter ``groups`` (as :func:`vitlab.training.tasks.param_groups` makes them) by layer, each
+    with ``lr * decay ** (depth + 1 - layer)``; a group keeps its weight decay. Empty groups are dropped."""
+    backbone, prefix = _backbone(model, "finetune.layer_decay")
+    depth = len(backbone.blocks)
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = []
+    for group in groups:
+        by_layer: dict[int, list[Any]] = {}
+        for p in group["params"]:
+            by_layer.setdefault(layer_id(names[id(p)], depth, prefix), []).append(p)
+        for layer in sorted(by_layer):
+            scale = decay ** (depth + 1 - layer)
+            out.append({**group, "params": by_layer[layer], "lr": lr * scale, "lr_scale": scale})
+    return out
+
+
+def early_stopping(cfg: FinetuneConfig, monitor: tuple[str, str]) -> EarlyStopping | None:
+    """Lightning's ``EarlyStopping`` as ``cfg`` says, on ``monitor = (metric, mode)`` unless the config names one."""
+    if cfg.early_stopping_patience is None:
+        return None
+    metric = cfg.early_stopping_monitor or monitor[0]
+    mode = cfg.early_stopping_mode or (monitor[1] if metric == monitor[0] else ("min" if "loss" in metric else "max"))
+    return EarlyStopping(
+        monitor=metric,
+        mode=mode,
+        patience=cfg.early_stopping_patience,
+        min_delta=cfg.early_stopping_min_delta,
+        check_on_train_epoch_end=False,
+        verbose=False,
+    )
+
+
+def setup_finetuning(cfg: RunConfig, model: nn.Module, monitor: tuple[str, str]) -> list[pl.Callback]:
+    """Apply ``cfg.finetune`` to ``model`` (freezing) and return its callbacks (early stopping). Reports the
+    pretrained weights that ``model.pretrained`` loaded. Layer decay acts when the task builds its optimiser."""
+    summary = getattr(model, "pretrained_summary", None)
+    if summary:
+        rank_zero_info(summary)
+    ft = cfg.finetune
+    if ft.freeze == "backbone":
+        rank_zero_info(f"finetune.freeze=backbone: {freeze_backbone(model)} tensors of the backbone frozen")
+    if ft.layer_decay is not None:
+        _backbone(model, "finetune.layer_decay")  # fail before training starts
+    stop = early_stopping(ft, monitor)
+    return [stop] if stop is not None else []

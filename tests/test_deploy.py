@@ -1,0 +1,139 @@
+"""Deployment: ONNX and torch.export files, `vitlab predict`, `vitlab list-configs`, the `--seed` shortcut."""
+
+import csv
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab.cli.main import main
+from vitlab.export import export_model
+from vitlab.export_formats import ClassifierGraph, ExportFormatError, write_format
+
+KWARGS = dict(img_size=16, patch_size=4, in_chans=3, num_classes=3)
+INFO = {
+    "dataset": "npz",
+    "num_classes": 3,
+    "in_chans": 3,
+    "img_size": 16,
+    "mean": [0.5, 0.4, 0.3],
+    "std": [0.25, 0.25, 0.25],
+    "class_names": ["cat", "dog", "owl"],
+}
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A vit_pico checkpoint in the layout `vitlab fit` writes (run/checkpoints/best.ckpt), without training."""
+    torch.manual_seed(0)
+    model = vitlab.create_model("vit_pico", **KWARGS)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    hp = {"config": {"model": {"name": "vit_pico"}}, "model_kwargs": model.init_kwargs, "data_info": INFO}
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": hp}, run / "checkpoints" / "best.ckpt")
+    return run, model.eval()
+
+
+def test_onnx_agrees_with_onnxruntime_on_another_batch_size(tmp_path):
+    model = vitlab.create_model("vit_pico", **KWARGS).eval()
+    path, diff = write_format(model, export_model(model, tmp_path / "export"), "onnx")
+    assert diff <= 1e-4 and path.stat().st_mode & 0o044  # readable by others, as the umask allows
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):  # exported with a batch of 2
+        x = torch.randn(batch, 3, 16, 16)
+        got = session.run(["logits"], {"images": x.numpy()})[0]
+        assert got.shape == (batch, 3)
+        assert np.abs(got - model(x).detach().numpy()).max() <= 1e-4
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no staging file left
+
+
+def test_torch_export_program_and_vitcae_classifier(tmp_path):
+    cae = vitlab.create_model("vitcae_pico", **KWARGS).eval()
+    path, _ = write_format(cae, tmp_path, "torch-export")
+    program = torch.export.load(str(path)).module()
+    x = torch.randn(4, 3, 16, 16)
+    torch.testing.assert_close(program(x), cae(x).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_that_cannot_be_traced_says_why(tmp_path, monkeypatch):
+    model = vitlab.create_model("vit_pico", **KWARGS).eval()
+
+    def data_dependent(x):  # Python control flow on a tensor value: torch.export cannot capture it
+        return model.head(x[:, 0]) if float(x.sum()) > 0 else -model.head(x[:, 0])
+
+    monkeypatch.setattr(model, "forward_head", data_dependent)
+    with pytest.raises(ExportFormatError, match=r"vit_pico \(VisionTransformer\) cannot be written as torch-export"):
+        write_format(model, tmp_path, "torch-export")
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_export_format_onnx(checkpoint, capsys):
+    run, model = checkpoint
+    assert main(["export", str(run), "--format", "onnx"]) == 0
+    assert "model.onnx" in capsys.readouterr().out
+    session = ort.InferenceSession(str(run / "export" / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 3, 16, 16)
+    want = ClassifierGraph(model)(x).detach().numpy()
+    assert np.abs(session.run(None, {"images": x.numpy()})[0] - want).max() <= 1e-4
+
+
+def _write_images(folder, count):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        size = (20 + i, 16) if i % 2 else (16, 16)  # also a non-square image: resized and centre-cropped
+        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
+
+
+def test_predict_folder_to_csv_and_skips_bad_files(checkpoint, tmp_path, capsys):
+    run, model = checkpoint
+    images = tmp_path / "images"
+    _write_images(images / "sub", 5)
+    (images / "broken.png").write_bytes(b"not an image at all")
+    (images / "notes.txt").write_text("not an image, not looked at")
+    out = tmp_path / "pred.csv"
+    code = main(["predict", str(run), str(images), "--topk", "2", "--batch-size", "2", "--out", str(out)])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "skipped" in captured.err and "broken.png" in captured.err and "notes.txt" not in captured.err
+    table = list(csv.DictReader(out.open()))
+    assert [r["path"].split("/")[-1] for r in table] == [f"img{i}.png" for i in range(5)]
+    assert set(table[0]) == {"path", "top1", "prob1", "top2", "prob2"}
+    # the same numbers as the model on the evaluation preprocessing (resize + centre crop, the run's mean/std)
+    from vitlab.evaluation.predict import normalise, read_image
+
+    x = normalise(torch.stack([read_image(images / "sub" / f"img{i}.png", INFO) for i in range(5)]), INFO)
+    probs = model(x).softmax(-1).detach()
+    for row, p in zip(table, probs, strict=True):
+        assert row["top1"] == INFO["class_names"][int(p.argmax())]
+        assert abs(float(row["prob1"]) - float(p.max())) < 1e-5
+        assert float(row["prob1"]) >= float(row["prob2"])
+
+
+def test_predict_json_lines_from_an_export_and_only_bad_files(checkpoint, tmp_path, capsys):
+    run, _ = checkpoint
+    assert main(["export", str(run)]) == 0
+    _write_images(tmp_path / "one", 1)
+    out = tmp_path / "pred.jsonl"
+    assert main(["predict", str(run / "export"), str(tmp_path / "one" / "img0.png"), "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["top3"] in INFO["class_names"] and "top4" not in record  # k capped at the 3 classes
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8 truncated")
+    assert main(["predict", str(run), str(bad)]) == 2
+    assert "none of the 1 files given is a readable image" in capsys.readouterr().err
+
+
+def test_list_configs_and_seed_shortcut(capsys):
+    assert main(["list-configs", "vitcae"]) == 0
+    out = capsys.readouterr().out
+    assert "vitcae/digits" in out and "vit/digits " not in out
+    assert main(["--seed", "7", "fit", "--config", "vit/digits", "--print-config"]) == 0
+    assert "seed: 7" in capsys.readouterr().out
+    assert main(["fit", "--config", "vit/digits", "--seed", "11", "--print-config"]) == 0
+    assert "seed: 11" in capsys.readouterr().out
