@@ -18,9 +18,10 @@ timm fits them (Dosovitskiy et al. 2021, sec. 3.2, "Fine-tuning and higher resol
 - the classifier head left at its fresh initialisation when ``num_classes`` differs.
 
 vitlab's own extras that a plain ViT's weights lack keep their initial value, which leaves the network's function
-unchanged: the per-head temperature ``log_tau`` (0, i.e. tau = 1) and the ``frozen_heads`` buffers (no head
-frozen). Any other key the backbone lacks or the file has in excess, and any shape that no rule above fits, is a
-:class:`PretrainedWeightsError` that lists them; nothing is loaded partially.
+unchanged: the per-head temperature ``log_tau`` (0, i.e. tau = 1), the ``frozen_heads`` buffers (no head
+frozen) and the ``head_order`` buffers (heads in their original order). Any other key the backbone lacks or the
+file has in excess, and any shape that no rule above fits, is a :class:`PretrainedWeightsError` that lists them;
+nothing is loaded partially.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ TIMM_PREFIX = "timm:"
 #: file suffixes read with ``torch.load(weights_only=True)``
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 #: backbone keys that may be absent from pretrained weights: their initial values leave the function unchanged
-OPTIONAL_KEYS = ("frozen_heads", "log_tau")
+OPTIONAL_KEYS = ("frozen_heads", "head_order", "log_tau")
 #: prefixes under which checkpoints commonly keep a ViT (Lightning task, ViTCAE encoder, DDP, MAE/DINO style)
 _ANCHOR = "patch_embed.proj.weight"
 #: what an unexpected key says about the model it came from, for the error message
