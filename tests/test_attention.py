@@ -129,6 +129,20 @@ def test_permuted_frozen_heads_give_the_unpermuted_outputs_and_gradients(mask):
         assert weight_grad[:, ~frozen].abs().sum() > 0 and got["log_tau"][~frozen].abs().sum() > 0
 
 
+def _frozen_step(x: torch.Tensor, mask: list[bool], **attributes) -> list[torch.Tensor]:
+    """One backward of a temperature Attention with ``mask`` frozen and ToMe token sizes: ``[out, keys, dx, the head
+    parameters' gradients...]``; ``attributes`` set on the module (``fused``, ``split_frozen``)."""
+    size = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 4.0]).view(1, 6, 1).expand(2, 6, 1)
+    m = _attn(temperature=True).train()
+    m.set_frozen_heads(torch.tensor(mask))
+    for name, value in attributes.items():
+        setattr(m, name, value)
+    inputs = x.clone().requires_grad_(True)
+    out, keys = m(inputs, size=size, return_keys=True)
+    out.square().sum().backward()
+    return [out, keys, inputs.grad, *(p.grad for _, p in m.head_parameters())]
+
+
 @pytest.mark.parametrize("route", ["single", "logsumexp", "recompute"])
 def test_frozen_heads_backward_routes_agree_with_the_saved_attention(route, monkeypatch):
     """The frozen heads' dV = P^T dO four ways: one flash call over all heads (the CPU default), two calls with P
@@ -142,15 +156,8 @@ def test_frozen_heads_backward_routes_agree_with_the_saved_attention(route, monk
     if route == "recompute":
         monkeypatch.setattr(attention, "_flash_with_logsumexp", lambda q: False)
     x = torch.randn(2, 6, 32)
-    size = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 4.0]).view(1, 6, 1).expand(2, 6, 1)
-    grads = []
-    for fused in (True, False):
-        m = _attn(temperature=True).train()
-        m.set_frozen_heads(torch.tensor([False, True, True, False]))
-        m.fused, m.split_frozen = fused, route == "logsumexp"
-        inputs = x.clone().requires_grad_(True)
-        m(inputs, size=size).square().sum().backward()
-        grads.append([inputs.grad, *(p.grad for _, p in m.head_parameters())])
+    mask = [False, True, True, False]
+    grads = [_frozen_step(x, mask, fused=fused, split_frozen=route == "logsumexp")[1:] for fused in (True, False)]
     assert len(calls) == (route == "single"), "the single call runs where it applies, and only there"
     for got, want in zip(*grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
@@ -300,16 +307,7 @@ def test_frozen_heads_under_bf16_autocast():
 def test_single_and_two_call_paths_agree_with_token_sizes_and_keys():
     """The one-call frozen path and the two-call path: same outputs, ToMe keys, and gradients."""
     x = torch.randn(2, 6, 32)
-    size = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 4.0]).view(1, 6, 1).expand(2, 6, 1)
-    results = []
-    for split in (False, True):
-        m = _attn(temperature=True).train()
-        m.set_frozen_heads(torch.tensor([True, False, False, True]))
-        m.split_frozen = split
-        inputs = x.clone().requires_grad_(True)
-        out, keys = m(inputs, size=size, return_keys=True)
-        out.square().sum().backward()
-        assert not keys.requires_grad
-        results.append([out, keys, inputs.grad, *(p.grad for _, p in m.head_parameters())])
+    results = [_frozen_step(x, [True, False, False, True], split_frozen=split) for split in (False, True)]
+    assert not any(keys.requires_grad for _, keys, *_ in results)
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
