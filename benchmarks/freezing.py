@@ -9,9 +9,13 @@ The FLOP count (:func:`step_flops`) counts every matrix product of the model, fo
 softmax (5 N^2 per head forward, 4 N^2 backward); its matrix-product part is checked against
 ``torch.utils.flop_counter`` on the eager attention path (that counter does not see the CPU SDPA kernel).
 
+With ``--compare-split`` every frozen fraction is also timed on the two-call path (``Attention.split_frozen``:
+the frozen and the active heads attend in two calls whose outputs are concatenated, what the CPU path was before
+the single flash call), interleaved with the default path in the same process, so the two compare within one run.
+
 Run (single-threaded; a few minutes on an idle core)::
 
-    python benchmarks/freezing.py --threads 1 --repeats 7
+    python benchmarks/freezing.py --threads 1 --repeats 10 --compare-split
     python benchmarks/freezing.py --tokens 64 --repeats 3   # a quicker look
 
 Writes ``benchmarks/results/freezing.json``.
@@ -84,9 +88,16 @@ def frozen_mask(depth: int, heads: int, count: int) -> torch.Tensor:
     return mask
 
 
+def set_path(guard: FrozenHeadGuard, mask: torch.Tensor, split: bool) -> None:
+    """Freeze ``mask`` and choose the frozen heads' path: one flash call over all heads, or two calls (``split``)."""
+    guard.freeze(mask)
+    for module in guard.modules:
+        module.split_frozen = split
+
+
 def counted_flops(model: VisionTransformer, guard: FrozenHeadGuard, mask: torch.Tensor, x, y) -> tuple[int, int]:
     """Forward and backward matrix-product FLOPs that ``FlopCounterMode`` counts on the eager attention path."""
-    guard.freeze(mask)
+    set_path(guard, mask, False)
     for module in guard.modules:
         module.fused = False
     with FlopCounterMode(display=False) as forward_counter:
@@ -145,24 +156,31 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
         classes=10,
     )
     counts = [round(f * args.heads) for f in FRACTIONS]
-    masks = [frozen_mask(args.depth, args.heads, k) for k in counts]
+    # (frozen heads per layer, two-call path): the 0% row is the base of both paths
+    variants = [(k, False) for k in counts] + ([(k, True) for k in counts if k] if args.compare_split else [])
+    masks = [frozen_mask(args.depth, args.heads, k) for k, _ in variants]
     rows = []
-    for k, mask in zip(counts, masks, strict=True):
+    for (k, split), mask in zip(variants, masks, strict=True):
         predicted = step_flops(**shape, frozen=k)
         counted_forward, counted_backward = counted_flops(model, guard, mask, x, y)
         rows.append(
             {
                 "frozen_fraction": k / args.heads,
                 "frozen_heads_per_layer": k,
+                "path": "two calls" if split else "one call",
                 "flops": predicted,
                 "counted_matmul_flops": {"forward": counted_forward, "backward": counted_backward},
             }
         )
-    # Interleave the fractions, so that load from other processes spreads evenly over them.
+    # Interleave the fractions, so that load from other processes spreads evenly over them, and run every other
+    # round in reverse order: a variant's place in the round (what the allocator and caches hold from the previous
+    # one) moved a 65-token step by about 2 ms in a given process.
     times: list[list[tuple[float, float, float]]] = [[] for _ in masks]
     for repeat in range(args.warmup + args.repeats):
-        for index, mask in enumerate(masks):
-            guard.freeze(mask)
+        order = range(len(variants)) if repeat % 2 == 0 else reversed(range(len(variants)))
+        for index in order:
+            (_, split), mask = variants[index], masks[index]
+            set_path(guard, mask, split)
             sample = timed_step(model, optimizer, x, y)
             if repeat >= args.warmup:
                 times[index].append(sample)
@@ -204,6 +222,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--compare-split", action="store_true", help="also time the two-call frozen path, interleaved (one run)"
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "freezing.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -224,16 +245,17 @@ def main() -> None:
             f"batch {args.batch}"
         )
         print(
-            f"{'frozen':>7} {'fwd s':>7} {'fwd +':>6} {'bwd s':>7} {'step s':>7} | {'bwd saving pred':>15} {'meas':>6} "
-            f"{'ratio':>6} | {'step saving pred':>16} {'meas':>6} {'ratio':>6} | matmul FLOPs counted/analytic"
+            f"{'frozen':>7} {'path':>9} {'fwd s':>7} {'fwd +':>6} {'bwd s':>7} {'step s':>7} | "
+            f"{'bwd saving pred':>15} {'meas':>6} {'ratio':>6} | {'step saving pred':>16} {'meas':>6} {'ratio':>6} | "
+            "matmul FLOPs counted/analytic"
         )
         for row in case["rows"]:
             s, v, f, c = row["seconds"], row["saving"], row["flops"], row["counted_matmul_flops"]
             ratio = lambda value: "-" if value is None else f"{value:.2f}"  # noqa: E731
             agreement = (c["forward"] + c["backward"]) / (f["forward_matmul"] + f["backward_matmul"])
             print(
-                f"{row['frozen_fraction']:>7.0%} {s['forward']:>7.3f} {row['forward_overhead']:>+6.1%} "
-                f"{s['backward']:>7.3f} {s['step']:>7.3f} | "
+                f"{row['frozen_fraction']:>7.0%} {row['path']:>9} {s['forward']:>7.3f} "
+                f"{row['forward_overhead']:>+6.1%} {s['backward']:>7.3f} {s['step']:>7.3f} | "
                 f"{v['backward_predicted']:>15.1%} {v['backward_measured']:>6.1%} "
                 f"{ratio(v['backward_measured_over_predicted']):>6} | {v['step_predicted']:>16.1%} "
                 f"{v['step_measured']:>6.1%} {ratio(v['step_measured_over_predicted']):>6} | {agreement:.4f}"

@@ -129,26 +129,73 @@ def test_permuted_frozen_heads_give_the_unpermuted_outputs_and_gradients(mask):
         assert weight_grad[:, ~frozen].abs().sum() > 0 and got["log_tau"][~frozen].abs().sum() > 0
 
 
-@pytest.mark.parametrize("route", ["logsumexp", "recompute"])
+def _frozen_step(x: torch.Tensor, mask: list[bool], **attributes) -> list[torch.Tensor]:
+    """One backward of a temperature Attention with ``mask`` frozen and ToMe token sizes: ``[out, keys, dx, the head
+    parameters' gradients...]``; ``attributes`` set on the module (``fused``, ``split_frozen``)."""
+    size = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 4.0]).view(1, 6, 1).expand(2, 6, 1)
+    m = _attn(temperature=True).train()
+    m.set_frozen_heads(torch.tensor(mask))
+    for name, value in attributes.items():
+        setattr(m, name, value)
+    inputs = x.clone().requires_grad_(True)
+    out, keys = m(inputs, size=size, return_keys=True)
+    out.square().sum().backward()
+    return [out, keys, inputs.grad, *(p.grad for _, p in m.head_parameters())]
+
+
+@pytest.mark.parametrize("route", ["single", "logsumexp", "recompute"])
 def test_frozen_heads_backward_routes_agree_with_the_saved_attention(route, monkeypatch):
-    """The frozen heads' dV = P^T dO three ways: P from the CPU flash kernel's log-sum-exps, P recomputed, and P
-    kept by the eager path; with proportional attention's bias."""
+    """The frozen heads' dV = P^T dO four ways: one flash call over all heads (the CPU default), two calls with P
+    from the flash kernel's log-sum-exps, two calls with P recomputed (the public-API path of other devices and
+    dtypes), and P kept by the eager path; with proportional attention's bias."""
     import vitlab.layers.attention as attention
 
+    calls = []
+    single = attention._FrozenHeadsInOneCall.apply
+    monkeypatch.setattr(attention._FrozenHeadsInOneCall, "apply", lambda *a: calls.append(1) or single(*a))
     if route == "recompute":
         monkeypatch.setattr(attention, "_flash_with_logsumexp", lambda q: False)
     x = torch.randn(2, 6, 32)
-    size = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 4.0]).view(1, 6, 1).expand(2, 6, 1)
-    grads = []
-    for fused in (True, False):
-        m = _attn(temperature=True).train()
-        m.set_frozen_heads(torch.tensor([False, True, True, False]))
-        m.fused = fused
-        inputs = x.clone().requires_grad_(True)
-        m(inputs, size=size).square().sum().backward()
-        grads.append([inputs.grad, *(p.grad for _, p in m.head_parameters())])
+    mask = [False, True, True, False]
+    grads = [_frozen_step(x, mask, fused=fused, split_frozen=route == "logsumexp")[1:] for fused in (True, False)]
+    assert len(calls) == (route == "single"), "the single call runs where it applies, and only there"
     for got, want in zip(*grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("frozen", [1, 2, 4])
+@pytest.mark.parametrize("with_size", [False, True])
+def test_single_call_gradients_equal_plain_autograd_with_the_frozen_rows_cut(frozen, with_size):
+    """_FrozenHeadsInOneCall against plain autograd: SDPA over all heads, the frozen heads' q and k detached (their
+    attention a constant) and their rows of W and b detached; the frozen rows' weight gradient is exactly 0."""
+    from vitlab.layers.attention import _FrozenHeadsInOneCall
+
+    torch.manual_seed(1)
+    B, N, H, d = 2, 7, 4, 8
+    C = H * d
+    x = torch.randn(B, N, C, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(3 * C, C, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3 * C, dtype=torch.float64, requires_grad=True)
+    size = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 4.0, 2.0], dtype=torch.float64).view(1, 1, 1, N)
+    mask = size.log().expand(B, 1, 1, N) if with_size else None
+    grad_out = torch.randn(B, H, N, d, dtype=torch.float64)
+
+    out, keys = _FrozenHeadsInOneCall.apply(x, weight, bias, mask, H, frozen, d**-0.5)
+    got = torch.autograd.grad(out, (x, weight, bias), grad_out)
+    assert not keys.requires_grad
+
+    rows = (torch.arange(H) < frozen).repeat_interleave(d).repeat(3)  # [3C]: the frozen heads' rows
+    qkv = F.linear(x, torch.where(rows[:, None], weight.detach(), weight), torch.where(rows, bias.detach(), bias))
+    q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)
+    head = (torch.arange(H) < frozen).view(1, H, 1, 1)
+    q, k = torch.where(head, q.detach(), q), torch.where(head, k.detach(), k)
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d**-0.5)
+    torch.testing.assert_close(out, reference)
+    want = torch.autograd.grad(reference, (x, weight, bias), grad_out)
+    for name, a, b in zip(("x", "weight", "bias"), got, want, strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    assert torch.all(got[1][rows] == 0) and torch.all(got[2][rows] == 0), "frozen rows: exactly zero"
+    assert frozen == H or got[1][~rows].abs().min(1).values.gt(0).all()
 
 
 def test_freezing_more_heads_later_keeps_the_function():
@@ -255,3 +302,12 @@ def test_frozen_heads_under_bf16_autocast():
     assert out.dtype == torch.bfloat16 and x.grad.dtype == torch.float32 and m.qkv.weight.grad.dtype == torch.float32
     grad = m.in_original_order("qkv.weight", m.qkv.weight.grad).view(3, 4, 8, 32)
     assert torch.all(grad[:, [0, 2]] == 0) and grad[:, [1, 3]].abs().sum() > 0
+
+
+def test_single_and_two_call_paths_agree_with_token_sizes_and_keys():
+    """The one-call frozen path and the two-call path: same outputs, ToMe keys, and gradients."""
+    x = torch.randn(2, 6, 32)
+    results = [_frozen_step(x, [True, False, False, True], split_frozen=split) for split in (False, True)]
+    assert not any(keys.requires_grad for _, keys, *_ in results)
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

@@ -68,47 +68,71 @@ class _QKVWithFrozenHeads(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, _q_f, _k_f, grad_v_f, grad_q_a, grad_k_a, grad_v_a):
         x, weight = ctx.saved_tensors
-        B, N, C = x.shape
-        frozen, width = ctx.frozen, weight.shape[0] // 3
-        split = frozen * (width // ctx.heads)  # rows of each of q, k, v that belong to frozen heads
-        reference = next((g for g in (grad_v_f, grad_v_a, grad_q_a, grad_k_a) if g is not None), None)
-        if reference is None:
-            return None, None, None, None, None
-        dtype = reference.dtype  # under autocast the product ran in the gradient's dtype
-        w = weight.view(3, width, C).to(dtype)
+        grads = _qkv_backward(
+            x,
+            weight,
+            ctx.has_bias,
+            ctx.heads,
+            ctx.frozen,
+            ctx.needs_input_grad[:3],
+            grad_v_f,
+            grad_q_a,
+            grad_k_a,
+            grad_v_a,
+        )
+        return *grads, None, None
 
-        def flat(grad: torch.Tensor | None, heads: int) -> torch.Tensor:
-            """``[B, heads, N, d] -> [B N, heads d]`` (zeros for a part that got no gradient)."""
-            if grad is None:
-                return reference.new_zeros(B * N, heads * (width // ctx.heads))
-            return grad.transpose(1, 2).reshape(B * N, -1)
 
-        # (part, its rows, the gradient of their outputs): the frozen v first (frozen q and k have none), then the
-        # active heads' q, k, v, the only rows that get a weight gradient
-        active = ctx.heads - frozen
-        parts = [(2, slice(0, split), flat(grad_v_f, frozen))]
-        if active:
-            parts += [(p, slice(split, width), flat(g, active)) for p, g in enumerate((grad_q_a, grad_k_a, grad_v_a))]
-        trained = parts[1:]
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            for part, rows, grad in parts:
-                grad_x = (
-                    grad @ w[part, rows] if grad_x is None else torch.addmm(grad_x, grad, w[part, rows], out=grad_x)
-                )
-            grad_x = grad_x.view(B, N, C).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            x2 = x.reshape(B * N, C).to(dtype)
-            grad_w = weight.new_zeros(3, width, C, dtype=dtype)
-            for part, rows, grad in trained:
-                torch.mm(grad.T, x2, out=grad_w[part, rows])
-            grad_w = grad_w.view(weight.shape).to(weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = weight.new_zeros(3, width, dtype=dtype)
-            for part, rows, grad in trained:
-                grad_b[part, rows] = grad.sum(0)
-            grad_b = grad_b.view(-1).to(weight.dtype)
-        return grad_x, grad_w, grad_b, None, None
+def _qkv_backward(x, weight, has_bias: bool, heads: int, frozen: int, needs, grad_v_f, grad_q_a, grad_k_a, grad_v_a):
+    """The backward of the fused QKV product with the frozen heads in the first ``frozen`` slots (eq. 26).
+
+    ``grad_v_f: [B, frozen, N, d]`` and ``grad_{q,k,v}_a: [B, heads - frozen, N, d]`` (any may be None: zeros);
+    ``needs``: whether ``x``, ``weight``, ``bias`` want a gradient. Returns ``(grad_x, grad_weight, grad_bias)``.
+    The weight gradient is formed only for the active rows (the frozen rows are an exact zero, never computed); the
+    input gradient comes from the active q, k, v and the frozen v, one product per part, with no ``[B, N, 3C]``
+    gradient tensor.
+    """
+    B, N, C = x.shape
+    width = weight.shape[0] // 3
+    split = frozen * (width // heads)  # rows of each of q, k, v that belong to frozen heads
+    reference = next((g for g in (grad_v_f, grad_v_a, grad_q_a, grad_k_a) if g is not None), None)
+    if reference is None:
+        return None, None, None
+    dtype = reference.dtype  # under autocast the product ran in the gradient's dtype
+    w = weight.view(3, width, C).to(dtype)
+
+    def flat(grad: torch.Tensor | None, count: int) -> torch.Tensor:
+        """``[B, count, N, d] -> [B N, count d]`` (zeros for a part that got no gradient)."""
+        if grad is None:
+            return reference.new_zeros(B * N, count * (width // heads))
+        return grad.transpose(1, 2).reshape(B * N, -1)
+
+    # (part, its rows, the gradient of their outputs): the frozen v first (frozen q and k have none), then the
+    # active heads' q, k, v, the only rows that get a weight gradient
+    active = heads - frozen
+    parts = [(2, slice(0, split), flat(grad_v_f, frozen))] if frozen else []
+    if active:
+        parts += [(p, slice(split, width), flat(g, active)) for p, g in enumerate((grad_q_a, grad_k_a, grad_v_a))]
+    trained = parts[1:] if frozen else parts
+    grad_x = grad_w = grad_b = None
+    if needs[0]:
+        for part, rows, grad in parts:
+            grad_x = grad @ w[part, rows] if grad_x is None else torch.addmm(grad_x, grad, w[part, rows], out=grad_x)
+        grad_x = grad_x.view(B, N, C).to(x.dtype)
+    if needs[1]:
+        x2 = x.reshape(B * N, C).to(dtype)
+        grad_w = weight.new_empty(3, width, C, dtype=dtype)
+        grad_w[:, :split] = 0  # the frozen rows: an exact zero, not a product
+        for part, rows, grad in trained:
+            torch.mm(grad.T, x2, out=grad_w[part, rows])
+        grad_w = grad_w.view(weight.shape).to(weight.dtype)
+    if has_bias and needs[2]:
+        grad_b = weight.new_empty(3, width, dtype=dtype)
+        grad_b[:, :split] = 0
+        for part, rows, grad in trained:
+            grad_b[part, rows] = grad.sum(0)
+        grad_b = grad_b.view(-1).to(weight.dtype)
+    return grad_x, grad_w, grad_b
 
 
 # PyTorch's CPU flash-attention kernel (what SDPA runs on the CPU), which also returns each row's log-sum-exp.
@@ -118,6 +142,68 @@ _CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
 def _flash_with_logsumexp(q: torch.Tensor) -> bool:
     """Whether the CPU flash kernel with log-sum-exps can run on ``q``'s device and dtype."""
     return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and hasattr(torch.ops.aten, _CPU_FLASH)
+
+
+def _probs_from_logsumexp(q, k, bias, lse, scale: float) -> torch.Tensor:
+    """``P = exp(q k^T * scale + bias - lse)`` (``[B, h, N, N]``) from the flash kernel's row log-sum-exps ``lse:
+    [B, h, N]``: one batched product and an exponential, no softmax, no autograd."""
+    B, heads, N, d = q.shape
+    logits = torch.baddbmm(
+        -lse.reshape(B * heads, N, 1).to(q.dtype),
+        q.reshape(B * heads, N, d),
+        k.reshape(B * heads, N, d).transpose(1, 2),
+        alpha=scale,
+    ).view(B, heads, N, N)
+    if bias is not None:
+        logits += bias
+    return logits.exp_()
+
+
+class _FrozenHeadsInOneCall(torch.autograd.Function):
+    """Eq. 26 as one fused QKV product and ONE flash-attention call over all heads, frozen and active together.
+
+    ``x: [B, N, C]``, ``weight: [3C, C]``, ``bias: [3C]`` or None, ``mask: [B, 1, 1, N]`` or None (ToMe's size
+    bias), the frozen heads in the first ``frozen`` slots. Returns ``(out [B, H, N, d], keys [B, H, N, d])``; the
+    keys (ToMe's matching metric) are not differentiable. The forward is exactly the path without freezing: the
+    QKV product, PyTorch's CPU flash kernel (what SDPA runs on the CPU; it also returns each row's log-sum-exp).
+    The backward runs the flash backward only on the active heads' slice, and for the frozen heads only ``dV = P^T
+    dO`` with ``P`` formed from the saved log-sum-exps (:func:`_probs_from_logsumexp`); then the QKV backward of
+    :func:`_qkv_backward` (no weight gradient for the frozen rows, no input gradient through their q and k). There
+    is no split of the heads into two attention calls and no concatenation of their outputs. CPU, float32/64, no
+    attention dropout, no autocast only (:meth:`Attention._single_call_applies`); elsewhere the two-call path runs.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x, weight, bias, mask, heads: int, frozen: int, scale: float):
+        B, N, _ = x.shape
+        qkv = F.linear(x, weight, bias)
+        q, k, v = qkv.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        out, lse = getattr(torch.ops.aten, _CPU_FLASH)(q, k, v, attn_mask=mask, scale=scale)
+        ctx.save_for_backward(x, weight, qkv, mask, out, lse)
+        ctx.heads, ctx.frozen, ctx.scale, ctx.has_bias = heads, frozen, scale, bias is not None
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(k)
+        return out, k
+
+    @staticmethod
+    def backward(ctx: Any, grad_out, _grad_keys):
+        if grad_out is None:
+            return None, None, None, None, None, None, None
+        x, weight, qkv, mask, out, lse = ctx.saved_tensors
+        B, N, _ = x.shape
+        heads, frozen, scale = ctx.heads, ctx.frozen, ctx.scale
+        q, k, v = qkv.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        f, a = slice(0, frozen), slice(frozen, heads)
+        probs = _probs_from_logsumexp(q[:, f], k[:, f], mask, lse[:, f], scale)
+        grad_v_f = probs.transpose(-2, -1) @ grad_out[:, f]
+        grad_q_a = grad_k_a = grad_v_a = None
+        if frozen < heads:
+            grad_q_a, grad_k_a, grad_v_a = getattr(torch.ops.aten, _CPU_FLASH + "_backward")(
+                grad_out[:, a], q[:, a], k[:, a], v[:, a], out[:, a], lse[:, a], 0.0, False, attn_mask=mask, scale=scale
+            )
+        needs = ctx.needs_input_grad[:3]
+        grads = _qkv_backward(x, weight, ctx.has_bias, heads, frozen, needs, grad_v_f, grad_q_a, grad_k_a, grad_v_a)
+        return *grads, None, None, None, None
 
 
 class _FrozenHeadAttention(torch.autograd.Function):
@@ -153,16 +239,7 @@ class _FrozenHeadAttention(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor):
         if ctx.mode == "logsumexp":
             q, k, bias, lse = ctx.saved_tensors
-            B, heads, N, d = q.shape
-            logits = torch.baddbmm(
-                -lse.reshape(B * heads, N, 1).to(q.dtype),
-                q.reshape(B * heads, N, d),
-                k.reshape(B * heads, N, d).transpose(1, 2),
-                alpha=ctx.scale,
-            ).view(B, heads, N, N)
-            if bias is not None:
-                logits += bias
-            probs = logits.exp_()
+            probs = _probs_from_logsumexp(q, k, bias, lse, ctx.scale)
         elif ctx.mode == "recompute":
             q, k, bias = ctx.saved_tensors
             probs = _attention_probs(q, k, bias, ctx.scale)
@@ -219,6 +296,9 @@ class Attention(nn.Module):
         self.num_frozen = 0
         self._permuted = False
         self.fused = True
+        # Frozen heads attend in one flash call with the active ones where that applies; True forces two calls
+        # (the path for other devices, dtypes, dropout and capture; kept for tests and benchmarks).
+        self.split_frozen = False
         self.capture = False
         self.captured: torch.Tensor | None = None
 
@@ -333,7 +413,10 @@ class Attention(nn.Module):
         weight, qkv_bias = self._qkv_parameters()
         # Without autograd a frozen head computes exactly what an active one does: the plain path.
         frozen = self.num_frozen if torch.is_grad_enabled() else 0
-        if frozen:
+        if frozen and self._single_call_applies(x, weight):
+            out, k = _FrozenHeadsInOneCall.apply(x, weight, qkv_bias, bias, H, frozen, self.scale)
+            out = out.transpose(1, 2).reshape(B, N, C)
+        elif frozen:
             parts = _QKVWithFrozenHeads.apply(x, weight, qkv_bias, H, frozen)
             out = self._attend_with_frozen(*parts, bias)
             k = torch.cat([parts[1], parts[4]], dim=1) if return_keys else None
@@ -346,6 +429,22 @@ class Attention(nn.Module):
         if return_keys:
             return out, k.detach().mean(1)
         return out
+
+    def _single_call_applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether the frozen heads attend in one flash call with the active ones (:class:`_FrozenHeadsInOneCall`):
+        the fused path without capture or attention dropout, on the CPU in float32/64 without autocast, and
+        ``split_frozen`` off. Otherwise the frozen and active heads attend in two calls
+        (:meth:`_attend_with_frozen`)."""
+        return (
+            not self.split_frozen
+            and self.fused
+            and not self.capture
+            and not (self.training and self.attn_drop > 0)
+            and x.dtype == weight.dtype
+            and _flash_with_logsumexp(x)
+            and hasattr(torch.ops.aten, _CPU_FLASH + "_backward")
+            and not torch.is_autocast_enabled("cpu")
+        )
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Scaled dot-product attention of ``[B, H, N, d]`` tensors: SDPA unless a capture asks for the matrix."""
