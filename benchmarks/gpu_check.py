@@ -41,7 +41,7 @@ import torch
 
 from vitlab.bench import bench, bench_environment
 from vitlab.config import build_config
-from vitlab.training.callbacks import read_metrics
+from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def run_recipe(plan: Plan, out: Path, data: Path, compile: bool) -> dict[str, An
     started = time.perf_counter()
     run_dir = fit(cfg)
     seconds = time.perf_counter() - started
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = RunDir(run_dir).metrics()
     steady = rows[-1]
     images_per_s = plan.steps_per_epoch * plan.batch_size / steady["time/step_s"]
     steps_per_card_epoch = -(-CIFAR_TRAIN_IMAGES // 128)

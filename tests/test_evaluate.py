@@ -13,8 +13,9 @@ from scipy import stats
 from torch import nn
 
 import vitlab
+from run_fixtures import make_run
 from vitlab.cli.main import main
-from vitlab.config import DataConfig, RunConfig, RunSection, dump_yaml, to_dict
+from vitlab.config import DataConfig
 from vitlab.data import build_datamodule
 from vitlab.errors import ConfigError
 from vitlab.evaluation import (
@@ -31,23 +32,10 @@ from vitlab.evaluation import (
     scale_contrast,
     translate,
 )
-from vitlab.export import export_model
-from vitlab.training.run import data_info, load_run_config
+from vitlab.rundir import RunDir
 
 BATCH = 32
 MAX_BATCHES = 2
-
-
-def make_run(root: Path, preset: str, *, batch_size: int = BATCH, seed: int = 0) -> Path:
-    """A run directory with a tiny untrained classifier exported for 8x8 one-channel digits."""
-    torch.manual_seed(seed)
-    run = root / f"{preset}-{seed}"
-    model = vitlab.create_model(preset, img_size=8, patch_size=2, in_chans=1, num_classes=10)
-    data = DataConfig(name="digits", batch_size=batch_size)
-    export_model(model, run / "export", {"data": data_info(build_datamodule(data))})
-    cfg = RunConfig(model={"name": preset, "patch_size": 2}, data=data, run=RunSection(seed=seed))
-    (run / "config.yaml").write_text(dump_yaml(cfg))
-    return run
 
 
 def reference_batches(split: str, batches: int = MAX_BATCHES, batch_size: int = BATCH):
@@ -61,7 +49,7 @@ def reference_batches(split: str, batches: int = MAX_BATCHES, batch_size: int = 
 
 @pytest.fixture(scope="module")
 def vit_run(tmp_path_factory):
-    run = make_run(tmp_path_factory.mktemp("runs"), "vit_pico")
+    run = make_run(tmp_path_factory.mktemp("runs"), preset="vit_pico")
     results = evaluate_run(run, max_batches=MAX_BATCHES, tta_views=2, hflip=True)
     return run, results
 
@@ -146,7 +134,7 @@ def test_evaluate_from_checkpoint(vit_run, tmp_path):
     checkpoint = {
         "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
         "hyper_parameters": {
-            "config": to_dict(load_run_config(run)),
+            "config": RunDir(run).config_dict(),
             "model_kwargs": info["kwargs"],
             "data_info": info["data"],
         },
@@ -162,7 +150,7 @@ def test_evaluate_from_checkpoint(vit_run, tmp_path):
 
 
 def test_cet_vit_assignment_per_class(tmp_path):
-    run = make_run(tmp_path, "cet_vit_pico", batch_size=64)
+    run = make_run(tmp_path, preset="cet_vit_pico", batch_size=64)
     results = evaluate_run(run, max_batches=1, tta_views=0, corruptions=False)
     assert results["tta"] is None and results["corruptions"] == {} and results["mean_corrupted"] is None
 
@@ -264,13 +252,11 @@ ACCURACY = {"vit_pico": [0.90, 0.92, 0.91], "cet_vit_pico": [0.85, 0.86, 0.80]}
 
 
 def fake_run(root: Path, model: str, seed: int, acc: float, lr: float = 1e-3) -> Path:
-    run = root / f"{model}-{seed}-{lr}"
-    run.mkdir(parents=True)
-    cfg = RunConfig(model={"name": model}, run=RunSection(seed=seed))
-    cfg.optim.lr = lr
-    (run / "config.yaml").write_text(dump_yaml(cfg))
-    (run / "test_metrics.json").write_text(json.dumps({"test/acc": acc, "test/loss": 1 - acc}))
-    return run
+    """A run without a model, with test metrics only: what `vitlab compare` reads."""
+    test_metrics = {"test/acc": acc, "test/loss": 1 - acc}
+    return make_run(
+        root, f"{model}-{seed}-{lr}", preset=model, seed=seed, lr=lr, export=False, test_metrics=test_metrics
+    )
 
 
 @pytest.fixture

@@ -12,57 +12,32 @@ import numpy as np
 import pytest
 import torch
 
-import vitlab
+import run_fixtures
 from vitlab.cli.main import main
-from vitlab.config import DataConfig, RunConfig, RunSection, dump_yaml
-from vitlab.data import build_datamodule
+from vitlab.config import RunConfig, RunSection
 from vitlab.errors import ConfigError
-from vitlab.export import export_model
 from vitlab.report import REPORT_FILE, write_report
 from vitlab.report.html import better_direction, cls_attention_maps, config_differences, curve_panels
-from vitlab.training.run import data_info, environment
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EPOCHS = 3
 
 
-def write_png(path: Path, shape: tuple[int, int] = (6, 10)) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    matplotlib.image.imsave(path, np.linspace(0, 1, shape[0] * shape[1]).reshape(shape), cmap="gray")
-
-
 def make_run(
     root: Path, name: str = "vit-run", *, preset: str = "vit_pico", seed: int = 0, generate: bool = True
 ) -> Path:
-    """A run directory as `vitlab fit` leaves it, without training: an untrained model exported for 8x8 digits, the
-    resolved config, a few epochs of metrics, test metrics and (``generate``) a ViTCAE-style generate/ folder."""
-    torch.manual_seed(seed)
-    run = root / name
-    data = DataConfig(name="digits", batch_size=32)
-    model = vitlab.create_model(preset, img_size=8, patch_size=2, in_chans=1, num_classes=10)
-    export_model(model, run / "export", {"data": data_info(build_datamodule(data))})
-    cfg = RunConfig(model={"name": preset, "patch_size": 2}, data=data, run=RunSection(name=name, seed=seed))
-    (run / "config.yaml").write_text(dump_yaml(cfg))
-    (run / "env.json").write_text(json.dumps(environment()))
-    rows = [
-        {
-            "epoch": epoch,
-            "step": 10 * (epoch + 1),
-            "train/loss": 2.3 - 0.2 * epoch - 0.01 * seed,
-            "val/loss": 2.2 - 0.1 * epoch,
-            "train/acc": 0.1 + 0.2 * epoch,
-            "val/acc": 0.1 + 0.15 * epoch + 0.01 * seed,
-            "train/kl_cls": 1.0 / (epoch + 1),
-            "lr-AdamW": 1e-3 * (1 - epoch / EPOCHS),
-        }
-        for epoch in range(EPOCHS)
-    ]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (run / "test_metrics.json").write_text(json.dumps({"test/acc": 0.5 + 0.1 * seed, "test/loss": 1.5 - 0.1 * seed}))
-    if generate:
-        write_png(run / "generate" / "reconstruction.png")
-        (run / "generate" / "metrics.json").write_text(json.dumps({"reconstruction/psnr": 21.5}))
-    return run
+    """The shared run fixture (:func:`run_fixtures.make_run`) with what a report shows: the environment, a few
+    epochs of metrics, test metrics and (``generate``) a ViTCAE-style generate/ folder."""
+    return run_fixtures.make_run(
+        root,
+        name,
+        preset=preset,
+        seed=seed,
+        env=True,
+        epochs=EPOCHS,
+        test_metrics={"test/acc": 0.5 + 0.1 * seed, "test/loss": 1.5 - 0.1 * seed},
+        generate={"reconstruction/psnr": 21.5} if generate else None,
+    )
 
 
 def dynamics_records(epochs: int = 3, layers: int = 2, heads: int = 2) -> list[dict]:
@@ -178,7 +153,7 @@ def test_evaluation_dynamics_and_other_outputs(tmp_path):
     run = make_run(tmp_path, generate=False)
     evaluate_run(run, max_batches=1, tta_views=2, severities=(1, 3))
     (run / "dynamics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dynamics_records()))
-    write_png(run / "probe" / "slot_k.png")
+    run_fixtures.write_png(run / "probe" / "slot_k.png")
     (run / "probe" / "slot_k.json").write_text(json.dumps({"k_mean": 3.5, "note": "<probe>"}))
     (run / "probe" / ".partial.json.tmp").write_text("{")
     (run / "probe" / "being_written.json").write_text('{"k": [1, 2')
@@ -203,7 +178,7 @@ def test_evaluation_dynamics_and_other_outputs(tmp_path):
 def test_existing_dynamics_figures_are_embedded_not_redrawn(tmp_path):
     run = make_run(tmp_path, generate=False)
     (run / "dynamics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dynamics_records()))
-    write_png(run / "dynamics" / "dynamics.png", (3, 7))
+    run_fixtures.write_png(run / "dynamics" / "dynamics.png", (3, 7))
     document = write_report([run], attention_images=0).read_text()
     (uri,) = image_sources(section_html(document, "dynamics"))
     assert decode_png(uri).shape[:2] == (3, 7)
@@ -298,8 +273,8 @@ def test_cls_attention_maps_hand_worked():
 
 def test_better_direction_and_config_differences():
     assert better_direction("test/acc") == "max" and better_direction("generate/reconstruction/psnr") == "max"
-    assert better_direction("eval/mean_corrupted_top1") == "max"
-    assert better_direction("test/loss") == "min" and better_direction("eval/ece_calibrated") == "min"
+    assert better_direction("eval/mean_corrupted") == "max"
+    assert better_direction("test/loss") == "min" and better_direction("eval/test_calibrated/ece") == "min"
     assert better_direction("generate/images/test") is None
     a, b = RunConfig(), RunConfig(run=RunSection(seed=3), model={"name": "vit_pico", "depth": 2})
     assert config_differences([a, b]) == {"model.depth": [None, 2], "run.seed": [0, 3]}

@@ -500,7 +500,7 @@ def _check_settings(*, batch_size: int, precision: str, repeats: int, warmup: in
 def bench_environment() -> dict[str, Any]:
     """Versions, git revision and hardware of the measurement. Leaner than ``vitlab.training.run.environment``,
     which imports Lightning and torchvision (seconds on a loaded machine) for versions a benchmark does not use."""
-    import vitlab
+    from vitlab.version import __version__
 
     try:
         revision = subprocess.run(
@@ -514,7 +514,7 @@ def bench_environment() -> dict[str, Any]:
         "command": sys.argv,
         "versions": {
             "python": platform.python_version(),
-            "vitlab": vitlab.__version__,
+            "vitlab": __version__,
             "torch": torch.__version__,
             "timm": timm.__version__,
         },

@@ -55,23 +55,21 @@ def _gradients(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         import lightning.pytorch as pl
 
-        from vitlab.config import RunConfig, build_config, deep_merge, from_dict, parse_overrides, to_dict
+        from vitlab.config import build_config, to_dict
         from vitlab.data import build_datamodule
         from vitlab.diagnostics.probes import format_gradient_flow, gradient_flow
         from vitlab.errors import ConfigError
         from vitlab.export import load_model
         from vitlab.models.registry import create_model
-        from vitlab.training.run import build_task, data_info, load_run_config, model_kwargs_for
+        from vitlab.rundir import RunDir
+        from vitlab.training.run import build_task, data_info, model_kwargs_for
 
         target = args.target
         if target is not None and "=" in target and not Path(target).exists():
             overrides, target = [target, *overrides], None  # a key=value override, not a run directory
         if target is not None and args.config:
             raise ConfigError("pass either a run directory or --config, not both")
-        if target is not None:
-            cfg = from_dict(RunConfig, deep_merge(to_dict(load_run_config(target)), parse_overrides(overrides)))
-        else:
-            cfg = build_config(args.config, overrides)
+        cfg = RunDir(target).config(overrides) if target is not None else build_config(args.config, overrides)
         pl.seed_everything(cfg.run.seed, verbose=False)
         dm = build_datamodule(cfg.data)
         dm.prepare_data()

@@ -13,7 +13,6 @@ corruptions act on real pixels, then is normalised with the statistics the model
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,21 +26,28 @@ from torch.utils.data import DataLoader
 
 from vitlab.config import DataConfig, deep_merge, from_dict, parse_overrides, to_dict
 from vitlab.data import VisionDataModule, build_datamodule, denormalize
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import ConfigError
 from vitlab.evaluation.calibration import calibration_split_eval, expected_calibration_error, reliability_diagram
 from vitlab.evaluation.corruptions import CORRUPTIONS, apply_corruption
 from vitlab.evaluation.stats import correlation_report
 from vitlab.export import load_model, model_from_checkpoint
-from vitlab.jsonio import strict_dumps
 from vitlab.losses.ei import reversibility
 from vitlab.models.cet_vit import slot_usage_k
+from vitlab.rundir import (
+    EVALUATION_DIR,
+    EVALUATION_FILE,
+    EXPORT_CONFIG_FILE,
+    RunDir,
+    atomic_write_json,
+    locate_model,
+    read_json,
+)
 
 N_BINS = 15  # ECE bins (card: "Calibration"; Guo et al. 2017)
 TOP_K = 5
 SEVERITIES = (1, 2, 3, 4, 5)
 #: datasets whose classes survive a horizontal flip (natural images); digits, MNIST and SVHN do not
 FLIP_INVARIANT_DATASETS = frozenset({"cifar10", "cifar100", "celeba", "tiny-imagenet"})
-EVALUATION_FILE = "evaluation.json"
 RELIABILITY_FILE = "reliability.png"
 
 
@@ -200,27 +206,6 @@ class EvaluationTarget:
     train_hflip: bool
 
 
-def _locate(path: Path) -> tuple[Path | None, Path]:
-    """``(run directory or None, model source)`` for a run directory, an export folder or a checkpoint."""
-    if path.is_file():
-        run_dir = path.parent.parent
-        return (run_dir if (run_dir / "config.yaml").exists() else None), path
-    if not path.is_dir():
-        raise ConfigError(f"{path} does not exist; pass a run directory, its export/ folder or a .ckpt file")
-    if (path / "config.json").exists():
-        return (path.parent if (path.parent / "config.yaml").exists() else None), path
-    if (path / "config.yaml").exists():
-        for candidate in (path / "export", path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt"):
-            if candidate.exists():
-                return path, candidate
-        raise CheckpointError(
-            f"run directory {path} holds no export/ folder and no checkpoint; train it to the end or `vitlab export` it"
-        )
-    raise ConfigError(
-        f"{path} is neither a run directory (config.yaml), an exported model (config.json) nor a checkpoint"
-    )
-
-
 def _data_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
     """``["batch_size=32", "augment.hflip=true"]`` or ``{"batch_size": 32, "augment.hflip": True}`` -> nested."""
     if overrides is None:
@@ -251,20 +236,18 @@ def load_evaluation_target(
     ``model_overrides``: constructor options that leave the weights alone (``{"tome_r": 8}``); see
     :func:`vitlab.export.load_model`.
     """
-    from vitlab.training.run import load_run_config
-
-    path = Path(path)
-    run_dir, source = _locate(path)
+    location = locate_model(path)
+    run_dir, source = location.run_dir, location.source
     stored_data: dict[str, Any] | None = None
     if source.is_dir():
         model = load_model(source, map_location=device, overrides=dict(model_overrides or {}))
-        info = json.loads((source / "config.json").read_text()).get("data") or {}
+        info = read_json(source / EXPORT_CONFIG_FILE).get("data") or {}
     else:
         model, hparams = model_from_checkpoint(source, dict(model_overrides or {}))
         model = model.to(device).eval()
         info, stored_data = hparams["data_info"], hparams["config"].get("data")
     if run_dir is not None:
-        data_cfg = to_dict(load_run_config(run_dir).data)
+        data_cfg = to_dict(RunDir(run_dir).config().data)
     elif stored_data is not None:
         data_cfg = stored_data
     elif "dataset" in info:
@@ -289,7 +272,7 @@ def load_evaluation_target(
             )
     mean = tuple(info["mean"]) if "mean" in info else datamodule.mean
     std = tuple(info["std"]) if "std" in info else datamodule.std
-    out_dir = (run_dir if run_dir is not None else source if source.is_dir() else source.parent) / "evaluation"
+    out_dir = (run_dir if run_dir is not None else source if source.is_dir() else source.parent) / EVALUATION_DIR
     return EvaluationTarget(model, datamodule, mean, std, out_dir, source, data_cfg.augment.hflip)
 
 
@@ -541,8 +524,7 @@ def evaluate_run(
         ),
         "files": {"reliability": RELIABILITY_FILE},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / EVALUATION_FILE).write_text(strict_dumps(results, indent=2))
+    atomic_write_json(out / EVALUATION_FILE, results)
     return results
 
 

@@ -39,8 +39,27 @@ from torch import nn
 
 from vitlab.config import RunConfig, to_dict
 from vitlab.errors import ConfigError, VitlabError
+from vitlab.rundir import (
+    CONFIG_FILE,
+    DYNAMICS_DIR,
+    DYNAMICS_FILE,
+    ENV_FILE,
+    EVALUATION_DIR,
+    EVALUATION_FILE,
+    EXPORT_CONFIG_FILE,
+    GENERATE_DIR,
+    GENERATE_METRICS_FILE,
+    METRICS_FILE,
+    REPORT_FILE,
+    STEPS_FILE,
+    TEST_METRICS_FILE,
+    RunDir,
+    atomic_write_text,
+    locate_model,
+    read_json,
+)
+from vitlab.version import __version__
 
-REPORT_FILE = "report.html"
 ATTENTION_IMAGES = 4  # test images whose attention maps and segment maps are shown
 FIGURE_DPI = 110
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -48,7 +67,7 @@ MAX_JSON_BYTES = 100_000  # discovered JSON files up to this size are shown in f
 SKIPPED_DIRS = frozenset({"tb", "checkpoints", "export", "lightning_logs"})
 CURVE_COLUMNS = 4
 #: metrics whose best value is the largest (bold in the comparison table); ``LOWER_IS_BETTER`` the smallest
-HIGHER_IS_BETTER = ("acc", "accuracy", "top1", "top5", "psnr", "ssim", "psnr_gain")
+HIGHER_IS_BETTER = ("acc", "accuracy", "top1", "top5", "psnr", "ssim", "psnr_gain", "mean_corrupted")
 LOWER_IS_BETTER = ("loss", "nll", "ece", "mse")
 
 GRID_CAPTIONS = {
@@ -144,13 +163,6 @@ class Section:
 # -------------------------------------------------------------------------------------------------------------------
 # Reading a run directory
 # -------------------------------------------------------------------------------------------------------------------
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e}); delete it or write it again") from e
-
-
 @dataclass
 class RunRecord:
     """What a report reads from one run directory (each entry None or empty when the run does not have it)."""
@@ -164,35 +176,29 @@ class RunRecord:
     steps: list[dict[str, Any]]
     generate_metrics: dict[str, float] | None
     evaluation: dict[str, Any] | None
+    final_metrics: dict[str, float] = field(default_factory=dict)
     name: str = ""
     used_files: set[Path] = field(default_factory=set)
 
     @classmethod
     def load(cls, run_dir: str | Path) -> RunRecord:
-        from vitlab.training.callbacks import STEPS_FILE, read_metrics, read_steps
-        from vitlab.training.run import load_run_config
-
-        path = Path(run_dir)
-        config = load_run_config(path)
-
-        def optional_json(relative: str) -> Any:
-            file = path / relative
-            return _read_json(file) if file.exists() else None
-
+        run = RunDir(run_dir)
+        config = run.config()
         record = cls(
-            path=path,
+            path=run.path,
             config=config,
-            config_text=(path / "config.yaml").read_text(),
-            env=optional_json("env.json"),
-            metrics=read_metrics(path / "metrics.jsonl"),
-            test_metrics=optional_json("test_metrics.json"),
-            steps=read_steps(path / STEPS_FILE),
-            generate_metrics=optional_json("generate/metrics.json"),
-            evaluation=optional_json("evaluation/evaluation.json"),
-            name=path.resolve().name,
+            config_text=run.config_file.read_text(),
+            env=run.env(),
+            metrics=run.metrics(),
+            test_metrics=run.test_metrics(),
+            steps=run.steps(),
+            generate_metrics=run.generate_metrics(),
+            evaluation=run.evaluation(),
+            final_metrics=run.final_metrics(),
+            name=run.path.resolve().name,
         )
-        record.use("config.yaml", "env.json", "metrics.jsonl", STEPS_FILE, "test_metrics.json")
-        record.use("generate/metrics.json", "evaluation/evaluation.json")
+        record.use(CONFIG_FILE, ENV_FILE, METRICS_FILE, STEPS_FILE, TEST_METRICS_FILE)
+        record.use(f"{GENERATE_DIR}/{GENERATE_METRICS_FILE}", f"{EVALUATION_DIR}/{EVALUATION_FILE}")
         return record
 
     def use(self, *relative: str | Path) -> None:
@@ -458,10 +464,10 @@ def _pick_test_images(labels: torch.Tensor, count: int) -> list[int]:
 
 
 def _model_source(run: RunRecord) -> Path | None:
-    for candidate in ("export", "checkpoints/best.ckpt", "checkpoints/last.ckpt"):
-        if (run.path / candidate).exists():
-            return run.path / candidate
-    return None
+    try:
+        return locate_model(run.path).source
+    except VitlabError:
+        return None
 
 
 def load_image_probe(run: RunRecord, count: int) -> ImageProbe | None:
@@ -478,7 +484,7 @@ def load_image_probe(run: RunRecord, count: int) -> ImageProbe | None:
         dm.setup("test")
         indices = _pick_test_images(dm.test_set.labels, count)
         images = torch.stack([dm.test_set[i][0] for i in indices])
-        info = _read_json(source / "config.json").get("data", {}) if source.is_dir() else {}
+        info = read_json(source / EXPORT_CONFIG_FILE).get("data", {}) if source.is_dir() else {}
         mean, std = info.get("mean", dm.mean), info.get("std", dm.std)
     except (VitlabError, OSError) as e:
         warnings.warn(f"report: attention and segment maps of {run.path} left out: {e}", stacklevel=2)
@@ -705,7 +711,6 @@ def generate_section(run: RunRecord) -> Section | None:
 
 def dynamics_section(run: RunRecord) -> Section | None:
     """``dynamics.jsonl``: the figures of ``dynamics/`` (drawn here when the run has none) and the final head table."""
-    from vitlab.diagnostics.controller import DYNAMICS_FILE, PLOTS_DIR
     from vitlab.diagnostics.plots import draw_run, head_table, read_dynamics
 
     if not (run.path / DYNAMICS_FILE).exists():
@@ -713,7 +718,7 @@ def dynamics_section(run: RunRecord) -> Section | None:
     run.use(DYNAMICS_FILE)
     records = read_dynamics(run.path / DYNAMICS_FILE)
     known = ["dynamics.png", "temperature.png", "frozen.png", "comparison.png"]
-    plots_dir = run.path / PLOTS_DIR
+    plots_dir = run.path / DYNAMICS_DIR
     files = sorted(plots_dir.glob("*.png"), key=lambda p: (known.index(p.name) if p.name in known else 99, p.name))
     uris = [(p.name, run.png(p.relative_to(run.path))) for p in files]
     if not uris:
@@ -780,28 +785,21 @@ def other_outputs_section(run: RunRecord) -> Section | None:
 # -------------------------------------------------------------------------------------------------------------------
 # Comparison of runs
 # -------------------------------------------------------------------------------------------------------------------
-def final_metrics(run: RunRecord) -> dict[str, float]:
-    """The run's final numbers: test metrics, the evaluation summary (``eval/...``) and generate metrics."""
-    values: dict[str, float] = dict(run.test_metrics or {})
-    if run.evaluation:
-        for key in ("top1", "top5", "nll", "ece"):
-            values[f"eval/{key}"] = run.evaluation["test"][key]
-        values["eval/ece_calibrated"] = run.evaluation["test_calibrated"]["ece"]
-        if run.evaluation.get("tta"):
-            values["eval/tta_top1"] = run.evaluation["tta"]["top1"]
-        if run.evaluation.get("mean_corrupted") is not None:
-            values["eval/mean_corrupted_top1"] = run.evaluation["mean_corrupted"]
-    for key, value in (run.generate_metrics or {}).items():
-        values[f"generate/{key}"] = value
-    return values
+#: final metrics left out of the comparison table (per-severity corruption numbers, the validation halves)
+DETAIL_METRICS = ("eval/corruptions/", "eval/calibration/")
+
+
+def summary_metrics(run: RunRecord) -> dict[str, float]:
+    """The run's final metrics (:meth:`vitlab.rundir.RunDir.final_metrics`) without :data:`DETAIL_METRICS`."""
+    return {k: v for k, v in run.final_metrics.items() if not k.startswith(DETAIL_METRICS)}
 
 
 def better_direction(metric: str) -> str | None:
     """``"max"`` or ``"min"`` for metrics whose best value is known from their last name part, else None."""
-    leaf = metric.rsplit("/", 1)[-1].removeprefix("mean_corrupted_")
+    leaf = metric.rsplit("/", 1)[-1]
     if leaf.endswith(HIGHER_IS_BETTER):
         return "max"
-    if leaf.endswith(LOWER_IS_BETTER) or leaf == "ece_calibrated":
+    if leaf.endswith(LOWER_IS_BETTER):
         return "min"
     return None
 
@@ -829,7 +827,7 @@ def comparison_sections(runs: Sequence[RunRecord]) -> list[Section]:
         [(r.name, r.model_name, r.config.data.name, len(r.metrics), r.config.run.seed, str(r.path)) for r in runs],
     )
     sections = [Section("runs", "Runs", overview)]
-    metrics = [final_metrics(r) for r in runs]
+    metrics = [summary_metrics(r) for r in runs]
     keys = list(dict.fromkeys(k for m in metrics for k in m))
     if keys:
         rows, bold = [], []
@@ -931,8 +929,6 @@ font-size:14px;font-variant-numeric:tabular-nums}
 
 def page_html(title: str, subtitle: str, sections: Sequence[Section], intro: str = "") -> str:
     """The whole document: heading, a link bar to the sections, the sections, inline CSS."""
-    import vitlab
-
     links = "".join(f'<a href="#{esc(s.id)}">{esc(s.title)}</a>' for s in sections)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -942,7 +938,7 @@ def page_html(title: str, subtitle: str, sections: Sequence[Section], intro: str
         f'<div class="sub">{esc(subtitle)}</div></div></header>'
         f'<nav><div class="wrap">{links}</div></nav>'
         f'<main class="wrap">{intro}{"".join(s.html() for s in sections)}</main>'
-        f'<footer><div class="wrap">vitlab {esc(vitlab.__version__)} report</div></footer></body></html>\n'
+        f'<footer><div class="wrap">vitlab {esc(__version__)} report</div></footer></body></html>\n'
     )
 
 
@@ -986,8 +982,6 @@ def write_report(
     ``./report.html``); ``out`` names another file. ``attention_images``: test images whose attention maps (and
     CET-ViT segment maps) are computed, 0 for none. Returns the written path.
     """
-    from vitlab.training.callbacks import atomic_write_text
-
     if not run_dirs:
         raise ConfigError("a report needs at least one run directory (the folder `vitlab fit` printed)")
     if attention_images < 0:
