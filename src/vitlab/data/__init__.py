@@ -1,24 +1,66 @@
-"""Datasets by name, their transforms, and the one LightningDataModule that serves them."""
+"""Datasets by name, their transforms, and the one LightningDataModule that serves them.
+
+The names are imported when first used (PEP 562): ``vitlab.config`` reads ``vitlab.data.config`` (plain
+dataclasses) without loading Lightning, torchvision and scikit-learn.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from vitlab.data.config import AugmentConfig, DataConfig
-from vitlab.data.datamodule import (
-    EpochShuffleSampler,
-    ImageSplit,
-    VisionDataModule,
-    build_datamodule,
-    split_indices,
-)
-from vitlab.data.datasets import (
-    DATASETS,
-    DataError,
-    DatasetInfo,
-    DatasetNotFoundError,
-    DatasetSource,
-    dataset_info,
-    download_dataset,
-    load_dataset,
-)
-from vitlab.data.transforms import NormalizeCollate, channel_mean_std, denormalize, resize_to_square
+
+if TYPE_CHECKING:
+    from vitlab.data.datamodule import (
+        EpochShuffleSampler,
+        ImageSplit,
+        VisionDataModule,
+        build_datamodule,
+        split_indices,
+    )
+    from vitlab.data.datasets import (
+        DATASETS,
+        DataError,
+        DatasetInfo,
+        DatasetNotFoundError,
+        DatasetSource,
+        dataset_info,
+        download_dataset,
+        load_dataset,
+    )
+    from vitlab.data.transforms import NormalizeCollate, channel_mean_std, denormalize, resize_to_square
+
+
+#: public name -> the module that defines it
+_LAZY = {
+    "DATASETS": "vitlab.data.datasets",
+    "DataError": "vitlab.data.datasets",
+    "DatasetInfo": "vitlab.data.datasets",
+    "DatasetNotFoundError": "vitlab.data.datasets",
+    "DatasetSource": "vitlab.data.datasets",
+    "EpochShuffleSampler": "vitlab.data.datamodule",
+    "ImageSplit": "vitlab.data.datamodule",
+    "NormalizeCollate": "vitlab.data.transforms",
+    "VisionDataModule": "vitlab.data.datamodule",
+    "build_datamodule": "vitlab.data.datamodule",
+    "channel_mean_std": "vitlab.data.transforms",
+    "dataset_info": "vitlab.data.datasets",
+    "denormalize": "vitlab.data.transforms",
+    "download_dataset": "vitlab.data.datasets",
+    "load_dataset": "vitlab.data.datasets",
+    "resize_to_square": "vitlab.data.transforms",
+    "split_indices": "vitlab.data.datamodule",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vitlab.data' has no attribute {name!r}")
+
 
 __all__ = [
     "DATASETS",

@@ -27,6 +27,7 @@ from torch import nn
 
 from vitlab.layers import Attention, CrossAttention, trunc_normal_
 from vitlab.layers.attention import TemperatureForm
+from vitlab.losses.vitcae import reparameterize
 from vitlab.models.registry import register_preset
 from vitlab.models.vit import VisionTransformer, check_patch_grid
 
@@ -70,11 +71,6 @@ class ViTCAEOutput:
     prior_mu_pt: torch.Tensor
     prior_logvar_pt: torch.Tensor
     pt_estimate: torch.Tensor
-
-
-def reparameterize(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-    """A differentiable sample of ``N(mu, diag exp(logvar))``: ``mu + exp(logvar / 2) * eps``, any shape."""
-    return mu + (0.5 * logvar).exp() * torch.randn_like(mu)
 
 
 def unpatchify(tokens: torch.Tensor, grid_size: tuple[int, int], patch_size: int) -> torch.Tensor:
@@ -246,7 +242,7 @@ class ViTCAE(nn.Module):
         self.decoder_embed = nn.Linear(patch_latent_dim, decoder_dim)
         self.decoder_pos_embed = nn.Parameter(torch.zeros(1, self.num_patches, decoder_dim))
         self.cond_embed = nn.Linear(latent_dim, num_cond_tokens * decoder_dim)
-        dpr = torch.linspace(0, drop_path_rate, decoder_depth).tolist()
+        dpr = [drop_path_rate * i / max(decoder_depth - 1, 1) for i in range(decoder_depth)]  # meta-device safe
         self.decoder_blocks = nn.ModuleList(
             DecoderBlock(
                 decoder_dim,
