@@ -220,8 +220,9 @@ def locate_model(path: str | Path) -> ModelLocation:
     - a file is a checkpoint; its run directory is two levels up (``<run>/checkpoints/best.ckpt``) if that holds a
       ``config.yaml``;
     - a folder with ``config.json`` is an export; its run directory is its parent if that holds a ``config.yaml``;
-    - a folder with ``config.yaml`` is a run directory: its model is ``export/`` if present, else
-      ``checkpoints/best.ckpt``, else ``checkpoints/last.ckpt``.
+    - a folder with ``config.yaml`` or ``checkpoints/`` is a run directory: its model is ``export/`` if present,
+      else ``checkpoints/best.ckpt``, else ``checkpoints/last.ckpt`` (``run_dir`` is None without ``config.yaml``:
+      the checkpoint's stored config is then the run's).
     """
     path = Path(path).expanduser()
     if path.is_file():
@@ -230,11 +231,11 @@ def locate_model(path: str | Path) -> ModelLocation:
         raise ConfigError(f"{path} does not exist; pass a run directory, its export/ folder or a .ckpt file")
     if (path / EXPORT_CONFIG_FILE).exists():
         return ModelLocation(path, _run_of(path.parent))
-    if (path / CONFIG_FILE).exists():
+    if (path / CONFIG_FILE).exists() or (path / CHECKPOINTS_DIR).is_dir():
         run = RunDir(path)
         for candidate in (run.export_dir, run.best_checkpoint, run.last_checkpoint):
             if candidate.exists() and (candidate.is_file() or (candidate / EXPORT_CONFIG_FILE).exists()):
-                return ModelLocation(candidate, path)
+                return ModelLocation(candidate, _run_of(path))
         raise CheckpointError(
             f"run directory {path} holds no export/ folder and no checkpoint; train it to the end or `vitlab export` it"
         )

@@ -149,10 +149,8 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         import itertools
 
-        import torch
-
         from vitlab.config import deep_merge, parse_overrides
-        from vitlab.data import denormalize
+        from vitlab.data import denormalize, normalize
         from vitlab.diagnostics.probes import collect_assignments, format_slot_usage, slot_usage_summary
         from vitlab.diagnostics.segments import save_segment_maps
         from vitlab.errors import ConfigError
@@ -171,13 +169,11 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
         names = args.class_names or dm.class_names
         if len(names) != dm.num_classes:
             raise ConfigError(f"--class-names gives {len(names)} names for the {dm.num_classes} classes of the data")
-        mean = torch.tensor(target.mean).view(-1, 1, 1)
-        std = torch.tensor(target.std).view(-1, 1, 1)
 
         def batches():
             # through [0, 1] pixels: the model is fed the normalisation it was trained with
             for x, y in itertools.islice(dm.test_dataloader(), args.max_batches):
-                yield (denormalize(x, dm.mean, dm.std) - mean) / std, y
+                yield normalize(denormalize(x, dm.mean, dm.std), target.mean, target.std), y
 
         collected = collect_assignments(model, batches(), keep_images=args.num_images, device=args.device)
         summary = slot_usage_summary(collected["slot_k"], collected["labels"], names, collected["predictions"])
@@ -199,7 +195,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
                     strict=True,
                 )
             ]
-            pixels = (collected["images"] * std + mean).clamp(0, 1)
+            pixels = denormalize(collected["images"], target.mean, target.std)
             path = save_segment_maps(
                 out / SEGMENTS_FILE, pixels, collected["S"], tuple(model.grid_size), titles=titles, alpha=args.alpha
             )

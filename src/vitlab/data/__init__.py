@@ -29,7 +29,13 @@ if TYPE_CHECKING:
         download_dataset,
         load_dataset,
     )
-    from vitlab.data.transforms import NormalizeCollate, channel_mean_std, denormalize, resize_to_square
+    from vitlab.data.transforms import (
+        NormalizeCollate,
+        channel_mean_std,
+        denormalize,
+        normalize,
+        resize_to_square,
+    )
 
 
 #: public name -> the module that defines it
@@ -49,6 +55,7 @@ _LAZY = {
     "denormalize": "vitlab.data.transforms",
     "download_dataset": "vitlab.data.datasets",
     "load_dataset": "vitlab.data.datasets",
+    "normalize": "vitlab.data.transforms",
     "resize_to_square": "vitlab.data.transforms",
     "split_indices": "vitlab.data.datamodule",
 }
@@ -80,6 +87,7 @@ __all__ = [
     "denormalize",
     "download_dataset",
     "load_dataset",
+    "normalize",
     "resize_to_square",
     "split_indices",
 ]

@@ -13,8 +13,9 @@ corruptions act on real pixels, then is normalised with the statistics the model
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,11 @@ from torch.utils.data import DataLoader
 
 from vitlab.config import DataConfig, deep_merge, from_dict, parse_overrides, to_dict
 from vitlab.data import VisionDataModule, build_datamodule, denormalize
+from vitlab.data import normalize as normalize_pixels
 from vitlab.errors import ConfigError
 from vitlab.evaluation.calibration import calibration_split_eval, expected_calibration_error, reliability_diagram
 from vitlab.evaluation.corruptions import CORRUPTIONS, apply_corruption
-from vitlab.evaluation.stats import correlation_report
+from vitlab.evaluation.stats import correlation_report, per_class_mean
 from vitlab.export import load_model, model_from_checkpoint
 from vitlab.losses.ei import reversibility
 from vitlab.models.cet_vit import slot_usage_k
@@ -172,16 +174,6 @@ def classification_metrics(
     }
 
 
-def per_class_mean(values: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean of ``values: [B]`` over the images of each class (``labels: [B]``) -> ``(means [K], counts [K])``.
-
-    Classes without images get NaN.
-    """
-    counts = torch.bincount(labels, minlength=num_classes)
-    sums = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, labels, values.to(torch.float64))
-    return torch.where(counts > 0, sums / counts.clamp_min(1), torch.nan), counts
-
-
 def _finite(value: float) -> float | None:
     """JSON has no NaN: missing values (a class without test images) are written as null."""
     return None if math.isnan(value) else value
@@ -294,17 +286,6 @@ def _pixel_batches(
 
 
 @dataclass
-class _Normalizer:
-    """[0, 1] pixels -> the model's input, with the statistics the model was trained with."""
-
-    mean: torch.Tensor
-    std: torch.Tensor
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        return (images - self.mean) / self.std
-
-
-@dataclass
 class _TestPredictions:
     """What one pass over the test set collects. ``logits: [B, K]``, ``labels: [B]``; ``tta_probs: [B, K]`` or
     None; ``reversibility, slot_usage_k: [B]`` or None (no assignment matrix); ``corrupt_correct[name, severity]``
@@ -324,7 +305,11 @@ def _cat(chunks: list[torch.Tensor]) -> torch.Tensor | None:
 
 @torch.inference_mode()
 def _predict_validation(
-    model: nn.Module, dm: VisionDataModule, normalize: _Normalizer, device: str | torch.device, max_batches: int | None
+    model: nn.Module,
+    dm: VisionDataModule,
+    normalize: Callable[[torch.Tensor], torch.Tensor],
+    device: str | torch.device,
+    max_batches: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validation logits ``[B, K]`` (float64, CPU) and labels ``[B]``."""
     logits, labels = [], []
@@ -343,7 +328,7 @@ def _predict_validation(
 def _predict_test(
     model: nn.Module,
     dm: VisionDataModule,
-    normalize: _Normalizer,
+    normalize: Callable[[torch.Tensor], torch.Tensor],
     *,
     views: list[View],
     corruptions: list[tuple[str, int]],
@@ -441,9 +426,7 @@ def evaluate_run(
     shift = default_tta_shift(dm.img_size) if tta_shift is None else tta_shift
     views = build_tta_views(tta_views, hflip=flip_allowed, shift=shift)
     corruption_names = list(CORRUPTIONS) if corruptions else []
-    normalize = _Normalizer(
-        torch.tensor(target.mean, device=device).view(-1, 1, 1), torch.tensor(target.std, device=device).view(-1, 1, 1)
-    )
+    normalize = functools.partial(normalize_pixels, mean=target.mean, std=target.std)  # the model's training stats
 
     val_logits, val_labels = _predict_validation(model, dm, normalize, device, max_batches)
     if val_logits.shape[1] != dm.num_classes:
