@@ -1,4 +1,5 @@
-"""``vitlab generate``: ViTCAE's four generative tasks and the linear probe on a finished run (spec vitcae.md s. 6).
+"""``vitlab generate``: ViTCAE's four generative tasks (the paper's "four distinct tasks") and the linear probe on
+a finished run.
 
 Examples::
 

@@ -1,4 +1,5 @@
-"""``vitlab probe``: the CET-ViT card's diagnostics, for any model of the project (spec ``cetvit.md`` section 7).
+"""``vitlab probe``: the CET-ViT v4 model card's diagnostics ("Reproduce the diagnostics"), for any model of the
+project.
 
 Examples::
 

@@ -1,4 +1,5 @@
-"""Probes that find dead or inert parts of a model, for any model of the project (spec ``cetvit.md`` section 7).
+"""Probes that find dead or inert parts of a model, for any model of the project (CET-ViT v4 model card:
+"Reproduce the diagnostics").
 
 The CET-ViT card (Disclosure 1) found its Dynamic-K estimator dead with two checks that any model deserves:
 

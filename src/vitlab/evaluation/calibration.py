@@ -1,6 +1,6 @@
 """Calibration: expected calibration error, temperature scaling and reliability diagrams.
 
-CET-ViT card, "Calibration" (spec cetvit.md section 6): ECE with 15 equal-width bins (Naeini et al. 2015,
+CET-ViT v4 model card, "Calibration": ECE with 15 equal-width bins (Naeini et al. 2015,
 Guo et al. 2017), a single temperature fitted on one half of the validation set by L-BFGS on the NLL and evaluated
 on the other half, and the reliability diagram.
 """

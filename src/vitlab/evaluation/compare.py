@@ -1,6 +1,6 @@
 """Compare runs: group them (by model or any config key), summarise every metric over seeds, Welch's t-tests.
 
-CET-ViT card, "Results" (spec ``cetvit.md`` section 6): top-1 accuracy as mean and standard deviation over seeds,
+CET-ViT v4 model card, "Results": top-1 accuracy as mean and standard deviation over seeds,
 and Welch's unequal-variance t-test between two models' seeds. A run contributes the numbers of its
 ``test_metrics.json`` (as logged, e.g. ``test/acc``) and, when ``vitlab evaluate`` has run, the float values of
 ``evaluation/evaluation.json`` flattened to ``eval/<section>/<key>`` (e.g. ``eval/tta/top1``,

@@ -1,6 +1,6 @@
-"""The evaluation suite of a trained classifier: ``evaluate_run(run_dir)`` (spec ``cetvit.md`` section 6).
+"""The evaluation suite of a trained classifier: ``evaluate_run(run_dir)``.
 
-CET-ViT card: "Results", "Calibration", "OOD robustness", "Reversibility vs accuracy". On the test set of the
+CET-ViT v4 model card: "Results", "Calibration", "OOD robustness", "Reversibility vs accuracy". On the test set of the
 run's data: top-1 / top-5 accuracy, NLL and ECE (15 equal-width bins); a temperature fitted on one half of the
 validation set and evaluated on the other half, then applied to the test set, with a reliability diagram before and
 after; test-time augmentation over fixed views; accuracy under the CIFAR-C corruptions at every severity; per-class

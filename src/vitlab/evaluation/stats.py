@@ -1,6 +1,6 @@
 """Statistics of the comparisons: seeds summaries, Welch's t-test, correlations with a bootstrap interval.
 
-CET-ViT card, "Results" and "Reversibility vs accuracy" (spec cetvit.md section 6): mean and standard deviation
+CET-ViT card, "Results" and "Reversibility vs accuracy" (CET-ViT v4 model card): mean and standard deviation
 over seeds, Welch's t-test between two models' seeds, and per-class Pearson / Spearman correlations with p-values
 and a 95% percentile-bootstrap confidence interval (Efron & Tibshirani 1993, ch. 13).
 """

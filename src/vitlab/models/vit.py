@@ -177,8 +177,8 @@ _VIT_SIZES = {
 }
 for _name, _kw in _VIT_SIZES.items():
     register_preset(_name, VisionTransformer, f"ViT classifier, width {_kw['embed_dim']}, depth {_kw['depth']}", **_kw)
-# Token Merging with the paper's r = 8 per block (spec section 5) on the ViTs that train on a CPU; the same weights as
-# the plain preset of the same size.
+# Token Merging with r = 8 per block, the ToMe baseline of the CET-ViT v4 model card ("External baselines"), on the
+# ViTs that train on a CPU; the same weights as the plain preset of the same size.
 for _size in ("pico", "nano", "tiny"):
     register_preset(
         f"tome_{_size}",
