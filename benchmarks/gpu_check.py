@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitlab.bench import bench, bench_environment
+from vitlab.bench import bench
 from vitlab.config import build_config
-from vitlab.rundir import RunDir
+from vitlab.rundir import RunDir, environment
 from vitlab.training.run import fit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,7 +247,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"# GPU check: {report['device_name']}{' (CPU dry run)' if report['dry_run'] else ''}",
         "",
         f"{report['environment']['time']}, torch {report['environment']['versions']['torch']}, git "
-        f"{(report['environment']['git_revision'] or '?')[:10]}, {report['seconds']:.0f} s in all.",
+        f"{(report['environment']['git']['revision'] or '?')[:10]}, {report['seconds']:.0f} s in all.",
         "",
         f"CUDA tests (`{t['command']}`): {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
         f"{t['xfailed']} expected failures, {t['skipped']} skipped"
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "dry_run": plan.dry_run,
         "device_name": torch.cuda.get_device_name(0) if cuda and not plan.dry_run else "CPU",
-        "environment": bench_environment(),
+        "environment": environment(),
         "budget_s": args.budget_s,
         "skipped": [],
         "errors": [],

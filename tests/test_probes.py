@@ -271,7 +271,8 @@ def test_cli_slot_k_writes_the_json_and_the_segment_png(cet_run, tmp_path, capsy
     assert all(1 <= int(k) <= 8 for k in summary["distribution"])  # 8 slots (cet_vit/digits)
     means = [entry["slot_usage_k"] for entry in summary["per_class"]]
     assert means == sorted(means, reverse=True) and sum(entry["n"] for entry in summary["per_class"]) == test_size
-    assert 0 <= summary["accuracy"] <= 1
+    accuracy = sum(entry["accuracy"] * entry["n"] for entry in summary["per_class"]) / test_size
+    assert summary["accuracy"] == pytest.approx(accuracy)  # the per-class accuracies weighted by class size
     assert sorted(entry["class"] for entry in summary["per_class"]) == sorted(names)
     picture = np.asarray(Image.open(out / "segments.png").convert("RGB"))
     assert picture.shape[0] > 100 and picture.shape[1] > 100

@@ -17,6 +17,7 @@ Layout::
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import json
 import math
 import os
@@ -158,12 +159,26 @@ def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]
     return [merged[k] for k in sorted(merged)]
 
 
+def _cpu_model() -> str | None:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def _version(package: str) -> str | None:
+    """An installed package's version, read from its metadata (importing Lightning or torchvision takes seconds)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def environment() -> dict[str, Any]:
-    """Versions, git revision and hardware, for ``env.json``."""
-    import lightning
-    import timm
+    """Versions, git revision and hardware: a run's ``env.json``, and the ``environment`` of a benchmark record."""
     import torch
-    import torchvision
 
     def git(*args: str) -> str | None:
         try:
@@ -179,15 +194,15 @@ def environment() -> dict[str, Any]:
             "python": platform.python_version(),
             "vitlab": __version__,
             "torch": torch.__version__,
-            "torchvision": torchvision.__version__,
-            "timm": timm.__version__,
-            "lightning": lightning.__version__,
+            **{name: _version(name) for name in ("torchvision", "timm", "lightning")},
         },
         "git": {"revision": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))},
         "hardware": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
+            "cpu_model": _cpu_model() or platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_threads": torch.get_num_threads(),
             "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         },

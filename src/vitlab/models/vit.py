@@ -7,7 +7,10 @@ Weights are key-compatible with timm's ``VisionTransformer`` of the same shape (
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.errors import ConfigError
@@ -101,7 +104,7 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
-        self.apply(_init_weights)
+        self.apply(functools.partial(init_weights_vit_timm, needs_reset=False))  # timm's ViT init: Linear layers
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -158,13 +161,6 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
-
-
-def _init_weights(m: nn.Module) -> None:
-    if isinstance(m, nn.Linear):
-        trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
 
 
 _VIT_SIZES = {

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from einops import rearrange
 from timm.layers import DropPath, Mlp
+from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.layers import Attention, CrossAttention, trunc_normal_
@@ -262,7 +263,7 @@ class ViTCAE(nn.Module):
         trunc_normal_(self.decoder_pos_embed, std=0.02)
         for name, module in self.named_children():
             if name != "encoder":  # the encoder initialises itself
-                module.apply(_init_weights)
+                module.apply(init_weights_vit_timm)  # timm's ViT init; FiLM's reset_parameters restores its identity
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -339,15 +340,6 @@ class ViTCAE(nn.Module):
             prior_logvar_pt=prior_logvar_pt,
             pt_estimate=self.estimate_patches(z_cls),
         )
-
-
-def _init_weights(m: nn.Module) -> None:
-    if isinstance(m, nn.Linear):
-        trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-    elif isinstance(m, FiLM):  # ``apply`` visits children first, so this restores FiLM's identity start
-        m.reset_parameters()
 
 
 _VITCAE_SIZES = {
