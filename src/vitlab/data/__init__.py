@@ -6,10 +6,10 @@ dataclasses) without loading Lightning, torchvision and scikit-learn.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vitlab.data.config import AugmentConfig, DataConfig
+from vitlab.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vitlab.data.datamodule import (
@@ -61,13 +61,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vitlab.data' has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 __all__ = [
     "DATASETS",

@@ -1,10 +1,10 @@
 """Collect a report: run directories in, plain data out (what the tests assert on).
 
 A :class:`Page` is a title, a subtitle, a row of key facts (cards) and :class:`Section`\\ s; a section is a list of
-blocks (:class:`Text`, :class:`Facts`, :class:`Table`, :class:`Figures`, :class:`Details`, :class:`Pre`,
-:class:`Heading`). A figure is either a PNG the run already holds (its bytes) or a :class:`Plot`: the name of a
-drawing in :mod:`vitlab.report.figures` and the plain data it draws. Nothing here draws or writes markup; a model
-runs only through :mod:`vitlab.diagnostics.images`.
+blocks (:class:`Text`, :class:`Facts`, :class:`Table`, :class:`Figures`, :class:`Details`). A figure is either a
+PNG the run already holds (its bytes) or a :class:`Plot`: the name of a drawing in :mod:`vitlab.report.figures`
+and the plain data it draws. Nothing here draws or writes markup; a model runs only through
+:mod:`vitlab.diagnostics.images`.
 
 A run's page shows what its directory holds, each part only when the run has it: the resolved config and the
 environment; training and validation curves of every logged term (``metrics.jsonl``, ``steps.jsonl``); the test
@@ -94,23 +94,20 @@ class Figure:
 
 @dataclass
 class Text:
+    """Text: a paragraph, a ``heading`` of a part of a section, or ``pre``-formatted (a file's content)."""
+
     kind: ClassVar[str] = "text"
 
     text: str
+    style: str = "paragraph"  # paragraph | heading | pre
 
 
-@dataclass
-class Heading:
-    kind: ClassVar[str] = "heading"
-
-    text: str
+def Heading(text: str) -> Text:  # a block constructor, read like the classes beside it
+    return Text(text, "heading")
 
 
-@dataclass
-class Pre:
-    kind: ClassVar[str] = "pre"
-
-    text: str
+def Pre(text: str) -> Text:
+    return Text(text, "pre")
 
 
 @dataclass
@@ -176,7 +173,7 @@ class Section:
     def text(self) -> str:
         """All the section's text, folded-part titles, table cells, fact names and values and figure captions, one
         string (for searching)."""
-        parts = [b.text for b in self.find(Text) + self.find(Heading) + self.find(Pre)]
+        parts = [b.text for b in self.find(Text)]
         parts += [details.summary for details in self.find(Details)]
         for facts in self.find(Facts):
             parts += [f"{k} {v}" for k, v in facts.values.items()]
