@@ -150,7 +150,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         import itertools
 
-        from vitlab.config import deep_merge, parse_overrides
+        from vitlab.cli.evaluate import data_overrides
         from vitlab.data import denormalize, normalize
         from vitlab.diagnostics.probes import collect_assignments, format_slot_usage, slot_usage_summary
         from vitlab.diagnostics.segments import save_segment_maps
@@ -159,11 +159,8 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
 
         if args.num_images < 0 or (args.max_batches is not None and args.max_batches < 1):
             p.error("--num-images must be >= 0 and --max-batches >= 1")
-        dotted = parse_overrides(overrides)
-        if set(dotted) - {"data"}:
-            raise ConfigError(f"vitlab probe slot-k takes only data overrides, got {', '.join(sorted(dotted))}")
-        flagged = parse_overrides([item for group in args.data or [] for item in group])
-        target = load_evaluation_target(args.target, deep_merge(flagged, dotted.get("data", {})), args.device)
+        data = data_overrides(args, overrides, "vitlab probe slot-k")
+        target = load_evaluation_target(args.target, data, args.device)
         model, dm = target.model, target.datamodule
         if not hasattr(model, "forward_with_aux"):
             raise ConfigError(f"{args.target} holds a {type(model).__name__}, which has no slot assignment S")
