@@ -95,3 +95,16 @@ def make_run(
         write_png(run / GENERATE_DIR / "reconstruction.png")
         run.write_json(f"{GENERATE_DIR}/{GENERATE_METRICS_FILE}", dict(generate))
     return run.path
+
+
+def write_checkpoint(run_dir: Path, name: str = "best.ckpt") -> torch.nn.Module:
+    """A Lightning-style checkpoint of the run's exported model under ``checkpoints/``, holding what ``vitlab fit``
+    stores (the config, the constructor arguments, the data description); returns the model."""
+    run = RunDir(run_dir)
+    model = vitlab.load_model(run.export_dir)
+    info = json.loads((run.export_dir / "config.json").read_text())
+    hparams = {"config": run.config_dict(), "model_kwargs": info["kwargs"], "data_info": info["data"]}
+    run.checkpoints_dir.mkdir(exist_ok=True)
+    state = {f"model.{key}": value for key, value in model.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": hparams}, run.checkpoints_dir / name)
+    return model

@@ -13,7 +13,7 @@ from scipy import stats
 from torch import nn
 
 import vitlab
-from run_fixtures import make_run
+from run_fixtures import make_run, write_checkpoint
 from vitlab.cli.main import main
 from vitlab.config import DataConfig
 from vitlab.data import build_datamodule
@@ -32,7 +32,6 @@ from vitlab.evaluation import (
     scale_contrast,
     translate,
 )
-from vitlab.rundir import RunDir
 
 BATCH = 32
 MAX_BATCHES = 2
@@ -129,18 +128,7 @@ def test_outputs_written(vit_run):
 
 def test_evaluate_from_checkpoint(vit_run, tmp_path):
     run, results = vit_run
-    model = vitlab.load_model(run)
-    info = json.loads((run / "export" / "config.json").read_text())
-    checkpoint = {
-        "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
-        "hyper_parameters": {
-            "config": RunDir(run).config_dict(),
-            "model_kwargs": info["kwargs"],
-            "data_info": info["data"],
-        },
-    }
-    (run / "checkpoints").mkdir(exist_ok=True)
-    torch.save(checkpoint, run / "checkpoints" / "best.ckpt")
+    write_checkpoint(run)
     from_checkpoint = evaluate_run(
         run / "checkpoints" / "best.ckpt", max_batches=MAX_BATCHES, tta_views=0, corruptions=False, out_dir=tmp_path
     )

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vitlab
-from run_fixtures import make_run
+from run_fixtures import make_run, write_checkpoint
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.evaluation import evaluate_run
 from vitlab.rundir import (
@@ -21,18 +21,6 @@ from vitlab.rundir import (
     locate_model,
     read_jsonl,
 )
-
-
-def write_checkpoint(run_dir, name: str = "best.ckpt"):
-    """A Lightning-style checkpoint of the run's exported model, as `vitlab fit` stores it."""
-    run = RunDir(run_dir)
-    model = vitlab.load_model(run.export_dir)
-    info = json.loads((run.export_dir / "config.json").read_text())
-    hparams = {"config": run.config_dict(), "model_kwargs": info["kwargs"], "data_info": info["data"]}
-    run.checkpoints_dir.mkdir(exist_ok=True)
-    state = {f"model.{key}": value for key, value in model.state_dict().items()}
-    torch.save({"state_dict": state, "hyper_parameters": hparams}, run.checkpoints_dir / name)
-    return model
 
 
 # -------------------------------------------------------------------------------------------------------------------
