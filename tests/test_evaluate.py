@@ -102,7 +102,8 @@ def test_corruption_table(vit_run):
     assert list(corruptions) == list(CORRUPTIONS)
     for entry in corruptions.values():
         assert list(entry["by_severity"]) == ["1", "2", "3", "4", "5"]
-        assert all(0 <= value <= 1 for value in entry["by_severity"].values())
+        n_test = results["run"]["n_test"]  # an accuracy is a count of correct test images over n_test
+        assert all(value * n_test == pytest.approx(round(value * n_test)) for value in entry["by_severity"].values())
         assert entry["mean"] == pytest.approx(np.mean(list(entry["by_severity"].values())))
     assert results["mean_corrupted"] == pytest.approx(np.mean([entry["mean"] for entry in corruptions.values()]))
 
