@@ -1,6 +1,7 @@
 # vitlab: two commands on a fresh machine
 #   make demo   installs if needed, trains the main job on the embedded digits set, prints where the results are
-#   make test   installs if needed, runs the test suite
+#   make test   installs if needed, runs the test suite (`make test PYTEST_ARGS="-m 'not slow'"` for the fast part)
+#   make lint   ruff (check and format) and the import-linter contracts of the layering (pyproject.toml)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,6 +9,7 @@ BIN := $(VENV)/bin
 # wheels. Override with e.g. `make install TORCH_SPEC="torch torchvision"`.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
 DEMO_CONFIG ?= vitcae/digits
 
 .PHONY: install demo test lint format clean
@@ -25,10 +27,10 @@ demo: install
 	$(BIN)/vitlab fit --config $(DEMO_CONFIG)
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
 
 format: install
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .

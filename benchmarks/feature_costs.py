@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitlab.bench import PHASES, bench_environment, measure_networks, round_ratio, torch_threads
+from vitlab.bench import PHASES, measure_networks, round_ratio, torch_threads
 from vitlab.layers import attention_modules
 from vitlab.models import create_model
+from vitlab.rundir import environment as run_environment
 
 FEATURES = ("identical", "temperature", "capture", "dynamic_k")
 CIFAR = dict(img_size=32, in_chans=3, num_classes=10)
@@ -111,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     with torch_threads(args.threads):
         cases = [measure_feature(feature, args) for feature in args.features]
-        environment = bench_environment()
+        environment = run_environment()
     results = {"benchmark": "feature_costs", "settings": vars(args), "environment": environment, "cases": cases}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitlab.bench import bench, bench_environment
+from vitlab.bench import bench
 from vitlab.config import build_config
-from vitlab.training.callbacks import read_metrics
+from vitlab.rundir import RunDir, environment
 from vitlab.training.run import fit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def run_recipe(plan: Plan, out: Path, data: Path, compile: bool) -> dict[str, An
     started = time.perf_counter()
     run_dir = fit(cfg)
     seconds = time.perf_counter() - started
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = RunDir(run_dir).metrics()
     steady = rows[-1]
     images_per_s = plan.steps_per_epoch * plan.batch_size / steady["time/step_s"]
     steps_per_card_epoch = -(-CIFAR_TRAIN_IMAGES // 128)
@@ -247,7 +247,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"# GPU check: {report['device_name']}{' (CPU dry run)' if report['dry_run'] else ''}",
         "",
         f"{report['environment']['time']}, torch {report['environment']['versions']['torch']}, git "
-        f"{(report['environment']['git_revision'] or '?')[:10]}, {report['seconds']:.0f} s in all.",
+        f"{(report['environment']['git']['revision'] or '?')[:10]}, {report['seconds']:.0f} s in all.",
         "",
         f"CUDA tests (`{t['command']}`): {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
         f"{t['xfailed']} expected failures, {t['skipped']} skipped"
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "dry_run": plan.dry_run,
         "device_name": torch.cuda.get_device_name(0) if cuda and not plan.dry_run else "CPU",
-        "environment": bench_environment(),
+        "environment": environment(),
         "budget_s": args.budget_s,
         "skipped": [],
         "errors": [],

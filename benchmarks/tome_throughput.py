@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-from vitlab.bench import PHASES, bench_environment, measure_networks, round_ratio, torch_threads
+from vitlab.bench import PHASES, measure_networks, round_ratio, torch_threads
 from vitlab.config import parse_overrides
 from vitlab.models import VisionTransformer, create_model
+from vitlab.rundir import environment as run_environment
 
 
 def build_networks(model: str, rs: list[int], overrides: dict) -> dict[str, VisionTransformer]:
@@ -76,7 +77,7 @@ def main() -> None:
             warmup=args.warmup,
             sample_seconds=args.sample_seconds,
         )
-        environment = bench_environment()
+        environment = run_environment()
     result["speedup_over_r0"] = {
         name: {
             clock: {phase: round_ratio(result, name, "r=0", phase, clock) for phase in PHASES}

@@ -18,7 +18,7 @@ from vitlab.config import OptimConfig, build_config
 from vitlab.errors import ConfigError
 from vitlab.layers.capture import capture_attention
 from vitlab.models import create_model
-from vitlab.training.callbacks import read_metrics
+from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 from vitlab.training.tasks import _fused_for_precision
 
@@ -228,7 +228,7 @@ def test_fit_with_compile_keeps_checkpoint_keys_resumes_and_exports(tmp_path):
     # compile changes no number beyond float rounding: both runs end with the same weights
     for key, value in eager_ckpt["state_dict"].items():
         torch.testing.assert_close(compiled_ckpt["state_dict"][key], value, rtol=1e-4, atol=1e-5, msg=key)
-    assert [r["epoch"] for r in read_metrics(resumed / "metrics.jsonl")] == [0, 1]
+    assert [r["epoch"] for r in RunDir(resumed).metrics()] == [0, 1]
     exported = vitlab.load_model(resumed / "export")
     x = torch.randn(2, 1, 8, 8)
     torch.testing.assert_close(exported(x), vitlab.load_model(resumed / "checkpoints" / "last.ckpt")(x))

@@ -2,17 +2,18 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from vitlab.bench import (
     NetworkSpec,
     bench,
-    flops_per_image,
     format_bench,
+    quartile_summary,
     round_ratio,
-    summarize,
     timm_counterpart,
+    training_flops_per_image,
 )
 from vitlab.cli.main import main
 from vitlab.errors import ConfigError
@@ -29,7 +30,7 @@ def test_forward_flops_match_a_hand_count_attention_included():
     patch_embed = 2 * patches * (1 * 4 * 4) * d
     block = 2 * n * d * 3 * d + 2 * 2 * n * n * d + 2 * n * d * d + 2 * 2 * n * d * hidden
     head = 2 * d * 3
-    flops = flops_per_image(model)
+    flops = training_flops_per_image(model)
     assert flops["forward"] == patch_embed + 4 * block + head
     assert flops["training"] == 3 * flops["forward"]
     # matrix products: 2x forward, less the patch embedding's input gradient; attention: 2.5x (the SDPA backward
@@ -74,7 +75,7 @@ def test_no_timm_counterpart_is_a_clear_error():
 
 
 def test_summary_and_round_ratio_by_hand():
-    s = summarize([5.0, 1.0, 4.0, 2.0, 3.0])
+    s = quartile_summary([5.0, 1.0, 4.0, 2.0, 3.0])
     assert (s["median"], s["q1"], s["q3"], s["min"], s["max"], s["n"]) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
     record = {
         "networks": {
@@ -104,8 +105,14 @@ def test_bench_against_timm_returns_the_documented_record():
                 measured = network[phase][clock]
                 assert measured["images_per_s"]["n"] == 2 and len(measured["seconds_per_batch"]) == 2
                 assert measured["images_per_s"]["min"] > 0 and measured["mfu"]["median"] > 0
-        for phase in ("train", "inference"):
-            assert result["ours_over_timm"][clock][phase]["median"] > 0
+        for phase in ("train", "inference"):  # the ratio is timm's seconds over ours, round by round
+            per_round = [
+                b / t
+                for t, b in zip(
+                    ours[phase][clock]["seconds_per_batch"], theirs[phase][clock]["seconds_per_batch"], strict=True
+                )
+            ]
+            assert result["ours_over_timm"][clock][phase]["median"] == pytest.approx(float(np.median(per_round)))
 
 
 def test_bench_bf16_with_peak_memory_of_a_fresh_process():

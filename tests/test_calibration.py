@@ -52,7 +52,7 @@ def test_temperature_scaling_fixes_overconfidence_without_changing_accuracy():
     assert report["temperature"] > 1
     assert report["nll_after"] < report["nll_before"]
     assert report["ece_after"] < report["ece_before"]
-    assert report["accuracy_after"] == report["accuracy_before"]
+    assert report["top1_after"] == report["top1_before"]
 
 
 def test_temperature_below_one_for_underconfident_logits():

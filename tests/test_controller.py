@@ -18,7 +18,7 @@ from vitlab.diagnostics.plots import frozen_at_epoch, head_table, read_dynamics
 from vitlab.errors import ConfigError
 from vitlab.layers import Attention, capture_attention
 from vitlab.models import create_model
-from vitlab.training.callbacks import read_metrics
+from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 
 NUM_HEADS, HEAD_DIM, WIDTH = 4, 16, 64  # vit_pico
@@ -428,7 +428,7 @@ def test_fit_writes_one_record_per_epoch_with_per_head_lists(runs, mode):
     else:  # eq. 20, alpha = 1: the tau an epoch ends with is 1 / (1 + d) of that epoch
         drift = torch.tensor([r["drift"] for r in records[1:]], dtype=torch.float64)
         torch.testing.assert_close(tau[1:], 1 / (1 + drift), rtol=1e-6, atol=1e-6)
-    metrics = read_metrics(runs[mode] / "metrics.jsonl")
+    metrics = RunDir(runs[mode]).metrics()
     assert [m["dynamics/non_converged"] for m in metrics] == [r["non_converged"] for r in records[1:]]
     assert {"dynamics.png", "temperature.png", "frozen.png"} <= {p.name for p in (runs[mode] / "dynamics").iterdir()}
 

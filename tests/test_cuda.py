@@ -7,6 +7,7 @@ on a GPU machine and puts the counts in its report.
 """
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -214,4 +215,6 @@ def test_bench_on_cuda_reports_peak_memory():
     assert result["clocks"] == ["wall"]
     ours = result["networks"]["ours"]
     assert ours["peak_memory"]["mib"] > 0 and "max_memory_allocated" in ours["peak_memory"]["method"]
-    assert result["ours_over_timm"]["wall"]["train"]["median"] > 0
+    theirs = result["networks"]["timm"]["train"]["wall"]["seconds_per_batch"]
+    per_round = [b / t for t, b in zip(ours["train"]["wall"]["seconds_per_batch"], theirs, strict=True)]
+    assert result["ours_over_timm"]["wall"]["train"]["median"] == pytest.approx(statistics.median(per_round))

@@ -32,8 +32,16 @@ def _task(model: torch.nn.Module):
     return build_task(cfg, model, hparams)
 
 
+def _param(name: str, *rest) -> pytest.param:
+    """A case of ``name``; the ``*_base`` presets (ViT-Base sizes: seconds each on a CPU) are marked slow."""
+    return pytest.param(name, *rest, marks=[pytest.mark.slow] if name.endswith("_base") else [])
+
+
 CASES = [(name, {}) for name in vitlab.list_models()] + [("cet_vit_pico", {"dynamic_k": "gumbel"})]
 IDS = [name + "".join(f"-{v}" for v in extra.values()) for name, extra in CASES]
+CASES = [_param(name, extra) for name, extra in CASES]
+#: every model built on the one shared Attention (timm's Swin has its own WindowAttention: tests/test_swin.py)
+SHARED_ATTENTION = [name for name in vitlab.list_models() if not issubclass(get_preset(name).cls, SwinTransformer)]
 
 
 @pytest.mark.parametrize(("name", "extra"), CASES, ids=IDS)
@@ -53,7 +61,7 @@ def test_every_parameter_gets_a_gradient(name, extra):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-@pytest.mark.parametrize("name", vitlab.list_models())
+@pytest.mark.parametrize("name", [_param(name) for name in SHARED_ATTENTION])
 def test_sdpa_equals_eager_for_the_whole_model(name):
     torch.manual_seed(0)
     model = _small(name).eval()
@@ -65,9 +73,7 @@ def test_sdpa_equals_eager_for_the_whole_model(name):
 
     fused = logits()
     attns = [m for m in model.modules() if isinstance(m, Attention)]
-    if not attns:
-        assert isinstance(model, SwinTransformer), f"{name} has no shared Attention"
-        pytest.skip("timm's Swin attends with its own WindowAttention (its SDPA/eager parity: tests/test_swin.py)")
+    assert attns, f"{name} has no shared Attention"
     for m in attns:
         m.fused = False
     torch.testing.assert_close(logits(), fused, atol=2e-5, rtol=1e-4)

@@ -208,7 +208,7 @@ def test_slot_usage_summary_hand_case():
     assert summary["std"] == pytest.approx(np.std([3, 5, 5, 2, 4]))
     assert summary["distribution"] == {2: 1, 3: 1, 4: 1, 5: 2}
     assert summary["accuracy"] == pytest.approx(3 / 5)
-    ranked = [(entry["class"], entry["mean_k"], entry["n"], entry["accuracy"]) for entry in summary["per_class"]]
+    ranked = [(entry["class"], entry["slot_usage_k"], entry["n"], entry["accuracy"]) for entry in summary["per_class"]]
     assert ranked == [("car", 5.0, 2, 0.5), ("bird", 4.0, 1, 1.0), ("plane", 2.5, 2, 0.5)]  # "cat" has no images
     with pytest.raises(ValueError, match=r"\[M\]"):
         slot_usage_summary(slot_k, labels[:3], ["a"])
@@ -269,9 +269,10 @@ def test_cli_slot_k_writes_the_json_and_the_segment_png(cet_run, tmp_path, capsy
     assert summary["mean"] == pytest.approx(per_image.double().mean().item())
     assert sum(summary["distribution"].values()) == test_size
     assert all(1 <= int(k) <= 8 for k in summary["distribution"])  # 8 slots (cet_vit/digits)
-    means = [entry["mean_k"] for entry in summary["per_class"]]
+    means = [entry["slot_usage_k"] for entry in summary["per_class"]]
     assert means == sorted(means, reverse=True) and sum(entry["n"] for entry in summary["per_class"]) == test_size
-    assert 0 <= summary["accuracy"] <= 1
+    accuracy = sum(entry["accuracy"] * entry["n"] for entry in summary["per_class"]) / test_size
+    assert summary["accuracy"] == pytest.approx(accuracy)  # the per-class accuracies weighted by class size
     assert sorted(entry["class"] for entry in summary["per_class"]) == sorted(names)
     picture = np.asarray(Image.open(out / "segments.png").convert("RGB"))
     assert picture.shape[0] > 100 and picture.shape[1] > 100

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from test_report import dynamics_records, make_run, write_png
+from run_fixtures import write_png
+from test_report import dynamics_records, make_run
 from vitlab.report import write_report
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

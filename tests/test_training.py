@@ -14,7 +14,7 @@ import vitlab
 from run_fixtures import TINY
 from vitlab.cli.main import main
 from vitlab.config import build_config
-from vitlab.training.callbacks import read_metrics
+from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 
 
@@ -41,7 +41,7 @@ def test_cli_fit_writes_a_complete_run_directory(tmp_path, capsys):
     ):
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "tb").rglob("events.out.tfevents.*")), "TensorBoard events missing"
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = RunDir(run_dir).metrics()
     assert [r["epoch"] for r in rows] == [0, 1]
     assert {"train/loss", "train/lr", "val/loss", "val/acc"} <= set(rows[-1])
     for row in rows:  # StepTimer: backward inside the steps, the steps inside the epoch

@@ -25,8 +25,9 @@ from vitlab.config import DataConfig, build_config
 from vitlab.data import DataError, build_datamodule
 from vitlab.export import ExportError, export_model
 from vitlab.jsonio import strict_dumps
-from vitlab.training.callbacks import JSONLinesLogger, read_steps
-from vitlab.training.run import fit, load_run_config
+from vitlab.rundir import RunDir
+from vitlab.training.callbacks import JSONLinesLogger
+from vitlab.training.run import fit
 
 
 def _strict_json(text: str):
@@ -227,10 +228,10 @@ def test_9_relative_data_paths_are_stored_absolute(tmp_path, monkeypatch):
     cfg = build_config("vit/digits", ["data.name=imagefolder", "data.path=pets", "run.dir=run", *TINY])
     cfg.trainer.max_epochs = 1
     run_dir = fit(cfg)
-    stored = load_run_config(work / "run")
+    stored = RunDir(work / "run").config()
     assert Path(stored.data.path) == work / "pets" and Path(stored.data.root).is_absolute()
     monkeypatch.chdir(tmp_path)  # from elsewhere, the run's own config still finds the data
-    assert len(build_datamodule(load_run_config(work / run_dir).data).test_dataloader().dataset) == 2
+    assert len(build_datamodule(RunDir(work / run_dir).config().data).test_dataloader().dataset) == 2
 
 
 # -- 10. resume, truncated checkpoints and Ctrl+C say what happened and what to do ----------------------------------
@@ -312,12 +313,12 @@ def test_13_print_config_shows_the_resolved_model(capsys):
 def test_13_per_step_loss_and_lr_are_logged(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from vitlab.report.html import RunRecord, add_step_series, curve_panels
+    from vitlab.report.collect import RunRecord, add_step_series, curve_panels
 
     run_dir = tmp_path / "run"
     args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=2", *TINY]
     assert main([*args, "trainer.log_every_n_steps=2", "optim.warmup_epochs=1"]) == 0
-    steps = read_steps(run_dir / "steps.jsonl")
+    steps = RunDir(run_dir).steps()
     assert [s["step"] for s in steps] == [1, 3, 5, 7]  # 4 steps an epoch, every second one logged
     assert all(s["loss"] > 0 for s in steps) and steps[0]["lr"] < steps[2]["lr"], "the warm-up is visible per step"
     events = EventAccumulator(str(run_dir / "tb")).Reload()

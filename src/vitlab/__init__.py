@@ -1,17 +1,33 @@
-"""vitlab: train, control and inspect Vision Transformers."""
+"""vitlab: train, control and inspect Vision Transformers.
 
-from vitlab.layers import attention_capture, capture_attention
-from vitlab.models import create_model, from_timm, list_models
+The names below are imported when first used (PEP 562), so that ``import vitlab`` and the ``vitlab`` command's
+``--help`` do not load torch, timm and Lightning.
+"""
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vitlab.lazy import lazy_exports
+from vitlab.version import __version__
+
+if TYPE_CHECKING:
+    from vitlab.export import load_model
+    from vitlab.layers import attention_capture, capture_attention
+    from vitlab.models import create_model, from_timm, list_models
+
+#: public name -> the module that defines it
+_LAZY = {
+    "attention_capture": "vitlab.layers",
+    "capture_attention": "vitlab.layers",
+    "create_model": "vitlab.models",
+    "from_timm": "vitlab.models",
+    "list_models": "vitlab.models",
+    "load_model": "vitlab.export",
+}
 
 
-def load_model(path, map_location="cpu"):
-    """Rebuild a model offline from an exported folder (``model.safetensors`` + ``config.json``) or a checkpoint."""
-    from vitlab.export import load_model as _load
-
-    return _load(path, map_location=map_location)
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 __all__ = [
     "__version__",

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from vitlab.data import AugmentConfig, DataConfig
+from vitlab.data.config import AugmentConfig, DataConfig
 from vitlab.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).parent / "configs"

@@ -20,6 +20,7 @@ from torch import nn
 
 from vitlab.errors import CheckpointError, ConfigError, VitlabError
 from vitlab.models.registry import create_model, get_preset
+from vitlab.rundir import EXPORT_CONFIG_FILE, EXPORT_WEIGHTS_FILE, locate_model, umask_mode
 
 EXPORT_FORMAT = "vitlab-export/1"
 
@@ -99,18 +100,11 @@ def model_from_checkpoint(
 
 
 #: the files :func:`export_model` writes; ``force=True`` replaces these and leaves anything else in the folder alone
-EXPORT_FILES = ("model.safetensors", "config.json")
+EXPORT_FILES = (EXPORT_WEIGHTS_FILE, EXPORT_CONFIG_FILE)
 
 
 class ExportError(VitlabError, FileExistsError):
     """The export folder cannot be written as asked (it holds other files, or it is not a folder)."""
-
-
-def _public_mode(directory: bool) -> int:
-    """The mode a plain ``open()`` / ``mkdir()`` would give (mkdtemp's 0700 would hide exports from colleagues)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return (0o777 if directory else 0o666) & ~umask
 
 
 def export_model(
@@ -144,11 +138,11 @@ def export_model(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.export-"))
     try:
-        st_save_model(model, str(stage / "model.safetensors"))
-        (stage / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+        st_save_model(model, str(stage / EXPORT_WEIGHTS_FILE))
+        (stage / EXPORT_CONFIG_FILE).write_text(json.dumps(meta, indent=2, default=str))
         for name in EXPORT_FILES:
-            os.chmod(stage / name, _public_mode(directory=False))
-        os.chmod(stage, _public_mode(directory=True))
+            os.chmod(stage / name, umask_mode(directory=False))
+        os.chmod(stage, umask_mode(directory=True))
         if existing:  # --force: replace the export's files one by one, leave the rest
             for name in EXPORT_FILES:
                 os.replace(stage / name, out_dir / name)
@@ -170,16 +164,10 @@ def load_model(
     ``overrides``: constructor options to change that leave the weights alone, e.g. ``{"tome_r": 8}`` to merge
     tokens at inference in a ViT trained without merging (an option that changes the weights is a ``ConfigError``).
     """
-    path = Path(path)
-    if path.is_dir() and (path / "export" / "config.json").exists():
-        path = path / "export"
-    if path.is_dir():
-        cfg_file = path / "config.json"
-        if not cfg_file.exists():
-            raise CheckpointError(
-                f"{path} holds no config.json: pass an exported folder (`vitlab export`), a run directory, "
-                "or a .ckpt file"
-            )
+    location = locate_model(path)  # one rule for a run directory, an export folder and a checkpoint
+    path = location.source
+    if location.is_export:
+        cfg_file = path / EXPORT_CONFIG_FILE
         try:
             meta = json.loads(cfg_file.read_text())
         except json.JSONDecodeError as e:
@@ -188,7 +176,7 @@ def load_model(
             raise CheckpointError(f"{cfg_file} is not a vitlab export (format {meta.get('format')!r})")
         get_preset(meta["model"])
         model = create_model(meta["model"], **_rebuild_kwargs(meta["model"], meta["kwargs"], overrides))
-        weights = path / "model.safetensors"
+        weights = path / EXPORT_WEIGHTS_FILE
         try:
             st_load_model(model, str(weights), strict=True, device=str(map_location))
         except FileNotFoundError as e:

@@ -19,15 +19,16 @@ from typing import Any
 from vitlab.cli.registry import Runner, command
 
 
-def _data_overrides(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
-    """``--data key=value ...`` merged with dotted ``data.key=value`` overrides: keys of the data section."""
+def data_overrides(args: argparse.Namespace, overrides: list[str], command: str = "vitlab evaluate") -> dict[str, Any]:
+    """``--data key=value ...`` merged with dotted ``data.key=value`` overrides: keys of the data section (any other
+    key is an error of ``command``)."""
     from vitlab.config import deep_merge, parse_overrides
     from vitlab.errors import ConfigError
 
     dotted = parse_overrides(overrides)
     if set(dotted) - {"data"}:
         raise ConfigError(
-            f"vitlab evaluate takes only data overrides (--data key=value or data.key=value), got "
+            f"{command} takes only data overrides (--data key=value or data.key=value), got "
             f"{', '.join(sorted(set(dotted) - {'data'}))}"
         )
     flagged = parse_overrides([item for group in args.data or [] for item in group])
@@ -67,7 +68,7 @@ def _evaluate(p: argparse.ArgumentParser) -> Runner:
         model_overrides = parse_overrides([item for group in args.model or [] for item in group])
         results = evaluate_run(
             args.target,
-            data_overrides=_data_overrides(args, overrides),
+            data_overrides=data_overrides(args, overrides),
             tta_views=args.tta_views,
             hflip=args.hflip,
             tta_shift=args.tta_shift,

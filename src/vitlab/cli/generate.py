@@ -1,4 +1,5 @@
-"""``vitlab generate``: ViTCAE's four generative tasks and the linear probe on a finished run (spec vitcae.md s. 6).
+"""``vitlab generate``: ViTCAE's four generative tasks (the paper's "four distinct tasks") and the linear probe on
+a finished run.
 
 Examples::
 
@@ -24,36 +25,31 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--seed", type=int, help="seed of every random draw (default: the run's seed)")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.config import ConfigError, RunConfig, deep_merge, from_dict, parse_overrides, to_dict
         from vitlab.data import build_datamodule
-        from vitlab.errors import CheckpointError
+        from vitlab.errors import ConfigError
         from vitlab.evaluation.generative import GRID_FILES, run_generative_tasks
         from vitlab.export import load_model
         from vitlab.models.vitcae import ViTCAE
-        from vitlab.training.run import load_run_config
+        from vitlab.rundir import GENERATE_DIR, GENERATE_METRICS_FILE, RunDir
 
         if args.max_images is not None and args.max_images < 2:
             p.error(f"--max-images must be at least 2, got {args.max_images}")
         run_dir = Path(args.run_dir)
-        cfg = load_run_config(run_dir)
-        if overrides:
-            cfg = from_dict(RunConfig, deep_merge(to_dict(cfg), parse_overrides(overrides)))
-        if not (run_dir / "export" / "config.json").exists():
-            raise CheckpointError(f"{run_dir} has no exported model (export/); run `vitlab export {run_dir}` first")
-        model = load_model(run_dir / "export", map_location=args.device)
+        cfg = RunDir(run_dir).config(overrides)
+        model = load_model(run_dir, map_location=args.device)  # export/, else best.ckpt, else last.ckpt
         if not isinstance(model, ViTCAE):
             raise ConfigError(
                 f"vitlab generate needs a ViTCAE run, but {run_dir} holds a {type(model).__name__} "
                 f"({cfg.model['name']}); train one with a vitcae_* model"
             )
-        out = Path(args.out) if args.out else run_dir / "generate"
+        out = Path(args.out) if args.out else run_dir / GENERATE_DIR
         seed = cfg.run.seed if args.seed is None else args.seed
         metrics = run_generative_tasks(
             model, build_datamodule(cfg.data), out, seed=seed, device=args.device, max_images=args.max_images
         )
         width = max(len(name) for name in metrics)
         print("\n".join(f"{name:<{width}}  {value:.4g}" for name, value in metrics.items()))
-        print(f"metrics: {out / 'metrics.json'}")
+        print(f"metrics: {out / GENERATE_METRICS_FILE}")
         for task, file in GRID_FILES.items():
             print(f"{task} grid: {out / file}")
         return 0

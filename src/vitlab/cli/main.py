@@ -46,17 +46,17 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         import yaml
 
-        from vitlab.config import RunConfig, build_config, deep_merge, from_dict, parse_overrides, to_dict
+        from vitlab.config import build_config
         from vitlab.export import checkpoint_hparams, read_checkpoint
-        from vitlab.training.run import fit, load_run_config, resolve_resume, resolved_config
+        from vitlab.rundir import RunDir, config_with_overrides
+        from vitlab.training.run import fit, resolve_resume, resolved_config
 
         if args.resume and not args.config:
             run_dir, ckpt = resolve_resume(args.resume)
-            if (run_dir / "config.yaml").exists():
-                stored = to_dict(load_run_config(run_dir))
+            if RunDir(run_dir).is_run():
+                cfg = RunDir(run_dir).config(overrides)
             else:  # a checkpoint outside its run directory carries the run's config itself
-                stored = checkpoint_hparams(read_checkpoint(ckpt))["config"]
-            cfg = from_dict(RunConfig, deep_merge(stored, parse_overrides(overrides)))
+                cfg = config_with_overrides(checkpoint_hparams(read_checkpoint(ckpt))["config"], overrides)
         else:
             cfg = build_config(args.config, overrides)
         if args.print_config:
@@ -71,17 +71,18 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
 
 
 def _print_summary(run_dir: Path) -> None:
+    from vitlab.rundir import EXPORT_DIR, GENERATE_DIR, REPORT_FILE, RunDir
+
+    run = RunDir(run_dir)
     lines = [f"run directory: {run_dir}"]
-    test = run_dir / "test_metrics.json"
-    if test.exists():
-        metrics = json.loads(test.read_text())
+    metrics = run.test_metrics()
+    if metrics is not None:
         lines.append("test: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-    generated = run_dir / "generate" / "metrics.json"
-    if generated.exists():
-        g = json.loads(generated.read_text())
+    g = run.generate_metrics()
+    if g is not None:
         keys = ("reconstruction/psnr", "reconstruction/ssim", "linear_probe/accuracy", "conditional/judge_accuracy")
         lines.append("generate: " + ", ".join(f"{k}={g[k]:.4g}" for k in keys if k in g))
-    for name, label in (("export", "exported model"), ("report.html", "report"), ("generate", "generated grids")):
+    for name, label in ((EXPORT_DIR, "exported model"), (REPORT_FILE, "report"), (GENERATE_DIR, "generated grids")):
         if (run_dir / name).exists():
             lines.append(f"{label}: {run_dir / name}")
     print("\n".join(lines))
@@ -121,12 +122,11 @@ def _export(p: argparse.ArgumentParser) -> Runner:
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.export import export_model, model_from_checkpoint
+        from vitlab.rundir import BEST_CHECKPOINT, EXPORT_DIR, locate_checkpoint
 
-        ckpt = Path(args.checkpoint)
-        if ckpt.is_dir():
-            ckpt = ckpt / "checkpoints" / "best.ckpt"
+        ckpt = locate_checkpoint(args.checkpoint, prefer=(BEST_CHECKPOINT,))
         model, hp = model_from_checkpoint(ckpt)
-        out = Path(args.out) if args.out else ckpt.parent.parent / "export"
+        out = Path(args.out) if args.out else ckpt.parent.parent / EXPORT_DIR
         out = export_model(model, out, {"data": hp["data_info"]}, force=args.force)
         print(f"exported {hp['config']['model']['name']} to {out}")
         write_extra_format(model, out, args.format)
@@ -159,7 +159,7 @@ def _list_models(p: argparse.ArgumentParser) -> Runner:
 def _info(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.config import CONFIG_ROOT
-        from vitlab.training.run import environment
+        from vitlab.rundir import environment
 
         env = environment()
         env["configs"] = sorted(str(c.relative_to(CONFIG_ROOT).with_suffix("")) for c in CONFIG_ROOT.rglob("*.yaml"))
@@ -170,8 +170,13 @@ def _info(p: argparse.ArgumentParser) -> Runner:
 
 
 # -------------------------------------------------------------------------------------------------------------------
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
-    from vitlab import __version__
+def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
+    """The ``vitlab`` parser and the runner of each command set up.
+
+    With ``argv``, only the command named in it gets its options (its setup may import what its options need,
+    e.g. the export formats); ``vitlab --help`` then loads none of the library. Without ``argv``, every command.
+    """
+    from vitlab.version import __version__
 
     for module in COMMAND_MODULES:
         import_module(module)
@@ -190,9 +195,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
         help="shortcut for the override run.seed=N (before or after the command)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    selected = None if argv is None else next((arg for arg in argv if arg in COMMANDS), "")
     runners = {}
     for name, (setup, help_) in COMMANDS.items():
-        runners[name] = setup(sub.add_parser(name, help=help_, description=help_))
+        command_parser = sub.add_parser(name, help=help_, description=help_)
+        if selected is None or name == selected:
+            runners[name] = setup(command_parser)
     return parser, runners
 
 
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     from vitlab.errors import VitlabError
 
     argv = sys.argv[1:] if argv is None else argv
-    parser, runners = build_parser()
+    parser, runners = build_parser(argv)
     args, rest = parser.parse_known_args(argv)
     from vitlab.cli.deploy import seed_overrides
 

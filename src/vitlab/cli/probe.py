@@ -1,4 +1,5 @@
-"""``vitlab probe``: the CET-ViT card's diagnostics, for any model of the project (spec ``cetvit.md`` section 7).
+"""``vitlab probe``: the CET-ViT v4 model card's diagnostics ("Reproduce the diagnostics"), for any model of the
+project.
 
 Examples::
 
@@ -55,23 +56,21 @@ def _gradients(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         import lightning.pytorch as pl
 
-        from vitlab.config import RunConfig, build_config, deep_merge, from_dict, parse_overrides, to_dict
+        from vitlab.config import build_config, to_dict
         from vitlab.data import build_datamodule
         from vitlab.diagnostics.probes import format_gradient_flow, gradient_flow
         from vitlab.errors import ConfigError
         from vitlab.export import load_model
         from vitlab.models.registry import create_model
-        from vitlab.training.run import build_task, data_info, load_run_config, model_kwargs_for
+        from vitlab.rundir import RunDir
+        from vitlab.training.run import build_task, data_info, model_kwargs_for
 
         target = args.target
         if target is not None and "=" in target and not Path(target).exists():
             overrides, target = [target, *overrides], None  # a key=value override, not a run directory
         if target is not None and args.config:
             raise ConfigError("pass either a run directory or --config, not both")
-        if target is not None:
-            cfg = from_dict(RunConfig, deep_merge(to_dict(load_run_config(target)), parse_overrides(overrides)))
-        else:
-            cfg = build_config(args.config, overrides)
+        cfg = RunDir(target).config(overrides) if target is not None else build_config(args.config, overrides)
         pl.seed_everything(cfg.run.seed, verbose=False)
         dm = build_datamodule(cfg.data)
         dm.prepare_data()
@@ -151,10 +150,8 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         import itertools
 
-        import torch
-
-        from vitlab.config import deep_merge, parse_overrides
-        from vitlab.data import denormalize
+        from vitlab.cli.evaluate import data_overrides
+        from vitlab.data import denormalize, normalize
         from vitlab.diagnostics.probes import collect_assignments, format_slot_usage, slot_usage_summary
         from vitlab.diagnostics.segments import save_segment_maps
         from vitlab.errors import ConfigError
@@ -162,24 +159,19 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
 
         if args.num_images < 0 or (args.max_batches is not None and args.max_batches < 1):
             p.error("--num-images must be >= 0 and --max-batches >= 1")
-        dotted = parse_overrides(overrides)
-        if set(dotted) - {"data"}:
-            raise ConfigError(f"vitlab probe slot-k takes only data overrides, got {', '.join(sorted(dotted))}")
-        flagged = parse_overrides([item for group in args.data or [] for item in group])
-        target = load_evaluation_target(args.target, deep_merge(flagged, dotted.get("data", {})), args.device)
+        data = data_overrides(args, overrides, "vitlab probe slot-k")
+        target = load_evaluation_target(args.target, data, args.device)
         model, dm = target.model, target.datamodule
         if not hasattr(model, "forward_with_aux"):
             raise ConfigError(f"{args.target} holds a {type(model).__name__}, which has no slot assignment S")
         names = args.class_names or dm.class_names
         if len(names) != dm.num_classes:
             raise ConfigError(f"--class-names gives {len(names)} names for the {dm.num_classes} classes of the data")
-        mean = torch.tensor(target.mean).view(-1, 1, 1)
-        std = torch.tensor(target.std).view(-1, 1, 1)
 
         def batches():
             # through [0, 1] pixels: the model is fed the normalisation it was trained with
             for x, y in itertools.islice(dm.test_dataloader(), args.max_batches):
-                yield (denormalize(x, dm.mean, dm.std) - mean) / std, y
+                yield normalize(denormalize(x, dm.mean, dm.std), target.mean, target.std), y
 
         collected = collect_assignments(model, batches(), keep_images=args.num_images, device=args.device)
         summary = slot_usage_summary(collected["slot_k"], collected["labels"], names, collected["predictions"])
@@ -201,7 +193,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
                     strict=True,
                 )
             ]
-            pixels = (collected["images"] * std + mean).clamp(0, 1)
+            pixels = denormalize(collected["images"], target.mean, target.std)
             path = save_segment_maps(
                 out / SEGMENTS_FILE, pixels, collected["S"], tuple(model.grid_size), titles=titles, alpha=args.alpha
             )

@@ -1,24 +1,67 @@
-"""Datasets by name, their transforms, and the one LightningDataModule that serves them."""
+"""Datasets by name, their transforms, and the one LightningDataModule that serves them.
+
+The names are imported when first used (PEP 562): ``vitlab.config`` reads ``vitlab.data.config`` (plain
+dataclasses) without loading Lightning, torchvision and scikit-learn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from vitlab.data.config import AugmentConfig, DataConfig
-from vitlab.data.datamodule import (
-    EpochShuffleSampler,
-    ImageSplit,
-    VisionDataModule,
-    build_datamodule,
-    split_indices,
-)
-from vitlab.data.datasets import (
-    DATASETS,
-    DataError,
-    DatasetInfo,
-    DatasetNotFoundError,
-    DatasetSource,
-    dataset_info,
-    download_dataset,
-    load_dataset,
-)
-from vitlab.data.transforms import NormalizeCollate, channel_mean_std, denormalize, resize_to_square
+from vitlab.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from vitlab.data.datamodule import (
+        EpochShuffleSampler,
+        ImageSplit,
+        VisionDataModule,
+        build_datamodule,
+        split_indices,
+    )
+    from vitlab.data.datasets import (
+        DATASETS,
+        DataError,
+        DatasetInfo,
+        DatasetNotFoundError,
+        DatasetSource,
+        dataset_info,
+        download_dataset,
+        load_dataset,
+    )
+    from vitlab.data.transforms import (
+        NormalizeCollate,
+        channel_mean_std,
+        denormalize,
+        normalize,
+        resize_to_square,
+    )
+
+
+#: public name -> the module that defines it
+_LAZY = {
+    "DATASETS": "vitlab.data.datasets",
+    "DataError": "vitlab.data.datasets",
+    "DatasetInfo": "vitlab.data.datasets",
+    "DatasetNotFoundError": "vitlab.data.datasets",
+    "DatasetSource": "vitlab.data.datasets",
+    "EpochShuffleSampler": "vitlab.data.datamodule",
+    "ImageSplit": "vitlab.data.datamodule",
+    "NormalizeCollate": "vitlab.data.transforms",
+    "VisionDataModule": "vitlab.data.datamodule",
+    "build_datamodule": "vitlab.data.datamodule",
+    "channel_mean_std": "vitlab.data.transforms",
+    "dataset_info": "vitlab.data.datasets",
+    "denormalize": "vitlab.data.transforms",
+    "download_dataset": "vitlab.data.datasets",
+    "load_dataset": "vitlab.data.datasets",
+    "normalize": "vitlab.data.transforms",
+    "resize_to_square": "vitlab.data.transforms",
+    "split_indices": "vitlab.data.datamodule",
+}
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 __all__ = [
     "DATASETS",
@@ -38,6 +81,7 @@ __all__ = [
     "denormalize",
     "download_dataset",
     "load_dataset",
+    "normalize",
     "resize_to_square",
     "split_indices",
 ]

@@ -504,7 +504,7 @@ def _image_files(folder: Path, class_names: list[str]) -> list[tuple[Path, int]]
 
 
 @functools.lru_cache(maxsize=1 << 20)
-def _probe_image(path: str, mtime_ns: int, size: int) -> tuple[str, int] | str:
+def _image_mode_and_size(path: str, mtime_ns: int, size: int) -> tuple[str, int] | str:
     """``(PIL mode, shorter side)`` of a decodable image, or the reason it cannot be read. Cached by file
     identity: the folder is listed twice per run (for the model's shape, then for the data)."""
     try:
@@ -521,20 +521,20 @@ def _readable_images(
 ) -> tuple[list[tuple[Path, int]], list[tuple[str, int]]]:
     """The samples whose image decodes, and ``(mode, shorter side)`` of each. An unreadable file is named and
     skipped (one line with the count), or is a :class:`DataError` when ``strict``."""
-    kept, probes, bad = [], [], []
+    kept, shapes, bad = [], [], []
     for path, label in samples:
         stat = path.stat()
-        probe = _probe_image(str(path), stat.st_mtime_ns, stat.st_size)
-        if isinstance(probe, str):
+        shape = _image_mode_and_size(str(path), stat.st_mtime_ns, stat.st_size)
+        if isinstance(shape, str):
             if strict:
                 raise DataError(
-                    f"{where}: cannot read image {path} ({probe}); remove or replace the file, or set "
+                    f"{where}: cannot read image {path} ({shape}); remove or replace the file, or set "
                     "data.strict_images=false to skip unreadable images"
                 )
-            bad.append((path, probe))
+            bad.append((path, shape))
         else:
             kept.append((path, label))
-            probes.append(probe)
+            shapes.append(shape)
     new = [(path, reason) for path, reason in bad if str(path) not in _reported_bad_images]
     if new:
         _reported_bad_images.update(str(path) for path, _ in new)
@@ -544,7 +544,7 @@ def _readable_images(
             f"(e.g. {first}: {reason}); set data.strict_images=true to stop on them instead",
             file=sys.stderr,
         )
-    return kept, probes
+    return kept, shapes
 
 
 def _load_imagefolder(cfg: DataConfig, download: bool) -> DatasetSource:
@@ -562,7 +562,7 @@ def _load_imagefolder(cfg: DataConfig, download: bool) -> DatasetSource:
     class_names = _class_folders(train_dir)
     if not class_names:
         raise DatasetNotFoundError(f"imagefolder: no class folders in {train_dir}. {layout}")
-    train_samples, probes = _readable_images(_image_files(train_dir, class_names), cfg.strict_images, "imagefolder")
+    train_samples, shapes = _readable_images(_image_files(train_dir, class_names), cfg.strict_images, "imagefolder")
     if not train_samples:
         raise DatasetNotFoundError(
             f"imagefolder: no readable image ({', '.join(IMG_EXTENSIONS)}) in the class folders of {train_dir}. "
@@ -571,9 +571,9 @@ def _load_imagefolder(cfg: DataConfig, download: bool) -> DatasetSource:
     if cfg.in_chans is not None:
         mode = "L" if cfg.in_chans == 1 else "RGB"
     else:
-        gray = sum(probe_mode in _GRAY_MODES for probe_mode, _ in probes)
-        mode = "L" if gray > len(probes) - gray else "RGB"
-    size = cfg.img_size or Counter(shorter for _, shorter in probes).most_common(1)[0][0]
+        gray = sum(image_mode in _GRAY_MODES for image_mode, _ in shapes)
+        mode = "L" if gray > len(shapes) - gray else "RGB"
+    size = cfg.img_size or Counter(shorter for _, shorter in shapes).most_common(1)[0][0]
 
     def pool(samples: list[tuple[Path, int]]) -> ImageFilePool:
         paths = [path for path, _ in samples]

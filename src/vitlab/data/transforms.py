@@ -68,13 +68,24 @@ class NormalizeCollate:
 
     def __call__(self, batch: list[tuple[Tensor, int]]) -> tuple[Tensor, Tensor]:
         images, labels = zip(*batch, strict=True)
-        x = (torch.stack(images).float().div_(255) - self.mean) / self.std
+        x = normalize(torch.stack(images).float().div_(255), self.mean, self.std)
         y = torch.tensor(labels, dtype=torch.int64)
         if self.erasing is not None:
             x = torch.stack([self.erasing(image) for image in x])
         if self.mix is not None:
             x, y = self.mix(x, y)
         return x, y
+
+
+def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """Pixels in [0, 1] -> the model's input: ``x: [B, C, H, W]`` or ``[C, H, W]`` -> ``(x - mean) / std``.
+
+    The one normalisation of the project (the data module's collate, the evaluation suite, the generative tasks'
+    judge, the report's and the probes' test images all go through it or :func:`denormalize`).
+    """
+    mean_t = torch.as_tensor(mean, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+    std_t = torch.as_tensor(std, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+    return (x - mean_t) / std_t
 
 
 def denormalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:

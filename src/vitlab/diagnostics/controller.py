@@ -45,9 +45,9 @@ from vitlab.errors import ConfigError
 from vitlab.jsonio import strict_dumps
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture, attention_modules
+from vitlab.rundir import DYNAMICS_DIR, DYNAMICS_FILE
 
-DYNAMICS_FILE = "dynamics.jsonl"
-PLOTS_DIR = "dynamics"
+PLOTS_DIR = DYNAMICS_DIR
 MODES = ("schedule", "learn", "fixed")
 PROBE_TAUS = ("model", "unit")
 KAPPA_DTYPES = ("float64", "float32")

@@ -11,7 +11,6 @@ All drawing uses matplotlib's Agg backend, so it runs without a display.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 from matplotlib.figure import Figure, SubFigure
 
 from vitlab.errors import RunFileError
+from vitlab.rundir import DYNAMICS_FILE, read_jsonl
 
 _MAX_PANELS_PER_ROW = 6
 _KAPPA_FLOOR = 0.9  # kappa >= 1 (the all-ones eigenvector); a little room below keeps the kappa = 1 lines visible
@@ -37,20 +37,16 @@ def read_dynamics(path: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise RunFileError(f"{path} does not exist; pass a run directory (the folder `vitlab fit` printed)")
     if path.is_dir():
-        path = path / "dynamics.jsonl"
+        path = path / DYNAMICS_FILE
     if not path.exists():
         raise RunFileError(
             f"{path} does not exist: the run was trained without the dynamics controller (set a 'dynamics' section, "
             "e.g. dynamics.mode=schedule)"
         )
-    by_epoch = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            by_epoch[record["epoch"]] = record
-    if not by_epoch:
+    records = read_jsonl(path, "epoch")
+    if not records:
         raise RunFileError(f"{path} holds no records yet: the run has not finished an epoch with the controller")
-    return [by_epoch[epoch] for epoch in sorted(by_epoch)]
+    return records
 
 
 def dynamics_arrays(records: list[dict[str, Any]]) -> dict[str, np.ndarray]:

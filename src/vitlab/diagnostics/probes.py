@@ -1,4 +1,5 @@
-"""Probes that find dead or inert parts of a model, for any model of the project (spec ``cetvit.md`` section 7).
+"""Probes that find dead or inert parts of a model, for any model of the project (CET-ViT v4 model card:
+"Reproduce the diagnostics").
 
 The CET-ViT card (Disclosure 1) found its Dynamic-K estimator dead with two checks that any model deserves:
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitlab.evaluation.stats import per_class_mean
 from vitlab.losses.ei import ei_terms
 from vitlab.models.cet_vit import slot_usage_k, topk_softmax
 
@@ -393,8 +395,9 @@ def slot_usage_summary(
 
     ``slot_k, labels: [M]`` (and optionally ``predictions: [M]``). Returns ``num_images``, ``mean``, ``std``,
     ``distribution`` (``{K: count}`` in increasing K), ``accuracy`` (with predictions), and ``per_class``: one entry
-    per class that has images (``class``, ``index``, ``n``, ``mean_k``, ``accuracy``), ranked by mean K, largest
-    first (the card's "complex / detailed" classes at the top).
+    per class that has images (``class``, ``index``, ``n``, ``slot_usage_k``, ``accuracy``: the keys of
+    ``vitlab evaluate``'s per-class assignment table, from the same :func:`~vitlab.evaluation.stats.per_class_mean`),
+    ranked by mean K, largest first (the card's "complex / detailed" classes at the top).
     """
     if slot_k.shape != labels.shape or slot_k.ndim != 1:
         raise ValueError(f"slot_k and labels must both be [M], got {list(slot_k.shape)} and {list(labels.shape)}")
@@ -403,17 +406,17 @@ def slot_usage_summary(
     k = slot_k.double()
     values, counts = slot_k.unique(return_counts=True)
     correct = None if predictions is None else (predictions == labels).double()
+    class_k, class_counts = per_class_mean(k, labels, len(class_names))
+    class_accuracy = None if correct is None else per_class_mean(correct, labels, len(class_names))[0]
     per_class = []
     for index, name in enumerate(class_names):
-        members = labels == index
-        n = int(members.sum())
-        if n == 0:
+        if class_counts[index] == 0:
             continue
-        entry = {"class": name, "index": index, "n": n, "mean_k": k[members].mean().item()}
-        if correct is not None:
-            entry["accuracy"] = correct[members].mean().item()
+        entry = {"class": name, "index": index, "n": int(class_counts[index]), "slot_usage_k": class_k[index].item()}
+        if class_accuracy is not None:
+            entry["accuracy"] = class_accuracy[index].item()
         per_class.append(entry)
-    per_class.sort(key=lambda entry: (-entry["mean_k"], entry["index"]))
+    per_class.sort(key=lambda entry: (-entry["slot_usage_k"], entry["index"]))
     summary = {
         "num_images": len(k),
         "mean": k.mean().item(),
@@ -441,7 +444,7 @@ def format_slot_usage(summary: dict[str, Any], max_classes: int = 20) -> str:
         lines.append("classes ranked by mean K:")
         for entry in shown:
             acc = f"  accuracy {entry['accuracy']:.3f}" if "accuracy" in entry else ""
-            lines.append(f"  {entry['class']!s:<{width}}  K {entry['mean_k']:.2f}  (n={entry['n']}){acc}")
+            lines.append(f"  {entry['class']!s:<{width}}  K {entry['slot_usage_k']:.2f}  (n={entry['n']}){acc}")
         if len(summary["per_class"]) > len(shown):
             lines.append(f"  ... {len(summary['per_class']) - len(shown)} more classes in the JSON")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Compare runs: group them (by model or any config key), summarise every metric over seeds, Welch's t-tests.
 
-CET-ViT card, "Results" (spec ``cetvit.md`` section 6): top-1 accuracy as mean and standard deviation over seeds,
+CET-ViT v4 model card, "Results": top-1 accuracy as mean and standard deviation over seeds,
 and Welch's unequal-variance t-test between two models' seeds. A run contributes the numbers of its
 ``test_metrics.json`` (as logged, e.g. ``test/acc``) and, when ``vitlab evaluate`` has run, the float values of
 ``evaluation/evaluation.json`` flattened to ``eval/<section>/<key>`` (e.g. ``eval/tta/top1``,
@@ -12,57 +12,24 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from vitlab.errors import ConfigError
-from vitlab.evaluation.evaluate import EVALUATION_FILE
 from vitlab.evaluation.stats import summarize, welch_ttest
 from vitlab.jsonio import strict_dumps
+from vitlab.rundir import EVALUATION_DIR, EVALUATION_FILE, TEST_METRICS_FILE, RunDir
 
-TEST_METRICS_FILE = "test_metrics.json"
-TIMING_FILE = "timing.json"  # written by vitlab.training.callbacks.StepTimer
 PAIRINGS = ("first", "all")
-#: sections of evaluation.json that hold per-run metrics (``run`` is provenance, ``per_class`` a table)
-EVALUATION_SECTIONS = ("test", "calibration", "test_calibrated", "tta", "corruptions", "mean_corrupted", "assignment")
-
-
-def _flatten_floats(node: Any, prefix: str) -> dict[str, float]:
-    """Float leaves of nested dicts as ``{"prefix/a/b": value}``; counts (ints), lists and strings are left out."""
-    if isinstance(node, float):
-        return {prefix: node} if math.isfinite(node) else {}
-    if isinstance(node, Mapping):
-        flat: dict[str, float] = {}
-        for key, value in node.items():
-            flat.update(_flatten_floats(value, f"{prefix}/{key}"))
-        return flat
-    return {}
 
 
 def run_metrics(run_dir: str | Path) -> dict[str, float]:
-    """The metrics of one run: ``test_metrics.json`` as it is, plus ``evaluation.json`` as ``eval/...`` floats."""
-    run_dir = Path(run_dir)
-    metrics: dict[str, float] = {}
-    test_file = run_dir / TEST_METRICS_FILE
-    if test_file.exists():
-        test = json.loads(test_file.read_text())
-        metrics.update({k: float(v) for k, v in test.items() if isinstance(v, int | float) and not isinstance(v, bool)})
-    timing_file = run_dir / TIMING_FILE  # StepTimer: step, backward and epoch time over the run
-    if test_file.exists() and timing_file.exists():
-        timing = json.loads(timing_file.read_text())
-        metrics.update({k: float(v) for k, v in timing.items() if k.startswith("time/")})
-    evaluation_file = run_dir / "evaluation" / EVALUATION_FILE
-    if evaluation_file.exists():
-        evaluation = json.loads(evaluation_file.read_text())
-        for section in EVALUATION_SECTIONS:
-            metrics.update(_flatten_floats(evaluation.get(section), f"eval/{section}"))
+    """The final metrics of one run (:meth:`vitlab.rundir.RunDir.final_metrics`); an error if it has none."""
+    metrics = RunDir(run_dir).final_metrics()
     if not metrics:
         raise ConfigError(
-            f"{run_dir} has no {TEST_METRICS_FILE} and no evaluation/{EVALUATION_FILE}: test the run "
+            f"{run_dir} has no {TEST_METRICS_FILE} and no {EVALUATION_DIR}/{EVALUATION_FILE}: test the run "
             f"(`vitlab test {run_dir}`) or evaluate it (`vitlab evaluate {run_dir}`) first"
         )
     return metrics
@@ -120,10 +87,7 @@ def compare_runs(
         raise ConfigError(f"pairs must be one of {', '.join(PAIRINGS)}, got {pairs!r}")
     groups: dict[str, dict[str, Any]] = {}
     for run_dir in map(Path, run_dirs):
-        config_file = run_dir / "config.yaml"
-        if not config_file.exists():
-            raise ConfigError(f"{run_dir} is not a run directory (no config.yaml); pass folders that `vitlab fit` made")
-        config = yaml.safe_load(config_file.read_text()) or {}
+        config = RunDir(run_dir).config_dict()
         group = groups.setdefault(_group_label(config, group_by, run_dir), {"runs": [], "seeds": [], "values": {}})
         group["runs"].append(str(run_dir))
         group["seeds"].append((config.get("run") or {}).get("seed"))

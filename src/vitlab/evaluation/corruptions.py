@@ -1,6 +1,6 @@
 """Image corruptions at CIFAR-10-C's parameters for 32x32 images (Hendrycks & Dietterich 2019), severities 1-5.
 
-CET-ViT card, "OOD robustness" (spec cetvit.md section 6). Every corruption is a pure function of a batch
+CET-ViT v4 model card, "OOD robustness". Every corruption is a pure function of a batch
 ``x: [B, C, H, W]`` with values in [0, 1]; the result is clipped back to [0, 1], as CIFAR-C does.
 """
 

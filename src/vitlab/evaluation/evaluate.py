@@ -1,6 +1,6 @@
-"""The evaluation suite of a trained classifier: ``evaluate_run(run_dir)`` (spec ``cetvit.md`` section 6).
+"""The evaluation suite of a trained classifier: ``evaluate_run(run_dir)``.
 
-CET-ViT card: "Results", "Calibration", "OOD robustness", "Reversibility vs accuracy". On the test set of the
+CET-ViT v4 model card: "Results", "Calibration", "OOD robustness", "Reversibility vs accuracy". On the test set of the
 run's data: top-1 / top-5 accuracy, NLL and ECE (15 equal-width bins); a temperature fitted on one half of the
 validation set and evaluated on the other half, then applied to the test set, with a reliability diagram before and
 after; test-time augmentation over fixed views; accuracy under the CIFAR-C corruptions at every severity; per-class
@@ -13,9 +13,9 @@ corruptions act on real pixels, then is normalised with the statistics the model
 
 from __future__ import annotations
 
-import json
+import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,21 +27,29 @@ from torch.utils.data import DataLoader
 
 from vitlab.config import DataConfig, deep_merge, from_dict, parse_overrides, to_dict
 from vitlab.data import VisionDataModule, build_datamodule, denormalize
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.data import normalize as normalize_pixels
+from vitlab.errors import ConfigError
 from vitlab.evaluation.calibration import calibration_split_eval, expected_calibration_error, reliability_diagram
 from vitlab.evaluation.corruptions import CORRUPTIONS, apply_corruption
-from vitlab.evaluation.stats import correlation_report
+from vitlab.evaluation.stats import correlation_report, per_class_mean
 from vitlab.export import load_model, model_from_checkpoint
-from vitlab.jsonio import strict_dumps
 from vitlab.losses.ei import reversibility
 from vitlab.models.cet_vit import slot_usage_k
+from vitlab.rundir import (
+    EVALUATION_DIR,
+    EVALUATION_FILE,
+    EXPORT_CONFIG_FILE,
+    RunDir,
+    atomic_write_json,
+    locate_model,
+    read_json,
+)
 
 N_BINS = 15  # ECE bins (card: "Calibration"; Guo et al. 2017)
 TOP_K = 5
 SEVERITIES = (1, 2, 3, 4, 5)
 #: datasets whose classes survive a horizontal flip (natural images); digits, MNIST and SVHN do not
 FLIP_INVARIANT_DATASETS = frozenset({"cifar10", "cifar100", "celeba", "tiny-imagenet"})
-EVALUATION_FILE = "evaluation.json"
 RELIABILITY_FILE = "reliability.png"
 
 
@@ -166,16 +174,6 @@ def classification_metrics(
     }
 
 
-def per_class_mean(values: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean of ``values: [B]`` over the images of each class (``labels: [B]``) -> ``(means [K], counts [K])``.
-
-    Classes without images get NaN.
-    """
-    counts = torch.bincount(labels, minlength=num_classes)
-    sums = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, labels, values.to(torch.float64))
-    return torch.where(counts > 0, sums / counts.clamp_min(1), torch.nan), counts
-
-
 def _finite(value: float) -> float | None:
     """JSON has no NaN: missing values (a class without test images) are written as null."""
     return None if math.isnan(value) else value
@@ -198,27 +196,6 @@ class EvaluationTarget:
     out_dir: Path
     source: Path
     train_hflip: bool
-
-
-def _locate(path: Path) -> tuple[Path | None, Path]:
-    """``(run directory or None, model source)`` for a run directory, an export folder or a checkpoint."""
-    if path.is_file():
-        run_dir = path.parent.parent
-        return (run_dir if (run_dir / "config.yaml").exists() else None), path
-    if not path.is_dir():
-        raise ConfigError(f"{path} does not exist; pass a run directory, its export/ folder or a .ckpt file")
-    if (path / "config.json").exists():
-        return (path.parent if (path.parent / "config.yaml").exists() else None), path
-    if (path / "config.yaml").exists():
-        for candidate in (path / "export", path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt"):
-            if candidate.exists():
-                return path, candidate
-        raise CheckpointError(
-            f"run directory {path} holds no export/ folder and no checkpoint; train it to the end or `vitlab export` it"
-        )
-    raise ConfigError(
-        f"{path} is neither a run directory (config.yaml), an exported model (config.json) nor a checkpoint"
-    )
 
 
 def _data_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
@@ -251,20 +228,18 @@ def load_evaluation_target(
     ``model_overrides``: constructor options that leave the weights alone (``{"tome_r": 8}``); see
     :func:`vitlab.export.load_model`.
     """
-    from vitlab.training.run import load_run_config
-
-    path = Path(path)
-    run_dir, source = _locate(path)
+    location = locate_model(path)
+    run_dir, source = location.run_dir, location.source
     stored_data: dict[str, Any] | None = None
     if source.is_dir():
         model = load_model(source, map_location=device, overrides=dict(model_overrides or {}))
-        info = json.loads((source / "config.json").read_text()).get("data") or {}
+        info = read_json(source / EXPORT_CONFIG_FILE).get("data") or {}
     else:
         model, hparams = model_from_checkpoint(source, dict(model_overrides or {}))
         model = model.to(device).eval()
         info, stored_data = hparams["data_info"], hparams["config"].get("data")
     if run_dir is not None:
-        data_cfg = to_dict(load_run_config(run_dir).data)
+        data_cfg = to_dict(RunDir(run_dir).config().data)
     elif stored_data is not None:
         data_cfg = stored_data
     elif "dataset" in info:
@@ -289,7 +264,7 @@ def load_evaluation_target(
             )
     mean = tuple(info["mean"]) if "mean" in info else datamodule.mean
     std = tuple(info["std"]) if "std" in info else datamodule.std
-    out_dir = (run_dir if run_dir is not None else source if source.is_dir() else source.parent) / "evaluation"
+    out_dir = (run_dir if run_dir is not None else source if source.is_dir() else source.parent) / EVALUATION_DIR
     return EvaluationTarget(model, datamodule, mean, std, out_dir, source, data_cfg.augment.hflip)
 
 
@@ -308,17 +283,6 @@ def _pixel_batches(
         if max_batches is not None and index >= max_batches:
             return
         yield denormalize(x.to(device), data_mean, data_std), y.to(device)
-
-
-@dataclass
-class _Normalizer:
-    """[0, 1] pixels -> the model's input, with the statistics the model was trained with."""
-
-    mean: torch.Tensor
-    std: torch.Tensor
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        return (images - self.mean) / self.std
 
 
 @dataclass
@@ -341,7 +305,11 @@ def _cat(chunks: list[torch.Tensor]) -> torch.Tensor | None:
 
 @torch.inference_mode()
 def _predict_validation(
-    model: nn.Module, dm: VisionDataModule, normalize: _Normalizer, device: str | torch.device, max_batches: int | None
+    model: nn.Module,
+    dm: VisionDataModule,
+    normalize: Callable[[torch.Tensor], torch.Tensor],
+    device: str | torch.device,
+    max_batches: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validation logits ``[B, K]`` (float64, CPU) and labels ``[B]``."""
     logits, labels = [], []
@@ -360,7 +328,7 @@ def _predict_validation(
 def _predict_test(
     model: nn.Module,
     dm: VisionDataModule,
-    normalize: _Normalizer,
+    normalize: Callable[[torch.Tensor], torch.Tensor],
     *,
     views: list[View],
     corruptions: list[tuple[str, int]],
@@ -458,9 +426,7 @@ def evaluate_run(
     shift = default_tta_shift(dm.img_size) if tta_shift is None else tta_shift
     views = build_tta_views(tta_views, hflip=flip_allowed, shift=shift)
     corruption_names = list(CORRUPTIONS) if corruptions else []
-    normalize = _Normalizer(
-        torch.tensor(target.mean, device=device).view(-1, 1, 1), torch.tensor(target.std, device=device).view(-1, 1, 1)
-    )
+    normalize = functools.partial(normalize_pixels, mean=target.mean, std=target.std)  # the model's training stats
 
     val_logits, val_labels = _predict_validation(model, dm, normalize, device, max_batches)
     if val_logits.shape[1] != dm.num_classes:
@@ -541,8 +507,7 @@ def evaluate_run(
         ),
         "files": {"reliability": RELIABILITY_FILE},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / EVALUATION_FILE).write_text(strict_dumps(results, indent=2))
+    atomic_write_json(out / EVALUATION_FILE, results)
     return results
 
 

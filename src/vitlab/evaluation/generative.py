@@ -47,7 +47,7 @@ from torchmetrics import MeanSquaredError
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 from torchvision.utils import make_grid
 
-from vitlab.data import ImageSplit, NormalizeCollate, VisionDataModule, denormalize
+from vitlab.data import ImageSplit, NormalizeCollate, VisionDataModule, denormalize, normalize
 from vitlab.jsonio import strict_dumps
 from vitlab.models.vitcae import ViTCAE
 
@@ -205,13 +205,6 @@ def patch_mask_to_pixels(mask: Tensor, grid_size: tuple[int, int], patch_size: i
         raise ValueError(f"a {grid_h}x{grid_w} patch grid needs masks [B, {grid_h * grid_w}], got {list(mask.shape)}")
     grid = mask.view(-1, 1, grid_h, grid_w)
     return grid.repeat_interleave(patch_size, dim=2).repeat_interleave(patch_size, dim=3)
-
-
-def renormalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
-    """``[0, 1]`` images ``[B, C, H, W]`` -> the normalised space the model reads (the inverse of ``denormalize``)."""
-    mean_t = torch.as_tensor(mean, dtype=images.dtype, device=images.device).view(-1, 1, 1)
-    std_t = torch.as_tensor(std, dtype=images.dtype, device=images.device).view(-1, 1, 1)
-    return (images - mean_t) / std_t
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -471,7 +464,7 @@ def conditional_generation_task(
     for z_chunk in z_cls.split(CHUNK):
         decoded = denormalize(model.decode(z_chunk, sample_conditional_patches(model, z_chunk, generator)), mean, std)
         samples.append(decoded)
-        self_logits.append(model.head(model.encode(renormalize(decoded, mean, std)).mu_cls))
+        self_logits.append(model.head(model.encode(normalize(decoded, mean, std)).mu_cls))
     samples, self_logits = torch.cat(samples), torch.cat(self_logits)
     labels_on_device = labels.to(device)
     metrics = {

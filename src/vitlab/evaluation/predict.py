@@ -22,6 +22,7 @@ from torch import nn
 from vitlab.data.transforms import resize_to_square
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.export_formats import ClassifierGraph
+from vitlab.rundir import EXPORT_CONFIG_FILE, locate_model, read_json
 
 #: file suffixes taken from a folder (a file named on the command line is tried whatever its suffix)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -43,19 +44,17 @@ def load_predictor(target: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     directory, an export folder or a ``.ckpt`` file."""
     from vitlab.export import checkpoint_hparams, load_model, read_checkpoint
 
-    path = Path(target)
-    export = path / "export" if (path / "export" / "config.json").is_file() else path
-    if (export / "config.json").is_file():
-        meta = json.loads((export / "config.json").read_text())
+    source = locate_model(target).source
+    if source.is_dir():
+        meta = read_json(source / EXPORT_CONFIG_FILE)
         info = meta.get("data")
         if not info:
-            raise CheckpointError(f"{export / 'config.json'} has no data description; export it with `vitlab export`")
-        return load_model(export), info
-    ckpt = path
-    if path.is_dir():
-        ckpt = next((c for c in (path / "checkpoints" / n for n in ("best.ckpt", "last.ckpt")) if c.is_file()), path)
-    info = checkpoint_hparams(read_checkpoint(ckpt))["data_info"]
-    return load_model(ckpt), info
+            raise CheckpointError(
+                f"{source / EXPORT_CONFIG_FILE} has no data description; export it with `vitlab export`"
+            )
+        return load_model(source), info
+    info = checkpoint_hparams(read_checkpoint(source))["data_info"]
+    return load_model(source), info
 
 
 def image_files(inputs: Iterable[str | Path]) -> Iterator[Path]:

@@ -1,6 +1,6 @@
 """Statistics of the comparisons: seeds summaries, Welch's t-test, correlations with a bootstrap interval.
 
-CET-ViT card, "Results" and "Reversibility vs accuracy" (spec cetvit.md section 6): mean and standard deviation
+CET-ViT card, "Results" and "Reversibility vs accuracy" (CET-ViT v4 model card): mean and standard deviation
 over seeds, Welch's t-test between two models' seeds, and per-class Pearson / Spearman correlations with p-values
 and a 95% percentile-bootstrap confidence interval (Efron & Tibshirani 1993, ch. 13).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from scipy import stats
 
 ArrayLike = Sequence[float] | np.ndarray
@@ -96,3 +97,13 @@ def correlation_report(
         "n": len(sample_x),
         "n_boot_used": len(boot_r),
     }
+
+
+def per_class_mean(values: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean of ``values: [B]`` over the images of each class (``labels: [B]``) -> ``(means [K], counts [K])``.
+
+    Classes without images get NaN.
+    """
+    counts = torch.bincount(labels, minlength=num_classes)
+    sums = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, labels, values.to(torch.float64))
+    return torch.where(counts > 0, sums / counts.clamp_min(1), torch.nan), counts

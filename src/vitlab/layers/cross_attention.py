@@ -14,9 +14,9 @@ from torch import nn
 class CrossAttention(nn.Module):
     """Multi-head cross-attention: queries ``x: [B, N, C]`` attend to ``context: [B, M, C]`` -> ``[B, N, C]``.
 
-    In ViTCAE's decoder (spec section 3) the patch tokens are the queries and the ``M`` tokens made from ``z_cls``
-    the keys and values. With ``M = 1`` every softmax row is ``[1]`` and the output is the projected value of the
-    single context token, broadcast over the queries.
+    In ViTCAE's decoder (Jebraeeli, Krim, Cansever, "ViTCAE", arXiv 2509.16554) the patch tokens are the queries and
+    the ``M`` tokens made from ``z_cls`` the keys and values. With ``M = 1`` every softmax row is ``[1]`` and the
+    output is the projected value of the single context token, broadcast over the queries.
     """
 
     def __init__(

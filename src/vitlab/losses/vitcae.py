@@ -17,13 +17,20 @@ the KL/MMD blend of eq. 25 and for the temperature schedule of eq. 20; the blend
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from vitlab.models.vitcae import ViTCAEOutput, reparameterize
+if TYPE_CHECKING:  # losses sit below models: the model's output type only annotates
+    from vitlab.models.vitcae import ViTCAEOutput
 
 WAE_IMQ_SCALES: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+def reparameterize(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """A differentiable sample of ``N(mu, diag exp(logvar))``: ``mu + exp(logvar / 2) * eps``, any shape."""
+    return mu + (0.5 * logvar).exp() * torch.randn_like(mu)
 
 
 def reconstruction_loss(x: torch.Tensor, x_rec: torch.Tensor, lambda_l1: float, lambda_l2: float) -> torch.Tensor:

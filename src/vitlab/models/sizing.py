@@ -1,4 +1,5 @@
-"""Model size: parameters per part, FLOPs per image, and baselines matched in size to CET-ViT (spec section 5).
+"""Model size: parameters per part, FLOPs per image, and baselines matched in size to CET-ViT (CET-ViT v4 model
+card: "External baselines trained under an identical protocol").
 
 The card compares CET-ViT with Swin and a ToMe ViT "size-matched": within 2% of its parameter count. The matched
 presets below were found with :func:`match_width` (only the width changes; depth, heads and MLP ratio are those

@@ -1,6 +1,7 @@
 """Swin Transformer (Liu et al. 2021) for small inputs: timm's ``SwinTransformer`` behind vitlab's model contract.
 
-The CET-ViT card compares against a size-matched Swin "under an identical protocol" (spec section 5). On 32x32
+The CET-ViT v4 model card compares against a size-matched Swin "under an identical protocol" ("External
+baselines"). On 32x32
 images Swin needs small patches and windows: patch 2 gives the same 16x16 grid of 256 tokens that CET-ViT's
 micro encoder sees, and a window of 4 splits it into 16 windows; each later stage halves the grid by patch
 merging (16 -> 8 -> 4 -> 2 with four stages). A window larger than a stage's grid shrinks to the grid (then no shift).

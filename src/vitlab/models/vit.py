@@ -7,7 +7,10 @@ Weights are key-compatible with timm's ``VisionTransformer`` of the same shape (
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.errors import ConfigError
@@ -101,7 +104,7 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
-        self.apply(_init_weights)
+        self.apply(functools.partial(init_weights_vit_timm, needs_reset=False))  # timm's ViT init: Linear layers
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -160,13 +163,6 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _init_weights(m: nn.Module) -> None:
-    if isinstance(m, nn.Linear):
-        trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-
-
 _VIT_SIZES = {
     "vit_pico": dict(embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0),
     "vit_nano": dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0),
@@ -177,8 +173,8 @@ _VIT_SIZES = {
 }
 for _name, _kw in _VIT_SIZES.items():
     register_preset(_name, VisionTransformer, f"ViT classifier, width {_kw['embed_dim']}, depth {_kw['depth']}", **_kw)
-# Token Merging with the paper's r = 8 per block (spec section 5) on the ViTs that train on a CPU; the same weights as
-# the plain preset of the same size.
+# Token Merging with r = 8 per block, the ToMe baseline of the CET-ViT v4 model card ("External baselines"), on the
+# ViTs that train on a CPU; the same weights as the plain preset of the same size.
 for _size in ("pico", "nano", "tiny"):
     register_preset(
         f"tome_{_size}",

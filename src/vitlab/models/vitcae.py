@@ -23,10 +23,12 @@ from dataclasses import dataclass
 import torch
 from einops import rearrange
 from timm.layers import DropPath, Mlp
+from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.layers import Attention, CrossAttention, trunc_normal_
 from vitlab.layers.attention import TemperatureForm
+from vitlab.losses.vitcae import reparameterize
 from vitlab.models.registry import register_preset
 from vitlab.models.vit import VisionTransformer, check_patch_grid
 
@@ -70,11 +72,6 @@ class ViTCAEOutput:
     prior_mu_pt: torch.Tensor
     prior_logvar_pt: torch.Tensor
     pt_estimate: torch.Tensor
-
-
-def reparameterize(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-    """A differentiable sample of ``N(mu, diag exp(logvar))``: ``mu + exp(logvar / 2) * eps``, any shape."""
-    return mu + (0.5 * logvar).exp() * torch.randn_like(mu)
 
 
 def unpatchify(tokens: torch.Tensor, grid_size: tuple[int, int], patch_size: int) -> torch.Tensor:
@@ -246,7 +243,7 @@ class ViTCAE(nn.Module):
         self.decoder_embed = nn.Linear(patch_latent_dim, decoder_dim)
         self.decoder_pos_embed = nn.Parameter(torch.zeros(1, self.num_patches, decoder_dim))
         self.cond_embed = nn.Linear(latent_dim, num_cond_tokens * decoder_dim)
-        dpr = torch.linspace(0, drop_path_rate, decoder_depth).tolist()
+        dpr = [drop_path_rate * i / max(decoder_depth - 1, 1) for i in range(decoder_depth)]  # meta-device safe
         self.decoder_blocks = nn.ModuleList(
             DecoderBlock(
                 decoder_dim,
@@ -266,7 +263,7 @@ class ViTCAE(nn.Module):
         trunc_normal_(self.decoder_pos_embed, std=0.02)
         for name, module in self.named_children():
             if name != "encoder":  # the encoder initialises itself
-                module.apply(_init_weights)
+                module.apply(init_weights_vit_timm)  # timm's ViT init; FiLM's reset_parameters restores its identity
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -343,15 +340,6 @@ class ViTCAE(nn.Module):
             prior_logvar_pt=prior_logvar_pt,
             pt_estimate=self.estimate_patches(z_cls),
         )
-
-
-def _init_weights(m: nn.Module) -> None:
-    if isinstance(m, nn.Linear):
-        trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-    elif isinstance(m, FiLM):  # ``apply`` visits children first, so this restores FiLM's identity start
-        m.reset_parameters()
 
 
 _VITCAE_SIZES = {

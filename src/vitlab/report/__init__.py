@@ -1,5 +1,11 @@
-"""Run reports: one self-contained HTML page per run, or per comparison of runs (``vitlab report``)."""
+"""Run reports: one self-contained HTML page per run, or per comparison of runs (``vitlab report``).
 
-from vitlab.report.html import REPORT_FILE, write_report
+``collect`` (run directories in, plain page data out), ``figures`` (matplotlib), ``templates/`` (Jinja2 with
+autoescape, and the stylesheet) and ``render`` (the page data and figures through the template into one file).
+"""
 
-__all__ = ["REPORT_FILE", "write_report"]
+from vitlab.report.collect import Page, collect, collect_comparison, collect_run
+from vitlab.report.render import render, write_report
+from vitlab.rundir import REPORT_FILE
+
+__all__ = ["REPORT_FILE", "Page", "collect", "collect_comparison", "collect_run", "render", "write_report"]

@@ -21,34 +21,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
 from vitlab.jsonio import strict_dumps
-
-
-def _umask_mode() -> int:
-    """The mode a plain ``open()`` would give a new file (mkstemp's 0600 would hide reports from colleagues)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a reader never sees a partial file (temp file in the same folder + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+from vitlab.rundir import DDP_CHECK_FILE, STEPS_FILE, TIMING_FILE, atomic_write_text, umask_mode
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -61,7 +34,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         os.close(fd)
         try:
             torch.save(checkpoint, tmp)
-            os.chmod(tmp, _umask_mode())
+            os.chmod(tmp, umask_mode())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -69,7 +42,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 STEP_PREFIX = "train_step/"  # per-step values (the task logs them on_step); they go to steps.jsonl
-STEPS_FILE = "steps.jsonl"
 
 
 class JSONLinesLogger(Logger):
@@ -155,29 +127,6 @@ class FlushMetrics(pl.Callback):
                 logger.flush()
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a ``metrics.jsonl``; lines of the same epoch (e.g. before and after a resume) are merged."""
-    return _read_merged(path, "epoch")
-
-
-def read_steps(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a ``steps.jsonl`` (``step``, ``epoch``, ``loss``, ``lr``) in step order; a step logged again after a
-    resume keeps its last values."""
-    return _read_merged(path, "step")
-
-
-def _read_merged(path: str | Path, key: str) -> list[dict[str, Any]]:
-    rows: dict[int, dict[str, Any]] = {}
-    path = Path(path)
-    if not path.exists():
-        return []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            rows.setdefault(rec[key], {}).update(rec)
-    return [rows[k] for k in sorted(rows)]
-
-
 class EpochSeed(pl.Callback):
     """Re-seed every RNG at the start of each epoch from ``(seed, epoch)``.
 
@@ -214,12 +163,9 @@ class DDPConsistencyCheck(pl.Callback):
         in_sync = bool((gathered == gathered[0]).all())
         if trainer.is_global_zero:
             record = {"world_size": trainer.world_size, "in_sync": in_sync, "checksums": gathered.sum(1).tolist()}
-            atomic_write_text(self.run_dir / "ddp_check.json", json.dumps(record, indent=2))
+            atomic_write_text(self.run_dir / DDP_CHECK_FILE, json.dumps(record, indent=2))
             if not in_sync:
                 rank_zero_only(print)("WARNING: DDP replicas ended with different weights; see ddp_check.json")
-
-
-TIMING_FILE = "timing.json"
 
 
 class StepTimer(pl.Callback):

@@ -15,7 +15,8 @@ from vitlab.training.tasks import ClassificationTask
 
 @dataclass
 class CETLossConfig:
-    """The ``loss:`` section for CET-ViT (card: "EI loss, as actually implemented"; spec sections 2-3).
+    """The ``loss:`` section for CET-ViT (CET-ViT v4 model card: "EI loss, as actually
+    implemented", and Disclosure 1 on Dynamic K).
 
     ``lambda_ei`` ramps from 0 at epoch ``ei_start`` to its final value at ``ei_end`` along a cosine (the card's first
     release: 0.05, epochs 50 -> 200 of 300). ``lambda_k`` weights ``E[K] / K_max`` of the Dynamic-K estimator.

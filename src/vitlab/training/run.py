@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import inspect
-import json
 import os
-import platform
-import shutil
 import signal
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -25,15 +21,23 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from vitlab.config import ConfigError, RunConfig, deep_merge, dump_yaml, from_dict, parse_overrides, to_dict
+from vitlab.config import ConfigError, RunConfig, from_dict, to_dict
 from vitlab.data import VisionDataModule, build_datamodule
 from vitlab.diagnostics.controller import DynamicsController
 from vitlab.errors import VitlabError
-from vitlab.export import CheckpointError, export_model, read_checkpoint
-from vitlab.jsonio import strict_dumps
+from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.models.registry import constructor_args, create_model, get_preset
+from vitlab.rundir import (
+    METRICS_FILE,
+    RUN_DIR_ENV,
+    RUN_OUTPUTS,
+    TENSORBOARD_DIR,
+    TEST_METRICS_FILE,
+    RunDir,
+    config_with_overrides,
+    locate_checkpoint,
+)
 from vitlab.training.callbacks import (
-    TIMING_FILE,
     AtomicCheckpointIO,
     DDPConsistencyCheck,
     EpochLines,
@@ -42,77 +46,15 @@ from vitlab.training.callbacks import (
     JSONLinesLogger,
     ProgressBar,
     StepTimer,
-    atomic_write_text,
     quiet_lightning,
 )
 from vitlab.training.finetune import setup_finetuning
 from vitlab.training.tasks import BaseTask, ClassificationTask
 
-RUN_DIR_ENV = "VITLAB_RUN_DIR"
+__all__ = ["RUN_OUTPUTS", "RunDirError", "RunInterrupted", "evaluate", "fit", "make_run_dir", "resolve_resume"]
 
 
 # -------------------------------------------------------------------------------------------------------------------
-def environment() -> dict[str, Any]:
-    """Versions, git revision and hardware, for ``env.json``."""
-    import lightning
-    import timm
-    import torchvision
-
-    import vitlab
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
-            return out.stdout.strip() if out.returncode == 0 else None
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-
-    return {
-        "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "command": sys.argv,
-        "versions": {
-            "python": platform.python_version(),
-            "vitlab": vitlab.__version__,
-            "torch": torch.__version__,
-            "torchvision": torchvision.__version__,
-            "timm": timm.__version__,
-            "lightning": lightning.__version__,
-        },
-        "git": {"revision": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))},
-        "hardware": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        },
-    }
-
-
-#: what ``vitlab fit`` (and the commands that add to a run) write into a run directory; ``run.overwrite=true``
-#: removes these before a new run starts there, and nothing else
-RUN_OUTPUTS = (
-    "config.yaml",
-    "env.json",
-    "metrics.jsonl",
-    "steps.jsonl",
-    TIMING_FILE,
-    "test_metrics.json",
-    "ddp_check.json",
-    "dynamics.jsonl",
-    "report.html",
-    "tb",
-    "checkpoints",
-    "export",
-    "generate",
-    "dynamics",
-    "evaluation",
-    "evaluation-*",  # `vitlab evaluate --model KEY=VALUE` writes evaluation-KEY=VALUE/
-)
-#: any of these means the folder already holds a run
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")
-
-
 class RunDirError(VitlabError, OSError):
     """The run directory cannot be used as asked (it holds another run, or it cannot be written)."""
 
@@ -128,24 +70,12 @@ def _is_launching_process() -> bool:
     )
 
 
-def _holds_run(path: Path) -> bool:
-    return path.is_dir() and any((path / name).exists() for name in RUN_MARKERS)
-
-
-def _clear_run_outputs(path: Path) -> None:
-    for pattern in RUN_OUTPUTS:
-        for target in path.glob(pattern):
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            else:
-                target.unlink()
-
-
 def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
     """The run directory, created and checked: ``run.dir`` if set, else ``<run.root>/<run.name>-<timestamp>``.
 
     A folder that already holds a run is refused unless the run resumes it (``--resume``) or ``run.overwrite`` is
-    set (which removes that run's outputs, :data:`RUN_OUTPUTS`, and nothing else); two runs never mix their files.
+    set (which removes that run's outputs, :data:`vitlab.rundir.RUN_OUTPUTS`, and nothing else); two runs never mix
+    their files.
     An unwritable location is a :class:`RunDirError` that names it. DDP children started by Lightning inherit
     ``VITLAB_RUN_DIR`` so every process writes to the same folder.
     """
@@ -161,13 +91,13 @@ def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
             while path.exists():  # two runs started in the same second get their own folders
                 path, n = base.with_name(f"{base.name}-{n}"), n + 1
     if _is_launching_process():
-        if _holds_run(path) and not resuming:
+        if RunDir(path).holds_run() and not resuming:
             if not cfg.run.overwrite:
                 raise RunDirError(
                     f"run directory {path} already holds a run; continue it with `vitlab fit --resume {path}`, "
                     "choose another run.dir, or set run.overwrite=true to replace that run's files"
                 )
-            _clear_run_outputs(path)
+            RunDir(path).clear_outputs()
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -187,7 +117,7 @@ def resolve_resume(target: str | Path) -> tuple[Path, Path]:
     """``(run_dir, checkpoint)`` for ``--resume TARGET``: a run directory (its ``last.ckpt``) or a ``.ckpt`` file."""
     target = Path(target).expanduser()
     if target.is_dir():
-        ckpt = target / "checkpoints" / "last.ckpt"
+        ckpt = RunDir(target).last_checkpoint
         if not ckpt.is_file():
             raise RunDirError(
                 f"--resume {target}: the folder has no checkpoints/last.ckpt; pass the run directory `vitlab fit` "
@@ -295,7 +225,7 @@ def build_task(cfg: RunConfig, model: torch.nn.Module, hparams: dict[str, Any]) 
 
 def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callback]:
     monitor, mode = task.monitor
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = RunDir(run_dir).checkpoints_dir
     callbacks: list[pl.Callback] = [
         ModelCheckpoint(
             dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1, enable_version_counter=False
@@ -333,7 +263,10 @@ def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback]) ->
         gradient_clip_val=cfg.optim.grad_clip,
         gradient_clip_algorithm="norm",
         callbacks=callbacks,
-        logger=[TensorBoardLogger(str(run_dir), name="tb", version=""), JSONLinesLogger(run_dir / "metrics.jsonl")],
+        logger=[
+            TensorBoardLogger(str(run_dir), name=TENSORBOARD_DIR, version=""),
+            JSONLinesLogger(run_dir / METRICS_FILE),
+        ],
         plugins=[AtomicCheckpointIO()],
     )
     share_cpu_threads(trainer)
@@ -383,9 +316,10 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     finetune_callbacks = setup_finetuning(cfg, model, task.monitor)
     trainer = make_trainer(cfg, run_dir, _callbacks(cfg, run_dir, task) + finetune_callbacks + list(callbacks or []))
 
+    run = RunDir(run_dir)
     if trainer.is_global_zero:
-        atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
-        atomic_write_text(run_dir / "env.json", json.dumps(environment(), indent=2))
+        run.write_config(cfg)
+        run.write_env()
 
     if trainer.is_global_zero:
         print(model_line(cfg.model["name"], model), flush=True)
@@ -407,15 +341,15 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
                 f"from its last checkpoint with: vitlab fit --resume {run_dir}"
             ) from None
         if cfg.run.test:
-            best = run_dir / "checkpoints" / "best.ckpt"
+            best = run.best_checkpoint
             results = trainer.test(
                 task, datamodule=dm, ckpt_path=str(best) if best.exists() else None, verbose=False, weights_only=True
             )
             if trainer.is_global_zero and results:
-                atomic_write_text(run_dir / "test_metrics.json", strict_dumps(results[0], indent=2))
+                run.write_json(TEST_METRICS_FILE, results[0])
     if trainer.is_global_zero:
         if cfg.run.export:
-            export_model(task.model, run_dir / "export", {"data": info}, force=True)  # the run's own folder
+            export_model(task.model, run.export_dir, {"data": info}, force=True)  # the run's own folder
         task.on_run_end(run_dir, dm)
         if cfg.run.report:
             from vitlab.report import write_report
@@ -424,30 +358,11 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     return run_dir
 
 
-def load_run_config(run_dir: str | Path) -> RunConfig:
-    """The resolved config of a run directory."""
-    import yaml
-
-    path = Path(run_dir) / "config.yaml"
-    if not path.exists():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml); pass the folder `vitlab fit` printed")
-    return from_dict(RunConfig, yaml.safe_load(path.read_text()))
-
-
 def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | None = None) -> dict[str, float]:
     """Run the validation or test loop of a run directory (best checkpoint) or a ``.ckpt`` file."""
-    target = Path(target)
-    if target.is_dir():
-        ckpt = target / "checkpoints" / "best.ckpt"
-        if not ckpt.exists():
-            ckpt = target / "checkpoints" / "last.ckpt"
-    else:
-        ckpt = target
-    ckpt_data = read_checkpoint(ckpt)
-    hp = ckpt_data.get("hyper_parameters") or {}
-    if "config" not in hp:
-        raise CheckpointError(f"{ckpt} has no vitlab config; was it written by vitlab fit?")
-    cfg = from_dict(RunConfig, deep_merge(hp["config"], parse_overrides(overrides or [])))
+    ckpt = locate_checkpoint(target)
+    hp = checkpoint_hparams(read_checkpoint(ckpt))
+    cfg = config_with_overrides(hp["config"], overrides)
     dm = build_datamodule(cfg.data)
     model = create_model(cfg.model["name"], **hp["model_kwargs"])
     task = build_task(cfg, model, hp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import math
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
+from timm.optim import param_groups_weight_decay
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -23,14 +25,17 @@ class NonFiniteLossError(VitlabError, FloatingPointError):
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no decay for biases, norms (1-D tensors), embeddings and temperatures
-    (``model.no_weight_decay()``)."""
+    """AdamW groups by timm's ``param_groups_weight_decay``: no decay for biases, norms (1-D tensors), embeddings and
+    temperatures (``model.no_weight_decay()``, by full or last name).
+
+    Always two groups, decay first (also at ``weight_decay=0``, where timm would make one): the layout the optimizer
+    state of every checkpoint has, and the one ``training.finetune.layer_decay_groups`` splits.
+    """
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim <= 1 or name in skip or name.split(".")[-1] in skip else decay).append(p)
+    excluded = [name for name, _ in model.named_parameters() if name in skip or name.rsplit(".", 1)[-1] in skip]
+    split = param_groups_weight_decay(model, weight_decay=1.0, no_weight_decay_list=[glob.escape(n) for n in excluded])
+    decay = [p for group in split if group["weight_decay"] > 0 for p in group["params"]]
+    no_decay = [p for group in split if group["weight_decay"] == 0 for p in group["params"]]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -1,0 +1,256 @@
+"""Timing: networks and a matrix-multiply peak measured alternately, round after round, and summarised per round."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitlab.acceleration import adamw, compile_network
+from vitlab.bench.flops import training_flops_per_image
+from vitlab.bench.specs import CLOCKS, PHASES, check_settings
+from vitlab.models.sizing import input_shape_of
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Timing
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast context of a Lightning-style ``precision``: none for ``32-true``, bf16 for ``bf16-mixed``."""
+    if precision == "32-true":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Runner:
+    """How a network is run: ``compile`` ``"none"`` (eager), ``"blocks"`` (vitlab's ``trainer.compile``,
+    :func:`vitlab.acceleration.compile_network`) or ``"model"`` (``torch.compile`` of the whole network, what a timm
+    user writes), with ``mode`` and ``backend``; ``fused``: AdamW's implementation (``"auto"``, ``True``, ``False``:
+    torch's default, :func:`vitlab.acceleration.adamw`)."""
+
+    compile: Literal["none", "blocks", "model"] = "none"
+    mode: str | None = None
+    backend: str = "inductor"
+    fused: bool | str = False
+
+    def describe(self) -> str:
+        how = {"none": "eager", "blocks": "compiled blocks", "model": "torch.compile(model)"}[self.compile]
+        if self.compile != "none" and self.mode not in (None, "default"):
+            how += f" ({self.mode})"
+        return f"{how}, AdamW {'fused=' + str(self.fused) if self.fused is not False else 'torch default'}"
+
+
+class Subject:
+    """One network under measurement: the (optionally compiled) module, its AdamW, a fixed batch and targets."""
+
+    def __init__(
+        self, network: nn.Module, *, batch_size: int, precision: str, device: torch.device, runner: Runner = Runner()
+    ):
+        self.network = network.to(device)
+        self.precision, self.device = precision, device
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(batch_size, *input_shape_of(network), generator=generator).to(device)
+        with torch.no_grad():  # before compiling: a batch of one would be a graph the timing never uses
+            width = self.network(self.x[:1]).shape[-1]
+        # Cross-entropy over the output's last axis: logits of a classifier, pooled features of a headless encoder.
+        self.y = torch.randint(0, width, (batch_size,), generator=generator).to(device)
+        self.runnable = self.network
+        if runner.compile == "blocks":
+            compile_network(self.network, mode=runner.mode, backend=runner.backend)
+        elif runner.compile == "model":
+            mode = None if runner.mode == "default" else runner.mode
+            self.runnable = torch.compile(self.network, mode=mode, backend=runner.backend)
+        self.optimizer = adamw(list(self.network.parameters()), lr=1e-4, weight_decay=0.05, fused=runner.fused)
+
+    def train_step(self) -> None:
+        self.network.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.precision, self.device):
+            logits = self.runnable(self.x)
+        F.cross_entropy(logits.float(), self.y).backward()
+        self.optimizer.step()
+
+    def inference(self) -> None:
+        self.network.eval()
+        with torch.inference_mode(), autocast(self.precision, self.device):
+            self.runnable(self.x)
+
+
+class _Matmul:
+    """A square matrix multiply ``[n, n] @ [n, n]`` (``2 n^3`` FLOPs), the peak the MFU is measured against."""
+
+    def __init__(self, size: int, precision: str, device: torch.device) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.a = torch.randn(size, size, generator=generator).to(device)
+        self.b = torch.randn(size, size, generator=generator).to(device)
+        self.precision, self.device = precision, device
+        self.flops = 2 * size**3
+
+    def __call__(self) -> None:
+        with autocast(self.precision, self.device):
+            self.a @ self.b
+
+
+@dataclass
+class _Task:
+    """A timed callable: ``calls`` per sample (set after the warm-up); per round, seconds per call on each clock."""
+
+    run: Callable[[], None]
+    calls: int = 1
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {clock: [] for clock in CLOCKS})
+
+
+def _time_calls(run: Callable[[], None], calls: int, device: torch.device) -> dict[str, float]:
+    """Seconds per call of ``run``: wall clock, and the CPU time of this process (all its threads)."""
+    _synchronize(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(calls):
+        run()
+    _synchronize(device)
+    return {"wall": (time.perf_counter() - wall) / calls, "cpu": (time.process_time() - cpu) / calls}
+
+
+def _measure_alternating(
+    tasks: dict[str, _Task], *, repeats: int, warmup: int, sample_seconds: float, device: torch.device
+) -> None:
+    """Warm each task up, size its samples to ``sample_seconds``, then time them round-robin, ``repeats`` rounds;
+    every other round runs in reverse order so that no task always follows the same one."""
+    for task in tasks.values():
+        per_call = min(_time_calls(task.run, 1, device)["wall"] for _ in range(max(warmup, 1)))
+        task.calls = max(1, round(sample_seconds / per_call))
+    order = list(tasks)
+    for round_index in range(repeats):
+        for name in order if round_index % 2 == 0 else reversed(order):
+            for clock, seconds in _time_calls(tasks[name].run, tasks[name].calls, device).items():
+                tasks[name].seconds[clock].append(seconds)
+
+
+def quartile_summary(values: list[float]) -> dict[str, float]:
+    """Median, quartiles (inclusive method), min, max and count of ``values``."""
+    ordered = sorted(values)
+    if len(ordered) > 1:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return {
+        "median": statistics.median(ordered),
+        "q1": q1,
+        "q3": q3,
+        "min": ordered[0],
+        "max": ordered[-1],
+        "n": len(ordered),
+    }
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run with ``threads`` intra-op threads (None: leave the setting), restoring the previous count after."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def measure_networks(
+    networks: dict[str, nn.Module],
+    *,
+    batch_size: int = 64,
+    precision: str = "32-true",
+    device: str | torch.device = "cpu",
+    compile: bool = False,
+    runners: dict[str, Runner] | None = None,
+    repeats: int = 5,
+    warmup: int = 2,
+    sample_seconds: float = 0.5,
+    matmul_size: int = 1024,
+) -> dict[str, Any]:
+    """Time the training step and the inference of each network and the matmul peak, alternating (module doc).
+
+    ``runners``: how each network runs (:class:`Runner`; a network without one runs eager, with torch's AdamW, or
+    with ``compile=True`` as ``torch.compile`` of the whole network).
+
+    Returns ``{"clocks", "matmul_peak": {"size", "precision", "flops_per_s": {clock: summary}}, "networks": {name:
+    {"parameters", "flops_per_image", "train": {clock: ...}, "inference": {clock: ...}}}}`` plus, for bf16 runs,
+    ``"matmul_peak_fp32"``. Clocks: ``wall`` and, on CPU, ``cpu`` (process CPU time, see :data:`CLOCKS`). Each
+    phase and clock holds ``images_per_s`` and ``mfu`` (and ``mfu_vs_fp32_peak`` for bf16) summaries over the
+    rounds, and the raw ``seconds_per_batch`` per round, in round order, for :func:`round_ratio`.
+    """
+    check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
+    device = torch.device(device)
+    clocks = CLOCKS if device.type == "cpu" else ("wall",)  # CUDA runs asynchronously: the host's CPU time is no clock
+    flops = {name: training_flops_per_image(network.to(device)) for name, network in networks.items()}
+    peak_precisions = [precision] if precision == "32-true" else [precision, "32-true"]
+    matmuls = {p: _Matmul(matmul_size, p, device) for p in peak_precisions}
+    tasks = {f"matmul {p}": _Task(matmul) for p, matmul in matmuls.items()}
+    default = Runner(compile="model") if compile else Runner()
+    runners = {name: (runners or {}).get(name, default) for name in networks}
+    for name, network in networks.items():
+        subject = Subject(network, batch_size=batch_size, precision=precision, device=device, runner=runners[name])
+        tasks[f"{name} train"] = _Task(subject.train_step)
+        tasks[f"{name} inference"] = _Task(subject.inference)
+    _measure_alternating(tasks, repeats=repeats, warmup=warmup, sample_seconds=sample_seconds, device=device)
+
+    peak_flops = {
+        (p, clock): [matmul.flops / s for s in tasks[f"matmul {p}"].seconds[clock]]
+        for p, matmul in matmuls.items()
+        for clock in clocks
+    }
+    result: dict[str, Any] = {"clocks": list(clocks)}
+    for p in peak_precisions:
+        result["matmul_peak" if p == precision else "matmul_peak_fp32"] = {
+            "size": matmul_size,
+            "precision": p,
+            "flops_per_s": {clock: quartile_summary(peak_flops[p, clock]) for clock in clocks},
+        }
+    result["networks"] = {}
+    for name, network in networks.items():
+        entry: dict[str, Any] = {
+            "parameters": sum(p.numel() for p in network.parameters()),
+            "flops_per_image": flops[name],
+            "runner": {**asdict(runners[name]), "description": runners[name].describe()},
+        }
+        for phase in PHASES:
+            work = flops[name]["training" if phase == "train" else "forward"] * batch_size
+            entry[phase] = {}
+            for clock in clocks:
+                seconds = tasks[f"{name} {phase}"].seconds[clock]
+                measured = {
+                    "images_per_s": quartile_summary([batch_size / s for s in seconds]),
+                    "mfu": _mfu(work, seconds, peak_flops[precision, clock]),
+                    "seconds_per_batch": seconds,
+                }
+                if precision != "32-true":
+                    measured["mfu_vs_fp32_peak"] = _mfu(work, seconds, peak_flops["32-true", clock])
+                entry[phase][clock] = measured
+        result["networks"][name] = entry
+    return result
+
+
+def _mfu(work: float, seconds: list[float], peaks: list[float]) -> dict[str, float]:
+    """Per round: ``work`` FLOPs in ``seconds`` over the matmul FLOP/s of the same round."""
+    return quartile_summary([work / s / peak for s, peak in zip(seconds, peaks, strict=True)])
+
+
+def round_ratio(
+    result: dict[str, Any], numerator: str, denominator: str, phase: str, clock: str = "wall"
+) -> dict[str, float]:
+    """Throughput of ``numerator`` over ``denominator`` in ``phase`` on ``clock``, formed per round, summarised
+    over the rounds (``>= 1``: the numerator is at least as fast)."""
+    top = result["networks"][numerator][phase][clock]["seconds_per_batch"]
+    bottom = result["networks"][denominator][phase][clock]["seconds_per_batch"]
+    return quartile_summary([b / t for t, b in zip(top, bottom, strict=True)])

@@ -1,0 +1,738 @@
+"""Collect a report: run directories in, plain data out (what the tests assert on).
+
+A :class:`Page` is a title, a subtitle, a row of key facts (cards) and :class:`Section`\\ s; a section is a list of
+blocks (:class:`Text`, :class:`Facts`, :class:`Table`, :class:`Figures`, :class:`Details`). A figure is either a
+PNG the run already holds (its bytes) or a :class:`Plot`: the name of a drawing in :mod:`vitlab.report.figures`
+and the plain data it draws. Nothing here draws or writes markup; a model runs only through
+:mod:`vitlab.diagnostics.images`.
+
+A run's page shows what its directory holds, each part only when the run has it: the resolved config and the
+environment; training and validation curves of every logged term (``metrics.jsonl``, ``steps.jsonl``); the test
+metrics; the evaluation suite (``evaluation/evaluation.json``); ViTCAE's generative grids and numbers (``generate/``);
+the attention dynamics (``dynamics.jsonl`` and its figures); attention maps and, for models with a token-to-slot
+assignment, segment maps of a few test images; and any other PNG or JSON in the run directory. A comparison page
+puts the final metrics of several runs in one table, lists the config keys in which they differ and overlays their
+curves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from vitlab.config import RunConfig, to_dict
+from vitlab.errors import ConfigError, VitlabError
+from vitlab.rundir import (
+    CONFIG_FILE,
+    DYNAMICS_DIR,
+    DYNAMICS_FILE,
+    ENV_FILE,
+    EVALUATION_DIR,
+    EVALUATION_FILE,
+    EXPORT_CONFIG_FILE,
+    GENERATE_DIR,
+    GENERATE_METRICS_FILE,
+    METRICS_FILE,
+    STEPS_FILE,
+    TEST_METRICS_FILE,
+    RunDir,
+    locate_model,
+    read_json,
+)
+
+ATTENTION_IMAGES = 4  # test images whose attention maps and segment maps are shown
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_JSON_BYTES = 100_000  # discovered JSON files up to this size are shown in full
+SKIPPED_DIRS = frozenset({"tb", "checkpoints", "export", "lightning_logs"})
+#: metrics whose best value is the largest (bold in the comparison table); ``LOWER_IS_BETTER`` the smallest
+HIGHER_IS_BETTER = ("acc", "accuracy", "top1", "top5", "psnr", "ssim", "psnr_gain", "mean_corrupted")
+LOWER_IS_BETTER = ("loss", "nll", "ece", "mse")
+#: final metrics left out of the comparison table (per-severity corruption numbers, the validation halves)
+DETAIL_METRICS = ("eval/corruptions/", "eval/calibration/")
+#: the ViTCAE grids of ``generate/`` (the files of ``vitlab.evaluation.generative.GRID_FILES``) and their captions
+GRID_CAPTIONS = {
+    "reconstruction": "Reconstruction: test images and their reconstructions.",
+    "conditional": "Class-conditional samples, one row per class.",
+    "interpolation": "Interpolation of the class latent between two test images of different classes.",
+    "inpainting": "Inpainting of randomly masked patches.",
+}
+DYNAMICS_CAPTIONS = {
+    "dynamics.png": "Drift d of each head's CLS attention between epochs (top) and consensus clusters (bottom).",
+    "temperature.png": "Temperature tau of every head over the epochs.",
+    "frozen.png": "Epoch at which each head was frozen.",
+    "comparison.png": "Baseline (left) and this run (right).",
+}
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# The data of a page
+# -------------------------------------------------------------------------------------------------------------------
+@dataclass
+class Plot:
+    """A figure to draw: ``kind`` names a drawing of :data:`vitlab.report.figures.DRAWINGS`, ``data`` its input."""
+
+    kind: str
+    data: dict[str, Any]
+
+
+@dataclass
+class Figure:
+    """One image: ``png`` (bytes of a file in the run) or ``plot`` (drawn when the page is rendered)."""
+
+    caption: str = ""
+    png: bytes | None = None
+    plot: Plot | None = None
+    wide: bool = True  # full width, or in a two-column grid with the other narrow figures of its block
+
+
+@dataclass
+class Text:
+    """Text: a paragraph, a ``heading`` of a part of a section, or ``pre``-formatted (a file's content)."""
+
+    kind: ClassVar[str] = "text"
+
+    text: str
+    style: str = "paragraph"  # paragraph | heading | pre
+
+
+def Heading(text: str) -> Text:  # a block constructor, read like the classes beside it
+    return Text(text, "heading")
+
+
+def Pre(text: str) -> Text:
+    return Text(text, "pre")
+
+
+@dataclass
+class Facts:
+    """Name/value pairs; ``one_column`` for text values (the environment)."""
+
+    kind: ClassVar[str] = "facts"
+
+    values: dict[str, Any]
+    one_column: bool = False
+
+
+@dataclass
+class Table:
+    """``rows`` of cells under ``header``; ``bold`` holds ``(row, column)`` cells (the best value of a metric)."""
+
+    kind: ClassVar[str] = "table"
+
+    header: list[str]
+    rows: list[tuple[Any, ...]]
+    bold: set[tuple[int, int]] = field(default_factory=set)
+
+
+@dataclass
+class Figures:
+    kind: ClassVar[str] = "figures"
+
+    figures: list[Figure]
+
+
+@dataclass
+class Details:
+    """A folded part: ``summary`` shown, ``blocks`` when opened."""
+
+    kind: ClassVar[str] = "details"
+
+    summary: str
+    blocks: list[Any]
+    open: bool = False
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    blocks: list[Any]
+
+    def find(self, kind: type) -> list[Any]:
+        """Every block of type ``kind`` in the section, folded ones included, in order."""
+        found = []
+        for block in self.blocks:
+            if isinstance(block, kind):
+                found.append(block)
+            if isinstance(block, Details):
+                found += Section("", "", block.blocks).find(kind)
+        return found
+
+    @property
+    def figures(self) -> list[Figure]:
+        return [figure for block in self.find(Figures) for figure in block.figures]
+
+    @property
+    def text(self) -> str:
+        """All the section's text, folded-part titles, table cells, fact names and values and figure captions, one
+        string (for searching)."""
+        parts = [b.text for b in self.find(Text)]
+        parts += [details.summary for details in self.find(Details)]
+        for facts in self.find(Facts):
+            parts += [f"{k} {v}" for k, v in facts.values.items()]
+        for table in self.find(Table):
+            parts += [" ".join(map(str, table.header))] + [" ".join(map(str, row)) for row in table.rows]
+        parts += [figure.caption for figure in self.figures]
+        return "\n".join(parts)
+
+
+@dataclass
+class Page:
+    title: str
+    subtitle: str
+    sections: list[Section]
+    cards: list[tuple[str, Any]] = field(default_factory=list)
+
+    @property
+    def section_ids(self) -> list[str]:
+        return [section.id for section in self.sections]
+
+    def section(self, section_id: str) -> Section:
+        for section in self.sections:
+            if section.id == section_id:
+                return section
+        raise KeyError(f"the page has no section {section_id!r}; it has {', '.join(self.section_ids)}")
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Reading a run directory
+# -------------------------------------------------------------------------------------------------------------------
+@dataclass
+class RunRecord:
+    """What a report reads from one run directory (each entry None or empty when the run does not have it)."""
+
+    path: Path
+    config: RunConfig
+    config_text: str
+    env: dict[str, Any] | None
+    metrics: list[dict[str, Any]]
+    test_metrics: dict[str, float] | None
+    steps: list[dict[str, Any]]
+    generate_metrics: dict[str, float] | None
+    evaluation: dict[str, Any] | None
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    name: str = ""
+    used_files: set[Path] = field(default_factory=set)
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> RunRecord:
+        run = RunDir(run_dir)
+        record = cls(
+            path=run.path,
+            config=run.config(),
+            config_text=run.config_file.read_text(),
+            env=run.env(),
+            metrics=run.metrics(),
+            test_metrics=run.test_metrics(),
+            steps=run.steps(),
+            generate_metrics=run.generate_metrics(),
+            evaluation=run.evaluation(),
+            final_metrics=run.final_metrics(),
+            name=run.path.resolve().name,
+        )
+        record.use(CONFIG_FILE, ENV_FILE, METRICS_FILE, STEPS_FILE, TEST_METRICS_FILE)
+        record.use(f"{GENERATE_DIR}/{GENERATE_METRICS_FILE}", f"{EVALUATION_DIR}/{EVALUATION_FILE}")
+        return record
+
+    def use(self, *relative: str | Path) -> None:
+        """Mark files as shown, so that the 'other outputs' section does not show them again."""
+        self.used_files.update((self.path / r).resolve() for r in relative)
+
+    def png(self, relative: str | Path) -> bytes | None:
+        """The bytes of a PNG in the run directory (marked as shown), or None if the file is absent or no PNG."""
+        file = self.path / relative
+        if not file.is_file():
+            return None
+        self.use(relative)
+        data = file.read_bytes()
+        if not data.startswith(PNG_SIGNATURE):
+            warnings.warn(f"report: {file} left out: not a PNG file (no PNG signature)", stacklevel=2)
+            return None
+        return data
+
+    @property
+    def model_name(self) -> str:
+        return str(self.config.model.get("name", "?"))
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Curves from metrics.jsonl
+# -------------------------------------------------------------------------------------------------------------------
+Series = tuple[list[float], list[float]]  # (epochs, values)
+PER_STEP = " (per step)"
+
+
+def curve_panels(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Series]]:
+    """Group the per-epoch rows of ``metrics.jsonl`` into panels of series: ``{panel: {series: (epochs, values)}}``.
+
+    ``train/<term>`` and ``val/<term>`` share the panel ``<term>`` (series ``train`` and ``val``); learning-rate keys
+    (``train/lr`` from vitlab's tasks; ``lr``, ``lr-AdamW``, ``lr-AdamW/pg1`` from Lightning's
+    ``LearningRateMonitor``) share the panel ``learning rate``;
+    any other key (``dynamics/mean_drift``) is a panel of its own. Panels come in the order loss, acc, learning rate,
+    then the other train/val terms, then the rest, each group sorted by name; in a panel, train comes before val.
+    ``epoch`` and ``step`` are the axis, not panels; values that are not finite numbers are left out.
+    """
+    panels: dict[str, dict[str, Series]] = {}
+    for row in rows:
+        epoch = row.get("epoch")
+        if epoch is None:
+            continue
+        for key, value in row.items():
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if key in ("epoch", "step") or not numeric or not math.isfinite(value):
+                continue
+            stage, _, term = key.partition("/")
+            if key == "train/lr":  # logged by vitlab's tasks
+                panel, series = "learning rate", "lr"
+            elif stage in ("train", "val") and term:
+                panel, series = term, stage
+            elif key == "lr" or key.startswith("lr-"):
+                panel, series = "learning rate", key
+            else:
+                panel, series = key, key
+            epochs, values = panels.setdefault(panel, {}).setdefault(series, ([], []))
+            epochs.append(float(epoch))
+            values.append(float(value))
+
+    train_val_first = {"train": 0, "val": 1}
+    return {
+        panel: {
+            name: panels[panel][name] for name in sorted(panels[panel], key=lambda s: (train_val_first.get(s, 2), s))
+        }
+        for panel in sorted(panels, key=lambda p: panel_rank(p, panels[p]))
+    }
+
+
+def add_step_series(
+    panels: dict[str, dict[str, Series]], steps: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]
+) -> dict[str, dict[str, Series]]:
+    """Add the per-step training loss and learning rate of ``steps.jsonl`` to the ``loss`` and ``learning rate``
+    panels (series ``train (per step)``, ``lr (per step)``), on the epoch axis: the last step of epoch ``e`` (the
+    ``step`` of its ``metrics.jsonl`` row) lands at ``e``, where the epoch's mean is drawn."""
+    ends = {int(row["epoch"]): int(row["step"]) for row in rows if row.get("step") is not None}
+    for key, panel, series in (("loss", "loss", "train" + PER_STEP), ("lr", "learning rate", "lr" + PER_STEP)):
+        xs, ys = [], []
+        for record in steps:
+            epoch, step, value = record.get("epoch"), record.get("step"), record.get(key)
+            if epoch not in ends or step is None or not isinstance(value, int | float) or not math.isfinite(value):
+                continue
+            start = ends.get(epoch - 1, -1)
+            xs.append(epoch - 1 + (step - start) / max(1, ends[epoch] - start))
+            ys.append(float(value))
+        if xs:
+            panels.setdefault(panel, {})[series] = (xs, ys)
+    return panels
+
+
+def panel_rank(panel: str, series: Iterable[str]) -> tuple[int, str]:
+    """Sort key of a panel: loss, acc, learning rate, then train/val terms, then other keys, each by name."""
+    first = {"loss": 0, "acc": 1, "learning rate": 2}
+    if panel in first:
+        return first[panel], panel
+    return (3 if {"train", "val"} & set(series) else 4), panel
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Sections of one run
+# -------------------------------------------------------------------------------------------------------------------
+def run_cards(run: RunRecord, parameters: int | None) -> list[tuple[str, Any]]:
+    """The page heading's key facts."""
+    cards: list[tuple[str, Any]] = [
+        ("model", run.model_name),
+        ("dataset", run.config.data.name),
+        ("epochs", len(run.metrics) or None),
+    ]
+    if parameters is not None:
+        cards.append(("parameters", f"{parameters / 1e6:.3g} M"))
+    for key in ("test/acc", "test/loss"):
+        if run.test_metrics and key in run.test_metrics:
+            cards.append((key, run.test_metrics[key]))
+    if run.evaluation:
+        cards.append(("test ECE", run.evaluation["test"]["ece"]))
+    return [(label, value) for label, value in cards if value is not None]
+
+
+def config_section(run: RunRecord) -> Section:
+    blocks: list[Any] = [Details("Resolved config (config.yaml)", [Pre(run.config_text)])]
+    if run.env is not None:
+        env = run.env
+        versions, hardware, git = env.get("versions", {}), env.get("hardware", {}), env.get("git", {})
+        rows = [
+            ("started", env.get("time")),
+            ("command", " ".join(env.get("command", []))),
+            ("git revision", f"{git.get('revision') or '?'}{' (uncommitted changes)' if git.get('dirty') else ''}"),
+            ("versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
+            ("platform", hardware.get("platform")),
+            ("CPUs", hardware.get("cpu_count")),
+            ("GPUs", ", ".join(hardware.get("cuda", [])) or "none"),
+        ]
+        facts = Facts({name: value for name, value in rows if value is not None}, one_column=True)
+        blocks.append(Details("Environment (env.json)", [facts, Pre(json.dumps(env, indent=2))]))
+    return Section("config", "Config and environment", blocks)
+
+
+def curves_section(run: RunRecord) -> Section | None:
+    panels = add_step_series(curve_panels(run.metrics), run.steps, run.metrics)
+    if not panels:
+        return None
+    note = "Per epoch, from metrics.jsonl: training (solid) and validation (dashed) values of every logged term."
+    if run.steps:
+        note += " In grey: the training loss and learning rate every trainer.log_every_n_steps steps (steps.jsonl)."
+    if "learning rate" not in panels:
+        note += " The run logged no learning rate."
+    figure = Figure(plot=Plot("curves", {"panels": panels}))
+    return Section("curves", "Training curves", [Text(note), Figures([figure])])
+
+
+def test_metrics_section(run: RunRecord) -> Section | None:
+    if not run.test_metrics:
+        return None
+    return Section(
+        "test",
+        "Test metrics",
+        [Text("The best checkpoint on the test set (test_metrics.json)."), Facts(dict(run.test_metrics))],
+    )
+
+
+def assignment_blocks(assignment: Mapping[str, Any]) -> list[Any]:
+    """CET-ViT's per-class reversibility and slot-usage K from ``vitlab evaluate``."""
+    corr = assignment.get("correlation")
+    text = (
+        f"On the test set: mean reversibility {fmt(assignment['reversibility_mean'])}, mean slot-usage K "
+        f"{fmt(assignment['slot_usage_k_mean'])}."
+    )
+    if corr:
+        text += (
+            f" Reversibility against per-class accuracy over {corr['n']} classes: Pearson r = "
+            f"{fmt(corr['pearson_r'])} (p = {fmt(corr['pearson_p'])}, 95% CI "
+            f"[{fmt(corr['pearson_ci_low'])}, {fmt(corr['pearson_ci_high'])}]), Spearman rho = "
+            f"{fmt(corr['spearman_rho'])} (p = {fmt(corr['spearman_p'])})."
+        )
+    elif assignment.get("correlation_skipped"):
+        text += f" Correlation with accuracy: {assignment['correlation_skipped']}."
+    ranked = sorted((e for e in assignment["per_class"] if e["n"]), key=lambda e: -(e["slot_usage_k"] or 0.0))
+    rows = [(e["class"], e["n"], e["slot_usage_k"], e["reversibility"], e["accuracy"]) for e in ranked]
+    table = Table(["class", "test images", "slot-usage K", "reversibility", "accuracy"], rows)
+    return [Text(text), Details("Per class, ranked by slot-usage K", [table], open=len(rows) <= 10)]
+
+
+def evaluation_section(run: RunRecord) -> Section | None:
+    results = run.evaluation
+    if not results:
+        return None
+    info = results["run"]
+    first = f" (first {info['max_batches']} batches)" if info.get("max_batches") else ""
+    blocks: list[Any] = [
+        Text(
+            f"{info['n_test']} test images of {info['dataset']}{first}, from vitlab evaluate "
+            f"({EVALUATION_DIR}/{EVALUATION_FILE})."
+        )
+    ]
+    keys = ("top1", "top5", "nll", "ece")
+    calibrated = results["test_calibrated"]
+    rows = [("test", *(results["test"][k] for k in keys))]
+    rows.append((f"test, T = {calibrated['temperature']:.3f}", *(calibrated[k] for k in keys)))
+    if results.get("tta"):
+        rows.append((f"TTA, {len(info['tta_views'])} views", *(results["tta"][k] for k in keys)))
+    blocks.append(Table(["", "top-1", "top-5", "NLL", "ECE"], rows))
+    cal = results["calibration"]
+    blocks.append(
+        Text(
+            f"Temperature scaling: T = {fmt(cal['temperature'])} fitted on {cal['n_fit']} validation images; on the "
+            f"other {cal['n_eval']}, ECE {fmt(cal['ece_before'])} → {fmt(cal['ece_after'])}, "
+            f"NLL {fmt(cal['nll_before'])} → {fmt(cal['nll_after'])}."
+        )
+    )
+    figures = []
+    reliability = run.png(Path(EVALUATION_DIR) / results.get("files", {}).get("reliability", "reliability.png"))
+    if reliability:
+        caption = "Reliability diagram of the test set, before and after scaling."
+        figures.append(Figure(caption, png=reliability, wide=False))
+    if results.get("per_class"):
+        plot = Plot("per_class", {"per_class": results["per_class"]})
+        figures.append(Figure("Per-class test accuracy.", plot=plot, wide=False))
+    blocks.append(Figures(figures))
+    corruptions = results.get("corruptions") or {}
+    if corruptions:
+        severities = [str(s) for s in info["severities"]]
+        rows = [(name, *(e["by_severity"][s] for s in severities), e["mean"]) for name, e in corruptions.items()]
+        rows.append(("mean over corrupted", *[None] * len(severities), results["mean_corrupted"]))
+        rows.append(("clean", *[None] * len(severities), results["test"]["top1"]))
+        blocks += [Heading("Corruptions (top-1 by severity)"), Table(["corruption", *severities, "mean"], rows)]
+    return Section("evaluation", "Evaluation", blocks)
+
+
+def generate_section(run: RunRecord) -> Section | None:
+    from vitlab.evaluation.generative import GRID_FILES
+
+    figures = []
+    for task, file in GRID_FILES.items():
+        png = run.png(Path(GENERATE_DIR) / file)
+        if png:
+            figures.append(Figure(GRID_CAPTIONS.get(task, task), png=png, wide=task == "reconstruction"))
+    if not figures and not run.generate_metrics:
+        return None
+    blocks: list[Any] = [Facts(dict(run.generate_metrics))] if run.generate_metrics else []
+    return Section("generate", "Generative tasks", [*blocks, Figures(figures)])
+
+
+def dynamics_section(run: RunRecord) -> Section | None:
+    """``dynamics.jsonl``: the figures of ``dynamics/`` (drawn when the run has none) and the final head table."""
+    from vitlab.diagnostics.plots import head_table, read_dynamics
+
+    if not (run.path / DYNAMICS_FILE).exists():
+        return None
+    run.use(DYNAMICS_FILE)
+    records = read_dynamics(run.path / DYNAMICS_FILE)
+    known = list(DYNAMICS_CAPTIONS)
+    files = sorted(
+        (run.path / DYNAMICS_DIR).glob("*.png"), key=lambda p: (known.index(p.name) if p.name in known else 99, p.name)
+    )
+    figures = []
+    for file in files:
+        png = run.png(file.relative_to(run.path))
+        if png:
+            wide = file.name in ("dynamics.png", "comparison.png")
+            figures.append(Figure(DYNAMICS_CAPTIONS.get(file.name, file.name), png=png, wide=wide))
+    if not figures:  # drawn from the records, as the controller would have
+        plot = Plot("dynamics_run", {"path": str(run.path / DYNAMICS_FILE)})
+        figures.append(Figure(plot=plot))
+    final = records[-1]
+    heads = sum(len(layer) for layer in final["frozen"])
+    frozen = sum(bool(head) for layer in final["frozen"] for head in layer)
+    text = (
+        f"Mode {final['mode']}, {len(records)} records (epoch 0 = before training). At the last epoch: "
+        f"{final['non_converged']}/{heads} heads not converged, {frozen}/{heads} frozen."
+    )
+    rows = [
+        (r["layer"], r["head"], r["d"], r["kappa"], r["tau"], r["converged"], r["frozen_at"])
+        for r in head_table(records)
+    ]
+    table = Table(["layer", "head", "drift d", "clusters κ", "tau", "converged", "frozen at epoch"], rows)
+    return Section(
+        "dynamics", "Attention dynamics", [Text(text), Figures(figures), Details("Heads at the last epoch", [table])]
+    )
+
+
+def other_outputs_section(run: RunRecord) -> Section | None:
+    """PNG and JSON files of the run directory that no other section showed (probe outputs, for instance)."""
+    found = []
+    for root, dirs, files in os.walk(run.path):
+        folder = Path(root)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (folder == run.path and d in SKIPPED_DIRS))
+        found += [folder / f for f in sorted(files) if f.endswith((".png", ".json")) and not f.startswith(".")]
+    found = [f for f in found if f.resolve() not in run.used_files]
+    images, texts = [], []
+    for file in found:
+        relative = file.relative_to(run.path)
+        if file.suffix == ".png":
+            png = run.png(relative)
+            if png:
+                images.append(Figure(str(relative), png=png, wide=False))
+        elif file.stat().st_size <= MAX_JSON_BYTES:
+            text = file.read_text(errors="replace")
+            with contextlib.suppress(json.JSONDecodeError):  # a file another tool is still writing: shown as it is
+                text = json.dumps(json.loads(text), indent=2)
+            texts.append(Details(str(relative), [Pre(text)]))
+        else:
+            texts.append(Text(f"{relative}: {file.stat().st_size // 1024} KB, not shown."))
+    if not images and not texts:
+        return None
+    return Section("other", "Other outputs", [Figures(images), *texts])
+
+
+def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any], int | None]:
+    """The attention section and the segment-map blocks of ``count`` test images, and the model's parameter count.
+    The run's model and data are loaded and run by :mod:`vitlab.diagnostics.images` (nothing, with a warning, when
+    either cannot be had)."""
+    try:
+        source = locate_model(run.path).source
+    except VitlabError:
+        return None, [], None
+    if count < 1:
+        return None, [], None
+    from vitlab.diagnostics.images import attention_maps, load_test_images, slot_assignment
+    from vitlab.export import load_model
+
+    try:
+        model = load_model(source).eval()
+        info = read_json(source / EXPORT_CONFIG_FILE).get("data", {}) if source.is_dir() else {}
+        images = load_test_images(run.config.data, count, info.get("mean"), info.get("std"))
+    except (VitlabError, OSError) as e:
+        warnings.warn(f"report: attention and segment maps of {run.path} left out: {e}", stacklevel=2)
+        return None, [], None
+    parameters = sum(p.numel() for p in model.parameters())
+    pixels = images.pixels.numpy()
+    attention = None
+    layer_maps = attention_maps(model, images.inputs)
+    if layer_maps:
+        grid = next(iter(layer_maps.values())).shape[1:]
+        caption = (
+            f"Attention of the CLS token to each patch, per layer, averaged over the heads, on the {grid[0]}x{grid[1]} "
+            "patch grid over the image; each map is scaled to its own minimum and maximum (bright: high)."
+        )
+        maps = {name: value.numpy() for name, value in layer_maps.items()}
+        plot = Plot("attention", {"pixels": pixels, "labels": images.labels, "layer_maps": maps})
+        attention = Section("attention", "Attention maps", [Text(caption), Figures([Figure(plot=plot)])])
+    blocks: list[Any] = []
+    assignment = slot_assignment(model, images.inputs)
+    if assignment is not None:
+        text = (
+            f"Each patch coloured by the slot it is assigned to most (argmax over the {assignment.S.shape[-1]} slots "
+            "of S), with the colours of vitlab probe slot-k; K is the slot-usage K of the image: the slots holding "
+            "more than 5% of the assignment mass."
+        )
+        titles = [f"{label}, K = {int(k)}" for label, k in zip(images.labels, assignment.slot_k, strict=True)]
+        data = {"pixels": images.pixels, "S": assignment.S, "grid": assignment.grid, "titles": titles}
+        blocks += [Text(text), Figures([Figure(plot=Plot("segments", data))])]
+    return attention, blocks, parameters
+
+
+def collect_run(run_dir: str | Path | RunRecord, attention_images: int = ATTENTION_IMAGES) -> Page:
+    """The page of one run."""
+    run = run_dir if isinstance(run_dir, RunRecord) else RunRecord.load(run_dir)
+    attention, segment_blocks, parameters = image_sections(run, attention_images)
+    if (run.evaluation or {}).get("assignment"):
+        segment_blocks += [Heading("Per class, from vitlab evaluate"), *assignment_blocks(run.evaluation["assignment"])]
+    segments = Section("segments", "Token groups and slot-usage K", segment_blocks) if segment_blocks else None
+    candidates = [
+        config_section(run),
+        curves_section(run),
+        test_metrics_section(run),
+        evaluation_section(run),
+        generate_section(run),
+        dynamics_section(run),
+        attention,
+        segments,
+        other_outputs_section(run),  # last: it shows what the sections above did not
+    ]
+    env = run.env or {}
+    revision = (env.get("git") or {}).get("revision")
+    dirty = " with uncommitted changes" if (env.get("git") or {}).get("dirty") else ""
+    git = f"git {revision[:7]}{dirty}" if revision else ""
+    facts = (run.model_name, run.config.data.name, env.get("time", ""), git, str(run.path))
+    subtitle = " · ".join(fact for fact in facts if fact)
+    sections = [section for section in candidates if section is not None]
+    return Page(run.name, subtitle, sections, run_cards(run, parameters))
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Comparison of runs
+# -------------------------------------------------------------------------------------------------------------------
+def summary_metrics(run: RunRecord) -> dict[str, float]:
+    """The run's final metrics (:meth:`vitlab.rundir.RunDir.final_metrics`) without :data:`DETAIL_METRICS`."""
+    return {k: v for k, v in run.final_metrics.items() if not k.startswith(DETAIL_METRICS)}
+
+
+def better_direction(metric: str) -> str | None:
+    """``"max"`` or ``"min"`` for metrics whose best value is known from their last name part, else None."""
+    leaf = metric.rsplit("/", 1)[-1]
+    if leaf.endswith(HIGHER_IS_BETTER):
+        return "max"
+    if leaf.endswith(LOWER_IS_BETTER):
+        return "min"
+    return None
+
+
+def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(values, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in values.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): values}
+
+
+def config_differences(configs: Sequence[RunConfig]) -> dict[str, list[Any]]:
+    """Dotted config keys whose values are not the same in every run: ``{key: [value per run]}``."""
+    flat = [_flatten(to_dict(c)) for c in configs]
+    keys = sorted(set().union(*flat))
+    return {k: [f.get(k) for f in flat] for k in keys if len({json.dumps(f.get(k), default=str) for f in flat}) > 1}
+
+
+def metrics_table(runs: Sequence[RunRecord]) -> Table | None:
+    """Metrics (rows) by run (columns), the best value of each metric with a known direction in bold."""
+    metrics = [summary_metrics(r) for r in runs]
+    keys = list(dict.fromkeys(k for m in metrics for k in m))
+    if not keys:
+        return None
+    rows, bold = [], set()
+    for row_index, key in enumerate(keys):
+        values = [m.get(key) for m in metrics]
+        rows.append((key, *values))
+        direction = better_direction(key)
+        present = [v for v in values if v is not None]
+        if direction and len(present) > 1:
+            best = max(present) if direction == "max" else min(present)
+            bold |= {(row_index, 1 + i) for i, v in enumerate(values) if v == best}
+    return Table(["metric", *(r.name for r in runs)], rows, bold)
+
+
+def collect_comparison(run_dirs: Sequence[str | Path | RunRecord]) -> Page:
+    """The page comparing several runs."""
+    runs = [r if isinstance(r, RunRecord) else RunRecord.load(r) for r in run_dirs]
+    names = [run.name for run in runs]
+    if len(set(names)) < len(names):  # same folder name under different parents: name them by their parents too
+        for run in runs:
+            run.name = f"{run.path.resolve().parent.name}/{run.path.resolve().name}"
+    names = [run.name for run in runs]
+    overview = Table(
+        ["run", "model", "dataset", "epochs", "seed", "directory"],
+        [(r.name, r.model_name, r.config.data.name, len(r.metrics), r.config.run.seed, str(r.path)) for r in runs],
+    )
+    sections = [Section("runs", "Runs", [overview])]
+    table = metrics_table(runs)
+    if table is not None:
+        note = "Best value in bold where the direction is known (accuracy, PSNR, SSIM up; loss, NLL, ECE down)."
+        sections.append(Section("metrics", "Final metrics", [Text(note), table]))
+    differences = config_differences([r.config for r in runs])
+    if differences:
+        rows = [
+            (key, *(json.dumps(v) if isinstance(v, list | dict) else v for v in values))
+            for key, values in differences.items()
+        ]
+        sections.append(Section("config-diff", "Config differences", [Table(["key", *names], rows)]))
+    curves = [(r.name, curve_panels(r.metrics)) for r in runs if r.metrics]
+    if curves:
+        plot = Plot("comparison_curves", {"runs": curves})
+        sections.append(Section("curves", "Training curves", [Figures([Figure(plot=plot)])]))
+    dynamics = [r for r in runs if (r.path / DYNAMICS_FILE).exists()]
+    if len(dynamics) == 2:
+        data = {"paths": [str(r.path / DYNAMICS_FILE) for r in dynamics], "labels": [r.name for r in dynamics]}
+        figure = Figure("The two runs' heads side by side.", plot=Plot("dynamics_comparison", data))
+        sections.append(Section("dynamics", "Attention dynamics", [Figures([figure])]))
+    reliability = [(r.name, r.png(Path(EVALUATION_DIR) / "reliability.png")) for r in runs if r.evaluation]
+    figures = [Figure(name, png=png, wide=False) for name, png in reliability if png]
+    if figures:
+        sections.append(Section("calibration", "Reliability diagrams", [Figures(figures)]))
+    return Page(f"Comparison of {len(runs)} runs", ", ".join(names), sections)
+
+
+def collect(run_dirs: Sequence[str | Path], attention_images: int = ATTENTION_IMAGES) -> Page:
+    """The page of one run, or the comparison of several."""
+    if not run_dirs:
+        raise ConfigError("a report needs at least one run directory (the folder `vitlab fit` printed)")
+    if attention_images < 0:
+        raise ConfigError(f"attention_images must be >= 0 (0 leaves the attention maps out), got {attention_images}")
+    runs = [RunRecord.load(d) for d in run_dirs]
+    return collect_run(runs[0], attention_images) if len(runs) == 1 else collect_comparison(runs)
+
+
+def fmt(value: Any) -> str:
+    """A number as a short string: ints as they are, floats to 4 significant digits, None as a dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        return f"{value:.0f}" if value.is_integer() and abs(value) < 1e6 else f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,471 @@
+"""The run directory: its layout, and the one place that reads and writes it.
+
+Every command reads or writes the folder ``vitlab fit`` makes; this module owns it. It holds the file names
+(constants), the rule that finds the model in a run directory, an export folder or a checkpoint
+(:func:`locate_model`), the one JSON-lines reader (:func:`read_jsonl`), atomic writes, the final metrics of a run in
+one schema (:meth:`RunDir.final_metrics`), the resolved config with overrides (:meth:`RunDir.config`) and the
+environment record (:func:`environment`). It sits at the bottom of the package: it imports only ``config``,
+``errors`` and ``jsonio``; training writes through it, evaluation, compare, the report and the plots read through it.
+
+Layout::
+
+    config.yaml  env.json  metrics.jsonl  steps.jsonl  timing.json  test_metrics.json  ddp_check.json
+    dynamics.jsonl  dynamics/  tb/  checkpoints/{best,last}.ckpt  export/{model.safetensors,config.json}
+    generate/  evaluation/  evaluation-KEY=VALUE/  report.html
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.jsonio import strict_dumps
+from vitlab.version import __version__
+
+if TYPE_CHECKING:
+    from vitlab.config import RunConfig
+
+CONFIG_FILE = "config.yaml"
+ENV_FILE = "env.json"
+METRICS_FILE = "metrics.jsonl"
+STEPS_FILE = "steps.jsonl"
+TIMING_FILE = "timing.json"
+TEST_METRICS_FILE = "test_metrics.json"
+DDP_CHECK_FILE = "ddp_check.json"
+DYNAMICS_FILE = "dynamics.jsonl"
+DYNAMICS_DIR = "dynamics"
+REPORT_FILE = "report.html"
+TENSORBOARD_DIR = "tb"
+CHECKPOINTS_DIR = "checkpoints"
+BEST_CHECKPOINT = "best.ckpt"
+LAST_CHECKPOINT = "last.ckpt"
+EXPORT_DIR = "export"
+EXPORT_CONFIG_FILE = "config.json"
+EXPORT_WEIGHTS_FILE = "model.safetensors"
+GENERATE_DIR = "generate"
+GENERATE_METRICS_FILE = "metrics.json"
+EVALUATION_DIR = "evaluation"
+EVALUATION_FILE = "evaluation.json"
+RUN_DIR_ENV = "VITLAB_RUN_DIR"
+
+#: what ``vitlab fit`` (and the commands that add to a run) write into a run directory; ``run.overwrite=true``
+#: removes these before a new run starts there, and nothing else
+RUN_OUTPUTS = (
+    CONFIG_FILE,
+    ENV_FILE,
+    METRICS_FILE,
+    STEPS_FILE,
+    TIMING_FILE,
+    TEST_METRICS_FILE,
+    DDP_CHECK_FILE,
+    DYNAMICS_FILE,
+    REPORT_FILE,
+    TENSORBOARD_DIR,
+    CHECKPOINTS_DIR,
+    EXPORT_DIR,
+    GENERATE_DIR,
+    DYNAMICS_DIR,
+    EVALUATION_DIR,
+    f"{EVALUATION_DIR}-*",  # `vitlab evaluate --model KEY=VALUE` writes evaluation-KEY=VALUE/
+)
+#: any of these means the folder already holds a run
+RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR)
+#: sections of evaluation.json that hold per-run metrics (``run`` is provenance, ``per_class`` a table)
+EVALUATION_SECTIONS = ("test", "calibration", "test_calibrated", "tta", "corruptions", "mean_corrupted", "assignment")
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Writing and reading files
+# -------------------------------------------------------------------------------------------------------------------
+def umask_mode(directory: bool = False) -> int:
+    """The mode a plain ``open()`` / ``mkdir()`` would give (mkstemp's 0600 would hide outputs from colleagues)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a reader never sees a partial file (temp file in the same folder + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, umask_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Strict JSON (NaN as null), indented, written atomically."""
+    atomic_write_text(path, strict_dumps(obj, indent=2))
+
+
+def read_json(path: str | Path) -> Any:
+    """A JSON file; invalid JSON is a :class:`ConfigError` that names the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e}); delete it or write it again") from e
+
+
+def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (``[]`` when it does not exist).
+
+    With ``key`` (``"epoch"``, ``"step"``), lines with the same value of ``key`` (an epoch written again after a
+    resume, or in two halves) are merged, later values winning, and the records come back sorted by ``key``.
+    A last line cut off by a writer still at work is skipped; a broken line before it is a :class:`ConfigError`.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if number == len(lines):
+                break
+            raise ConfigError(f"{path}, line {number}, is not valid JSON ({e}); delete the line or the file") from e
+    if key is None:
+        return records
+    merged: dict[Any, dict[str, Any]] = {}
+    for record in records:
+        merged.setdefault(record[key], {}).update(record)
+    return [merged[k] for k in sorted(merged)]
+
+
+def _cpu_model() -> str | None:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def _version(package: str) -> str | None:
+    """An installed package's version, read from its metadata (importing Lightning or torchvision takes seconds)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Versions, git revision and hardware: a run's ``env.json``, and the ``environment`` of a benchmark record."""
+    import torch
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
+            return out.stdout.strip() if out.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    return {
+        "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "versions": {
+            "python": platform.python_version(),
+            "vitlab": __version__,
+            "torch": torch.__version__,
+            **{name: _version(name) for name in ("torchvision", "timm", "lightning")},
+        },
+        "git": {"revision": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))},
+        "hardware": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_model": _cpu_model() or platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads(),
+            "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        },
+    }
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Finding the model
+# -------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelLocation:
+    """Where a model is: ``source`` is an export folder or a ``.ckpt`` file; ``run_dir`` the run directory it
+    belongs to, or None (a lone export or checkpoint)."""
+
+    source: Path
+    run_dir: Path | None
+
+    @property
+    def is_export(self) -> bool:
+        return self.source.is_dir()
+
+
+def _run_of(path: Path) -> Path | None:
+    return path if (path / CONFIG_FILE).exists() else None
+
+
+def locate_model(path: str | Path) -> ModelLocation:
+    """The one rule for "a run directory, an export folder or a checkpoint".
+
+    - a file is a checkpoint; its run directory is two levels up (``<run>/checkpoints/best.ckpt``) if that holds a
+      ``config.yaml``;
+    - a folder with ``config.json`` is an export; its run directory is its parent if that holds a ``config.yaml``;
+    - a folder with ``config.yaml`` or ``checkpoints/`` is a run directory: its model is ``export/`` if present,
+      else ``checkpoints/best.ckpt``, else ``checkpoints/last.ckpt`` (``run_dir`` is None without ``config.yaml``:
+      the checkpoint's stored config is then the run's).
+    """
+    path = Path(path).expanduser()
+    if path.is_file():
+        return ModelLocation(path, _run_of(path.parent.parent))
+    if not path.is_dir():
+        raise ConfigError(f"{path} does not exist; pass a run directory, its export/ folder or a .ckpt file")
+    if (path / EXPORT_CONFIG_FILE).exists():
+        return ModelLocation(path, _run_of(path.parent))
+    if (path / CONFIG_FILE).exists() or (path / CHECKPOINTS_DIR).is_dir():
+        run = RunDir(path)
+        for candidate in (run.export_dir, run.best_checkpoint, run.last_checkpoint):
+            if candidate.exists() and (candidate.is_file() or (candidate / EXPORT_CONFIG_FILE).exists()):
+                return ModelLocation(candidate, _run_of(path))
+        raise CheckpointError(
+            f"run directory {path} holds no export/ folder and no checkpoint; train it to the end or `vitlab export` it"
+        )
+    raise ConfigError(
+        f"{path} is neither a run directory ({CONFIG_FILE}), an exported model ({EXPORT_CONFIG_FILE}) nor a checkpoint"
+    )
+
+
+def locate_checkpoint(path: str | Path, prefer: Sequence[str] = (BEST_CHECKPOINT, LAST_CHECKPOINT)) -> Path:
+    """A ``.ckpt`` file as given, or the first of ``prefer`` under a run directory's ``checkpoints/``."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        for name in prefer:
+            candidate = path / CHECKPOINTS_DIR / name
+            if candidate.is_file():
+                return candidate
+        raise CheckpointError(
+            f"{path} has no {' or '.join(f'{CHECKPOINTS_DIR}/{n}' for n in prefer)}; pass the run directory "
+            "`vitlab fit` printed, or a .ckpt file"
+        )
+    return path
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# The run directory
+# -------------------------------------------------------------------------------------------------------------------
+def _flatten_floats(node: Any, prefix: str) -> dict[str, float]:
+    """Float leaves of nested dicts as ``{"prefix/a/b": value}``; counts (ints), lists and strings are left out."""
+    if isinstance(node, float):
+        return {prefix: node} if math.isfinite(node) else {}
+    if isinstance(node, Mapping):
+        flat: dict[str, float] = {}
+        for key, value in node.items():
+            flat.update(_flatten_floats(value, f"{prefix}/{key}"))
+        return flat
+    return {}
+
+
+def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+class RunDir:
+    """One run directory: paths of its files, and readers and writers for them.
+
+    Readers of optional files return None (JSON) or ``[]`` (JSON lines) when the run does not have the file.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __truediv__(self, relative: str | Path) -> Path:
+        return self.path / relative
+
+    # paths -----------------------------------------------------------------------------------------------------
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / CHECKPOINTS_DIR
+
+    @property
+    def best_checkpoint(self) -> Path:
+        return self.path / CHECKPOINTS_DIR / BEST_CHECKPOINT
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.path / CHECKPOINTS_DIR / LAST_CHECKPOINT
+
+    @property
+    def export_dir(self) -> Path:
+        return self.path / EXPORT_DIR
+
+    def evaluation_dir(self, suffix: str = "") -> Path:
+        """``evaluation/`` or, for a model evaluated with changed options, ``evaluation-KEY=VALUE/``."""
+        return self.path / f"{EVALUATION_DIR}{suffix}"
+
+    # state -----------------------------------------------------------------------------------------------------
+    def is_run(self) -> bool:
+        """True when the folder holds a run's resolved config."""
+        return self.config_file.is_file()
+
+    def holds_run(self) -> bool:
+        """True when the folder holds any trace of a run (:data:`RUN_MARKERS`)."""
+        return self.path.is_dir() and any((self.path / name).exists() for name in RUN_MARKERS)
+
+    def clear_outputs(self) -> None:
+        """Remove what a run writes (:data:`RUN_OUTPUTS`) and nothing else."""
+        for pattern in RUN_OUTPUTS:
+            for target in self.path.glob(pattern):
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink()
+
+    def require_run(self) -> RunDir:
+        if not self.is_run():
+            raise ConfigError(
+                f"{self.path} is not a run directory (no {CONFIG_FILE}); pass the folder `vitlab fit` printed"
+            )
+        return self
+
+    # readers ---------------------------------------------------------------------------------------------------
+    def config_dict(self) -> dict[str, Any]:
+        """``config.yaml`` as plain data."""
+        import yaml
+
+        self.require_run()
+        return yaml.safe_load(self.config_file.read_text()) or {}
+
+    def config(self, overrides: Sequence[str] | Mapping[str, Any] | None = None) -> RunConfig:
+        """The run's resolved config with ``overrides`` (``["optim.lr=1e-3"]`` or a nested mapping) applied."""
+        return config_with_overrides(self.config_dict(), overrides)
+
+    def json(self, relative: str | Path) -> Any:
+        """A JSON file of the run, or None if it is not there."""
+        file = self.path / relative
+        return read_json(file) if file.exists() else None
+
+    def env(self) -> dict[str, Any] | None:
+        return self.json(ENV_FILE)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """``metrics.jsonl``: one record per epoch."""
+        return read_jsonl(self.path / METRICS_FILE, "epoch")
+
+    def steps(self) -> list[dict[str, Any]]:
+        """``steps.jsonl``: ``step``, ``epoch``, ``loss``, ``lr`` in step order."""
+        return read_jsonl(self.path / STEPS_FILE, "step")
+
+    def dynamics(self) -> list[dict[str, Any]]:
+        """``dynamics.jsonl``: one record per epoch of the dynamics controller."""
+        return read_jsonl(self.path / DYNAMICS_FILE, "epoch")
+
+    def test_metrics(self) -> dict[str, Any] | None:
+        return self.json(TEST_METRICS_FILE)
+
+    def timing(self) -> dict[str, Any] | None:
+        return self.json(TIMING_FILE)
+
+    def generate_metrics(self) -> dict[str, Any] | None:
+        return self.json(Path(GENERATE_DIR) / GENERATE_METRICS_FILE)
+
+    def evaluation(self, suffix: str = "") -> dict[str, Any] | None:
+        """``evaluation/evaluation.json`` (``evaluation-KEY=VALUE/`` with ``suffix="-KEY=VALUE"``)."""
+        return self.json(Path(f"{EVALUATION_DIR}{suffix}") / EVALUATION_FILE)
+
+    def final_metrics(self) -> dict[str, float]:
+        """The run's final numbers, in the one schema every command uses:
+
+        - ``test_metrics.json`` as logged (``test/acc``, ``test/loss``, ...);
+        - with them, the training times of ``timing.json`` (``time/step_total_s``, ...);
+        - the float values of ``evaluation/evaluation.json`` as ``eval/<section>/<key>`` (``eval/test/top1``,
+          ``eval/test_calibrated/ece``, ``eval/tta/top1``, ``eval/mean_corrupted``,
+          ``eval/corruptions/contrast/mean``);
+        - ``generate/metrics.json`` as ``generate/<key>``.
+
+        Counts (ints), lists and non-finite values are left out of the evaluation's part.
+        """
+        metrics: dict[str, float] = {}
+        test = self.test_metrics()
+        if test is not None:
+            metrics.update(_numbers(test))
+            timing = self.timing()
+            if timing is not None:
+                metrics.update({k: float(v) for k, v in timing.items() if k.startswith("time/")})
+        evaluation = self.evaluation()
+        if evaluation is not None:
+            for section in EVALUATION_SECTIONS:
+                metrics.update(_flatten_floats(evaluation.get(section), f"eval/{section}"))
+        for key, value in _numbers(self.generate_metrics() or {}).items():
+            metrics[f"generate/{key}"] = value
+        return metrics
+
+    def model(self) -> ModelLocation:
+        """Where the run's model is (:func:`locate_model`)."""
+        return locate_model(self.path)
+
+    # writers ---------------------------------------------------------------------------------------------------
+    def write_config(self, cfg: RunConfig) -> None:
+        from vitlab.config import dump_yaml
+
+        atomic_write_text(self.config_file, dump_yaml(cfg))
+
+    def write_env(self) -> None:
+        atomic_write_text(self.path / ENV_FILE, json.dumps(environment(), indent=2))
+
+    def write_json(self, relative: str | Path, obj: Any) -> Path:
+        """Strict JSON into the run, atomically; returns the path."""
+        path = self.path / relative
+        atomic_write_json(path, obj)
+        return path
+
+
+def config_with_overrides(
+    values: Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any] | None = None
+) -> RunConfig:
+    """A :class:`~vitlab.config.RunConfig` from plain data (a run's ``config.yaml``, a checkpoint's stored config)
+    with dotted ``overrides`` (``["optim.lr=1e-3"]``) or a nested mapping merged in."""
+    from vitlab.config import RunConfig, deep_merge, from_dict, parse_overrides
+
+    if overrides is None:
+        update: Mapping[str, Any] = {}
+    elif isinstance(overrides, Mapping):
+        update = overrides
+    else:
+        update = parse_overrides(list(overrides))
+    return from_dict(RunConfig, deep_merge(dict(values), dict(update)))
+
+
+def run_config(run_dir: str | Path, overrides: Sequence[str] | Mapping[str, Any] | None = None) -> RunConfig:
+    """The resolved config of a run directory, with ``overrides`` applied."""
+    return RunDir(run_dir).config(overrides)
