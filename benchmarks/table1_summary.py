@@ -25,29 +25,54 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _last_dynamics(run: Path) -> dict:
+def _dynamics(run: Path) -> list[dict]:
     lines = (run / "dynamics.jsonl").read_text().splitlines() if (run / "dynamics.jsonl").is_file() else []
-    return json.loads(lines[-1]) if lines else {}
+    return [json.loads(line) for line in lines]
+
+
+def _freeze_epochs(records: list[dict]) -> list[int]:
+    """The epoch each head first counted as converged (measured in both arms; frozen in the controlled one)."""
+    first: dict[tuple[int, int], int] = {}
+    for record in records:
+        for layer, row in enumerate(record.get("converged", [])):
+            for head, done in enumerate(row):
+                if done:
+                    first.setdefault((layer, head), record["epoch"])
+    return sorted(first.values())
 
 
 def run_row(run: Path) -> dict[str, float]:
     """The Table I numbers of one run (missing ones are NaN)."""
-    test, gen, timing, dyn = (
+    test, gen, timing, records = (
         _json(run / "test_metrics.json"),
         _json(run / "generate" / "metrics.json"),
         _json(run / "timing.json"),
-        _last_dynamics(run),
+        _dynamics(run),
     )
+    dyn = records[-1] if records else {}
     frozen = sum(sum(layer) for layer in dyn.get("frozen", [])) if dyn else math.nan
     nan = math.nan
+    last_epoch = dyn.get("epoch", 0)
+    converged_at = _freeze_epochs(records)
+    units = dyn.get("drift_units", "patch")
     return {
         "classification accuracy (test), %": 100 * test.get("test/acc", nan),
         "linear probe on mu_cls, %": 100 * gen.get("linear_probe/accuracy", nan),
         "reconstruction PSNR, dB": gen.get("reconstruction/psnr", nan),
         "class consistency of samples (CNN judge), %": 100 * gen.get("conditional/judge_accuracy", nan),
+        "class consistency of the prior mean, %": 100 * gen.get("conditional/prior_mean_judge_accuracy", nan),
+        "class consistency of g(z_cls), %": 100 * gen.get("conditional/estimator_judge_accuracy", nan),
+        "judge on real test images (upper bound), %": 100 * gen.get("conditional/judge_test_accuracy", nan),
+        "judge on reconstructions (upper bound), %": 100 * gen.get("reconstruction/judge_accuracy", nan),
         "non-converged heads at the end": dyn.get("non_converged", nan),
         "frozen heads at the end": frozen,
-        "mean drift in the last epoch (patch widths)": dyn.get("mean_drift", nan),
+        "heads converged before the last third of training": (
+            sum(e <= 2 * last_epoch / 3 for e in converged_at) if records else nan
+        ),
+        "epoch of the first converged head": converged_at[0] if converged_at else nan,
+        f"mean drift in the last epoch ({'image sides' if units == 'image' else 'patch widths'})": dyn.get(
+            "mean_drift", nan
+        ),
         "train time: optimisation steps, s": timing.get("time/step_total_s", nan),
         "train time: backward passes, s": timing.get("time/backward_total_s", nan),
         "train time: epochs (with validation and probe), s": timing.get("time/epoch_total_s", nan),
@@ -93,7 +118,7 @@ def summarise(runs_dir: Path) -> str:
         "|---|---|---|---|",
     ]
     for metric, by_arm in rows.items():
-        per_seed = "heads" in metric
+        per_seed = "heads" in metric or "epoch of" in metric
         cells = [_cell(by_arm[arm], per_seed) for arm in ARMS]
         lines.append(f"| {metric} | {cells[0]} | {cells[1]} | {_welch(by_arm['controlled'], by_arm['uncontrolled'])} |")
     return "\n".join(lines) + "\n"
