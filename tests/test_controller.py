@@ -542,7 +542,8 @@ def test_dynamics_command_prints_the_head_table_and_draws_the_comparison(runs, t
     out = capsys.readouterr().out
     assert "attention heads after epoch 2" in out and len(head_table(read_dynamics(runs["schedule"]))) == 8
     assert out.count("\n    1    3 ") == 1  # the row of layer 1, head 3
-    assert {p.name for p in tmp_path.iterdir()} == {"dynamics.png", "temperature.png", "frozen.png", "comparison.png"}
+    names = {"dynamics.png", "temperature.png", "frozen.png", "comparison.png", "drift_vs_lr.png"}
+    assert {p.name for p in tmp_path.iterdir()} == names
 
 
 def test_read_dynamics_keeps_the_last_line_of_an_epoch_and_finds_freezing_epochs(tmp_path):

@@ -168,3 +168,31 @@ def test_config_names_the_bad_units_and_rule():
 def test_defaults_are_image_units_the_relative_rule_and_the_unit_tau_probe():
     cfg = DynamicsConfig()
     assert (cfg.drift_units, cfg.convergence, cfg.probe_tau, cfg.alpha) == ("image", "noise", "unit", 4.0)
+
+
+def lr_records(rates: list[float], scale: float) -> list[dict]:
+    records = []
+    for epoch, rate in enumerate(rates):
+        drift = None if epoch == 0 else [[scale * rate, 2 * scale * rate]]
+        frozen = [[epoch >= 3, False]]
+        tau = [[1.0, 1.0]]
+        record = {"epoch": epoch, "drift": drift, "kappa": tau, "tau": tau, "converged": frozen, "frozen": frozen}
+        records.append({**record, "lr": rate})
+    return records
+
+
+def test_drift_vs_lr_plot_draws_both_arms_and_names_runs_without_a_rate(tmp_path):
+    import matplotlib.image
+
+    from vitlab.diagnostics.plots import plot_drift_vs_lr
+    from vitlab.errors import RunFileError
+
+    rates = [2e-3, 2e-3, 2e-3, 1e-3, 5e-4]
+    path = plot_drift_vs_lr(
+        {"uncontrolled": lr_records(rates, 10.0), "controlled": lr_records(rates, 8.0)}, tmp_path / "lr.png"
+    )
+    assert matplotlib.image.imread(path).shape[0] > 200
+    old = lr_records(rates, 1.0)
+    del old[2]["lr"]
+    with pytest.raises(RunFileError, match="old"):
+        plot_drift_vs_lr({"old": old}, tmp_path / "old.png")
