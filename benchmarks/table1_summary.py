@@ -16,6 +16,10 @@ import json
 import math
 from pathlib import Path
 
+import torch
+import yaml
+
+from vitlab.diagnostics.dynamics import ConvergenceTracker
 from vitlab.evaluation.stats import summarize, welch_ttest
 
 ARMS = ("controlled", "uncontrolled")
@@ -41,7 +45,30 @@ def _freeze_epochs(records: list[dict]) -> list[int]:
     return sorted(first.values())
 
 
-def run_row(run: Path) -> dict[str, float]:
+def paper_rule_replay(run: Path, records: list[dict], grid_side: int | None) -> float:
+    """Non-converged heads at the end by the paper's absolute rule (``d < 0.05`` patch widths, ``|dtau| < 0.05``,
+    patience 3, the run's burn-in), replayed on this run's logged drift: the old rule's verdict on the same curves.
+    Exact for the uncontrolled arm; for the controlled arm a counterfactual (its heads froze by the new rule)."""
+    if not records or records[-1].get("drift") is None:
+        return math.nan
+    units = records[-1].get("drift_units", "patch")
+    grid = records[-1].get("grid") or ([grid_side, grid_side] if grid_side else None)
+    if units == "image" and (grid is None or grid[0] != grid[1]):
+        return math.nan  # patch widths from image sides need a square grid's side
+    factor = grid[0] if units == "image" else 1
+    config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+    burn_in = ((config or {}).get("dynamics") or {}).get("burn_in", 5)
+    shape = torch.tensor(records[-1]["tau"]).shape
+    tracker = ConvergenceTracker(*shape, eps_d=0.05, eps_tau=0.05, patience=3, rule="absolute")
+    for record in records:
+        if record["epoch"] < burn_in:
+            continue
+        drift = torch.zeros(shape) if record["drift"] is None else factor * torch.tensor(record["drift"])
+        tracker.update(drift, torch.tensor(record["tau"]))
+    return float((~tracker.converged).sum())
+
+
+def run_row(run: Path, grid_side: int | None = None) -> dict[str, float]:
     """The Table I numbers of one run (missing ones are NaN)."""
     test, gen, timing, records = (
         _json(run / "test_metrics.json"),
@@ -65,6 +92,9 @@ def run_row(run: Path) -> dict[str, float]:
         "judge on real test images (upper bound), %": 100 * gen.get("conditional/judge_test_accuracy", nan),
         "judge on reconstructions (upper bound), %": 100 * gen.get("reconstruction/judge_accuracy", nan),
         "non-converged heads at the end": dyn.get("non_converged", nan),
+        "non-converged heads by the paper's rule, replayed on the same drift": paper_rule_replay(
+            run, records, grid_side
+        ),
         "frozen heads at the end": frozen,
         "heads converged before the last third of training": (
             sum(e <= 2 * last_epoch / 3 for e in converged_at) if records else nan
@@ -98,7 +128,7 @@ def _welch(a: list[float], b: list[float]) -> str:
     return f"t = {t:.2f}, p = {p:.2g}"
 
 
-def summarise(runs_dir: Path) -> str:
+def summarise(runs_dir: Path, grid_side: int | None = None) -> str:
     rows: dict[str, dict[str, list[float]]] = {}
     seeds: dict[str, list[str]] = {}
     for arm in ARMS:
@@ -108,7 +138,7 @@ def summarise(runs_dir: Path) -> str:
             raise SystemExit(f"no {arm}-seed*/ run directories in {runs_dir}; run benchmarks/table1.sh first")
         seeds[arm] = [r.name.split("-seed")[-1] for r in runs]
         for run in runs:
-            for metric, value in run_row(run).items():
+            for metric, value in run_row(run, grid_side).items():
                 rows.setdefault(metric, {a: [] for a in ARMS})[arm].append(value)
     lines = [
         f"Table I from {runs_dir}: mean ± std over seeds {', '.join(seeds['controlled'])} (controlled) and "
@@ -127,8 +157,11 @@ def summarise(runs_dir: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, help="the OUT folder of benchmarks/table1.sh")
+    parser.add_argument(
+        "--grid", type=int, help="side of the (square) patch grid, for runs whose dynamics.jsonl does not name it"
+    )
     args = parser.parse_args()
-    table = summarise(args.runs)
+    table = summarise(args.runs, args.grid)
     print(table, end="")
     (args.runs / "table1_summary.md").write_text(table)
 

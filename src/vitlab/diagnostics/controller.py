@@ -391,6 +391,7 @@ class DynamicsController(pl.Callback):
         self.modules: list[Attention] = []
         self.guard: FrozenHeadGuard | None = None
         self.cost: torch.Tensor | None = None
+        self.grid: tuple[int, int] | None = None
         self.num_prefix_tokens = 1
         self.epoch: int | None = None  # the last epoch measured; 0 = before training
         self.tracker: ConvergenceTracker | None = None
@@ -444,6 +445,7 @@ class DynamicsController(pl.Callback):
         self.module_names = [n for n, _ in named]
         self.modules = [m for _, m in named]
         self.cost = patch_grid_cost(*grid, units=cfg.drift_units)
+        self.grid = (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
         self.guard = FrozenHeadGuard(self.modules)
@@ -610,6 +612,7 @@ class DynamicsController(pl.Callback):
             "mode": cfg.mode,
             "modules": self.module_names,
             "drift_units": cfg.drift_units,
+            "grid": None if self.grid is None else list(self.grid),
             "probe_tau": cfg.probe_tau,
             "convergence": cfg.convergence,
             "drift": None if drift is None else drift.tolist(),
