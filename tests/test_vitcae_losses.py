@@ -244,3 +244,10 @@ def test_calibrated_blend_keeps_the_magnitude_and_gives_the_mmd_most_of_it():
     assert plain["mmd_share_cls"] < 0.5  # as printed, the KL dominates the blend
     torch.testing.assert_close(calibrated["mmd_share_cls"], torch.tensor(0.8))
     torch.testing.assert_close(calibrated["mmd_share_pt"], torch.tensor(0.8))
+
+
+def test_calibration_scale_is_the_kl_to_mmd_ratio_capped():
+    from vitlab.training.vitcae_task import calibration_scale
+
+    assert calibration_scale(torch.tensor([34.5, 1.3, 91.7, 0.023]), 100.0) == pytest.approx((34.5 / 1.3, 100.0))
+    assert calibration_scale(torch.tensor([10.0, -0.01, 10.0, 0.0]), 50.0) == (50.0, 50.0)  # an MMD estimate <= 0
