@@ -16,6 +16,10 @@ import json
 import math
 from pathlib import Path
 
+import torch
+import yaml
+
+from vitlab.diagnostics.dynamics import ConvergenceTracker
 from vitlab.evaluation.stats import summarize, welch_ttest
 
 ARMS = ("controlled", "uncontrolled")
@@ -25,29 +29,80 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _last_dynamics(run: Path) -> dict:
+def _dynamics(run: Path) -> list[dict]:
     lines = (run / "dynamics.jsonl").read_text().splitlines() if (run / "dynamics.jsonl").is_file() else []
-    return json.loads(lines[-1]) if lines else {}
+    return [json.loads(line) for line in lines]
 
 
-def run_row(run: Path) -> dict[str, float]:
+def _freeze_epochs(records: list[dict]) -> list[int]:
+    """The epoch each head first counted as converged (measured in both arms; frozen in the controlled one)."""
+    first: dict[tuple[int, int], int] = {}
+    for record in records:
+        for layer, row in enumerate(record.get("converged", [])):
+            for head, done in enumerate(row):
+                if done:
+                    first.setdefault((layer, head), record["epoch"])
+    return sorted(first.values())
+
+
+def paper_rule_replay(run: Path, records: list[dict], grid_side: int | None) -> float:
+    """Non-converged heads at the end by the paper's absolute rule (``d < 0.05`` patch widths, ``|dtau| < 0.05``,
+    patience 3, the run's burn-in), replayed on this run's logged drift: the old rule's verdict on the same curves.
+    Exact for the uncontrolled arm; for the controlled arm a counterfactual (its heads froze by the new rule)."""
+    if not records or records[-1].get("drift") is None:
+        return math.nan
+    units = records[-1].get("drift_units", "patch")
+    grid = records[-1].get("grid") or ([grid_side, grid_side] if grid_side else None)
+    if units == "image" and (grid is None or grid[0] != grid[1]):
+        return math.nan  # patch widths from image sides need a square grid's side
+    factor = grid[0] if units == "image" else 1
+    config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+    burn_in = ((config or {}).get("dynamics") or {}).get("burn_in", 5)
+    shape = torch.tensor(records[-1]["tau"]).shape
+    tracker = ConvergenceTracker(*shape, eps_d=0.05, eps_tau=0.05, patience=3, rule="absolute")
+    for record in records:
+        if record["epoch"] < burn_in:
+            continue
+        drift = torch.zeros(shape) if record["drift"] is None else factor * torch.tensor(record["drift"])
+        tracker.update(drift, torch.tensor(record["tau"]))
+    return float((~tracker.converged).sum())
+
+
+def run_row(run: Path, grid_side: int | None = None) -> dict[str, float]:
     """The Table I numbers of one run (missing ones are NaN)."""
-    test, gen, timing, dyn = (
+    test, gen, timing, records = (
         _json(run / "test_metrics.json"),
         _json(run / "generate" / "metrics.json"),
         _json(run / "timing.json"),
-        _last_dynamics(run),
+        _dynamics(run),
     )
+    dyn = records[-1] if records else {}
     frozen = sum(sum(layer) for layer in dyn.get("frozen", [])) if dyn else math.nan
     nan = math.nan
+    last_epoch = dyn.get("epoch", 0)
+    converged_at = _freeze_epochs(records)
+    units = dyn.get("drift_units", "patch")
     return {
         "classification accuracy (test), %": 100 * test.get("test/acc", nan),
         "linear probe on mu_cls, %": 100 * gen.get("linear_probe/accuracy", nan),
         "reconstruction PSNR, dB": gen.get("reconstruction/psnr", nan),
         "class consistency of samples (CNN judge), %": 100 * gen.get("conditional/judge_accuracy", nan),
+        "class consistency of the prior mean, %": 100 * gen.get("conditional/prior_mean_judge_accuracy", nan),
+        "class consistency of g(z_cls), %": 100 * gen.get("conditional/estimator_judge_accuracy", nan),
+        "judge on real test images (upper bound), %": 100 * gen.get("conditional/judge_test_accuracy", nan),
+        "judge on reconstructions (upper bound), %": 100 * gen.get("reconstruction/judge_accuracy", nan),
         "non-converged heads at the end": dyn.get("non_converged", nan),
+        "non-converged heads by the paper's rule, replayed on the same drift": paper_rule_replay(
+            run, records, grid_side
+        ),
         "frozen heads at the end": frozen,
-        "mean drift in the last epoch (patch widths)": dyn.get("mean_drift", nan),
+        "heads converged before the last third of training": (
+            sum(e <= 2 * last_epoch / 3 for e in converged_at) if records else nan
+        ),
+        "epoch of the first converged head": converged_at[0] if converged_at else nan,
+        f"mean drift in the last epoch ({'image sides' if units == 'image' else 'patch widths'})": dyn.get(
+            "mean_drift", nan
+        ),
         "train time: optimisation steps, s": timing.get("time/step_total_s", nan),
         "train time: backward passes, s": timing.get("time/backward_total_s", nan),
         "train time: epochs (with validation and probe), s": timing.get("time/epoch_total_s", nan),
@@ -73,7 +128,7 @@ def _welch(a: list[float], b: list[float]) -> str:
     return f"t = {t:.2f}, p = {p:.2g}"
 
 
-def summarise(runs_dir: Path) -> str:
+def summarise(runs_dir: Path, grid_side: int | None = None) -> str:
     rows: dict[str, dict[str, list[float]]] = {}
     seeds: dict[str, list[str]] = {}
     for arm in ARMS:
@@ -83,7 +138,7 @@ def summarise(runs_dir: Path) -> str:
             raise SystemExit(f"no {arm}-seed*/ run directories in {runs_dir}; run benchmarks/table1.sh first")
         seeds[arm] = [r.name.split("-seed")[-1] for r in runs]
         for run in runs:
-            for metric, value in run_row(run).items():
+            for metric, value in run_row(run, grid_side).items():
                 rows.setdefault(metric, {a: [] for a in ARMS})[arm].append(value)
     lines = [
         f"Table I from {runs_dir}: mean ± std over seeds {', '.join(seeds['controlled'])} (controlled) and "
@@ -93,7 +148,7 @@ def summarise(runs_dir: Path) -> str:
         "|---|---|---|---|",
     ]
     for metric, by_arm in rows.items():
-        per_seed = "heads" in metric
+        per_seed = "heads" in metric or "epoch of" in metric
         cells = [_cell(by_arm[arm], per_seed) for arm in ARMS]
         lines.append(f"| {metric} | {cells[0]} | {cells[1]} | {_welch(by_arm['controlled'], by_arm['uncontrolled'])} |")
     return "\n".join(lines) + "\n"
@@ -102,8 +157,11 @@ def summarise(runs_dir: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, help="the OUT folder of benchmarks/table1.sh")
+    parser.add_argument(
+        "--grid", type=int, help="side of the (square) patch grid, for runs whose dynamics.jsonl does not name it"
+    )
     args = parser.parse_args()
-    table = summarise(args.runs)
+    table = summarise(args.runs, args.grid)
     print(table, end="")
     (args.runs / "table1_summary.md").write_text(table)
 

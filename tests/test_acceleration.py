@@ -267,7 +267,7 @@ def test_fit_with_compile_and_the_dynamics_controller_probes_and_freezes(tmp_pat
     freezes heads (their blocks run eager from then on), each said once in the log."""
     dynamics = ["dynamics.mode=schedule", "dynamics.freeze=true", "dynamics.alpha=2.0", "dynamics.eps_d=100"]
     dynamics += ["dynamics.eps_tau=100", "dynamics.patience=1", "dynamics.burn_in=0", "dynamics.probe_size=4"]
-    dynamics += ["dynamics.kappa_images=4"]
+    dynamics += ["dynamics.kappa_images=4", "dynamics.convergence=absolute"]
     settings = ["trainer.max_epochs=3", "trainer.limit_train_batches=2", "model.temperature=true", "run.export=false"]
     settings += ["trainer.compile=true", f"trainer.compile_backend={BACKEND}"]
     with caplog.at_level(logging.WARNING, logger="vitlab.acceleration"):

@@ -162,8 +162,13 @@ EPOCH2 = [[2, 3, 3, 2], [3, 2, 7, 3]]  # every head moves by 2 patches (0->2, 1-
 STILL = torch.tensor([[True, False, False, True], [False, True, False, False]])
 
 
+# The paper's reading: drift in patch widths, the absolute rule, the probe at the model's own tau. The scripted
+# point masses below are in patch widths; tests of the defaults are in test_controller_units.py.
+PAPER = dict(drift_units="patch", convergence="absolute", probe_tau="model", log_model_tau=False)
+
+
 def scheduled_controller(**config) -> DynamicsController:
-    settings = dict(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=2, kappa_images=2)
+    settings = dict(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=2, kappa_images=2, **PAPER)
     controller = DynamicsController(DynamicsConfig(**{**settings, **config}))
     controller.attach(tiny_vit())
     return controller
@@ -425,12 +430,26 @@ def test_fit_writes_one_record_per_epoch_with_per_head_lists(runs, mode):
     tau = torch.tensor([r["tau"] for r in records], dtype=torch.float64)
     if mode == "fixed":
         assert torch.equal(tau, torch.ones_like(tau))
-    else:  # eq. 20, alpha = 1: the tau an epoch ends with is 1 / (1 + d) of that epoch
+    else:  # eq. 20, alpha = 4 per image side: the tau an epoch ends with is 1 / (1 + 4 d) of that epoch
         drift = torch.tensor([r["drift"] for r in records[1:]], dtype=torch.float64)
-        torch.testing.assert_close(tau[1:], 1 / (1 + drift), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(tau[1:], 1 / (1 + 4 * drift), rtol=1e-6, atol=1e-6)
+        # the default probes at tau = 1 and logs the drift at the model's own tau beside it
+        assert records[0]["drift_model_tau"] is None and len(records[1]["drift_model_tau"]) == 2
+    assert records[0]["drift_units"] == "image" and records[0]["probe_tau"] == "unit"
+    assert all(r["lr"] > 0 for r in records)
     metrics = RunDir(runs[mode]).metrics()
     assert [m["dynamics/non_converged"] for m in metrics] == [r["non_converged"] for r in records[1:]]
     assert {"dynamics.png", "temperature.png", "frozen.png"} <= {p.name for p in (runs[mode] / "dynamics").iterdir()}
+
+
+def test_report_draws_the_two_arms_side_by_side_and_their_drift_against_the_learning_rate(runs):
+    from vitlab.report.collect import Plot
+    from vitlab.report.figures import draw
+
+    paths = [str(runs[mode] / "dynamics.jsonl") for mode in ("fixed", "schedule")]
+    drawn = dict(draw(Plot("dynamics_comparison", {"paths": paths, "labels": ["uncontrolled", "controlled"]})))
+    assert set(drawn) == {"comparison.png", "drift_vs_lr.png"}
+    assert all(data.startswith(b"\x89PNG") for data in drawn.values())
 
 
 def test_checkpoint_holds_the_controller_state_as_plain_data(runs):
@@ -470,8 +489,8 @@ class ScriptedController(DynamicsController):
         epoch = 0 if self.epoch is None else self.epoch + 1
         return point_masses([EPOCH0, EPOCH1, EPOCH2][epoch], num_images=len(probe))
 
-    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None, extend=None) -> dict:
-        record = super().advance(measurement, epoch, extend)
+    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None, extend=None, model_tau=None) -> dict:
+        record = super().advance(measurement, epoch, extend, model_tau)
         if record["epoch"] == 1:
             self.frozen_rows = [head_rows(m) for m in self.modules]
         return record
@@ -479,7 +498,9 @@ class ScriptedController(DynamicsController):
 
 def test_frozen_heads_stay_bit_identical_through_lightning_training(tmp_path):
     settings = [s for s in FIT if not s.startswith("dynamics.")]
-    config = DynamicsConfig(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4)
+    config = DynamicsConfig(
+        alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4, **PAPER
+    )
     controller = ScriptedController(config, tmp_path)
     fit(build_config("vit/digits", [*settings, f"run.dir={tmp_path}"]), callbacks=[controller])
     assert [r["epoch"] for r in read_dynamics(tmp_path)] == [0, 1, 2]
@@ -495,7 +516,9 @@ def test_resumed_run_after_a_head_permutation_continues_bit_identically(tmp_path
     """STILL's heads freeze at the end of epoch 1, which moves them to the first slots of their modules (and the
     AdamW state with them); a run stopped right there and resumed ends bit-identical to one that never stopped."""
     settings = [s for s in FIT if not s.startswith("dynamics.")]
-    config = DynamicsConfig(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4)
+    config = DynamicsConfig(
+        alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4, **PAPER
+    )
 
     def last_checkpoint(run_dir):
         return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -529,7 +552,8 @@ def test_dynamics_command_prints_the_head_table_and_draws_the_comparison(runs, t
     out = capsys.readouterr().out
     assert "attention heads after epoch 2" in out and len(head_table(read_dynamics(runs["schedule"]))) == 8
     assert out.count("\n    1    3 ") == 1  # the row of layer 1, head 3
-    assert {p.name for p in tmp_path.iterdir()} == {"dynamics.png", "temperature.png", "frozen.png", "comparison.png"}
+    names = {"dynamics.png", "temperature.png", "frozen.png", "comparison.png", "drift_vs_lr.png"}
+    assert {p.name for p in tmp_path.iterdir()} == names
 
 
 def test_read_dynamics_keeps_the_last_line_of_an_epoch_and_finds_freezing_epochs(tmp_path):

@@ -68,8 +68,18 @@ def test_every_task_writes_its_grid_and_finite_numbers(digits_run):
         "conditional/judge_test_accuracy",
         "conditional/self_agreement",
         "conditional/latent_agreement",
+        "conditional/prior_mean_judge_accuracy",
+        "conditional/estimator_judge_accuracy",
+        "reconstruction/judge_accuracy",
+        "interpolation/path_endpoint_classes",
     ):
         assert 0.0 <= metrics[name] <= 1.0, name
+    steps = 8  # INTERPOLATION_STEPS: an even morph has a largest step share of 1/7
+    assert 1 / (steps - 1) - 1e-6 <= metrics["interpolation/path_max_step_share"] <= 1.0
+    assert metrics["interpolation/path_latent_error"] >= 0 and metrics["conditional/prior_std_rms"] > 0
+    for fill in ("prior_fill", "iterated"):
+        gain = metrics[f"inpainting/{fill}_psnr"] - metrics["inpainting/mean_fill_psnr"]
+        assert metrics[f"inpainting/{fill}_psnr_gain"] == pytest.approx(gain)
     assert -1.0 <= metrics["reconstruction/ssim"] <= 1.0
     assert model.training, "the model's training flag must be restored"
 
@@ -153,6 +163,51 @@ def test_inpainting_psnr_and_mean_fill_baseline_by_hand(tmp_path):
     assert metrics["inpainting/mean_fill_psnr"] == pytest.approx(10 * math.log10(1 / ((0.25 + 0.0625) / 2)), 1e-5)
     assert metrics["inpainting/psnr"] == pytest.approx(20.0, 1e-4)
     assert (tmp_path / "grid.png").exists()
+
+
+def test_prior_fill_keeps_the_known_pixels_and_decodes_the_prior_mean_in_the_masked_patches():
+    from vitlab.evaluation.generative import prior_fill
+
+    torch.manual_seed(0)
+    model = tiny_vitcae().eval()
+    x = torch.randn(2, 1, 8, 8)
+    patch_mask = random_patch_mask(2, model.num_patches, 0.5, torch.Generator().manual_seed(0))
+    pixel_mask = patch_mask_to_pixels(patch_mask, model.grid_size, model.patch_size)
+    filled = prior_fill(model, x, patch_mask, pixel_mask)
+    assert torch.equal(filled[~pixel_mask.expand_as(x)], x[~pixel_mask.expand_as(x)])
+    post = model.encode(x)
+    prior_mu, _ = model.prior(post.mu_cls)
+    expected = model.decode(post.mu_cls, torch.where(patch_mask.unsqueeze(-1), prior_mu, post.mu_pt))
+    torch.testing.assert_close(filled[pixel_mask.expand_as(x)], expected[pixel_mask.expand_as(x)])
+
+
+def test_path_measures_by_hand():
+    from vitlab.evaluation.generative import path_measures
+
+    class Identity(nn.Module):  # encodes an image to its first two pixels, so the latent path is checkable
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1))
+
+        def encode(self, x):
+            return SimpleNamespace(mu_cls=x.flatten(1)[:, :2])
+
+    class Judge:
+        def predict(self, images):
+            return (images.flatten(1)[:, 0] > 0.5).long()
+
+    t = torch.linspace(0, 1, 5)
+    latents = torch.stack([t, torch.zeros(5)], dim=1).unsqueeze(0)  # [1, 5, 2], a line of length 1
+    frames = torch.zeros(1, 5, 1, 1, 2)
+    frames[0, :, 0, 0, 0] = t  # decoded exactly on the line, in even steps
+    out = path_measures(Identity(), frames, latents, Judge(), torch.tensor([0]), torch.tensor([1]), (0.0,), (1.0,))
+    assert out["interpolation/path_latent_error"] == pytest.approx(0.0)
+    assert out["interpolation/path_endpoint_classes"] == 1.0
+    assert out["interpolation/path_max_step_share"] == pytest.approx(0.25)
+    frames[0, 1:, 0, 0, 0] = 1.0  # one jump after the first frame
+    out = path_measures(Identity(), frames, latents, Judge(), torch.tensor([0]), torch.tensor([1]), (0.0,), (1.0,))
+    assert out["interpolation/path_max_step_share"] == pytest.approx(1.0)
+    assert out["interpolation/path_latent_error"] > 0
 
 
 # -------------------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from torch.distributions import Normal, kl_divergence
 
 from vitlab.losses.vitcae import (
     ViTCAELossConfig,
+    conditional_prior_variance,
     imq_mmd,
     kl_gaussians,
     kl_standard_normal,
@@ -133,7 +134,8 @@ def test_every_term_is_returned_and_weighted_as_documented():
     cfg = ViTCAELossConfig(lambda_l1=2.0, lambda_l2=3.0, lambda_pt=4.0)
     out, x, y = fake_output(), torch.randn(6, 1, 4, 4), torch.randint(0, 5, (6,))
     terms = vitcae_loss(out, x, y, epoch=1, cfg=cfg)
-    expected_keys = {"loss", "rec", "rec_l1", "rec_l2", "pt_est", "kl_cls", "kl_pt", "mmd_cls", "mmd_pt", "ce"}
+    expected_keys = {"loss", "monitor", "rec", "rec_l1", "rec_l2", "pt_est", "kl_cls", "kl_pt", "mmd_cls", "mmd_pt"}
+    expected_keys |= {"ce", "mmd_share_cls", "mmd_share_pt"}
     assert terms.keys() == expected_keys
     torch.testing.assert_close(terms["rec"], 2.0 * terms["rec_l1"] + 3.0 * terms["rec_l2"])
     torch.testing.assert_close(terms["pt_est"], 4.0 * patch_estimator_loss(out.mu_pt, out.pt_estimate))
@@ -177,7 +179,14 @@ def test_every_parameter_receives_a_gradient_once_mmd_is_live():
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [(dict(mmd_mix=1.5), "mmd_mix"), (dict(lambda_cls=-1.0), "lambda_cls"), (dict(mmd_scales=[]), "mmd_scales")],
+    [
+        (dict(mmd_mix=1.5), "mmd_mix"),
+        (dict(lambda_cls=-1.0), "lambda_cls"),
+        (dict(mmd_scales=[]), "mmd_scales"),
+        (dict(mmd_kernel_scale="data"), "mmd_kernel_scale"),
+        (dict(mmd_calibration="auto"), "mmd_calibration"),
+        (dict(monitor="val"), "monitor"),
+    ],
 )
 def test_bad_loss_configuration_is_named(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -186,3 +195,59 @@ def test_bad_loss_configuration_is_named(overrides, message):
 
 def test_scales_from_yaml_lists_become_a_tuple():
     assert ViTCAELossConfig(mmd_scales=[1, 2]).mmd_scales == (1.0, 2.0)
+
+
+def test_imq_kernel_scale_follows_the_prior_variance_by_hand():
+    # two samples a side in 2 dimensions, one scale s = 0.5, prior variance 0.25: C = 2 * 2 * 0.5 * 0.25 = 0.5
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
+    y = torch.tensor([[0.0, 1.0], [0.0, 2.0]])
+    # |x0-x1|^2 = 1, |y0-y1|^2 = 1, cross: (0,0)-(0,1) 1, (0,0)-(0,2) 4, (1,0)-(0,1) 2, (1,0)-(0,2) 5
+    within = 0.5 / 1.5  # each within-set pair, k = C / (C + 1); both sets have one pair (counted twice over n(n-1))
+    cross = (0.5 / 1.5 + 0.5 / 4.5 + 0.5 / 2.5 + 0.5 / 5.5) / 4
+    expected = within + within - 2 * cross
+    torch.testing.assert_close(imq_mmd(x, y, (0.5,), variance=0.25), torch.tensor(expected))
+    # WAE as printed (variance 1): C = 2
+    as_printed = 2 * (2 / 3) - 2 * (2 / 3 + 2 / 6 + 2 / 4 + 2 / 7) / 4
+    torch.testing.assert_close(imq_mmd(x, y, (0.5,)), torch.tensor(as_printed))
+
+
+def test_conditional_prior_variance_is_the_pooled_variance_of_its_samples():
+    mu = torch.tensor([[[0.0, 2.0]], [[2.0, 0.0]]])  # [B=2, N=1, d=2]: batch variance 1 in each dimension
+    logvar = torch.log(torch.full((2, 1, 2), 0.25))
+    torch.testing.assert_close(conditional_prior_variance(mu, logvar), torch.tensor(1.25))
+    gen = torch.Generator().manual_seed(0)
+    mu, logvar = torch.randn(4000, 3, 2, generator=gen) * 0.3, torch.full((4000, 3, 2), -2.0)
+    samples = mu + (0.5 * logvar).exp() * torch.randn(mu.shape, generator=gen)
+    torch.testing.assert_close(conditional_prior_variance(mu, logvar), samples.var(0).mean(), rtol=0.05, atol=0)
+
+
+def test_monitored_loss_has_no_step_at_the_switch_while_the_objective_does():
+    cfg = ViTCAELossConfig(lambda_cls=0.3, lambda_pt_reg=0.2, warmup_epochs=3)
+    out, x, y = fake_output(), torch.randn(6, 1, 4, 4), torch.randint(0, 5, (6,))
+    torch.manual_seed(0)
+    before = vitcae_loss(out, x, y, epoch=3, cfg=cfg)
+    torch.manual_seed(0)
+    after = vitcae_loss(out, x, y, epoch=4, cfg=cfg)
+    assert torch.equal(before["monitor"], after["monitor"])  # same network, same batch: the same number
+    assert (before["loss"] - after["loss"]).abs() > 1e-3 * before["loss"].abs()  # eq. 25 itself steps
+    torch.testing.assert_close(after["monitor"], after["rec"] + after["pt_est"] + cfg.lambda_ce * after["ce"])
+
+
+def test_calibrated_blend_keeps_the_magnitude_and_gives_the_mmd_most_of_it():
+    cfg = ViTCAELossConfig(lambda_cls=1.0, lambda_pt_reg=1.0, warmup_epochs=0, mmd_mix=0.8)
+    out, x, y = fake_output(), torch.randn(6, 1, 4, 4), torch.randint(0, 5, (6,))
+    torch.manual_seed(0)
+    plain = vitcae_loss(out, x, y, epoch=1, cfg=cfg)
+    scale = tuple(float((plain[f"kl_{n}"] / plain[f"mmd_{n}"].abs()).detach()) for n in ("cls", "pt"))
+    torch.manual_seed(0)
+    calibrated = vitcae_loss(out, x, y, epoch=1, cfg=cfg, mmd_scale=scale)
+    assert plain["mmd_share_cls"] < 0.5  # as printed, the KL dominates the blend
+    torch.testing.assert_close(calibrated["mmd_share_cls"], torch.tensor(0.8))
+    torch.testing.assert_close(calibrated["mmd_share_pt"], torch.tensor(0.8))
+
+
+def test_calibration_scale_is_the_kl_to_mmd_ratio_capped():
+    from vitlab.training.vitcae_task import calibration_scale
+
+    assert calibration_scale(torch.tensor([34.5, 1.3, 91.7, 0.023]), 100.0) == pytest.approx((34.5 / 1.3, 100.0))
+    assert calibration_scale(torch.tensor([10.0, -0.01, 10.0, 0.0]), 50.0) == (50.0, 50.0)  # an MMD estimate <= 0

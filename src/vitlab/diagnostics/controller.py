@@ -8,9 +8,10 @@ this and the previous epoch's CLS-to-patch distributions on the patch grid), the
 
 - sets ``tau <- 1 / (1 + alpha * d)`` for every head that is not frozen (eq. 20, mode ``schedule``), leaves tau to
   the gradient (``learn``) or holds it at 1 (``fixed``, the uncontrolled baseline);
-- tracks convergence (``d < eps_d`` and ``|tau_t - tau_{t-1}| < eps_tau`` for ``patience`` epochs) and freezes the
-  converged heads (eq. 26): their attention becomes a constant of the backward pass and their rows of ``W_q``,
-  ``W_k``, ``W_v`` and their tau stay bit-identical through every later optimizer step;
+- tracks convergence (by default: the head's movement no longer accumulates, ``convergence: noise``; or
+  ``d < rel_d * peak d``, or the paper's ``d < eps_d``; and ``|tau_t - tau_{t-1}| < eps_tau``, for ``patience``
+  epochs) and freezes the converged heads (eq. 26): their attention becomes a constant of the backward pass and
+  their rows of ``W_q``, ``W_k``, ``W_v`` and their tau stay bit-identical through every later optimizer step;
 - appends one JSON line per epoch to ``<run_dir>/dynamics.jsonl`` and logs scalars to the Lightning loggers.
 
 Its state (epoch, tracker, previous distributions, frozen masks) rides in the checkpoint, so a resumed run continues
@@ -34,10 +35,13 @@ from torch import nn
 
 from vitlab.config import from_dict
 from vitlab.diagnostics.dynamics import (
+    CONVERGENCE_RULES,
+    DRIFT_UNITS,
     ConvergenceTracker,
     attention_drift,
     attention_to_cls_distribution,
     consensus_clusters,
+    directedness,
     patch_grid_cost,
     temperature_update,
 )
@@ -55,23 +59,44 @@ KAPPA_DTYPES = ("float64", "float32")
 
 @dataclass
 class DynamicsConfig:
-    """The ``dynamics`` section of a run config. Thresholds are in the units of the measurements: ``d`` in patch
-    widths on the patch grid, tau dimensionless. ``docs/dynamics.md`` gives the measured drift curves behind the
-    defaults.
+    """The ``dynamics`` section of a run config. Thresholds are in the units of the measurements: ``d`` in image
+    sides by default (``drift_units``), tau dimensionless. ``docs/dynamics.md`` gives the measured drift curves
+    behind the defaults.
 
     Attributes:
         mode: ``schedule`` (eq. 20 sets tau each epoch; tau also learns by gradient within the epoch), ``learn``
             (gradient only) or ``fixed`` (tau = 1 and kept out of training: the uncontrolled baseline).
-        alpha: the ``alpha > 0`` of eq. 20.
+        alpha: the ``alpha > 0`` of eq. 20, per unit of drift. Default 4 in image sides: the paper's ``alpha = 1``
+            per patch width on a 4x4 grid (digits and MNIST here); with ``drift_units: patch`` the same strength on
+            a grid of side ``g`` is ``alpha = 4 / g``.
+        drift_units: ``image`` (default): the ground cost of the drift is the distance between patch centres in
+            image sides, so a head whose attention moves by the same fraction of the image has the same drift on a
+            4x4 and an 8x8 grid; ``patch``: in patch widths (the paper's grid; its drift grows with the grid side).
         probe_size: validation images in the fixed probe batch.
         probe_seed: seed of the random subset of the validation set that forms the probe; ``None`` takes the first
             ``probe_size`` images in the validation loader's order.
         probe_batch_size: probe images per forward pass (bounds the memory of the materialised attention).
-        probe_tau: the temperature the probe pass runs at. ``model``: each head's own tau (the paper's literal
-            reading: the drift then includes the change of tau that the schedule itself made); ``unit``: tau = 1
-            during the probe, so the drift and the clusters follow the head's Q/K weights alone.
+        probe_tau: the temperature of the probe pass whose drift drives eq. 20 and the convergence decision.
+            ``unit`` (default): tau = 1 during the probe, so the drift and the clusters follow the head's Q/K weights
+            alone and the controlled and uncontrolled arms are measured alike (a schedule value tau = 0.67 alone
+            lowered the measured drift of the same weights by 15%); ``model``: each head's own tau (the paper's
+            literal reading: the drift then includes the change of tau that the schedule itself made).
+        log_model_tau: with ``probe_tau: unit`` in ``schedule``/``learn`` mode, also probe at each head's own tau
+            and write that drift beside the decision's (``drift_model_tau``; one more probe pass per epoch, no
+            clusters). It decides nothing.
         eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
-        eps_d: a head is stable in an epoch when its drift is below ``eps_d`` ...
+        convergence: ``noise`` (default): a head is stable when its movement no longer accumulates (``rho``);
+            ``relative``: a head is stable in an epoch when its drift is below ``rel_d`` times
+            its own peak drift so far, a rule with no units (the same on any grid) that a constant rescaling of the
+            whole drift curve (another constant learning rate) does not change; ``absolute``: below ``eps_d`` (the
+            paper's rule) ...
+        rho: the directedness below which the ``noise`` rule (the default) counts a head as stable: the drift from
+            epoch t-2 to t over the sum of the two one-epoch drifts (1: attention keeps moving one way; 0.71: a random
+            walk; 0.5: jitter around one pattern), a ratio free of the grid and of a constant learning rate's scale
+            ...
+        rel_d: the fraction of the peak drift of the ``relative`` rule ...
+        eps_d: the threshold of the ``absolute`` rule, in ``drift_units`` (default 0.0125 image sides = the
+            earlier 0.05 patch widths on a 4x4 grid) ...
         eps_tau: ... and its tau moved by less than ``eps_tau`` ...
         patience: ... for this many consecutive epochs; it is then converged.
         burn_in: epochs before the convergence test starts (the streaks count from epoch ``burn_in + 1``, so no head
@@ -97,13 +122,18 @@ class DynamicsConfig:
     """
 
     mode: str = "schedule"
-    alpha: float = 1.0
+    alpha: float = 4.0
+    drift_units: str = "image"
     probe_size: int = 256
     probe_seed: int | None = 0
     probe_batch_size: int = 32
-    probe_tau: str = "model"
+    probe_tau: str = "unit"
+    log_model_tau: bool = True
     eps: float = 0.1
-    eps_d: float = 0.05
+    convergence: str = "noise"
+    rho: float = 0.75
+    rel_d: float = 0.2
+    eps_d: float = 0.0125
     eps_tau: float = 0.05
     patience: int = 3
     burn_in: int = 5
@@ -121,6 +151,21 @@ class DynamicsConfig:
             problems.append(f"dynamics.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.probe_tau not in PROBE_TAUS:
             problems.append(f"dynamics.probe_tau must be one of {', '.join(PROBE_TAUS)}, got {self.probe_tau!r}")
+        if self.drift_units not in DRIFT_UNITS:
+            problems.append(f"dynamics.drift_units must be one of {', '.join(DRIFT_UNITS)}, got {self.drift_units!r}")
+        if self.convergence not in CONVERGENCE_RULES:
+            problems.append(
+                f"dynamics.convergence must be one of {', '.join(CONVERGENCE_RULES)}, got {self.convergence!r}"
+            )
+        if not 0.5 <= self.rho <= 1:
+            problems.append(f"dynamics.rho must be in [0.5, 1] (a directedness), got {self.rho}")
+        if self.convergence == "noise" and self.probe_min is not None:
+            problems.append(
+                "dynamics.probe_min (the adaptive probe) needs a drift threshold: set dynamics.convergence=relative "
+                "or absolute, or probe_min=null"
+            )
+        if not 0 < self.rel_d < 1:
+            problems.append(f"dynamics.rel_d must be in (0, 1) (a fraction of the peak drift), got {self.rel_d}")
         if not self.alpha > 0:
             problems.append(f"dynamics.alpha must be > 0 (eq. 20), got {self.alpha}")
         if self.probe_size < 1 or self.probe_batch_size < 1:
@@ -346,10 +391,14 @@ class DynamicsController(pl.Callback):
         self.modules: list[Attention] = []
         self.guard: FrozenHeadGuard | None = None
         self.cost: torch.Tensor | None = None
+        self.grid: tuple[int, int] | None = None
         self.num_prefix_tokens = 1
         self.epoch: int | None = None  # the last epoch measured; 0 = before training
         self.tracker: ConvergenceTracker | None = None
         self.previous: torch.Tensor | None = None  # [L, H, P, N] float32 (P = probe_min when not extended)
+        self.previous_model_tau: torch.Tensor | None = None  # the same at the model's own tau (log_model_tau)
+        self.before_previous: torch.Tensor | None = None  # [L, H, P, N] of epoch t-2 (convergence: noise)
+        self.last_drift: torch.Tensor | None = None  # [L, H] float64, d(t-2, t-1)
         self.kappa: torch.Tensor | None = None  # [L, H] float64, the last count
         self.kappa_epoch: int | None = None  # the epoch it was counted at
         self.frozen: torch.Tensor | None = None  # [L, H] bool
@@ -395,7 +444,8 @@ class DynamicsController(pl.Callback):
         self.model = model
         self.module_names = [n for n, _ in named]
         self.modules = [m for _, m in named]
-        self.cost = patch_grid_cost(*grid)
+        self.cost = patch_grid_cost(*grid, units=cfg.drift_units)
+        self.grid = (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
         self.guard = FrozenHeadGuard(self.modules)
@@ -410,10 +460,10 @@ class DynamicsController(pl.Callback):
 
     # --- one epoch of control ---------------------------------------------------------------------------------------
     @torch.no_grad()
-    def measure(self, probe: torch.Tensor, kappa: bool = True) -> ProbeMeasurement:
+    def measure(self, probe: torch.Tensor, kappa: bool = True, probe_tau: str | None = None) -> ProbeMeasurement:
         """Push ``probe: [P, C, H, W]`` through the attached model (eval mode, attention captured, at the temperature
-        ``probe_tau`` says) and measure the CLS-to-patch distributions and (with ``kappa``) the consensus clusters of
-        every head."""
+        ``probe_tau`` says, default the config's) and measure the CLS-to-patch distributions and (with ``kappa``)
+        the consensus clusters of every head."""
         model, cfg = self.model, self.config
         if model is None:
             raise RuntimeError("attach a model before measuring")
@@ -422,10 +472,11 @@ class DynamicsController(pl.Callback):
         distributions, kappa_sum = [], torch.zeros(self.shape, dtype=torch.float64)
         kappa_images = min(cfg.kappa_images, len(probe)) if kappa else 0
         kappa_dtype = getattr(torch, cfg.kappa_dtype)
+        probe_tau = cfg.probe_tau if probe_tau is None else probe_tau
         was_training = model.training
         model.eval()
         try:
-            with unit_temperature(self.modules) if cfg.probe_tau == "unit" else contextlib.nullcontext():
+            with unit_temperature(self.modules) if probe_tau == "unit" else contextlib.nullcontext():
                 for start in range(0, len(probe), cfg.probe_batch_size):
                     images = probe[start : start + cfg.probe_batch_size].to(device)
                     with attention_capture(model, self.module_names) as capture:
@@ -475,6 +526,12 @@ class DynamicsController(pl.Callback):
                 slots = module.head_slots[mask.cpu()].to(module.log_tau.device)  # parameters are in slot order
                 module.log_tau[slots] = values[mask].log().to(module.log_tau)
 
+    def _new_tracker(self) -> ConvergenceTracker:
+        cfg = self.config
+        return ConvergenceTracker(
+            *self.shape, cfg.eps_d, cfg.eps_tau, cfg.patience, rule=cfg.convergence, rel_d=cfg.rel_d, rho=cfg.rho
+        )
+
     def wants_kappa(self, epoch: int) -> bool:
         """Whether epoch ``epoch``'s probe pass counts the clusters (``kappa_every``)."""
         return epoch % self.config.kappa_every == 0 or self.kappa is None
@@ -484,6 +541,7 @@ class DynamicsController(pl.Callback):
         measurement: ProbeMeasurement,
         epoch: int | None = None,
         extend: Callable[[], torch.Tensor] | None = None,
+        model_tau: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """Record one epoch: drift against the previous measurement, the temperature schedule (eq. 20), convergence
         and freezing (eq. 26). Returns the epoch's record (as written to ``dynamics.jsonl``).
@@ -498,6 +556,9 @@ class DynamicsController(pl.Callback):
         it is called when some head's drift is within ``probe_z`` standard errors of ``eps_d``, and those heads'
         drift then averages over every probe image for which the previous epoch has a distribution too. It is also
         called at epoch ``burn_in - 1``, so that the first decision can use the whole probe.
+
+        ``model_tau``: the distributions of the same probe images at the model's own tau, ``[L, H, P', N]``
+        (``log_model_tau``); their drift is recorded as ``drift_model_tau`` and decides nothing.
         """
         cfg = self.config
         num_layers, num_heads = self.shape
@@ -505,7 +566,7 @@ class DynamicsController(pl.Callback):
             raise ValueError(f"the measurement is for a {list(measurement.distributions.shape[:2])} head grid")
         epoch = (0 if self.epoch is None else self.epoch + 1) if epoch is None else epoch
         if self.tracker is None:
-            self.tracker = ConvergenceTracker(num_layers, num_heads, cfg.eps_d, cfg.eps_tau, cfg.patience)
+            self.tracker = self._new_tracker()
             self.frozen = torch.zeros(num_layers, num_heads, dtype=torch.bool)
         if measurement.kappa is not None:
             self.kappa, self.kappa_epoch = measurement.kappa, epoch
@@ -513,27 +574,50 @@ class DynamicsController(pl.Callback):
         drift = drift_images = None
         if self.previous is not None:
             drift, drift_images, current = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
+            self.tracker.observe(drift)  # the relative rule's peak counts the burn-in epochs too
             if cfg.mode == "schedule":
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
         if extend is not None and current.shape[2] == cfg.probe_min and epoch == max(cfg.burn_in - 1, 0):
             current = torch.cat([current, extend().float()], dim=2)  # the whole probe, for the first decision
         tau = self.temperatures()
+        directed = None
+        if drift is not None and self.before_previous is not None and self.last_drift is not None:
+            common = min(current.shape[2], self.before_previous.shape[2])
+            two_epoch = attention_drift(current[:, :, :common], self.before_previous[:, :, :common], self.cost)
+            directed = directedness(two_epoch.mean(dim=-1), self.last_drift, drift)
         if epoch >= cfg.burn_in:
             # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
             # placeholder.
-            converged = self.tracker.update(torch.zeros_like(tau) if drift is None else drift, tau)
+            converged = self.tracker.update(torch.zeros_like(tau) if drift is None else drift, tau, directed)
         else:
             converged = self.tracker.converged.clone()
         if cfg.freeze and (converged & ~self.frozen).any():
             self.frozen = self.frozen | converged
             self.guard.freeze(self.frozen)
+        drift_model_tau = None
+        if model_tau is not None:
+            model_tau = model_tau.float()
+            if self.previous_model_tau is not None:
+                common = min(model_tau.shape[2], self.previous_model_tau.shape[2])
+                drift_model_tau = attention_drift(
+                    model_tau[:, :, :common], self.previous_model_tau[:, :, :common], self.cost
+                ).mean(dim=-1)
+            self.previous_model_tau = model_tau
+        if cfg.convergence == "noise":
+            self.before_previous, self.last_drift = self.previous, drift
         self.previous = current
         self.epoch = epoch
         record = {
             "epoch": epoch,
             "mode": cfg.mode,
             "modules": self.module_names,
+            "drift_units": cfg.drift_units,
+            "grid": None if self.grid is None else list(self.grid),
+            "probe_tau": cfg.probe_tau,
+            "convergence": cfg.convergence,
             "drift": None if drift is None else drift.tolist(),
+            "directedness": None if directed is None else directed.tolist(),
+            "threshold": None if cfg.convergence == "noise" else self.tracker.threshold().tolist(),
             "kappa": self.kappa.tolist(),
             "tau": tau.tolist(),
             "converged": converged.tolist(),
@@ -541,6 +625,9 @@ class DynamicsController(pl.Callback):
             "non_converged": int((~converged).sum()),
             "mean_drift": None if drift is None else float(drift.mean()),
         }
+        if model_tau is not None:
+            record["drift_model_tau"] = None if drift_model_tau is None else drift_model_tau.tolist()
+            record["mean_drift_model_tau"] = None if drift_model_tau is None else float(drift_model_tau.mean())
         if cfg.kappa_every > 1:
             record["kappa_epoch"] = self.kappa_epoch
         if cfg.probe_min is not None:
@@ -562,7 +649,7 @@ class DynamicsController(pl.Callback):
         drift = per_image.mean(dim=-1)
         images = torch.full(drift.shape, base)
         standard_error = per_image.std(dim=-1) / math.sqrt(base) if base > 1 else torch.zeros_like(drift)
-        uncertain = ((drift - cfg.eps_d).abs() < cfg.probe_z * standard_error) & ~self.frozen
+        uncertain = ((drift - self.tracker.threshold()).abs() < cfg.probe_z * standard_error) & ~self.frozen
         if deciding and uncertain.any() and extend is not None:
             current = torch.cat([current, extend().float()], dim=2)
             common = min(current.shape[2], previous.shape[2])
@@ -590,7 +677,14 @@ class DynamicsController(pl.Callback):
             def extend() -> torch.Tensor:
                 return identical_on_every_rank(self.measure(self.probe[first:], kappa=False)).distributions
 
-        record = self.advance(measurement, epoch, extend)
+        model_tau = None
+        if cfg.log_model_tau and cfg.probe_tau == "unit" and cfg.mode != "fixed":
+            model_tau = identical_on_every_rank(self.measure(self.probe[:first], kappa=False, probe_tau="model"))
+            model_tau = model_tau.distributions
+        record = self.advance(measurement, epoch, extend, model_tau)
+        # The learning rate the epoch just trained with (ReduceLROnPlateau steps after this hook): the confound of
+        # the drift (docs/dynamics.md, drift against learning rate).
+        record["lr"] = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
         record["seconds"] = time.perf_counter() - started
         record["epoch_seconds"] = None if self._epoch_started is None else started - self._epoch_started
         if trainer.is_global_zero:
@@ -660,6 +754,9 @@ class DynamicsController(pl.Callback):
             "modules": list(self.module_names),
             "tracker": None if self.tracker is None else self.tracker.state_dict(),
             "previous": self.previous,
+            "previous_model_tau": self.previous_model_tau,
+            "before_previous": self.before_previous,
+            "last_drift": self.last_drift,
             "frozen": self.frozen,
             "kappa": self.kappa,
             "kappa_epoch": self.kappa_epoch,
@@ -680,13 +777,22 @@ class DynamicsController(pl.Callback):
             )
         self.epoch, self.previous, self.frozen = state["epoch"], state["previous"], state["frozen"]
         self.kappa, self.kappa_epoch = state.get("kappa"), state.get("kappa_epoch")  # absent before kappa_every
+        self.previous_model_tau = state.get("previous_model_tau")  # absent before log_model_tau
+        self.before_previous, self.last_drift = state.get("before_previous"), state.get("last_drift")
         if state["tracker"] is None:
             self.tracker = None
             return
         cfg = self.config
-        self.tracker = ConvergenceTracker(*self.shape, cfg.eps_d, cfg.eps_tau, cfg.patience)
+        self.tracker = self._new_tracker()
         # This run's thresholds win over the checkpoint's, so a resume may change them.
-        thresholds = {"eps_d": cfg.eps_d, "eps_tau": cfg.eps_tau, "patience": cfg.patience}
+        thresholds = {
+            "eps_d": cfg.eps_d,
+            "eps_tau": cfg.eps_tau,
+            "patience": cfg.patience,
+            "rule": cfg.convergence,
+            "rel_d": cfg.rel_d,
+            "rho": cfg.rho,
+        }
         self.tracker.load_state_dict({**state["tracker"], **thresholds})
         if self.frozen is not None:
             self.guard.freeze(self.frozen)

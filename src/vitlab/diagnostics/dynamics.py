@@ -6,6 +6,7 @@ pure: tensors in, tensors out; the controller that runs them once per epoch live
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,15 +20,26 @@ _EMD_MAX_ITER = 100_000
 _EMD_OPTIMAL = 1
 
 
-def patch_grid_cost(grid_h: int, grid_w: int) -> torch.Tensor:
-    """Ground cost of the attention evolution distance: Euclidean distance between patch centres, in patch units.
+DRIFT_UNITS = ("image", "patch")
+CONVERGENCE_RULES = ("noise", "relative", "absolute")
 
-    Patches are numbered row-major, as ``PatchEmbed`` flattens them. Returns ``cost: [N, N]`` float64, N = H * W.
+
+def patch_grid_cost(grid_h: int, grid_w: int, units: str = "patch") -> torch.Tensor:
+    """Ground cost of the attention evolution distance: Euclidean distance between patch centres.
+
+    ``units="patch"``: in patch widths (the paper's grid). ``units="image"``: in image sides (a row step is
+    ``1 / grid_h``, a column step ``1 / grid_w``), so the same movement of attention over the image has the same
+    cost on a 4x4 and an 8x8 grid. Patches are numbered row-major, as ``PatchEmbed`` flattens them.
+    Returns ``cost: [N, N]`` float64, N = H * W.
     """
     if grid_h < 1 or grid_w < 1:
         raise ValueError(f"the patch grid must be at least 1x1, got {grid_h}x{grid_w}")
+    if units not in DRIFT_UNITS:
+        raise ValueError(f"units must be one of {', '.join(DRIFT_UNITS)}, got {units!r}")
     rows, cols = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
     centres = torch.stack([rows.flatten(), cols.flatten()], dim=1).to(torch.float64)
+    if units == "image":
+        centres = centres / torch.tensor([grid_h, grid_w], dtype=torch.float64)
     return torch.cdist(centres, centres)
 
 
@@ -130,6 +142,13 @@ def consensus_clusters(attn: torch.Tensor, eps: float = 0.1, dtype: torch.dtype 
     return (moduli >= 1 - eps).sum(dim=-1)
 
 
+def directedness(two_epoch: torch.Tensor, earlier: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
+    """``r = d(t-2, t) / (d(t-2, t-1) + d(t-1, t))`` (see :class:`ConvergenceTracker`, ``rule="noise"``), in [0, 1]
+    by the triangle inequality; 0 where the head did not move at all. All ``[...]`` drifts."""
+    total = earlier + later
+    return torch.where(total > 0, two_epoch / total.clamp_min(1e-300), torch.zeros_like(total)).clamp(0, 1)
+
+
 def temperature_update(drift: torch.Tensor | float, alpha: float = 1.0) -> torch.Tensor:
     """ViTCAE eq. 20: ``tau_{t+1} = 1 / (1 + alpha * d_t)``. ``drift: [...]`` (non-negative) -> ``tau: [...]``."""
     if not alpha > 0:
@@ -141,41 +160,93 @@ def temperature_update(drift: torch.Tensor | float, alpha: float = 1.0) -> torch
 
 
 class ConvergenceTracker:
-    """ViTCAE's convergence rule: a head is converged once ``d < eps_d`` and ``|tau_t - tau_{t-1}| < eps_tau`` held
-    for ``patience`` consecutive epochs; it then stays converged (and is frozen, eq. 26).
+    """ViTCAE's convergence rule and a scale-free variant. A head is *stable* in an epoch when its drift is below
+    its threshold and ``|tau_t - tau_{t-1}| < eps_tau``; after ``patience`` consecutive stable epochs it is converged
+    and stays so (it is then frozen, eq. 26).
+
+    - ``rule="absolute"`` (the paper): the threshold is ``eps_d``, in the units of the drift.
+    - ``rule="relative"``: the threshold is ``rel_d`` times the largest drift this head has shown so far (its peak,
+      from epoch 1 on, burn-in included; see :meth:`observe`). A ratio has no units, so the rule is the same on any
+      patch grid; and multiplying a head's whole drift curve by a constant (what a different constant learning rate
+      does to the per-epoch movement of a head that is still drifting) leaves its decisions unchanged.
+    - ``rule="noise"``: the head's drift is at its noise floor, i.e. its movement no longer accumulates. With the
+      two-epoch drift ``d(t-2, t)``, the *directedness* ``r_t = d(t-2, t) / (d(t-2, t-1) + d(t-1, t))`` is 1 for
+      attention that keeps moving the same way, about ``1 / sqrt 2 = 0.71`` for a random walk and about 0.5 for
+      jitter around a fixed pattern (three noisy copies of one pattern are equally far apart). Stable when
+      ``r_t < rho``. A ratio of drifts, so free of the grid's units and of a constant learning rate's scale; the
+      drift at a constant rate stays at the rate's noise level (measured: it falls only when the rate falls), which
+      no threshold on ``d`` alone tells apart from movement.
 
     Call :meth:`update` once per epoch with that epoch's drift and temperature, both ``[L, H]``. The first call only
     records tau: without a previous tau its change is undefined, so no streak can start there.
     """
 
-    def __init__(self, num_layers: int, num_heads: int, eps_d: float, eps_tau: float, patience: int) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_heads: int,
+        eps_d: float,
+        eps_tau: float,
+        patience: int,
+        rule: str = "absolute",
+        rel_d: float = 0.2,
+        rho: float = 0.75,
+    ) -> None:
         if num_layers < 1 or num_heads < 1:
             raise ValueError(f"num_layers and num_heads must be >= 1, got {num_layers} and {num_heads}")
         if not eps_d > 0 or not eps_tau > 0:
             raise ValueError(f"eps_d and eps_tau must be > 0, got {eps_d} and {eps_tau}")
         if patience < 1:
             raise ValueError(f"patience must be >= 1 epoch, got {patience}")
+        if rule not in CONVERGENCE_RULES:
+            raise ValueError(f"rule must be one of {', '.join(CONVERGENCE_RULES)}, got {rule!r}")
+        if not 0 < rel_d < 1:
+            raise ValueError(f"rel_d must be in (0, 1), got {rel_d}")
+        if not 0.5 <= rho <= 1:
+            raise ValueError(f"rho must be in [0.5, 1], got {rho}")
         self.num_layers, self.num_heads = num_layers, num_heads
         self.eps_d, self.eps_tau, self.patience = eps_d, eps_tau, patience
+        self.rule, self.rel_d, self.rho = rule, rel_d, rho
         self.streak = torch.zeros(num_layers, num_heads, dtype=torch.long)
         self.converged = torch.zeros(num_layers, num_heads, dtype=torch.bool)
+        self.peak = torch.zeros(num_layers, num_heads, dtype=torch.float64)
         self.previous_tau: torch.Tensor | None = None
 
-    def update(self, drift: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
-        """Record one epoch. ``drift, tau: [L, H]``. Returns ``converged: [L, H]`` bool (a copy)."""
+    def _as_grid(self, value: torch.Tensor, name: str) -> torch.Tensor:
         shape = (self.num_layers, self.num_heads)
-        drift = torch.as_tensor(drift).detach().to("cpu", torch.float64)
-        tau = torch.as_tensor(tau).detach().to("cpu", torch.float64)
-        if drift.shape != shape or tau.shape != shape:
-            raise ValueError(
-                f"drift and tau must be [L, H] = {list(shape)}, got {list(drift.shape)} and {list(tau.shape)}"
-            )
-        if not (torch.isfinite(drift).all() and torch.isfinite(tau).all()):
-            raise ValueError("drift and tau must be finite; a NaN here means the probe pass or the schedule diverged")
-        if self.previous_tau is None:
-            stable = torch.zeros(shape, dtype=torch.bool)
+        value = torch.as_tensor(value).detach().to("cpu", torch.float64)
+        if value.shape != shape:
+            raise ValueError(f"{name} must be [L, H] = {list(shape)}, got {list(value.shape)}")
+        if not torch.isfinite(value).all():
+            raise ValueError(f"{name} must be finite; a NaN here means the probe pass or the schedule diverged")
+        return value
+
+    def observe(self, drift: torch.Tensor) -> None:
+        """Record a drift ``[L, H]`` for the peak only (the burn-in epochs, when nothing is decided)."""
+        self.peak = torch.maximum(self.peak, self._as_grid(drift, "drift"))
+
+    def threshold(self) -> torch.Tensor:
+        """The drift below which each head counts as stable now, ``[L, H]`` float64 (``noise``: NaN, the rule tests
+        the directedness)."""
+        if self.rule == "noise":
+            return torch.full((self.num_layers, self.num_heads), math.nan, dtype=torch.float64)
+        if self.rule == "relative":
+            return self.rel_d * self.peak
+        return torch.full((self.num_layers, self.num_heads), self.eps_d, dtype=torch.float64)
+
+    def update(self, drift: torch.Tensor, tau: torch.Tensor, directedness: torch.Tensor | None = None) -> torch.Tensor:
+        """Record one epoch. ``drift, tau: [L, H]``; ``directedness: [L, H]`` for ``rule="noise"`` (``None``: not
+        known yet, nothing is stable). Returns ``converged: [L, H]`` bool (a copy)."""
+        drift, tau = self._as_grid(drift, "drift"), self._as_grid(tau, "tau")
+        self.observe(drift)
+        if self.previous_tau is None or (self.rule == "noise" and directedness is None):
+            stable = torch.zeros(drift.shape, dtype=torch.bool)
         else:
-            stable = (drift < self.eps_d) & ((tau - self.previous_tau).abs() < self.eps_tau)
+            if self.rule == "noise":
+                below = self._as_grid(directedness, "directedness") < self.rho
+            else:
+                below = drift < self.threshold()
+            stable = below & ((tau - self.previous_tau).abs() < self.eps_tau)
         self.streak = torch.where(stable, self.streak + 1, torch.zeros_like(self.streak))
         self.converged |= self.streak >= self.patience
         self.previous_tau = tau
@@ -189,20 +260,29 @@ class ConvergenceTracker:
             "eps_d": self.eps_d,
             "eps_tau": self.eps_tau,
             "patience": self.patience,
+            "rule": self.rule,
+            "rel_d": self.rel_d,
+            "rho": self.rho,
             "streak": self.streak.clone(),
             "converged": self.converged.clone(),
+            "peak": self.peak.clone(),
             "previous_tau": None if self.previous_tau is None else self.previous_tau.clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`; the head grid must match this tracker's."""
+        """Restore from :meth:`state_dict`; the head grid must match this tracker's. A state saved before the
+        relative rule existed has no peak and no rule: it keeps this tracker's rule and starts its peak at 0."""
         if (state["num_layers"], state["num_heads"]) != (self.num_layers, self.num_heads):
             raise ValueError(
                 f"state is for a {state['num_layers']}x{state['num_heads']} head grid, "
                 f"this tracker is {self.num_layers}x{self.num_heads}"
             )
         self.eps_d, self.eps_tau, self.patience = state["eps_d"], state["eps_tau"], state["patience"]
+        self.rule, self.rel_d = state.get("rule", self.rule), state.get("rel_d", self.rel_d)
+        self.rho = state.get("rho", self.rho)
         self.streak = state["streak"].clone().to("cpu", torch.long)
         self.converged = state["converged"].clone().to("cpu", torch.bool)
+        peak = state.get("peak")
+        self.peak = torch.zeros_like(self.peak) if peak is None else peak.clone().to("cpu", torch.float64)
         previous_tau = state["previous_tau"]
         self.previous_tau = None if previous_tau is None else previous_tau.clone().to("cpu", torch.float64)

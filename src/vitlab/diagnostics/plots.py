@@ -5,6 +5,8 @@
 - :func:`plot_comparison`: the same figure for two runs side by side, on shared axes (uncontrolled | controlled).
 - :func:`plot_temperature`: tau of every head over epochs as a heatmap; a red line runs along a frozen head's row.
 - :func:`plot_frozen_epochs`: the epoch at which each head was frozen, as a layer x head map.
+- :func:`plot_drift_vs_lr`: mean drift per epoch against the learning rate the epoch trained with, one line per run
+  (e.g. both arms of Table I): the confound of the drift, which falls when the rate falls.
 
 All drawing uses matplotlib's Agg backend, so it runs without a display.
 """
@@ -133,7 +135,7 @@ def _draw_dynamics(
             ax.grid(alpha=0.3, lw=0.5)
             ax.tick_params(labelsize=8)
         if column == 0:
-            top.set_ylabel("drift $d$ (W1, patches)", fontsize=9)
+            top.set_ylabel(f"drift $d$ (W1, {_units(records)})", fontsize=9)
             bottom.set_ylabel(r"clusters $\kappa$", fontsize=9)
     for index in range(num_layers, bands * columns):  # unused panels of the last band
         band, column = divmod(index, columns)
@@ -142,6 +144,10 @@ def _draw_dynamics(
     handles = axes[0, 0].get_legend_handles_labels()[0]
     handles.append(plt.Line2D([], [], ls="", marker="v", color="black", label="frozen at"))
     canvas.legend(handles=handles, loc="outside lower center", ncol=min(num_heads + 1, 8), fontsize=8, frameon=False)
+
+
+def _units(records: list[dict[str, Any]]) -> str:
+    return "image sides" if records[0].get("drift_units") == "image" else "patches"
 
 
 def _limits(*series: np.ndarray, floor: float = 0.0) -> tuple[float, float]:
@@ -242,6 +248,48 @@ def plot_frozen_epochs(records: list[dict[str, Any]], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def has_learning_rate(records: list[dict[str, Any]]) -> bool:
+    """Whether every record names the learning rate its epoch trained with (runs since ``lr`` was recorded)."""
+    return all(r.get("lr") is not None for r in records)
+
+
+def plot_drift_vs_lr(runs: dict[str, list[dict[str, Any]]], path: str | Path) -> Path:
+    """Mean drift of the heads that were not frozen before the epoch (top: against the learning rate of the epoch,
+    log axes; bottom: both over epochs), one colour per run. ``runs``: label -> records with ``lr`` (see
+    :func:`has_learning_rate`); e.g. ``{"uncontrolled": ..., "controlled": ...}``."""
+    if not runs:
+        raise ValueError("plot_drift_vs_lr needs at least one run")
+    missing = [label for label, records in runs.items() if not has_learning_rate(records)]
+    if missing:
+        raise RunFileError(f"{missing} recorded no learning rate in dynamics.jsonl (runs made before 'lr' was logged)")
+    fig, (scatter, curves) = plt.subplots(2, 1, figsize=(6.4, 7.2), layout="constrained")
+    rate_axis = curves.twinx()
+    colors = plt.get_cmap("tab10")(np.arange(len(runs)) % 10)
+    for color, (label, records) in zip(colors, runs.items(), strict=True):
+        arrays = dynamics_arrays(records)
+        epochs, drift, frozen = arrays["epochs"][1:], arrays["drift"][1:], arrays["frozen"][:-1]
+        active = np.where(frozen, np.nan, drift)  # heads frozen before the epoch no longer learn
+        mean = np.array([np.nanmean(a) if np.isfinite(a).any() else np.nan for a in active])
+        rates = np.array([r["lr"] for r in records[1:]], dtype=float)
+        scatter.plot(rates, mean, "o-", color=color, ms=3, lw=0.8, alpha=0.8, label=label)
+        curves.plot(epochs, mean, color=color, lw=1.2, label=f"{label}: drift")
+        rate_axis.plot(epochs, rates, color=color, lw=1.0, ls="--", label=f"{label}: lr")
+    scatter.set_xscale("log")
+    scatter.set_yscale("log")
+    scatter.set_xlabel("learning rate of the epoch")
+    scatter.set_ylabel(f"mean drift of unfrozen heads ({_units(next(iter(runs.values())))})")
+    scatter.legend(fontsize=8, frameon=False)
+    scatter.grid(alpha=0.3, lw=0.5, which="both")
+    curves.set_yscale("log")
+    curves.set_xlabel("epoch")
+    curves.set_ylabel("mean drift (solid)")
+    rate_axis.set_yscale("log")
+    rate_axis.set_ylabel("learning rate (dashed)")
+    curves.grid(alpha=0.3, lw=0.5)
+    fig.suptitle("Drift against learning rate", fontsize=11)
+    return _save(fig, path)
+
+
 def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -260,9 +308,14 @@ def draw_run(source: str | Path, out_dir: str | Path, baseline: str | Path | Non
         plot_temperature(records, out_dir / "temperature.png"),
         plot_frozen_epochs(records, out_dir / "frozen.png"),
     ]
+    runs = {_run_name(source): records}
     if baseline is not None:
         labels = (_run_name(baseline), _run_name(source))
-        paths.append(plot_comparison(read_dynamics(baseline), records, out_dir / "comparison.png", labels))
+        baseline_records = read_dynamics(baseline)
+        paths.append(plot_comparison(baseline_records, records, out_dir / "comparison.png", labels))
+        runs = {labels[0]: baseline_records, labels[1]: records}
+    if all(has_learning_rate(r) for r in runs.values()) and len(records) > 1:
+        paths.append(plot_drift_vs_lr(runs, out_dir / "drift_vs_lr.png"))
     return paths
 
 
@@ -275,8 +328,10 @@ __all__ = [
     "draw_run",
     "dynamics_arrays",
     "frozen_at_epoch",
+    "has_learning_rate",
     "head_table",
     "plot_comparison",
+    "plot_drift_vs_lr",
     "plot_dynamics",
     "plot_frozen_epochs",
     "plot_temperature",

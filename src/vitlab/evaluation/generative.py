@@ -10,15 +10,26 @@ The paper judges its autoencoder on "four distinct tasks"; each one here writes 
    positive definite when a class has fewer images than ``d_z``); ``z_cls`` sampled from it, ``z_pt`` from the
    conditional prior ``p(z_pt | z_cls)``, decoded. Class consistency is the accuracy, on the samples, of a judge
    trained independently of the ViTCAE: a small CNN (:class:`ConvJudge`) on the pixels of the training images.
-   Its own test accuracy is reported beside it, as the ceiling the samples can be held to. The ViTCAE's own
-   classifier is reported too: on the re-encoded samples (``self_agreement``) and on the sampled ``z_cls``
-   themselves (``latent_agreement``).
+   The same ``z_cls`` are also decoded with the prior mean ``mu_hat_pt(z_cls)`` and with the estimator ``g(z_cls)``
+   as patch latents (``prior_mean_judge_accuracy``, ``estimator_judge_accuracy``): the samples' ``z_pt`` noise has
+   the prior's std, which is measured (``prior_std_rms`` against ``prior_mean_rms``) and can be larger than the
+   patch means themselves. Upper bounds beside them: the judge on real test images (``judge_test_accuracy``) and
+   on their reconstructions (``reconstruction/judge_accuracy``). The ViTCAE's own classifier is reported too: on
+   the re-encoded samples (``self_agreement``) and on the sampled ``z_cls`` themselves (``latent_agreement``).
 3. Interpolation: a straight line between two test images' ``mu_cls``, patch latents from the prior mean
-   ``mu_hat_pt(z_cls)``, decoded; pairs of images of different classes. Numbers: PSNR of the decoded end points
-   against their images (what the prior-mean patch latents lose) and the judge's accuracy on the end points.
+   ``mu_hat_pt(z_cls)``, decoded; pairs of images of different classes. At the ends: PSNR of the decoded end
+   points against their images (what the prior-mean patch latents lose) and the judge's accuracy there. On the
+   path (the interpolation itself): ``path_latent_error``, how far the re-encoded frames' ``mu_cls`` lie from the
+   points of the line they were decoded from, relative to the line's length (0: the decoder follows the line);
+   ``path_endpoint_classes``, the share of the inner frames the judge gives to one of the two end classes; and
+   ``path_max_step_share``, the largest pixel change between neighbouring frames over the sum of them (``1 /
+   (steps - 1)`` for an even morph, 1 for a single jump).
 4. Inpainting: a seeded random fraction of the patches set to 0 in normalised space (the per-channel dataset
    mean), encoded and decoded; PSNR on the masked pixels against the mean-fill baseline, which is exactly what the
-   masked input holds there.
+   masked input holds there. The autoencoder reproduces its input, mean fill included, so two fills that use the
+   generative model are measured too: ``prior_fill`` replaces the masked patches' latents by the conditional prior
+   mean ``mu_hat_pt(z_cls)`` before decoding (the known pixels are pasted back), and ``iterated`` repeats
+   encode -> prior fill -> decode -> paste ``INPAINTING_ITERATIONS`` times.
 
 Linear probe (spec section 2): a logistic regression on frozen ``mu_cls`` of the training set, accuracy on the
 test set. Training latents and pixels come from the training images without augmentation.
@@ -67,6 +78,7 @@ INTERPOLATION_PAIRS = 32  # pairs for the numbers; the grid shows the first INTE
 INTERPOLATION_GRID_PAIRS = 6
 INTERPOLATION_STEPS = 8
 INPAINTING_MASK_RATIO = 0.25
+INPAINTING_ITERATIONS = 4
 INPAINTING_GRID_IMAGES = 8
 PIXEL_JUDGE_MAX_IMAGES = 10_000  # cap on the images the judge is trained and tested on
 SKLEARN_MAX_ITER = 2000
@@ -404,18 +416,26 @@ def reconstruction_task(
     *,
     device: torch.device,
     grid_images: int = RECONSTRUCTION_GRID_IMAGES,
+    judge: ConvJudge | None = None,
+    judge_images: int = PIXEL_JUDGE_MAX_IMAGES,
 ) -> dict[str, float]:
-    """Task 1: reconstruct every image of ``batches``; MSE, PSNR, SSIM in [0, 1]; a grid of inputs over outputs."""
+    """Task 1: reconstruct every image of ``batches``; MSE, PSNR, SSIM in [0, 1]; a grid of inputs over outputs.
+    With ``judge``: its accuracy on the first ``judge_images`` reconstructions (an upper bound for samples)."""
     height, width = (side * model.patch_size for side in model.grid_size)
     mse = MeanSquaredError().to(device)
     psnr = PeakSignalNoiseRatio(data_range=1.0).to(device)
     ssim = StructuralSimilarityIndexMeasure(data_range=1.0, **ssim_window(height, width)).to(device)
     shown_inputs, shown_outputs = [], []
-    shown = 0
-    for x, _ in batches:
+    judged, judged_labels = [], []
+    shown = judged_count = 0
+    for x, y in batches:
         x = x.to(device)
         target = denormalize(x, mean, std)
         output = denormalize(model(x).recon, mean, std)
+        if judge is not None and judged_count < judge_images:
+            judged.append(output[: judge_images - judged_count].clamp(0, 1).cpu())
+            judged_labels.append(y[: len(judged[-1])].cpu().long())
+            judged_count += len(judged[-1])
         mse.update(output, target)
         psnr.update(output, target)
         ssim.update(output, target)
@@ -430,11 +450,14 @@ def reconstruction_task(
         row_labels=["input", "reconstruction"],
         title="Reconstruction (test images)",
     )
-    return {
+    metrics = {
         "reconstruction/mse": float(mse.compute()),
         "reconstruction/psnr": float(psnr.compute()),
         "reconstruction/ssim": float(ssim.compute()),
     }
+    if judge is not None:
+        metrics["reconstruction/judge_accuracy"] = judge_accuracy(judge, torch.cat(judged), torch.cat(judged_labels))
+    return metrics
 
 
 @torch.no_grad()
@@ -460,15 +483,26 @@ def conditional_generation_task(
     """
     z_cls, labels = sample_class_latents(gaussians, samples_per_class, generator)
     z_cls = z_cls.to(device)
-    samples, self_logits = [], []
+    samples, self_logits, prior_means, estimates = [], [], [], []
+    std_sq = mean_sq = 0.0
     for z_chunk in z_cls.split(CHUNK):
         decoded = denormalize(model.decode(z_chunk, sample_conditional_patches(model, z_chunk, generator)), mean, std)
         samples.append(decoded)
         self_logits.append(model.head(model.encode(normalize(decoded, mean, std)).mu_cls))
+        prior_mu, prior_logvar = model.prior(z_chunk)
+        prior_means.append(denormalize(model.decode(z_chunk, prior_mu), mean, std).cpu())
+        estimates.append(denormalize(model.decode(z_chunk, model.estimate_patches(z_chunk)), mean, std).cpu())
+        std_sq += float(prior_logvar.exp().sum())
+        mean_sq += float(prior_mu.pow(2).sum())
     samples, self_logits = torch.cat(samples), torch.cat(self_logits)
+    entries = len(z_cls) * model.num_patches * model.patch_latent_dim
     labels_on_device = labels.to(device)
     metrics = {
         "conditional/judge_accuracy": judge_accuracy(judge, samples, labels),
+        "conditional/prior_mean_judge_accuracy": judge_accuracy(judge, torch.cat(prior_means).clamp(0, 1), labels),
+        "conditional/estimator_judge_accuracy": judge_accuracy(judge, torch.cat(estimates).clamp(0, 1), labels),
+        "conditional/prior_std_rms": (std_sq / entries) ** 0.5,
+        "conditional/prior_mean_rms": (mean_sq / entries) ** 0.5,
         "conditional/self_agreement": float((self_logits.argmax(-1) == labels_on_device).float().mean()),
         "conditional/latent_agreement": float((model.head(z_cls).argmax(-1) == labels_on_device).float().mean()),
         "conditional/num_classes": float(len(gaussians.classes)),
@@ -516,6 +550,7 @@ def interpolation_task(
     end_images = torch.cat([test.images[start], test.images[end]])
     end_labels = torch.cat([test.labels[start], test.labels[end]])
     endpoint_psnr = PeakSignalNoiseRatio(data_range=1.0)(ends, end_images)
+    on_path = path_measures(model, frames, path_latents.cpu(), judge, test.labels[start], test.labels[end], mean, std)
     rows = min(num_pairs, grid_pairs)
     grid = torch.cat([test.images[start[:rows]].unsqueeze(1), frames[:rows], test.images[end[:rows]].unsqueeze(1)], 1)
     save_image_grid(
@@ -531,6 +566,39 @@ def interpolation_task(
     return {
         "interpolation/endpoint_psnr": float(endpoint_psnr),
         "interpolation/endpoint_judge_accuracy": judge_accuracy(judge, ends, end_labels),
+        **on_path,
+    }
+
+
+@torch.no_grad()
+def path_measures(
+    model: ViTCAE,
+    frames: Tensor,
+    path_latents: Tensor,
+    judge: ConvJudge,
+    start_labels: Tensor,
+    end_labels: Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> dict[str, float]:
+    """The interpolation measured on its path (task 3). ``frames: [P, T, C, H, W]`` in [0, 1] decoded from
+    ``path_latents: [P, T, d_z]``; the end classes ``[P]``. See the module docstring for the three numbers."""
+    pairs, steps = frames.shape[:2]
+    device = next(model.parameters()).device
+    flat = frames.flatten(0, 1)
+    encoded = torch.cat([model.encode(normalize(c.to(device), mean, std)).mu_cls.cpu() for c in flat.split(CHUNK)])
+    encoded = encoded.view(pairs, steps, -1)
+    length = (path_latents[:, -1] - path_latents[:, 0]).norm(dim=-1).clamp_min(1e-12)  # [P]
+    inner = slice(1, steps - 1)
+    latent_error = (encoded[:, inner] - path_latents[:, inner]).norm(dim=-1) / length.unsqueeze(1)
+    predicted = judge.predict(flat).view(pairs, steps)[:, inner]
+    at_an_end = (predicted == start_labels.unsqueeze(1)) | (predicted == end_labels.unsqueeze(1))
+    step_sizes = (frames[:, 1:] - frames[:, :-1]).flatten(2).pow(2).mean(-1).sqrt()  # [P, T - 1]
+    share = step_sizes.max(dim=1).values / step_sizes.sum(dim=1).clamp_min(1e-12)
+    return {
+        "interpolation/path_latent_error": float(latent_error.mean()),
+        "interpolation/path_endpoint_classes": float(at_an_end.float().mean()),
+        "interpolation/path_max_step_share": float(share.mean()),
     }
 
 
@@ -552,9 +620,11 @@ def inpainting_task(
     masked input itself). ``model`` needs ``grid_size``, ``patch_size``, ``num_patches`` and ``model(x).recon``.
     Grid: original, masked, inpainted.
     """
-    psnr = PeakSignalNoiseRatio(data_range=1.0).to(device)
+    generative = hasattr(model, "prior") and hasattr(model, "decode") and hasattr(model, "encode")
+    fills = ["plain", "prior_fill", "iterated"] if generative else ["plain"]
+    psnr = {name: PeakSignalNoiseRatio(data_range=1.0).to(device) for name in fills}
     baseline_psnr = PeakSignalNoiseRatio(data_range=1.0).to(device)
-    shown: list[list[Tensor]] = [[], [], []]
+    shown: list[list[Tensor]] = [[] for _ in range(2 + len(fills))]
     for x, _ in batches:
         x = x.to(device)
         patch_mask = random_patch_mask(len(x), model.num_patches, mask_ratio, generator)
@@ -562,27 +632,51 @@ def inpainting_task(
         masked = x.masked_fill(pixel_mask, 0.0)
         target = denormalize(x, mean, std)
         mean_fill = denormalize(masked, mean, std)
-        inpainted = denormalize(model(masked).recon, mean, std)
+        outputs = {"plain": model(masked).recon}
+        if generative:
+            outputs["prior_fill"] = prior_fill(model, masked, patch_mask.to(device), pixel_mask)
+            current = outputs["prior_fill"]
+            for _ in range(INPAINTING_ITERATIONS - 1):
+                current = prior_fill(model, current, patch_mask.to(device), pixel_mask)
+            outputs["iterated"] = current
         selected = pixel_mask.expand_as(x)
-        psnr.update(inpainted[selected], target[selected])
+        for name in fills:
+            psnr[name].update(denormalize(outputs[name], mean, std)[selected], target[selected])
         baseline_psnr.update(mean_fill[selected], target[selected])
         room = grid_images - sum(len(images) for images in shown[0])
         if room > 0:
-            for row, images in zip(shown, (target, mean_fill, inpainted), strict=True):
+            rows = (target, mean_fill, *(denormalize(outputs[name], mean, std) for name in fills))
+            for row, images in zip(shown, rows, strict=True):
                 row.append(images[:room].cpu())
     save_image_grid(
         torch.stack([torch.cat(row) for row in shown]),
         path,
-        row_labels=["original", "masked", "inpainted"],
+        row_labels=["original", "masked", *(f"inpainted ({name})" for name in fills)],
         title=f"Inpainting: {mask_ratio:.0%} of the patches masked (filled with the dataset mean)",
     )
-    value, baseline = float(psnr.compute()), float(baseline_psnr.compute())
-    return {
-        "inpainting/psnr": value,
+    values, baseline = {name: float(metric.compute()) for name, metric in psnr.items()}, float(baseline_psnr.compute())
+    metrics = {
+        "inpainting/psnr": values["plain"],
         "inpainting/mean_fill_psnr": baseline,
-        "inpainting/psnr_gain": value - baseline,
+        "inpainting/psnr_gain": values["plain"] - baseline,
         "inpainting/mask_ratio": mask_ratio,
     }
+    for name in fills[1:]:
+        metrics[f"inpainting/{name}_psnr"] = values[name]
+        metrics[f"inpainting/{name}_psnr_gain"] = values[name] - baseline
+    return metrics
+
+
+@torch.no_grad()
+def prior_fill(model: ViTCAE, x: Tensor, patch_mask: Tensor, pixel_mask: Tensor) -> Tensor:
+    """One inpainting pass that uses the generative model: encode ``x`` (normalised, ``[B, C, H, W]``), replace
+    the latents of the masked patches (``patch_mask: [B, N]``) by the conditional prior mean ``mu_hat_pt(mu_cls)``,
+    decode, and paste the unmasked pixels of ``x`` back (``pixel_mask: [B, 1, H, W]``, True = masked)."""
+    post = model.encode(x)
+    prior_mu, _ = model.prior(post.mu_cls)
+    z_pt = torch.where(patch_mask.unsqueeze(-1), prior_mu, post.mu_pt)
+    decoded = model.decode(post.mu_cls, z_pt)
+    return torch.where(pixel_mask, decoded, x)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -626,9 +720,11 @@ def run_generative_tasks(
     of the training and test sets (for quick runs); None uses all. Every random draw (class samples, prior noise,
     pairs, masks, sklearn) follows ``seed``. Returns the metrics, also written to ``out_dir / "metrics.json"``:
     ``images/{train,test}``, ``classifier/accuracy`` (the ViTCAE's own head), ``linear_probe/accuracy``,
-    ``reconstruction/{mse,psnr,ssim}``, ``conditional/{judge_accuracy,judge_test_accuracy,self_agreement,
-    latent_agreement,num_classes}``, ``interpolation/{endpoint_psnr,endpoint_judge_accuracy}``,
-    ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}``. The grids are the files of ``GRID_FILES``.
+    ``reconstruction/{mse,psnr,ssim,judge_accuracy}``, ``conditional/{judge_accuracy,prior_mean_judge_accuracy,
+    estimator_judge_accuracy,judge_test_accuracy,prior_std_rms,prior_mean_rms,self_agreement,latent_agreement,
+    num_classes}``, ``interpolation/{endpoint_psnr,endpoint_judge_accuracy,path_latent_error,
+    path_endpoint_classes,path_max_step_share}``, ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}`` and
+    ``inpainting/{prior_fill,iterated}_{psnr,psnr_gain}``. The grids are the files of ``GRID_FILES``.
     ``progress``: print one line per stage with its time (the judge's training and the encodings take minutes on
     large sets).
     """
@@ -677,7 +773,7 @@ def run_generative_tasks(
         }
         stage("reconstruction")
         metrics |= reconstruction_task(
-            model, test_batches(), mean, std, out_dir / GRID_FILES["reconstruction"], device=device
+            model, test_batches(), mean, std, out_dir / GRID_FILES["reconstruction"], device=device, judge=judge
         )
         stage("conditional generation")
         metrics |= conditional_generation_task(

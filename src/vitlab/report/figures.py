@@ -165,13 +165,15 @@ def _dynamics_run(path: str) -> list[tuple[str, bytes]]:
 
 
 def _dynamics_comparison(paths: Sequence[str], labels: Sequence[str]) -> list[tuple[str, bytes]]:
-    from vitlab.diagnostics.plots import plot_comparison, read_dynamics
+    """The two runs' heads side by side and, when both records carry the learning rate, drift against it."""
+    from vitlab.diagnostics.plots import has_learning_rate, plot_comparison, plot_drift_vs_lr, read_dynamics
 
+    runs = [read_dynamics(path) for path in paths]
     with tempfile.TemporaryDirectory() as tmp:
-        path = plot_comparison(
-            read_dynamics(paths[0]), read_dynamics(paths[1]), Path(tmp) / "comparison.png", labels=tuple(labels)
-        )
-        return [(path.name, path.read_bytes())]
+        written = [plot_comparison(runs[0], runs[1], Path(tmp) / "comparison.png", labels=tuple(labels))]
+        if all(has_learning_rate(records) for records in runs):
+            written.append(plot_drift_vs_lr(dict(zip(labels, runs, strict=True)), Path(tmp) / "drift_vs_lr.png"))
+        return [(path.name, path.read_bytes()) for path in written]
 
 
 #: kind -> drawing of a :class:`Plot`'s data into one matplotlib figure

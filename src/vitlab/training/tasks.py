@@ -91,9 +91,11 @@ class BaseTask(pl.LightningModule):
     _plateau_state: dict[str, Any] | None = None
 
     def on_train_epoch_end(self) -> None:
-        """ReduceLROnPlateau on the validation loss (the ViTCAE paper's schedule), before the checkpoint is saved."""
-        if self.plateau is not None and "val/loss" in self.trainer.callback_metrics:
-            self.plateau.step(float(self.trainer.callback_metrics["val/loss"]))
+        """ReduceLROnPlateau on the validation metric that picks ``best.ckpt`` when it is a loss (``monitor``), else
+        on ``val/loss`` (the ViTCAE paper's schedule), before the checkpoint is saved."""
+        metric = self.monitor[0] if self.monitor[1] == "min" else "val/loss"
+        if self.plateau is not None and metric in self.trainer.callback_metrics:
+            self.plateau.step(float(self.trainer.callback_metrics[metric]))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.plateau is not None:
