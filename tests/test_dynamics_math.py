@@ -48,6 +48,25 @@ def test_attention_drift_equals_pot_emd2(grid, dtype):
     np.testing.assert_allclose(drift.numpy(), reference, atol=1e-10)
 
 
+def test_attention_drift_of_rows_one_ulp_apart_is_zero_and_does_not_crash_the_solver():
+    """Two rows one ulp apart differ after normalisation only by rounding, and here every difference is >= 0: no
+    deficit to move the surplus onto. The solver crashed the process on that empty problem (seen after freezing,
+    where a head's attention barely changes); the distance is 0 to rounding, as ot.emd2 says."""
+    p = torch.tensor(
+        [float.fromhex(h) for h in ("0x1.1c10cc7e26a2fp-2", "0x1.d59146f58df40p-4")]
+        + [float.fromhex(h) for h in ("0x1.07447908abe8bp-3", "0x1.eae8a5401febep-2")],
+        dtype=torch.float64,
+    )
+    q = p.clone()
+    q[3] = float.fromhex("0x1.eae8a5401febfp-2")
+    difference = p / p.sum() - q / q.sum()
+    assert (difference > 0).any() and not (difference < 0).any()  # the case the solver must not see
+    cost = patch_grid_cost(2, 2)
+    drift = attention_drift(torch.stack([p, q]), torch.stack([q, q]), cost)
+    assert drift[0] == 0 and drift[1] == 0
+    assert ot.emd2(p.numpy(), q.numpy(), cost.numpy()) < 1e-15
+
+
 def test_attention_drift_hand_worked_and_batched_shape():
     cost = patch_grid_cost(3, 3)
     corner, opposite = torch.zeros(9), torch.zeros(9)

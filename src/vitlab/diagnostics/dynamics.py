@@ -88,7 +88,9 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> tor
     surplus, deficit = difference > 0, difference < 0
     moved_mass = np.where(surplus, difference, 0).sum(-1)
     drift = np.zeros(difference.shape[0])
-    for i in np.flatnonzero(moved_mass > 0):
+    # A row with surplus but no deficit differs only by rounding (both rows sum to 1; e.g. one ulp apart): its W1 is
+    # 0 to within moved_mass * max(cost), and the solver must not see an empty target (it crashes on one).
+    for i in np.flatnonzero((moved_mass > 0) & deficit.any(-1)):
         delta, rows, columns = difference[i], surplus[i], deficit[i]
         source = delta[rows] / moved_mass[i]
         target = -delta[columns]
