@@ -250,6 +250,18 @@ def test_10_truncated_checkpoint_message_is_whole(trained, tmp_path, capsys):
     assert "high likelihood that your checkpoint file is)" not in line
 
 
+def test_10_resume_of_a_copied_run_continues_the_copy_and_leaves_the_original_alone(tmp_path, capsys):
+    import shutil
+
+    original, copy = tmp_path / "run", tmp_path / "copy"
+    assert main(["fit", "--config", "vit/digits", f"run.dir={original}", "trainer.max_epochs=1", *TINY]) == 0
+    shutil.copytree(original, copy)
+    before = (original / "metrics.jsonl").read_bytes()
+    assert main(["fit", "--resume", str(copy), "trainer.max_epochs=2"]) == 0
+    assert (original / "metrics.jsonl").read_bytes() == before  # config.yaml's run.dir still names the original
+    assert [m["epoch"] for m in RunDir(copy).metrics() if "val/loss" in m][-1] == 1  # epochs count from 0
+
+
 def test_10_ctrl_c_exits_130_and_says_how_to_resume(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "vitlab.cli.main", "fit", "--config", "vit/digits", f"run.dir={run_dir}"]
