@@ -157,3 +157,13 @@ def test_grouping_ablation_reports_points_per_mode():
         model.assignment_ablation = "uniform"
         _, aux = model.forward_with_aux(batches[0][0], compute_ei=False)
     assert torch.allclose(aux.h_macro, aux.h_macro[:, :1].expand_as(aux.h_macro), atol=1e-6)
+
+
+def test_fused_window_attention_computes_the_same_logits():
+    eager = _pico().eval()
+    fused = _pico(fused_window_attention=True).eval()
+    fused.load_state_dict(eager.state_dict())
+    assert any(getattr(m, "fused_attn", False) for m in fused.modules())
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(eager(x), fused(x), atol=1e-5)

@@ -181,6 +181,8 @@ class MicroEncoder(nn.Module):
     linear projection (``widen``). Windows larger than the grid shrink to the grid (then no shift). A grid not
     divisible by the window is zero-padded after each block's LayerNorm and cropped after the attention; as in
     timm 1.0, padded positions are not masked out of the keys, and the cyclic shift is applied before the padding.
+    ``fused_attention``: timm's window attention through SDPA (relative position bias and shift mask as its float
+    mask) instead of its eager softmax; on the CPU, SDPA has no fused kernel with attention dropout > 0.
     """
 
     def __init__(
@@ -196,6 +198,7 @@ class MicroEncoder(nn.Module):
         proj_drop: float,
         attn_drop: float,
         drop_path: Sequence[float],
+        fused_attention: bool = False,
     ) -> None:
         super().__init__()
         self.widen = nn.ModuleList()
@@ -220,6 +223,9 @@ class MicroEncoder(nn.Module):
                 )
             )
             width, first_block = dim, first_block + depth
+        for module in self.stages.modules():  # timm leaves its window attention eager unless TIMM_FUSED_ATTN=2
+            if hasattr(module, "fused_attn"):
+                module.fused_attn = fused_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for widen, stage in zip(self.widen, self.stages, strict=True):
@@ -479,6 +485,7 @@ class CETViT(nn.Module):
             estimator learns from the exact per-candidate losses, :func:`exact_k_targets`).
         k_candidates, k_hidden_dim, k_tau: the estimator's budgets, hidden width and Gumbel temperature.
         ei: EI variant reported in ``aux.ei["ei_loss"]``: ``full``, ``two_term``, ``entropy_only`` or ``none``.
+        fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
             dropout, and stochastic depth (linear over all blocks in forward order).
 
@@ -515,6 +522,7 @@ class CETViT(nn.Module):
         k_hidden_dim: int = 64,
         k_tau: float = 1.0,
         ei: EIVariant = "full",
+        fused_window_attention: bool = False,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -569,6 +577,7 @@ class CETViT(nn.Module):
             num_heads=num_heads,
             window_size=window_size,
             drop_path=micro_dpr,
+            fused_attention=fused_window_attention,
             **blocks,
         )
         micro_dim = embed_dims[-1]
