@@ -5,7 +5,7 @@
 # (benchmarks/cet_grouping.py). The ViT and Swin it is tested against are the 3-seed runs of
 # benchmarks/compare_cifar10.sh (benchmarks/results/compare_cifar10_p4.json).
 #
-#   benchmarks/cet_ablation.sh /path/to/cifar10.npz "base:0 pos:0 slots:0 select:0 select:1 select:2 base:1 base:2"
+#   benchmarks/cet_ablation.sh /path/to/cifar10.npz "base:0 pos:0 select:0 select:1 slots:0"   # the run in the docs
 #
 # Each item is VARIANT:SEED; the variants are cumulative:
 #   base    today's model (pos_embed none, 32 slots at 64 tokens, hard top-3)

@@ -45,7 +45,9 @@ def main() -> None:
         if not match or not (run / "test_metrics.json").exists():
             continue
         variant, seed = match.group(1), int(match.group(2))
-        entry = table.setdefault(variant, {"seeds": [], "acc": [], "grouping": []})
+        entry = table.setdefault(variant, {"seeds": [], "acc": [], "grouping": [], "val_acc_by_epoch": {}})
+        epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        entry["val_acc_by_epoch"][seed] = [e["val/acc"] for e in epochs if "val/acc" in e]
         entry["seeds"].append(seed)
         entry["acc"].append(json.loads((run / "test_metrics.json").read_text())["test/acc"])
         if (run / "grouping.json").exists():
@@ -90,6 +92,15 @@ def main() -> None:
             *ref_rows,
         ]
     )
+    curves = [
+        f"| {LABELS[v]} (seed {seed}) | " + " | ".join(f"{100 * a:.1f}" for a in accs) + " |"
+        for v in VARIANTS
+        if v in table
+        for seed, accs in sorted(table[v]["val_acc_by_epoch"].items())
+    ]
+    width = max((len(table[v]["val_acc_by_epoch"][s]) for v in table for s in table[v]["val_acc_by_epoch"]), default=0)
+    md += "\n\nValidation accuracy (%) after each epoch:\n\n| run | " + " | ".join(str(i + 1) for i in range(width))
+    md += " |\n|---|" + "---:|" * width + "\n" + "\n".join(curves)
     args.out.with_suffix(".json").write_text(json.dumps({"variants": table, "references": refs}, indent=2))
     args.out.with_suffix(".md").write_text(md + "\n")
     print(md)
