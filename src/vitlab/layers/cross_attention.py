@@ -39,11 +39,13 @@ class CrossAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``key_mask: [B, M]`` bool, True = the context token may be attended to (at least one per row), or None."""
         B, N, C = x.shape
         M = context.shape[1]
         q = self.q(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, N, d]
         k, v = self.kv(context).view(B, M, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         drop = self.attn_drop if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))

@@ -26,8 +26,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-EIVariant = Literal["full", "entropy_only", "none"]
-EI_VARIANTS: tuple[str, ...] = ("full", "entropy_only", "none")
+EIVariant = Literal["full", "two_term", "entropy_only", "none"]
+EI_VARIANTS: tuple[str, ...] = ("full", "two_term", "entropy_only", "none")
 
 
 def assignment_singular_values(S: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,10 @@ def ei_terms(
     Args:
         S: ``[B, N, K]`` assignment matrices (rows sum to 1).
         h_macro: ``[B, K, D]`` macro tokens pooled with ``S``.
-        variant: ``full`` (all three terms), ``entropy_only`` (the card's v3 ablation: the entropy floor alone) or
+        variant: ``full`` (all three terms), ``two_term`` (the card's "Two-term EI" ablation, read as the two
+            spectral terms of the first description's double well: ``entropy_penalty + rev_weight * rev_penalty``,
+            without ``degen``; the card does not list the two terms), ``entropy_only`` (the card's v3 ablation:
+            the entropy floor alone) or
             ``none`` (the no-EI ablation: the terms are still returned for logging, the loss is zero).
 
     Returns:
@@ -115,6 +118,8 @@ def ei_terms(
     if variant == "full":
         per_image = terms["entropy_penalty"] + rev_weight * terms["rev_penalty"] + degen_weight * terms["degen"]
         terms["ei_loss"] = per_image.mean()
+    elif variant == "two_term":
+        terms["ei_loss"] = (terms["entropy_penalty"] + rev_weight * terms["rev_penalty"]).mean()
     elif variant == "entropy_only":
         terms["ei_loss"] = terms["entropy_penalty"].mean()
     else:
@@ -122,10 +127,19 @@ def ei_terms(
     return terms
 
 
-def ei_weight(epoch: float, final: float = 0.05, start: float = 50, end: float = 200) -> float:
-    """``lambda_ei`` at ``epoch`` (may be fractional): 0 until ``start``, a cosine ramp to ``final`` at ``end``, then
-    ``final`` (spec section 3; the card's first release used 50 -> 200 of 300 epochs, final weight 0.05).
+EI_SCHEDULES: tuple[str, ...] = ("ramp", "constant")
+
+
+def ei_weight(epoch: float, final: float = 0.05, start: float = 50, end: float = 200, schedule: str = "ramp") -> float:
+    """``lambda_ei`` at ``epoch`` (may be fractional). ``schedule="ramp"``: 0 until ``start``, a cosine ramp to
+    ``final`` at ``end``, then ``final`` (spec section 3; the card's first release used 50 -> 200 of 300 epochs,
+    final weight 0.05). ``schedule="constant"``: ``final`` from the first step (the v4 card's config shows
+    ``entropy_reg_weight=0.01`` and no schedule; ``start`` and ``end`` are ignored).
     """
+    if schedule not in EI_SCHEDULES:
+        raise ValueError(f"EI schedule must be one of {', '.join(EI_SCHEDULES)}, got {schedule!r}")
+    if schedule == "constant":
+        return final
     if end <= start:
         raise ValueError(f"the EI ramp must end after it starts, got start={start}, end={end}")
     if epoch <= start:

@@ -43,7 +43,10 @@ from vitlab.models.registry import register_preset
 from vitlab.models.vit import check_patch_grid
 
 POOLS = ("mean", "sum")
-DYNAMIC_K_MODES = ("none", "gumbel")
+DYNAMIC_K_MODES = ("none", "gumbel", "exact")
+POS_EMBEDS = ("none", "learned")
+SELECT_GRADS = ("hard", "dense_st")
+ASSIGNMENT_ABLATIONS = ("none", "random", "uniform")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -60,6 +63,58 @@ def topk_softmax(logits: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(f"top-k softmax needs 1 <= k <= K = {logits.shape[-1]} slots, got k={k}")
     values, index = logits.topk(k, dim=-1)
     return torch.zeros_like(logits).scatter(-1, index, values.softmax(-1))
+
+
+def dense_straight_through(S: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The hard top-k ``S`` in the forward pass, the dense softmax's gradient in the backward pass.
+
+    ``S + softmax(logits) - stop_gradient(softmax(logits))``: the value is exactly ``S`` (the card's sparse top-3),
+    but every one of the ``K_max`` logits gets the gradient of the dense softmax (``select_grad: dense_st``; the hard
+    top-k passes gradient to only ``k`` of them). Masked logits (``-inf``) keep a zero gradient.
+    """
+    dense = logits.softmax(-1)
+    return S + (dense - dense.detach())
+
+
+def ablate_assignment(S: torch.Tensor, mode: str, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A test-time stand-in for the learned ``S`` (how many points the grouping is worth). ``S: [B, N, K] -> same``.
+
+    ``random``: each token keeps its own top-k weights but on ``k`` distinct slots drawn uniformly at random;
+    ``uniform``: every token spread evenly over all ``K`` slots (all macro tokens equal). ``none`` returns ``S``.
+    """
+    if mode not in ASSIGNMENT_ABLATIONS:
+        raise ValueError(f"assignment ablation must be one of {', '.join(ASSIGNMENT_ABLATIONS)}, got {mode!r}")
+    if mode == "none":
+        return S
+    if mode == "uniform":
+        return torch.full_like(S, 1.0 / S.shape[-1])
+    weights = S.topk(k, dim=-1).values
+    noise = torch.rand(S.shape, generator=generator, device="cpu").to(S.device)
+    index = noise.argsort(-1)[..., :k]
+    return torch.zeros_like(S).scatter(-1, index, weights)
+
+
+def occupied_slots(S: torch.Tensor) -> torch.Tensor:
+    """Slots that received any assignment mass: ``S: [B, N, K] -> bool [B, K]`` (an empty slot has mass exactly 0)."""
+    return S.detach().sum(1) > 0
+
+
+def exact_k_targets(
+    candidate_losses: torch.Tensor, k_candidates: Sequence[int], num_slots: int, lambda_k: float
+) -> torch.Tensor:
+    """The Dynamic-K training target per image: ``argmin_c (L_c + lambda_k * K_c / K_max)``.
+
+    ``candidate_losses: [C, B]`` the cross-entropy of each image with its assignment restricted to each candidate
+    budget (the part after the V-CEO run once per candidate, :meth:`CETViT.candidate_logits`). Returns ``[B]`` long
+    candidate indices. The estimator is trained by cross-entropy toward them (``dynamic_k: exact``).
+    """
+    if candidate_losses.ndim != 2 or candidate_losses.shape[0] != len(k_candidates):
+        raise ValueError(
+            f"candidate_losses must be [C, B] with C = {len(k_candidates)} candidates, "
+            f"got {list(candidate_losses.shape)}"
+        )
+    cost = torch.tensor(k_candidates, dtype=candidate_losses.dtype, device=candidate_losses.device) / num_slots
+    return (candidate_losses + lambda_k * cost[:, None]).argmin(0)
 
 
 def slot_usage_k(S: torch.Tensor, threshold: float = 0.05) -> torch.Tensor:
@@ -126,6 +181,8 @@ class MicroEncoder(nn.Module):
     linear projection (``widen``). Windows larger than the grid shrink to the grid (then no shift). A grid not
     divisible by the window is zero-padded after each block's LayerNorm and cropped after the attention; as in
     timm 1.0, padded positions are not masked out of the keys, and the cyclic shift is applied before the padding.
+    ``fused_attention``: timm's window attention through SDPA (relative position bias and shift mask as its float
+    mask) instead of its eager softmax; on the CPU, SDPA has no fused kernel with attention dropout > 0.
     """
 
     def __init__(
@@ -141,6 +198,7 @@ class MicroEncoder(nn.Module):
         proj_drop: float,
         attn_drop: float,
         drop_path: Sequence[float],
+        fused_attention: bool = False,
     ) -> None:
         super().__init__()
         self.widen = nn.ModuleList()
@@ -165,6 +223,9 @@ class MicroEncoder(nn.Module):
                 )
             )
             width, first_block = dim, first_block + depth
+        for module in self.stages.modules():  # timm leaves its window attention eager unless TIMM_FUSED_ATTN=2
+            if hasattr(module, "fused_attn"):
+                module.fused_attn = fused_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for widen, stage in zip(self.widen, self.stages, strict=True):
@@ -179,52 +240,75 @@ class VCEO(nn.Module):
     budget are masked out before the top-k softmax (:func:`dynamic_k_assignment`).
     """
 
-    def __init__(self, dim: int, *, num_slots: int, topk: int) -> None:
+    def __init__(self, dim: int, *, num_slots: int, topk: int, select_grad: str = "hard") -> None:
         super().__init__()
         self.topk = topk
+        self.select_grad = select_grad
         self.norm = nn.LayerNorm(dim)
         self.assign = nn.Linear(dim, num_slots)
+
+    def logits(self, h_micro: torch.Tensor) -> torch.Tensor:
+        """``[B, N, C] -> [B, N, K_max]`` assignment logits."""
+        return self.assign(self.norm(h_micro))
+
+    def assignment(
+        self, logits: torch.Tensor, choice: torch.Tensor | None = None, k_candidates: Sequence[int] = ()
+    ) -> torch.Tensor:
+        """S from the logits: the top-k softmax (masked to the Dynamic-K budget when ``choice`` is given), with the
+        dense straight-through gradient when ``select_grad="dense_st"`` (:func:`dense_straight_through`)."""
+        if choice is None:
+            S = topk_softmax(logits, self.topk)
+        else:
+            S = dynamic_k_assignment(logits, choice, k_candidates, self.topk)
+            if self.select_grad == "dense_st":
+                slot = torch.arange(logits.shape[-1], device=logits.device)
+                budget = choice @ torch.tensor(k_candidates, dtype=choice.dtype, device=choice.device)
+                logits = logits.masked_fill(slot >= budget.detach()[:, None, None], float("-inf"))
+        if self.select_grad == "dense_st":
+            S = dense_straight_through(S, logits)
+        return S
 
     def forward(
         self, h_micro: torch.Tensor, choice: torch.Tensor | None = None, k_candidates: Sequence[int] = ()
     ) -> torch.Tensor:
-        logits = self.assign(self.norm(h_micro))
-        if choice is None:
-            return topk_softmax(logits, self.topk)
-        return dynamic_k_assignment(logits, choice, k_candidates, self.topk)
+        return self.assignment(self.logits(h_micro), choice, k_candidates)
 
 
 class DynamicKEstimator(nn.Module):
     """Per-image slot budget (spec section 2): an MLP on the mean micro token picks one of ``k_candidates``.
 
-    ``h_micro: [B, N, C] -> (choice [B, C_k], probs [B, C_k])``. Training: straight-through Gumbel-softmax
-    (``F.gumbel_softmax(hard=True)``: one-hot values, soft gradient). Eval: the one-hot argmax of ``probs``.
-    ``probs`` (no Gumbel noise) gives the expected budget ``E[K]`` for the cost ``E[K] / K_max``.
+    ``h_micro: [B, N, C] -> (choice [B, C_k], logits [B, C_k])``. ``mode="gumbel"``: in training a straight-through
+    Gumbel-softmax (``F.gumbel_softmax(hard=True)``: one-hot values, soft gradient). ``mode="exact"`` and eval: the
+    one-hot argmax of the logits (``exact`` learns by cross-entropy toward :func:`exact_k_targets`, so it needs no
+    gradient through the choice). ``softmax(logits)`` (no noise) gives the expected budget ``E[K]``.
     """
 
-    def __init__(self, dim: int, *, k_candidates: Sequence[int], hidden_dim: int, tau: float) -> None:
+    def __init__(
+        self, dim: int, *, k_candidates: Sequence[int], hidden_dim: int, tau: float, mode: str = "gumbel"
+    ) -> None:
         super().__init__()
         self.k_candidates = tuple(k_candidates)
         self.tau = tau
+        self.mode = mode
         self.norm = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, hidden_features=hidden_dim, out_features=len(self.k_candidates))
         self.register_buffer("k_values", torch.tensor(self.k_candidates, dtype=torch.float), persistent=False)
 
     def forward(self, h_micro: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.mlp(self.norm(h_micro.mean(1)))
-        probs = logits.softmax(-1)
-        if self.training:
+        if self.training and self.mode == "gumbel":
             choice = F.gumbel_softmax(logits, tau=self.tau, hard=True)
         else:
             choice = F.one_hot(logits.argmax(-1), len(self.k_candidates)).to(logits.dtype)
-        return choice, probs
+        return choice, logits
 
 
 class MacroEncoder(nn.Module):
     """Global attention over the macro tokens plus a learned slot embedding. ``[B, K, D] -> [B, K, D]``.
 
     Built from the shared :class:`~vitlab.layers.Block`, so ``capture_attention`` sees its maps. An empty slot
-    (no token assigned) enters as its slot embedding alone.
+    (no token assigned) enters as its slot embedding alone; with ``occupied: [B, K]`` (``mask_empty_slots``) it is
+    removed from the attention keys (a ``log 0 = -inf`` bias, the same route as ToMe's proportional attention).
     """
 
     def __init__(
@@ -256,10 +340,16 @@ class MacroEncoder(nn.Module):
         )
         trunc_normal_(self.slot_embed, std=0.02)
 
-    def forward(self, h_macro: torch.Tensor) -> torch.Tensor:
+    def forward(self, h_macro: torch.Tensor, occupied: torch.Tensor | None = None) -> torch.Tensor:
         x = h_macro + self.slot_embed
+        if occupied is None:
+            for block in self.blocks:
+                x = block(x)
+            return x
+        size = occupied.to(x.dtype).unsqueeze(-1)  # [B, K, 1]: key bias log(1) = 0 or log(0) = -inf
         for block in self.blocks:
-            x = block(x)
+            x = x + block.drop_path1(block.attn(block.norm1(x), size=size))
+            x = x + block.drop_path2(block.mlp(block.norm2(x)))
         return x
 
 
@@ -276,15 +366,15 @@ class PreNormCrossAttention(nn.Module):
             dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop
         )
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        return x + self.attn(self.norm_q(x), self.norm_kv(context))
+    def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return x + self.attn(self.norm_q(x), self.norm_kv(context), key_mask=key_mask)
 
 
 class CrossScaleAttention(nn.Module):
     """Micro tokens attend to macro tokens and macro tokens to micro tokens, both from the same inputs.
 
     ``micro: [B, N, D]``, ``macro: [B, K, D] -> (micro', macro')`` (card: "CrossScaleAttention", 0.3M parameters
-    at width 192: two multi-head attentions).
+    at width 192: two multi-head attentions). ``occupied: [B, K]`` removes empty slots from the micro tokens' keys.
     """
 
     def __init__(self, dim: int, *, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float) -> None:
@@ -293,8 +383,10 @@ class CrossScaleAttention(nn.Module):
         self.micro_from_macro = PreNormCrossAttention(dim, **kw)
         self.macro_from_micro = PreNormCrossAttention(dim, **kw)
 
-    def forward(self, micro: torch.Tensor, macro: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.micro_from_macro(micro, macro), self.macro_from_micro(macro, micro)
+    def forward(
+        self, micro: torch.Tensor, macro: torch.Tensor, occupied: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.micro_from_macro(micro, macro, occupied), self.macro_from_micro(macro, micro)
 
 
 class FusionHead(nn.Module):
@@ -322,11 +414,17 @@ class CETViTAux:
         S: ``[B, N, K_max]`` the sparse assignment.
         h_macro: ``[B, K_max, D]`` the pooled macro tokens (input of the MacroEncoder).
         slot_usage_k: ``[B]`` post-hoc active-slot count (:func:`slot_usage_k`).
-        ei: the EI terms of :func:`vitlab.losses.ei.ei_terms` (``[B]`` each) and the scalar ``ei_loss``.
-        k_cost: scalar ``E[K] / K_max`` of the Dynamic-K estimator (0 without one).
+        ei: the EI terms of :func:`vitlab.losses.ei.ei_terms` (``[B]`` each) and the scalar ``ei_loss``; empty when
+            ``forward_with_aux(compute_ei=False)`` skipped them (no SVD), and then ``ei_loss`` is 0.
+        k_cost: scalar ``E[K] / K_max`` of the straight-through estimator (0 without one and with ``exact``, whose
+            cost enters the target instead).
         k_chosen: ``[B]`` the slot budget used per image, or None without an estimator.
         k_probs: ``[B, C]`` the estimator's distribution over ``k_candidates``, or None.
         k_expected: ``[B]`` ``E[K]`` per image under ``k_probs``, or None.
+        k_logits: ``[B, C]`` the estimator's logits (``exact`` trains them by cross-entropy), or None.
+        candidate_logits: ``[C, B, classes]`` with ``dynamic_k: exact`` in training: the logits of every image under
+            every candidate budget, without gradient and without dropout (:meth:`CETViT.candidate_logits`), or None.
+        occupied: ``[B, K_max]`` bool, slots with assignment mass, when ``mask_empty_slots``; else None.
     """
 
     S: torch.Tensor
@@ -337,14 +435,31 @@ class CETViTAux:
     k_chosen: torch.Tensor | None = None
     k_probs: torch.Tensor | None = None
     k_expected: torch.Tensor | None = None
+    k_logits: torch.Tensor | None = None
+    candidate_logits: torch.Tensor | None = None
+    occupied: torch.Tensor | None = None
 
     @property
     def ei_loss(self) -> torch.Tensor:
-        return self.ei["ei_loss"]
+        return self.ei["ei_loss"] if "ei_loss" in self.ei else self.k_cost.new_zeros(())
 
     def regularization(self, lambda_ei: float, lambda_k: float) -> torch.Tensor:
         """``lambda_ei * ei_loss + lambda_k * k_cost``: the term a training task adds to the cross-entropy."""
         return lambda_ei * self.ei_loss + lambda_k * self.k_cost
+
+
+@dataclass
+class _Encoded:
+    """Intermediate results of one CET-ViT pass (``CETViT._encode``)."""
+
+    tokens: torch.Tensor  # [B, N + K, D]
+    S: torch.Tensor
+    h_macro: torch.Tensor
+    occupied: torch.Tensor | None
+    micro: torch.Tensor  # [B, N, D] the projected micro tokens entering the part after the V-CEO
+    assign_logits: torch.Tensor  # [B, N, K_max]
+    choice: torch.Tensor | None = None
+    k_logits: torch.Tensor | None = None
 
 
 class CETViT(nn.Module):
@@ -354,15 +469,28 @@ class CETViT(nn.Module):
         img_size, patch_size, in_chans, num_classes: input and output.
         embed_dims, depths, num_heads: per MicroEncoder stage (width, Swin blocks, heads).
         window_size: Swin window (shrinks to the grid when larger).
+        pos_embed: ``none`` (the card, which is silent) or ``learned``: an absolute position embedding added after
+            the PatchEmbed (spec section 1), so the stages after the windowed micro encoder know where a token was.
         num_slots: ``K_max`` macro slots. ``topk``: non-zeros per row of S (``topk = num_slots`` is dense).
+        slot_ratio: when > 0, ``K_max = max(topk + 1, N // slot_ratio)`` sized to the token count ``N`` instead of
+            ``num_slots`` (the card's 256 tokens into 32 slots is ``slot_ratio=8``).
+        mask_empty_slots: remove slots without assignment mass from mean(macro), the cross-attention keys and the
+            MacroEncoder's keys (otherwise they enter as their slot embedding alone, as in the card).
+        select_grad: ``hard`` (the card's top-k: gradient to ``k`` logits per token) or ``dense_st`` (same forward,
+            the dense softmax's gradient to all ``K_max`` logits, :func:`dense_straight_through`).
         pool: ``mean`` (default) or ``sum`` (the card's plain ``S^T h_micro``), see :func:`pool_slots`.
         fusion_dim, fusion_heads: width and heads of the MacroEncoder, CrossScaleAttention and DeepEncoder.
         macro_depth, deep_depth: global blocks in the MacroEncoder and the DeepEncoder.
-        dynamic_k: ``none`` or ``gumbel`` (the Dynamic-K estimator of spec section 2).
+        dynamic_k: ``none``, ``gumbel`` (the straight-through estimator of spec section 2) or ``exact`` (the
+            estimator learns from the exact per-candidate losses, :func:`exact_k_targets`).
         k_candidates, k_hidden_dim, k_tau: the estimator's budgets, hidden width and Gumbel temperature.
-        ei: EI variant reported in ``aux.ei["ei_loss"]``: ``full``, ``entropy_only`` or ``none``.
+        ei: EI variant reported in ``aux.ei["ei_loss"]``: ``full``, ``two_term``, ``entropy_only`` or ``none``.
+        fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
             dropout, and stochastic depth (linear over all blocks in forward order).
+
+    ``assignment_ablation`` (an attribute, not a constructor option): ``none``, or ``random`` / ``uniform`` to
+    replace S at test time (:func:`ablate_assignment`; :func:`vitlab.evaluation.grouping.grouping_ablation`).
     """
 
     def __init__(
@@ -378,8 +506,12 @@ class CETViT(nn.Module):
         window_size: int = 4,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
+        pos_embed: str = "none",
         num_slots: int = 32,
         topk: int = 3,
+        slot_ratio: int = 0,
+        mask_empty_slots: bool = False,
+        select_grad: str = "hard",
         pool: str = "mean",
         fusion_dim: int = 192,
         fusion_heads: int = 6,
@@ -390,6 +522,7 @@ class CETViT(nn.Module):
         k_hidden_dim: int = 64,
         k_tau: float = 1.0,
         ei: EIVariant = "full",
+        fused_window_attention: bool = False,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -397,14 +530,24 @@ class CETViT(nn.Module):
         super().__init__()
         embed_dims, depths, num_heads = tuple(embed_dims), tuple(depths), tuple(num_heads)
         k_candidates = tuple(k_candidates)
+        grid = check_patch_grid(img_size, patch_size)
+        if slot_ratio < 0:
+            raise ValueError(f"slot_ratio must be 0 (use num_slots) or a positive tokens per slot, got {slot_ratio}")
+        if slot_ratio > 0:
+            num_slots = max(topk + 1, grid * grid // slot_ratio)
         _check_options(
             embed_dims, depths, num_heads, num_slots, topk, pool, fusion_dim, fusion_heads, dynamic_k, k_candidates, ei
         )
-        grid = check_patch_grid(img_size, patch_size)
+        for name, value, allowed in (("pos_embed", pos_embed, POS_EMBEDS), ("select_grad", select_grad, SELECT_GRADS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         self.num_classes = num_classes
         self.num_slots = num_slots
         self.pool = pool
         self.ei_variant = ei
+        self.mask_empty_slots = mask_empty_slots
+        self.dynamic_k = dynamic_k
+        self.assignment_ablation = "none"
         self.grid_size = (grid, grid)
         micro_end = sum(depths)
         macro_end = micro_end + macro_depth
@@ -422,6 +565,11 @@ class CETViT(nn.Module):
             norm_layer=nn.LayerNorm,
             output_fmt="NHWC",
         )
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, grid, grid, embed_dims[0]))
+            trunc_normal_(self.pos_embed, std=0.02)
+        else:
+            self.pos_embed = None
         self.micro_encoder = MicroEncoder(
             grid=grid,
             embed_dims=embed_dims,
@@ -429,13 +577,14 @@ class CETViT(nn.Module):
             num_heads=num_heads,
             window_size=window_size,
             drop_path=micro_dpr,
+            fused_attention=fused_window_attention,
             **blocks,
         )
         micro_dim = embed_dims[-1]
-        self.v_ceo = VCEO(micro_dim, num_slots=num_slots, topk=topk)
-        if dynamic_k == "gumbel":
+        self.v_ceo = VCEO(micro_dim, num_slots=num_slots, topk=topk, select_grad=select_grad)
+        if dynamic_k != "none":
             self.k_estimator = DynamicKEstimator(
-                micro_dim, k_candidates=k_candidates, hidden_dim=k_hidden_dim, tau=k_tau
+                micro_dim, k_candidates=k_candidates, hidden_dim=k_hidden_dim, tau=k_tau, mode=dynamic_k
             )
         else:
             self.k_estimator = None
@@ -454,58 +603,127 @@ class CETViT(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        """Relative position bias tables and the slot embedding (timm's Swin and ViT convention)."""
+        """Relative position bias tables, the slot and position embeddings (timm's Swin and ViT convention)."""
         return {
-            name for name, _ in self.named_parameters() if name.endswith(("relative_position_bias_table", "slot_embed"))
+            name
+            for name, _ in self.named_parameters()
+            if name.endswith(("relative_position_bias_table", "slot_embed", "pos_embed"))
         }
 
-    def _encode(
-        self, x: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """``x: [B, C, H, W]`` -> (tokens ``[B, N + K, D]``, S, h_macro, Dynamic-K choice, Dynamic-K probs)."""
-        h_micro = self.micro_encoder(self.patch_embed(x)).flatten(1, 2)  # [B, N, C]
-        choice = probs = None
-        if self.k_estimator is None:
-            S = self.v_ceo(h_micro)
-        else:
-            choice, probs = self.k_estimator(h_micro)
-            S = self.v_ceo(h_micro, choice, self.k_estimator.k_candidates)
-        micro = self.fusion_proj(h_micro)  # [B, N, D]
+    def micro_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W] -> h_micro [B, N, C_last]``: PatchEmbed (+ position embedding) and the MicroEncoder."""
+        tokens = self.patch_embed(x)  # [B, G, G, C_0]
+        if self.pos_embed is not None:
+            tokens = tokens + self.pos_embed
+        return self.micro_encoder(tokens).flatten(1, 2)
+
+    def _after_vceo(
+        self, micro: torch.Tensor, S: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The part after the V-CEO: ``micro [B, N, D]``, ``S`` -> (tokens ``[B, N + K, D]``, h_macro, occupied)."""
+        occupied = occupied_slots(S) if self.mask_empty_slots else None
         h_macro = pool_slots(S, micro, self.pool)  # [B, K, D]
-        micro, macro = self.cross_scale(micro, self.macro_encoder(h_macro))
+        micro, macro = self.cross_scale(micro, self.macro_encoder(h_macro, occupied), occupied)
         for block in self.deep_encoder:
             micro = block(micro)
-        return torch.cat([micro, macro], dim=1), S, h_macro, choice, probs
+        return torch.cat([micro, macro], dim=1), h_macro, occupied
+
+    def _encode(self, x: torch.Tensor, force_choice: torch.Tensor | None = None) -> _Encoded:
+        """One pass; ``force_choice: [B, C]`` one-hot overrides the Dynamic-K estimator's choice."""
+        h_micro = self.micro_tokens(x)  # [B, N, C]
+        logits = self.v_ceo.logits(h_micro)
+        choice = k_logits = None
+        if self.k_estimator is None:
+            S = self.v_ceo.assignment(logits)
+        else:
+            choice, k_logits = self.k_estimator(h_micro)
+            if force_choice is not None:
+                choice = force_choice.to(logits.dtype)
+            S = self.v_ceo.assignment(logits, choice, self.k_estimator.k_candidates)
+        S = ablate_assignment(S, self.assignment_ablation, self.v_ceo.topk)
+        micro = self.fusion_proj(h_micro)  # [B, N, D]
+        tokens, h_macro, occupied = self._after_vceo(micro, S)
+        return _Encoded(tokens, S, h_macro, occupied, micro, logits, choice, k_logits)
+
+    @torch.no_grad()
+    def candidate_logits(self, encoded: _Encoded) -> torch.Tensor:
+        """``[C, B, classes]``: every image's logits with its assignment restricted to each candidate budget.
+
+        The part after the V-CEO runs once per candidate from the same micro tokens, without gradient and with
+        dropout and stochastic depth off (their noise would swamp loss differences of a few hundredths of a nat).
+        """
+        if self.k_estimator is None:
+            raise ValueError("candidate_logits needs a Dynamic-K estimator (dynamic_k: gumbel or exact)")
+        candidates = self.k_estimator.k_candidates
+        after = [self.macro_encoder, self.cross_scale, self.deep_encoder, self.head]
+        modes = [m.training for part in after for m in part.modules()]
+        for part in after:
+            part.eval()
+        try:
+            B = encoded.micro.shape[0]
+            out = []
+            for c in range(len(candidates)):
+                choice = F.one_hot(torch.full((B,), c, device=encoded.micro.device), len(candidates))
+                S = self.v_ceo.assignment(encoded.assign_logits, choice.to(encoded.micro.dtype), candidates)
+                tokens, _, occupied = self._after_vceo(encoded.micro, S)
+                out.append(self.forward_head(tokens, occupied=occupied))
+            return torch.stack(out)
+        finally:
+            for m, mode in zip((m for part in after for m in part.modules()), modes, strict=True):
+                m.training = mode
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W] -> [B, N + K_max, D]``: the fused micro tokens followed by the macro tokens."""
-        return self._encode(x)[0]
+        return self._encode(x).tokens
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """``[B, N + K_max, D] -> [B, num_classes]`` (or the normalised ``[B, 2D]`` with ``pre_logits``)."""
+    def forward_head(
+        self, x: torch.Tensor, pre_logits: bool = False, occupied: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[B, N + K_max, D] -> [B, num_classes]`` (or the normalised ``[B, 2D]`` with ``pre_logits``).
+
+        ``occupied: [B, K_max]`` bool restricts mean(macro) to the occupied slots (``mask_empty_slots``).
+        """
         micro, macro = x[:, : -self.num_slots], x[:, -self.num_slots :]
-        return self.head(torch.cat([micro.mean(1), macro.mean(1)], dim=-1), pre_logits=pre_logits)
+        if occupied is None:
+            macro_mean = macro.mean(1)
+        else:
+            weight = occupied.to(macro.dtype).unsqueeze(-1)
+            macro_mean = (macro * weight).sum(1) / weight.sum(1).clamp_min(1.0)
+        return self.head(torch.cat([micro.mean(1), macro_mean], dim=-1), pre_logits=pre_logits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+        encoded = self._encode(x)
+        return self.forward_head(encoded.tokens, occupied=encoded.occupied)
 
-    def forward_with_aux(self, x: torch.Tensor) -> tuple[torch.Tensor, CETViTAux]:
-        """Logits ``[B, num_classes]`` and the :class:`CETViTAux` record (S, h_macro, EI terms, Dynamic-K)."""
-        tokens, S, h_macro, choice, probs = self._encode(x)
-        logits = self.forward_head(tokens)
+    def forward_with_aux(
+        self, x: torch.Tensor, *, compute_ei: bool = True, force_choice: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, CETViTAux]:
+        """Logits ``[B, num_classes]`` and the :class:`CETViTAux` record (S, h_macro, EI terms, Dynamic-K).
+
+        ``compute_ei=False`` skips the EI terms and their SVD (a task passes it when the EI weight is 0 or
+        ``ei: none``). ``force_choice: [B, C]`` one-hot fixes each image's Dynamic-K budget.
+        """
+        enc = self._encode(x, force_choice)
+        logits = self.forward_head(enc.tokens, occupied=enc.occupied)
+        want_ei = compute_ei and self.ei_variant != "none"
         aux = CETViTAux(
-            S=S,
-            h_macro=h_macro,
-            slot_usage_k=slot_usage_k(S.detach()),
-            ei=ei_terms(S, h_macro, variant=self.ei_variant),
+            S=enc.S,
+            h_macro=enc.h_macro,
+            slot_usage_k=slot_usage_k(enc.S.detach()),
+            ei=ei_terms(enc.S, enc.h_macro, variant=self.ei_variant) if want_ei else {},
             k_cost=logits.new_zeros(()),
+            occupied=enc.occupied,
         )
         if self.k_estimator is not None:
             k_values = self.k_estimator.k_values
-            aux.k_probs = probs
-            aux.k_expected = probs @ k_values
-            aux.k_chosen = k_values[choice.argmax(-1)].long()
-            aux.k_cost = aux.k_expected.mean() / self.num_slots
+            aux.k_logits = enc.k_logits
+            aux.k_probs = enc.k_logits.softmax(-1)
+            aux.k_expected = aux.k_probs @ k_values
+            aux.k_chosen = k_values[enc.choice.argmax(-1)].long()
+            if self.dynamic_k == "gumbel":
+                aux.k_cost = aux.k_expected.mean() / self.num_slots
+            elif self.training and torch.is_grad_enabled():
+                aux.candidate_logits = self.candidate_logits(enc)
         return logits, aux
 
 

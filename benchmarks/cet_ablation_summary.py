@@ -1,0 +1,110 @@
+"""Table of the CET-ViT ablation (benchmarks/cet_ablation.sh) beside the matched baselines' 3-seed runs.
+
+    python benchmarks/cet_ablation_summary.py runs/cet-ablation --baselines benchmarks/results/compare_cifar10_p4.json \
+        --out benchmarks/results/cet_ablation
+
+Per variant: test top-1 per seed (``test_metrics.json``), the test-time grouping ablation and slot-usage K at init
+and at the end (``grouping.json``), and Welch's t-test (``vitlab.evaluation.stats.welch_ttest``) against the ViT and
+Swin seeds of ``compare_cifar10_p4.json`` (and today's CET-ViT 3-seed runs there) when the variant has 2+ seeds.
+Writes ``<out>.json`` and ``<out>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from vitlab.evaluation.stats import welch_ttest
+
+VARIANTS = ("base", "pos", "slots", "select", "eicard")
+LABELS = {
+    "base": "today's CET-ViT (`cet_vit_nano`)",
+    "pos": "+ `pos_embed: learned`",
+    "slots": "+ `slot_ratio: 8`, `mask_empty_slots: true` (8 slots)",
+    "select": "+ `select_grad: dense_st`",
+    "eicard": "+ EI 0.01 constant (card v4)",
+}
+REFERENCES = {"ViT": "vit_matched_cet_vit_nano", "Swin": "swin_matched_cet_vit_nano", "CET today": "cet_vit_nano"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", type=Path)
+    p.add_argument("--baselines", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    groups = json.loads(args.baselines.read_text())["groups"]
+    refs = {name: groups[key]["values"]["test/acc"] for name, key in REFERENCES.items()}
+    table: dict[str, dict] = {}
+    for run in sorted(args.runs.glob("*-seed*")):
+        match = re.fullmatch(r"(\w+)-seed(\d+)", run.name)
+        if not match or not (run / "test_metrics.json").exists():
+            continue
+        variant, seed = match.group(1), int(match.group(2))
+        entry = table.setdefault(variant, {"seeds": [], "acc": [], "grouping": [], "val_acc_by_epoch": {}})
+        epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        entry["val_acc_by_epoch"][seed] = [e["val/acc"] for e in epochs if "val/acc" in e]
+        entry["seeds"].append(seed)
+        entry["acc"].append(json.loads((run / "test_metrics.json").read_text())["test/acc"])
+        if (run / "grouping.json").exists():
+            entry["grouping"].append(json.loads((run / "grouping.json").read_text()))
+    rows = []
+    for variant in [v for v in VARIANTS if v in table]:
+        entry = table[variant]
+        acc = np.array(entry["acc"])
+        entry["mean"], entry["std"] = float(acc.mean()), float(acc.std(ddof=1)) if len(acc) > 1 else None
+        entry["welch"] = {}
+        if len(acc) > 1:
+            for name, ref in refs.items():
+                t, pval = welch_ttest(acc, ref)
+                entry["welch"][name] = {"difference": float(acc.mean() - np.mean(ref)), "t": t, "p": pval}
+        g = entry["grouping"]
+
+        def mean_of(part: str, key: str, g=g) -> float:
+            return float(np.mean([x[part][key] for x in g])) if g else float("nan")
+
+        seeds = ", ".join(f"{100 * a:.2f}" for a in entry["acc"])
+        std = f" ± {100 * entry['std']:.2f}" if entry["std"] is not None else ""
+        welch = "; ".join(
+            f"{n} {100 * w['difference']:+.1f} (t = {w['t']:.2f}, p = {w['p']:.3f})" for n, w in entry["welch"].items()
+        )
+        rows.append(
+            f"| {LABELS[variant]} | {g[0]['num_slots'] if g else '?'} | {100 * entry['mean']:.2f}{std} ({seeds}; "
+            f"seeds {', '.join(map(str, entry['seeds']))}) | {mean_of('final', 'points_random'):.1f} | "
+            f"{mean_of('final', 'points_uniform'):.1f} | {mean_of('init', 'slot_usage_k'):.2f} -> "
+            f"{mean_of('final', 'slot_usage_k'):.2f} | {welch or '1 seed'} |"
+        )
+    ref_rows = [
+        f"| {name} (`{REFERENCES[name]}`, benchmarks/results/compare_cifar10_p4.json) | | "
+        f"{100 * np.mean(v):.2f} ± {100 * np.std(v, ddof=1):.2f} ({', '.join(f'{100 * a:.2f}' for a in v)}) | | | | |"
+        for name, v in refs.items()
+    ]
+    md = "\n".join(
+        [
+            "| variant (cumulative) | slots | test top-1 % (seeds) | random-S costs (points) | uniform-S costs "
+            "(points) | slot-usage K init -> end | Welch vs the 3-seed references |",
+            "|---|---:|---|---:|---:|---|---|",
+            *rows,
+            *ref_rows,
+        ]
+    )
+    curves = [
+        f"| {LABELS[v]} (seed {seed}) | " + " | ".join(f"{100 * a:.1f}" for a in accs) + " |"
+        for v in VARIANTS
+        if v in table
+        for seed, accs in sorted(table[v]["val_acc_by_epoch"].items())
+    ]
+    width = max((len(table[v]["val_acc_by_epoch"][s]) for v in table for s in table[v]["val_acc_by_epoch"]), default=0)
+    md += "\n\nValidation accuracy (%) after each epoch:\n\n| run | " + " | ".join(str(i + 1) for i in range(width))
+    md += " |\n|---|" + "---:|" * width + "\n" + "\n".join(curves)
+    args.out.with_suffix(".json").write_text(json.dumps({"variants": table, "references": refs}, indent=2))
+    args.out.with_suffix(".md").write_text(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

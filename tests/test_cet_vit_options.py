@@ -1,0 +1,169 @@
+"""CET-ViT's issue-13 options: position embedding, slots sized to the tokens with empty slots masked, the dense
+straight-through selection gradient, the exact Dynamic-K target, the two-term EI and no SVD without EI, and the
+test-time grouping ablation."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitlab.evaluation.grouping import grouping_ablation
+from vitlab.losses.ei import ei_terms, ei_weight
+from vitlab.models import create_model
+from vitlab.models.cet_vit import ablate_assignment, exact_k_targets, topk_softmax
+
+
+def _pico(**kw):
+    torch.manual_seed(0)
+    return create_model("cet_vit_pico", img_size=16, patch_size=2, num_classes=4, **kw)
+
+
+@pytest.mark.parametrize("pos_embed, differs", [("none", False), ("learned", True)])
+def test_position_embedding_breaks_the_symmetry_of_a_constant_image(pos_embed, differs):
+    model = _pico(pos_embed=pos_embed).eval()
+    with torch.no_grad():
+        h = model.micro_tokens(torch.full((1, 3, 16, 16), 0.3))  # [1, 64, C]
+    spread = (h - h.mean(1, keepdim=True)).abs().max().item()
+    assert (spread > 1e-3) if differs else (spread < 1e-5), spread
+
+
+def test_slot_ratio_sizes_the_slots_to_the_token_count():
+    assert _pico(slot_ratio=8).num_slots == 64 // 8
+    assert _pico(slot_ratio=32).num_slots == 4  # max(topk + 1, 64 // 32)
+    with pytest.raises(ValueError, match="slot_ratio"):
+        _pico(slot_ratio=-1)
+
+
+@pytest.mark.parametrize("mask, unchanged", [(True, True), (False, False)])
+def test_masked_empty_slots_contribute_nothing(mask, unchanged):
+    model = _pico(mask_empty_slots=mask).eval()
+    empty = 5
+    with torch.no_grad():
+        model.v_ceo.assign.bias[empty] = -1e4  # slot 5 is never among any token's top 3
+    x = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        before = model(x)
+        _, aux = model.forward_with_aux(x)
+        model.macro_encoder.slot_embed[:, empty] += 5.0  # the only input an empty slot has
+        after = model(x)
+    assert aux.S[..., empty].abs().max() == 0
+    if mask:
+        assert not aux.occupied[:, empty].any()
+    assert torch.allclose(before, after, atol=1e-6) == unchanged
+
+
+@pytest.mark.parametrize("select_grad, nonzero", [("hard", 3), ("dense_st", 16)])
+def test_selection_gradient_reaches_all_slots_with_dense_st(select_grad, nonzero):
+    model = _pico(select_grad=select_grad).train()
+    logits = torch.randn(2, 10, 16, requires_grad=True)
+    S = model.v_ceo.assignment(logits)
+    assert torch.equal(S.detach(), topk_softmax(logits.detach(), 3))  # the forward is the card's top-3
+    (S * torch.randn_like(S)).sum().backward()
+    per_row = (logits.grad.abs() > 0).sum(-1)
+    assert (per_row == nonzero).all(), per_row
+
+
+def test_dense_st_reaches_every_vceo_logit_in_the_model():
+    model = _pico(select_grad="dense_st").train()
+    seen = {}
+
+    def keep_grad(module, inputs, output):
+        output.register_hook(lambda grad: seen.setdefault("g", grad))
+
+    model.v_ceo.assign.register_forward_hook(keep_grad)
+    F.cross_entropy(model(torch.randn(2, 3, 16, 16)), torch.tensor([0, 1])).backward()
+    assert (seen["g"].abs() > 0).all()
+
+
+def test_exact_dynamic_k_target_equals_a_brute_force_loop_over_candidates():
+    model = _pico(dynamic_k="exact", drop_rate=0.1, drop_path_rate=0.1).train()
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1, 2, 3, 0, 1])
+    model.micro_encoder.eval()  # the same micro tokens in both passes (the after-V-CEO part is always eval)
+    _, aux = model.forward_with_aux(x)
+    candidates = model.k_estimator.k_candidates
+    losses = torch.stack([F.cross_entropy(c, y, reduction="none") for c in aux.candidate_logits])
+    targets = exact_k_targets(losses, candidates, model.num_slots, lambda_k=0.05)
+    model.eval()
+    brute = []
+    with torch.no_grad():
+        for c in range(len(candidates)):
+            force = F.one_hot(torch.full((6,), c), len(candidates)).float()
+            brute.append(F.cross_entropy(model.forward_with_aux(x, force_choice=force)[0], y, reduction="none"))
+    brute = torch.stack(brute)
+    assert torch.allclose(losses, brute, atol=1e-5)
+    cost = torch.tensor(candidates, dtype=torch.float) / model.num_slots
+    expected = torch.tensor([min(range(len(candidates)), key=lambda c: brute[c, i] + 0.05 * cost[c]) for i in range(6)])
+    assert torch.equal(targets, expected)
+
+
+def test_exact_dynamic_k_trains_every_estimator_parameter():
+    model = _pico(dynamic_k="exact").train()
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))
+    logits, aux = model.forward_with_aux(x)
+    losses = torch.stack([F.cross_entropy(c, y, reduction="none") for c in aux.candidate_logits])
+    targets = exact_k_targets(losses, model.k_estimator.k_candidates, model.num_slots, lambda_k=0.01)
+    (F.cross_entropy(logits, y) + F.cross_entropy(aux.k_logits, targets)).backward()
+    for name, p in model.k_estimator.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_two_term_ei_is_the_two_spectral_penalties():
+    S = topk_softmax(torch.randn(2, 16, 8) * 3, 3)
+    h = torch.randn(2, 8, 4)
+    terms = ei_terms(S, h, variant="two_term")
+    assert torch.allclose(terms["ei_loss"], (terms["entropy_penalty"] + 2.0 * terms["rev_penalty"]).mean())
+    full = ei_terms(S, h, variant="full")["ei_loss"]
+    assert torch.allclose(full - terms["ei_loss"], 0.1 * terms["degen"].mean())
+
+
+def test_no_svd_without_ei(monkeypatch):
+    model = _pico().train()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("SVD ran")
+
+    monkeypatch.setattr(torch.linalg, "svdvals", forbidden)
+    _, aux = model.forward_with_aux(torch.randn(2, 3, 16, 16), compute_ei=False)
+    assert aux.ei == {} and aux.ei_loss.item() == 0.0
+    _, aux = _pico(ei="none").forward_with_aux(torch.randn(2, 3, 16, 16))
+    assert aux.ei_loss.item() == 0.0
+    with pytest.raises(AssertionError, match="SVD ran"):
+        model.forward_with_aux(torch.randn(2, 3, 16, 16))
+
+
+def test_ei_schedules():
+    assert ei_weight(0.0, 0.01, 50, 200, schedule="constant") == 0.01
+    assert ei_weight(0.0, 0.05, 50, 200) == 0.0 and ei_weight(200, 0.05, 50, 200) == 0.05
+    with pytest.raises(ValueError, match="schedule"):
+        ei_weight(0.0, schedule="linear")
+
+
+def test_assignment_ablations():
+    S = topk_softmax(torch.randn(2, 10, 8), 3)
+    random = ablate_assignment(S, "random", 3, torch.Generator().manual_seed(0))
+    assert torch.allclose(random.sum(-1), torch.ones(2, 10)) and ((random > 0).sum(-1) == 3).all()
+    assert torch.allclose(random.sort(-1).values, S.sort(-1).values)  # the same weights, on other slots
+    assert not torch.equal(random, S)
+    assert torch.allclose(ablate_assignment(S, "uniform", 3), torch.full_like(S, 1 / 8))
+
+
+def test_grouping_ablation_reports_points_per_mode():
+    model = _pico()
+    batches = [(torch.randn(4, 3, 16, 16), torch.randint(0, 4, (4,))) for _ in range(2)]
+    out = grouping_ablation(model, batches)
+    assert out["n"] == 8 and model.assignment_ablation == "none"
+    assert out["points_random"] == pytest.approx(100 * (out["acc_none"] - out["acc_random"]))
+    assert 1 <= out["slot_usage_k"] <= model.num_slots
+    with torch.no_grad():
+        model.assignment_ablation = "uniform"
+        _, aux = model.forward_with_aux(batches[0][0], compute_ei=False)
+    assert torch.allclose(aux.h_macro, aux.h_macro[:, :1].expand_as(aux.h_macro), atol=1e-6)
+
+
+def test_fused_window_attention_computes_the_same_logits():
+    eager = _pico().eval()
+    fused = _pico(fused_window_attention=True).eval()
+    fused.load_state_dict(eager.state_dict())
+    assert any(getattr(m, "fused_attn", False) for m in fused.modules())
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(eager(x), fused(x), atol=1e-5)
