@@ -1,4 +1,5 @@
-"""The attention-dynamics controller of ViTCAE as a Lightning callback (spec ``vitcae.md`` section 5).
+"""The attention-dynamics controller of ViTCAE as a Lightning callback (ViTCAE paper, eq. 20 and 26;
+docs/dynamics.md).
 
 Once before training (epoch 0) and at the end of every training epoch, a fixed probe batch of validation images is
 pushed through the model in eval mode with attention materialised. For every controlled head ``(l, h)`` the
@@ -369,7 +370,7 @@ def select_probe(loader: Any, size: int, seed: int | None) -> torch.Tensor:
 
 # -------------------------------------------------------------------------------------------------------------------
 class DynamicsController(pl.Callback):
-    """ViTCAE's attention-dynamics controller (spec section 5; eq. 20 and 26) for any model of shared ``Attention``.
+    """ViTCAE's attention-dynamics controller (ViTCAE paper, eq. 20 and 26) for any model of shared ``Attention``.
 
     Use it through the config (``dynamics: {mode: schedule}`` in a run's YAML) or directly::
 

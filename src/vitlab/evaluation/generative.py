@@ -1,6 +1,7 @@
-"""ViTCAE's four generative tasks and the linear probe (spec ``vitcae.md`` sections 2 and 6).
+"""ViTCAE's four generative tasks and the linear probe (ViTCAE paper, "four distinct tasks"; docs/vitcae.md).
 
-The paper judges its autoencoder on "four distinct tasks"; each one here writes a PNG grid and its numbers:
+The paper judges its autoencoder on "four distinct tasks" without listing them; the four below are the project's
+reading (docs/vitcae.md, "The generative tasks"). Each one here writes a PNG grid and its numbers:
 
 1. Reconstruction: MSE, PSNR and SSIM over the test set, in [0, 1] pixel space after undoing the normalisation.
    PSNR is ``10 log10(1 / MSE)`` of the MSE pooled over every pixel of the set (torchmetrics, ``data_range=1``);
@@ -31,8 +32,9 @@ The paper judges its autoencoder on "four distinct tasks"; each one here writes 
    mean ``mu_hat_pt(z_cls)`` before decoding (the known pixels are pasted back), and ``iterated`` repeats
    encode -> prior fill -> decode -> paste ``INPAINTING_ITERATIONS`` times.
 
-Linear probe (spec section 2): a logistic regression on frozen ``mu_cls`` of the training set, accuracy on the
-test set. Training latents and pixels come from the training images without augmentation.
+Linear probe (the project's decision where the ViTCAE paper is silent; docs/vitcae.md, "Class conditioning"): a
+logistic regression on frozen ``mu_cls`` of the training set, accuracy on the test set. Training latents and pixels
+come from the training images without augmentation.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class ClassGaussians:
 
 
 def fit_class_gaussians(latents: Tensor, labels: Tensor) -> ClassGaussians:
-    """Fit ``N(m_k, S_k)`` to the latents of each class ``k`` (spec section 6, task 2).
+    """Fit ``N(m_k, S_k)`` to the latents of each class ``k`` (task 2; docs/vitcae.md, "The generative tasks").
 
     ``latents: [N, d_z]``, ``labels: int64 [N]``. ``m_k`` is the class mean and ``S_k`` the Ledoit-Wolf shrunk
     covariance (Ledoit & Wolf 2004), positive definite even when a class has fewer latents than ``d_z``. Classes with
@@ -161,7 +163,8 @@ def sample_class_latents(
 
 
 def sample_conditional_patches(model: ViTCAE, z_cls: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """Draw ``z_pt ~ p(z_pt | z_cls) = N(mu_hat, diag exp(logvar_hat))`` (spec section 2): ``[B, d_z] -> [B, N, d_p]``.
+    """Draw ``z_pt ~ p(z_pt | z_cls) = N(mu_hat, diag exp(logvar_hat))`` (ViTCAE paper, "conditional Gaussian
+    prior"): ``[B, d_z] -> [B, N, d_p]``.
 
     The noise is drawn on the CPU from ``generator``, so a seed gives the same samples on every device.
     """

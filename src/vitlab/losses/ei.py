@@ -1,5 +1,5 @@
-"""The CET-ViT "EI" regulariser, as the model card says it was actually implemented (card: "EI loss, as actually
-implemented"; spec ``cetvit.md`` section 3).
+"""The CET-ViT "EI" regulariser, as the model card says it was actually implemented (CET-ViT v4 model card:
+"EI loss, as actually implemented", and Disclosure 2 on the reversibility metric).
 
 For one image the assignment matrix ``S: [N, K]`` (N micro tokens, K = K_max macro slots, rows summing to 1) has
 singular values ``sigma_1 >= ... >= sigma_K``. With ``p = sigma / sum(sigma)``:
@@ -83,7 +83,8 @@ def ei_terms(
     rev_weight: float = 2.0,
     degen_weight: float = 0.1,
 ) -> dict[str, torch.Tensor]:
-    """Every EI term of the card and the loss of the chosen ``variant`` (spec section 3).
+    """Every EI term of the card and the loss of the chosen ``variant`` (CET-ViT v4 model card, "EI loss, as
+    actually implemented").
 
     Args:
         S: ``[B, N, K]`` assignment matrices (rows sum to 1).
@@ -132,9 +133,9 @@ EI_SCHEDULES: tuple[str, ...] = ("ramp", "constant")
 
 def ei_weight(epoch: float, final: float = 0.05, start: float = 50, end: float = 200, schedule: str = "ramp") -> float:
     """``lambda_ei`` at ``epoch`` (may be fractional). ``schedule="ramp"``: 0 until ``start``, a cosine ramp to
-    ``final`` at ``end``, then ``final`` (spec section 3; the card's first release used 50 -> 200 of 300 epochs,
-    final weight 0.05). ``schedule="constant"``: ``final`` from the first step (the v4 card's config shows
-    ``entropy_reg_weight=0.01`` and no schedule; ``start`` and ``end`` are ignored).
+    ``final`` at ``end``, then ``final`` (docs/cet_vit.md, "The EI regulariser"; the card's first release used
+    50 -> 200 of 300 epochs, final weight 0.05). ``schedule="constant"``: ``final`` from the first step (the v4
+    card's config shows ``entropy_reg_weight=0.01`` and no schedule; ``start`` and ``end`` are ignored).
     """
     if schedule not in EI_SCHEDULES:
         raise ValueError(f"EI schedule must be one of {', '.join(EI_SCHEDULES)}, got {schedule!r}")

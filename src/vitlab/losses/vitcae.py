@@ -1,4 +1,4 @@
-"""The ViTCAE objective (paper eq. 23-25; spec ``vitcae.md`` section 4) as pure functions of tensors.
+"""The ViTCAE objective (ViTCAE paper, eq. 23-25; decisions in docs/vitcae.md) as pure functions of tensors.
 
 Reductions, chosen once for every term:
 
@@ -135,7 +135,8 @@ class ViTCAELossConfig:
         lambda_pt: weight of the patch estimator loss ``L_PT`` (paper ``lambda_PT``, eq. 23).
         lambda_cls: weight of the global-latent regulariser ``KL_cls`` / ``W_cls`` (paper ``lambda_cls``).
         lambda_pt_reg: weight of the patch-latent regulariser ``KL_pt`` / ``W_pt`` (paper ``lambda_pt``, eq. 25).
-        lambda_ce: weight of the cross-entropy of the classifier on ``mu_cls`` (spec section 2).
+        lambda_ce: weight of the cross-entropy of the classifier on ``mu_cls`` (the project's decision where the
+            ViTCAE paper is silent; docs/vitcae.md, "Class conditioning").
         warmup_epochs: ``T_w``; epochs ``1..T_w`` use the KL terms only, later epochs the KL/MMD blend.
         mmd_mix: the blend weight ``a`` of eq. 25 (``a * W + (1 - a) * KL``; the paper calls it alpha).
         mmd_scales: the ``s`` of the IMQ kernel constants ``C = 2 * dim * s``.

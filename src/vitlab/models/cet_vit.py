@@ -1,7 +1,7 @@
 """CET-ViT: a hierarchical ViT that routes micro tokens into macro slots by sparse top-k assignment.
 
-Source: the CET-ViT v4 model card (``shared/seeds/004_*.txt``) and ``specs/cetvit.md`` sections 1-3, which fill
-the card's gaps. Pipeline (card: "Architecture")::
+Source: the CET-ViT v4 model card ("Architecture", Disclosure 1, "EI loss, as actually implemented"); where the
+card is silent, the project decides (docs/cet_vit.md). Pipeline (card: "Architecture")::
 
     PatchEmbed (P x P)                          -> micro tokens on a G x G grid
     MicroEncoder: Swin stages, full resolution  -> h_micro [B, N, C]        (no patch merging: V-CEO needs all N)
@@ -17,7 +17,7 @@ Pooling the projected tokens equals projecting the pooled ones (a linear map com
 one projection serves both the micro stream and the macro tokens.
 
 ``dynamic_k="gumbel"`` adds the Dynamic-K estimator that the card's Disclosure 1 found dead, rebuilt so that it
-trains (spec section 2, :func:`dynamic_k_assignment`).
+trains (the project's decision; docs/cet_vit.md, "Dynamic K"; :func:`dynamic_k_assignment`).
 
 Training interface: ``forward(x)`` returns the logits only, so CET-ViT obeys the same contract as every other
 model (evaluation, TTA, calibration, attention capture call ``model(x)``). A training task calls
@@ -118,7 +118,7 @@ def exact_k_targets(
 
 
 def slot_usage_k(S: torch.Tensor, threshold: float = 0.05) -> torch.Tensor:
-    """Post-hoc number of active macro regions per image (card: Disclosure 1, "Slot-usage K"; spec section 2).
+    """Post-hoc number of active macro regions per image (CET-ViT v4 model card: Disclosure 1).
 
     ``usage = S.sum(1)`` normalised over slots; ``K = #(usage > threshold)``. ``S: [B, N, K_max] -> [B]`` (long).
     """
@@ -147,7 +147,8 @@ def pool_slots(S: torch.Tensor, tokens: torch.Tensor, pool: str = "mean") -> tor
 def dynamic_k_assignment(
     logits: torch.Tensor, choice: torch.Tensor, k_candidates: Sequence[int], k: int
 ) -> torch.Tensor:
-    """Top-k assignment with a per-image slot budget picked from ``k_candidates`` (spec section 2).
+    """Top-k assignment with a per-image slot budget picked from ``k_candidates`` (CET-ViT v4 model card,
+    Disclosure 1; rebuilt to train, docs/cet_vit.md, "Dynamic K").
 
     ``logits: [B, N, K_max]``, ``choice: [B, C]`` one-hot over the candidates (straight-through Gumbel-softmax in
     training: hard values, soft gradient). Returns ``S: [B, N, K_max]``::
@@ -174,7 +175,8 @@ def dynamic_k_assignment(
 # Parts
 # ------------------------------------------------------------------------------------------------------------------
 class MicroEncoder(nn.Module):
-    """Swin stages at full token resolution (spec section 1). ``x: [B, G, G, C_0] -> [B, G, G, C_last]``.
+    """Swin stages at full token resolution (CET-ViT v4 model card, "Architecture").
+    ``x: [B, G, G, C_0] -> [B, G, G, C_last]``.
 
     Each stage is timm's ``SwinTransformerStage`` without patch merging: window attention with relative position
     bias, windows shifted by half a window in every second block. A stage that changes the width starts with a
@@ -275,7 +277,8 @@ class VCEO(nn.Module):
 
 
 class DynamicKEstimator(nn.Module):
-    """Per-image slot budget (spec section 2): an MLP on the mean micro token picks one of ``k_candidates``.
+    """Per-image slot budget (CET-ViT v4 model card, Disclosure 1; docs/cet_vit.md, "Dynamic K"): an MLP on the
+    mean micro token picks one of ``k_candidates``.
 
     ``h_micro: [B, N, C] -> (choice [B, C_k], logits [B, C_k])``. ``mode="gumbel"``: in training a straight-through
     Gumbel-softmax (``F.gumbel_softmax(hard=True)``: one-hot values, soft gradient). ``mode="exact"`` and eval: the
@@ -463,14 +466,15 @@ class _Encoded:
 
 
 class CETViT(nn.Module):
-    """CET-ViT classifier (card: "Architecture"; spec section 1). ``x: [B, C, H, W] -> logits [B, num_classes]``.
+    """CET-ViT classifier (CET-ViT v4 model card: "Architecture"). ``x: [B, C, H, W] -> logits [B, num_classes]``.
 
     Args:
         img_size, patch_size, in_chans, num_classes: input and output.
         embed_dims, depths, num_heads: per MicroEncoder stage (width, Swin blocks, heads).
         window_size: Swin window (shrinks to the grid when larger).
         pos_embed: ``none`` (the card, which is silent) or ``learned``: an absolute position embedding added after
-            the PatchEmbed (spec section 1), so the stages after the windowed micro encoder know where a token was.
+            the PatchEmbed (docs/cet_vit.md, "Architecture as built"), so the stages after the windowed micro
+            encoder know where a token was.
         num_slots: ``K_max`` macro slots. ``topk``: non-zeros per row of S (``topk = num_slots`` is dense).
         slot_ratio: when > 0, ``K_max = max(topk + 1, N // slot_ratio)`` sized to the token count ``N`` instead of
             ``num_slots`` (the card's 256 tokens into 32 slots is ``slot_ratio=8``).
@@ -481,7 +485,7 @@ class CETViT(nn.Module):
         pool: ``mean`` (default) or ``sum`` (the card's plain ``S^T h_micro``), see :func:`pool_slots`.
         fusion_dim, fusion_heads: width and heads of the MacroEncoder, CrossScaleAttention and DeepEncoder.
         macro_depth, deep_depth: global blocks in the MacroEncoder and the DeepEncoder.
-        dynamic_k: ``none``, ``gumbel`` (the straight-through estimator of spec section 2) or ``exact`` (the
+        dynamic_k: ``none``, ``gumbel`` (the straight-through estimator, docs/cet_vit.md, "Dynamic K") or ``exact`` (the
             estimator learns from the exact per-candidate losses, :func:`exact_k_targets`).
         k_candidates, k_hidden_dim, k_tau: the estimator's budgets, hidden width and Gumbel temperature.
         ei: EI variant reported in ``aux.ei["ei_loss"]``: ``full``, ``two_term``, ``entropy_only`` or ``none``.

@@ -1,6 +1,7 @@
 """ViTCAE: ViT-based class-conditioned autoencoder (Jebraeeli, Krim, Cansever, arXiv 2509.16554).
 
-Reads top to bottom as the paper's pipeline (spec ``vitcae.md`` sections 1-3):
+Reads top to bottom as the paper's pipeline (ViTCAE paper, eq. 17-19, the "conditional Gaussian prior" and the
+decoder paragraphs; where the paper is silent, docs/vitcae.md decides):
 
 1. Encoder (eq. 17, 19): a :class:`~vitlab.models.vit.VisionTransformer` without a head whose attention has a
    learnable per-head temperature. Its attention modules sit at ``encoder.blocks.{i}.attn``, so the shared
@@ -35,7 +36,7 @@ from vitlab.models.vit import VisionTransformer, check_patch_grid
 
 @dataclass
 class ViTCAEPosterior:
-    """Parameters of the Gaussian posteriors (spec section 2).
+    """Parameters of the Gaussian posteriors ``q(z_cls | x)``, ``q(z_pt | x)`` (ViTCAE paper, eq. 24).
 
     ``mu_cls, logvar_cls: [B, d_z]``; ``mu_pt, logvar_pt: [B, N, d_p]``.
     """
@@ -86,7 +87,8 @@ def unpatchify(tokens: torch.Tensor, grid_size: tuple[int, int], patch_size: int
 
 
 class FiLM(nn.Module):
-    """Feature-wise linear modulation ``h -> gamma(c) * h + beta(c)`` (Perez et al. 2018; spec section 3).
+    """Feature-wise linear modulation ``h -> gamma(c) * h + beta(c)`` (Perez et al. 2018; ViTCAE paper,
+    decoder paragraph).
 
     ``h: [B, N, C]``, ``cond: [B, d_c]``. The linear maps start with zero weights and biases 1 (gamma) and 0
     (beta), so the module is the identity at initialisation whatever the condition.
@@ -109,7 +111,8 @@ class FiLM(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """One ViTCAE decoder block (spec section 3). ``x: [B, N, C]`` patch tokens -> ``[B, N, C]``.
+    """One ViTCAE decoder block (ViTCAE paper, decoder paragraph; docs/vitcae.md). ``x: [B, N, C]`` patch tokens
+    -> ``[B, N, C]``.
 
     Pre-norm residual steps: self-attention (the shared :class:`~vitlab.layers.attention.Attention`);
     cross-attention to the conditioning tokens ``cond_tokens: [B, M, C]``; FFN modulated by FiLM of
@@ -306,7 +309,7 @@ class ViTCAE(nn.Module):
         return self.estimator_net(z_cls).view(-1, self.num_patches, self.patch_latent_dim)
 
     def decode(self, z_cls: torch.Tensor, z_pt: torch.Tensor) -> torch.Tensor:
-        """``z_cls: [B, d_z]``, ``z_pt: [B, N, d_p]`` -> image ``[B, C, H, W]`` (spec section 3)."""
+        """``z_cls: [B, d_z]``, ``z_pt: [B, N, d_p]`` -> image ``[B, C, H, W]`` (ViTCAE paper, decoder paragraph)."""
         if z_pt.shape[1:] != (self.num_patches, self.patch_latent_dim):
             raise ValueError(
                 f"z_pt must have shape [B, {self.num_patches}, {self.patch_latent_dim}], got {list(z_pt.shape)}"
