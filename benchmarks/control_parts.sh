@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Which part of ViTCAE's control costs accuracy on the digits Table I recipe (docs/dynamics.md, "Where the digits
+# points go"): one arm, seeds 0, 1, 2, one run at a time, one thread each.
+#   bash benchmarks/control_parts.sh OUT ARM [overrides...]
+#   bash benchmarks/control_parts.sh runs/parts schednofreeze dynamics.mode=schedule dynamics.freeze=false
+#   bash benchmarks/control_parts.sh runs/parts fixedfreeze dynamics.mode=fixed dynamics.freeze=true
+#   bash benchmarks/control_parts.sh runs/parts rho06 dynamics.mode=schedule dynamics.freeze=true dynamics.rho=0.6
+# Finished runs (test_metrics.json present) are skipped. The controlled and uncontrolled arms are benchmarks/table1.sh.
+set -euo pipefail
+if [[ $# -lt 2 ]]; then
+  echo "usage: $0 OUT ARM [config overrides...]" >&2
+  exit 2
+fi
+OUT=$1 ARM=$2
+shift 2
+VITLAB=${VITLAB:-.venv/bin/vitlab}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+mkdir -p "$OUT"
+for seed in ${SEEDS:-0 1 2}; do
+  dir=$OUT/$ARM-seed$seed
+  [[ -f $dir/test_metrics.json ]] && continue
+  "$VITLAB" fit --config vitcae/digits run.seed="$seed" data.seed="$seed" run.dir="$dir" run.name="table1-$ARM" \
+    trainer.enable_progress_bar=false "$@" > "$dir.log" 2>&1
+done
