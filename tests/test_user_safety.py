@@ -271,7 +271,16 @@ def test_10_ctrl_c_exits_130_and_says_how_to_resume(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and not (run_dir / "checkpoints" / "last.ckpt").exists():
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    # Ctrl+C, again if the first was lost: one CI run exited 0 after finishing all 200 epochs, the SIGINT never
+    # reaching Lightning (not reproduced; a signal that lands in a destructor is printed and dropped by Python).
+    # Lightning ignores SIGINT once it handles one, so a repeat cannot interrupt the clean shutdown.
+    for _ in range(5):
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+            break
+        except subprocess.TimeoutExpired:
+            continue
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert f"vitlab fit --resume {run_dir}" in err and "Traceback" not in err

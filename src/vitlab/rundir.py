@@ -367,8 +367,13 @@ class RunDir:
         return yaml.safe_load(self.config_file.read_text()) or {}
 
     def config(self, overrides: Sequence[str] | Mapping[str, Any] | None = None) -> RunConfig:
-        """The run's resolved config with ``overrides`` (``["optim.lr=1e-3"]`` or a nested mapping) applied."""
-        return config_with_overrides(self.config_dict(), overrides)
+        """The run's resolved config with ``overrides`` (``["optim.lr=1e-3"]`` or a nested mapping) applied.
+
+        ``run.dir`` is this directory (unless an override sets it): the one in ``config.yaml`` names where the run was
+        made, so a moved or copied run would otherwise resume into, or evaluate, the original."""
+        data = self.config_dict()
+        data.setdefault("run", {})["dir"] = str(self.path)
+        return config_with_overrides(data, overrides)
 
     def json(self, relative: str | Path) -> Any:
         """A JSON file of the run, or None if it is not there."""

@@ -55,9 +55,6 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
             run_dir, ckpt = resolve_resume(args.resume)
             if RunDir(run_dir).is_run():
                 cfg = RunDir(run_dir).config(overrides)
-                if not any(o.startswith("run.dir=") for o in overrides):
-                    # the stored run.dir is where the run was made; a moved or copied run continues where it is now
-                    cfg.run.dir = str(run_dir)
             else:  # a checkpoint outside its run directory carries the run's config itself
                 cfg = config_with_overrides(checkpoint_hparams(read_checkpoint(ckpt))["config"], overrides)
         else:

@@ -651,8 +651,12 @@ def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(configs: Sequence[RunConfig]) -> dict[str, list[Any]]:
-    """Dotted config keys whose values are not the same in every run: ``{key: [value per run]}``."""
+    """Dotted config keys whose values are not the same in every run: ``{key: [value per run]}``.
+
+    ``run.dir`` is left out: it is where each run is (the runs table names them), not a setting."""
     flat = [_flatten(to_dict(c)) for c in configs]
+    for f in flat:
+        f.pop("run.dir", None)
     keys = sorted(set().union(*flat))
     return {k: [f.get(k) for f in flat] for k in keys if len({json.dumps(f.get(k), default=str) for f in flat}) > 1}
 
