@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -193,6 +194,7 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
             if repeat >= args.warmup:
                 times[index].append(sample)
     base_backward = base_step = None
+    base_samples = times[0]  # the 0% row, timed in the same rounds as every other row
     for row, samples in zip(rows, times, strict=True):
         forward, backward, optim = (min(s[i] for s in samples) for i in range(3))
         row["seconds"] = {
@@ -208,6 +210,11 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
         predicted_step = 1 - (flops["forward"] + flops["backward"]) / (base_flops["forward"] + base_flops["backward"])
         measured_backward = 1 - backward / base_backward
         measured_step = 1 - row["seconds"]["step"] / base_step
+        # Paired within rounds: the median over rounds of this row's time over the 0% row's time in the same round,
+        # which cancels what changes between rounds (load, clock); the minima above can come from different rounds.
+        paired_backward = statistics.median(s[1] / b[1] for s, b in zip(samples, base_samples, strict=True))
+        paired_step = statistics.median(sum(s) / sum(b) for s, b in zip(samples, base_samples, strict=True))
+        row["paired_median"] = {"backward_saving": 1 - paired_backward, "step_saving": 1 - paired_step}
         row["forward_overhead"] = forward / base_forward - 1
         row["saving"] = {
             "backward_predicted": predicted_backward,
@@ -263,10 +270,11 @@ def main() -> None:
         print(
             f"{'frozen':>7} {'path':>9} {'fwd s':>7} {'fwd +':>6} {'bwd s':>7} {'step s':>7} | "
             f"{'bwd saving pred':>15} {'meas':>6} {'ratio':>6} | {'step saving pred':>16} {'meas':>6} {'ratio':>6} | "
-            "matmul FLOPs counted/analytic"
+            f"{'paired: bwd':>11} {'step':>6} {'ratio':>6} | matmul FLOPs counted/analytic"
         )
         for row in case["rows"]:
             s, v, f, c = row["seconds"], row["saving"], row["flops"], row["counted_matmul_flops"]
+            m = row["paired_median"]
             ratio = lambda value: "-" if value is None else f"{value:.2f}"  # noqa: E731
             agreement = (c["forward"] + c["backward"]) / (f["forward_matmul"] + f["backward_matmul"])
             print(
@@ -274,7 +282,9 @@ def main() -> None:
                 f"{row['forward_overhead']:>+6.1%} {s['backward']:>7.3f} {s['step']:>7.3f} | "
                 f"{v['backward_predicted']:>15.1%} {v['backward_measured']:>6.1%} "
                 f"{ratio(v['backward_measured_over_predicted']):>6} | {v['step_predicted']:>16.1%} "
-                f"{v['step_measured']:>6.1%} {ratio(v['step_measured_over_predicted']):>6} | {agreement:.4f}"
+                f"{v['step_measured']:>6.1%} {ratio(v['step_measured_over_predicted']):>6} | "
+                f"{m['backward_saving']:>11.1%} {m['step_saving']:>6.1%} "
+                f"{ratio(m['step_saving'] / v['step_predicted'] if v['step_predicted'] else None):>6} | {agreement:.4f}"
             )
     print(f"wrote {out}")
 

@@ -424,6 +424,12 @@ def test_fit_writes_one_record_per_epoch_with_per_head_lists(runs, mode):
             assert [len(row) for row in record[key]] == [NUM_HEADS, NUM_HEADS], key
         assert record["non_converged"] == sum(not c for row in record["converged"] for c in row)
         assert record["seconds"] > 0
+        # the parts are timed inside the controller's seconds; kappa is timed inside the probe pass
+        parts = record["seconds_parts"]
+        assert parts["probe"] + parts.get("probe_model_tau", 0) + parts.get("drift", 0) <= record["seconds"]
+        assert 0 < parts["kappa"] <= parts["probe"]
+    assert "drift" not in records[0]["seconds_parts"] and records[1]["seconds_parts"]["drift"] > 0
+    assert ("probe_model_tau" in records[1]["seconds_parts"]) == (mode == "schedule")
     for record in records[1:]:
         assert [len(row) for row in record["drift"]] == [NUM_HEADS, NUM_HEADS]
         assert all(d >= 0 for row in record["drift"] for d in row)

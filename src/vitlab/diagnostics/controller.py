@@ -398,6 +398,8 @@ class DynamicsController(pl.Callback):
         self.tracker: ConvergenceTracker | None = None
         self.previous: torch.Tensor | None = None  # [L, H, P, N] float32 (P = probe_min when not extended)
         self.previous_model_tau: torch.Tensor | None = None  # the same at the model's own tau (log_model_tau)
+        # seconds of this epoch's parts (probe passes, kappa, each drift), written as the record's seconds_parts
+        self.timings: dict[str, float] = {}
         self.before_previous: torch.Tensor | None = None  # [L, H, P, N] of epoch t-2 (convergence: noise)
         self.last_drift: torch.Tensor | None = None  # [L, H] float64, d(t-2, t-1)
         self.kappa: torch.Tensor | None = None  # [L, H] float64, the last count
@@ -460,6 +462,14 @@ class DynamicsController(pl.Callback):
             self._load_pending_state()
 
     # --- one epoch of control ---------------------------------------------------------------------------------------
+    def _timed(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, its seconds added to ``self.timings[part]`` (the record's ``seconds_parts``)."""
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.timings[part] = self.timings.get(part, 0.0) + time.perf_counter() - started
+
     @torch.no_grad()
     def measure(self, probe: torch.Tensor, kappa: bool = True, probe_tau: str | None = None) -> ProbeMeasurement:
         """Push ``probe: [P, C, H, W]`` through the attached model (eval mode, attention captured, at the temperature
@@ -488,7 +498,9 @@ class DynamicsController(pl.Callback):
                         attn = self._checked_map(maps, name)  # [b, H, T, T]
                         chunk.append(attention_to_cls_distribution(attn, self.num_prefix_tokens).cpu())
                         if start < kappa_images:
-                            clusters = consensus_clusters(attn[: kappa_images - start], cfg.eps, dtype=kappa_dtype)
+                            clusters = self._timed(
+                                "kappa", consensus_clusters, attn[: kappa_images - start], cfg.eps, dtype=kappa_dtype
+                            )
                             kappa_sum[layer] += clusters.sum(0).cpu()
                     distributions.append(torch.stack(chunk).transpose(1, 2))  # [L, H, b, N]
         finally:
@@ -584,7 +596,13 @@ class DynamicsController(pl.Callback):
         directed = None
         if drift is not None and self.before_previous is not None and self.last_drift is not None:
             common = min(current.shape[2], self.before_previous.shape[2])
-            two_epoch = attention_drift(current[:, :, :common], self.before_previous[:, :, :common], self.cost)
+            two_epoch = self._timed(
+                "drift_two_epoch",
+                attention_drift,
+                current[:, :, :common],
+                self.before_previous[:, :, :common],
+                self.cost,
+            )
             directed = directedness(two_epoch.mean(dim=-1), self.last_drift, drift)
         if epoch >= cfg.burn_in:
             # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
@@ -600,8 +618,12 @@ class DynamicsController(pl.Callback):
             model_tau = model_tau.float()
             if self.previous_model_tau is not None:
                 common = min(model_tau.shape[2], self.previous_model_tau.shape[2])
-                drift_model_tau = attention_drift(
-                    model_tau[:, :, :common], self.previous_model_tau[:, :, :common], self.cost
+                drift_model_tau = self._timed(
+                    "drift_model_tau",
+                    attention_drift,
+                    model_tau[:, :, :common],
+                    self.previous_model_tau[:, :, :common],
+                    self.cost,
                 ).mean(dim=-1)
             self.previous_model_tau = model_tau
         if cfg.convergence == "noise":
@@ -643,10 +665,10 @@ class DynamicsController(pl.Callback):
         ``deciding``: the convergence test runs this epoch (no extension during the burn-in, nothing is decided)."""
         cfg, previous = self.config, self.previous
         if cfg.probe_min is None:
-            per_image = attention_drift(current, previous, self.cost)  # [L, H, P]
+            per_image = self._timed("drift", attention_drift, current, previous, self.cost)  # [L, H, P]
             return per_image.mean(dim=-1), torch.full(per_image.shape[:2], per_image.shape[-1]), current
         base = min(cfg.probe_min, current.shape[2], previous.shape[2])
-        per_image = attention_drift(current[:, :, :base], previous[:, :, :base], self.cost)
+        per_image = self._timed("drift", attention_drift, current[:, :, :base], previous[:, :, :base], self.cost)
         drift = per_image.mean(dim=-1)
         images = torch.full(drift.shape, base)
         standard_error = per_image.std(dim=-1) / math.sqrt(base) if base > 1 else torch.zeros_like(drift)
@@ -655,8 +677,12 @@ class DynamicsController(pl.Callback):
             current = torch.cat([current, extend().float()], dim=2)
             common = min(current.shape[2], previous.shape[2])
             if common > base:  # the previous epoch was extended too: these heads average over every common image
-                rest = attention_drift(
-                    current[uncertain][:, base:common], previous[uncertain][:, base:common], self.cost
+                rest = self._timed(
+                    "drift",
+                    attention_drift,
+                    current[uncertain][:, base:common],
+                    previous[uncertain][:, base:common],
+                    self.cost,
                 )
                 drift[uncertain] = (per_image[uncertain].sum(-1) + rest.sum(-1)) / common
                 images[uncertain] = common
@@ -666,27 +692,36 @@ class DynamicsController(pl.Callback):
         """Measure, advance, write the record and log its scalars: the controller's work for one epoch."""
         started = time.perf_counter()
         cfg = self.config
+        self.timings = {}
 
         def identical_on_every_rank(value: Any) -> Any:  # identical inputs -> identical schedules and frozen masks
             return trainer.strategy.broadcast(value, src=0) if trainer.world_size > 1 else value
 
         first = len(self.probe) if cfg.probe_min is None else cfg.probe_min
-        measurement = identical_on_every_rank(self.measure(self.probe[:first], kappa=self.wants_kappa(epoch)))
+        measurement = identical_on_every_rank(
+            self._timed("probe", self.measure, self.probe[:first], kappa=self.wants_kappa(epoch))
+        )
         extend = None
         if first < len(self.probe):
 
             def extend() -> torch.Tensor:
-                return identical_on_every_rank(self.measure(self.probe[first:], kappa=False)).distributions
+                return identical_on_every_rank(
+                    self._timed("probe", self.measure, self.probe[first:], kappa=False)
+                ).distributions
 
         model_tau = None
         if cfg.log_model_tau and cfg.probe_tau == "unit" and cfg.mode != "fixed":
-            model_tau = identical_on_every_rank(self.measure(self.probe[:first], kappa=False, probe_tau="model"))
+            model_tau = identical_on_every_rank(
+                self._timed("probe_model_tau", self.measure, self.probe[:first], kappa=False, probe_tau="model")
+            )
             model_tau = model_tau.distributions
         record = self.advance(measurement, epoch, extend, model_tau)
         # The learning rate the epoch just trained with (ReduceLROnPlateau steps after this hook): the confound of
         # the drift (docs/dynamics.md, drift against learning rate).
         record["lr"] = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
         record["seconds"] = time.perf_counter() - started
+        # the probe passes include their kappa; the rest of seconds is the schedule, the tracker and the freezing
+        record["seconds_parts"] = dict(self.timings)
         record["epoch_seconds"] = None if self._epoch_started is None else started - self._epoch_started
         if trainer.is_global_zero:
             self.run_dir.mkdir(parents=True, exist_ok=True)
