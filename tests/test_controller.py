@@ -409,7 +409,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dynamics")
     out = {}
     for mode in ("schedule", "fixed"):
-        out[mode] = fit(build_config("vit/digits", [*FIT, f"run.dir={root / mode}", f"dynamics.mode={mode}"]))
+        # the schedule arm also logs the drift at the model's own tau (off by default), as Table I's recipe does
+        extra = ["dynamics.log_model_tau=true"] if mode == "schedule" else []
+        out[mode] = fit(build_config("vit/digits", [*FIT, f"run.dir={root / mode}", f"dynamics.mode={mode}", *extra]))
     return out
 
 
@@ -436,10 +438,11 @@ def test_fit_writes_one_record_per_epoch_with_per_head_lists(runs, mode):
     tau = torch.tensor([r["tau"] for r in records], dtype=torch.float64)
     if mode == "fixed":
         assert torch.equal(tau, torch.ones_like(tau))
+        assert "drift_model_tau" not in records[1]  # fixed mode has no own tau to probe at
     else:  # eq. 20, alpha = 4 per image side: the tau an epoch ends with is 1 / (1 + 4 d) of that epoch
         drift = torch.tensor([r["drift"] for r in records[1:]], dtype=torch.float64)
         torch.testing.assert_close(tau[1:], 1 / (1 + 4 * drift), rtol=1e-6, atol=1e-6)
-        # the default probes at tau = 1 and logs the drift at the model's own tau beside it
+        # the default probes at tau = 1; log_model_tau logs the drift at the model's own tau beside it
         assert records[0]["drift_model_tau"] is None and len(records[1]["drift_model_tau"]) == 2
     assert records[0]["drift_units"] == "image" and records[0]["probe_tau"] == "unit"
     assert all(r["lr"] > 0 for r in records)

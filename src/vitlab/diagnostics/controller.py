@@ -83,8 +83,10 @@ class DynamicsConfig:
             lowered the measured drift of the same weights by 15%); ``model``: each head's own tau (the paper's
             literal reading: the drift then includes the change of tau that the schedule itself made).
         log_model_tau: with ``probe_tau: unit`` in ``schedule``/``learn`` mode, also probe at each head's own tau
-            and write that drift beside the decision's (``drift_model_tau``; one more probe pass per epoch, no
-            clusters). It decides nothing.
+            and write that drift beside the decision's (``drift_model_tau``; one more probe pass and one more set
+            of transport problems per epoch, no clusters). It decides nothing, and cost a third of the
+            controller's time (docs/dynamics.md, "What the controller costs"), so it is off by default; the Table
+            I recipe (benchmarks/table1.sh) turns it on.
         eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
         convergence: ``noise`` (default): a head is stable when its movement no longer accumulates (``rho``);
             ``relative``: a head is stable in an epoch when its drift is below ``rel_d`` times
@@ -129,7 +131,7 @@ class DynamicsConfig:
     probe_seed: int | None = 0
     probe_batch_size: int = 32
     probe_tau: str = "unit"
-    log_model_tau: bool = True
+    log_model_tau: bool = False
     eps: float = 0.1
     convergence: str = "noise"
     rho: float = 0.75
