@@ -49,7 +49,7 @@ def test_patch_grid_cost_is_an_exact_metric_on_grids_whose_centres_are_not_binar
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("grid", [(4, 4), (8, 8), (3, 5), (2, 2), (9, 9)])  # 9x9: each problem cut to its support
+@pytest.mark.parametrize("grid", [(4, 4), (8, 8), (3, 5), (2, 2), (9, 9)])
 def test_attention_drift_equals_pot_emd2(grid, dtype):
     """The fast W1 (POT's C solver on the Kantorovich-Rubinstein reduction) against ot.emd2 on the full problem."""
     cost = patch_grid_cost(*grid)

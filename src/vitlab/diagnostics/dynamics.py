@@ -70,10 +70,9 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> tor
     ``p - q`` only (Kantorovich-Rubinstein), so the mass the two distributions share stays in place and only
     ``(p - q)+`` is moved onto ``(p - q)-``: the same optimum on a smaller problem. Each problem goes straight to
     POT's C solver (``ot.lp.emd_wrap.emd_c``, what ``ot.emd2`` calls after its argument handling, which cost
-    three quarters of each call here); the marginals are prepared as ``ot.emd2`` prepares them, so the values are
-    those of ``ot.emd2`` on the reduced problem (to rounding, ~1e-16). Up to 64 patches (8x8) the marginals of all
-    problems are prepared in one vectorised pass and the solver gets the whole cost matrix; beyond, each problem
-    is cut to its support first (:func:`_solve_full`, :func:`_solve_reduced`).
+    three quarters of each call here); the marginals of all problems are prepared in one vectorised pass as
+    ``ot.emd2`` prepares them, and the solver, given the whole cost matrix, drops the zero-mass points itself, so
+    the values are those of ``ot.emd2`` on the reduced problem (to rounding, ~1e-16).
     """
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {list(p.shape)} and {list(q.shape)}")
@@ -96,50 +95,19 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> tor
     # A row with surplus but no deficit differs only by rounding (both rows sum to 1; e.g. one ulp apart): its W1 is
     # 0 to within moved_mass * max(cost), and the solver must not see an empty target (it crashes on one).
     todo = np.flatnonzero((moved_mass > 0) & deficit.any(-1))
-    if num_patches <= _FULL_PROBLEM_PATCHES:
-        _solve_full(difference, surplus, deficit, moved_mass, todo, cost_np, drift)
-    else:
-        _solve_reduced(difference, surplus, deficit, moved_mass, todo, cost_np, drift)
-    return torch.from_numpy(drift).reshape(p.shape[:-1]).to(p.device)
-
-
-# Up to this many patches the marginals of every problem are prepared at once and the solver gets the whole cost
-# matrix (it skips zero-mass points itself); beyond, each problem is cut down to its support first, because the
-# solver's time then grows with the matrix it is given (measured: docs/dynamics.md, "What the controller costs").
-_FULL_PROBLEM_PATCHES = 64
-
-
-def _emd(source: np.ndarray, target: np.ndarray, cost: np.ndarray) -> float:
-    """``W1(source, target)`` by POT's network simplex (``ot.lp.emd_wrap.emd_c``, what ``ot.emd2`` calls)."""
-    _, value, _, _, code = emd_c(source, target, cost, _EMD_MAX_ITER, 1)
-    if code != _EMD_OPTIMAL:
-        raise RuntimeError(f"POT's network simplex stopped without an optimum (code {code}) on a drift problem")
-    return value
-
-
-def _solve_full(difference, surplus, deficit, moved_mass, todo, cost, drift) -> None:
-    """Every problem in ``todo`` on the whole grid: ``(p - q)+`` onto ``(p - q)-``, both scaled to unit mass and
-    the target rescaled to the source's mass as ``ot.emd2`` does, all rows at once; zero-mass points are left to
-    the solver, which drops them."""
+    # (p - q)+ onto (p - q)-, both scaled to unit mass and the target rescaled to the source's mass as ot.emd2 does,
+    # every row at once; the solver gets the whole cost matrix and drops the zero-mass points itself (faster than
+    # cutting each problem to its support in Python: benchmarks/drift_solver.py)
     source = np.where(surplus[todo], difference[todo], 0.0) / moved_mass[todo, None]
     target = np.where(deficit[todo], -difference[todo], 0.0)
     target = target / target.sum(-1, keepdims=True)
     target = target * (source.sum(-1, keepdims=True) / target.sum(-1, keepdims=True))
     for row, i in enumerate(todo.tolist()):
-        drift[i] = moved_mass[i] * _emd(source[row], target[row], cost)
-
-
-def _solve_reduced(difference, surplus, deficit, moved_mass, todo, cost, drift) -> None:
-    """Every problem in ``todo`` cut to its support: the surplus points as sources, the deficit points as targets,
-    the cost matrix between them."""
-    for i in todo.tolist():
-        delta = difference[i]
-        rows, columns = np.flatnonzero(surplus[i]), np.flatnonzero(deficit[i])
-        source = delta[rows] / moved_mass[i]
-        target = -delta[columns]
-        target = target / target.sum()
-        target = target * source.sum(0) / target.sum(0, keepdims=True)  # ot.emd2's rescaling of b
-        drift[i] = moved_mass[i] * _emd(source, target, cost[rows[:, None], columns])
+        _, value, _, _, code = emd_c(source[row], target[row], cost_np, _EMD_MAX_ITER, 1)
+        if code != _EMD_OPTIMAL:
+            raise RuntimeError(f"POT's network simplex stopped without an optimum (code {code}) on a drift problem")
+        drift[i] = moved_mass[i] * value
+    return torch.from_numpy(drift).reshape(p.shape[:-1]).to(p.device)
 
 
 def attention_to_cls_distribution(attn: torch.Tensor, num_prefix_tokens: int = 1) -> torch.Tensor:
