@@ -158,6 +158,32 @@ def directedness(two_epoch: torch.Tensor, earlier: torch.Tensor, later: torch.Te
     return torch.where(total > 0, two_epoch / total.clamp_min(1e-300), torch.zeros_like(total)).clamp(0, 1)
 
 
+def directedness_standard_error(two_epoch: torch.Tensor, later: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
+    """Standard error of the directedness ``r = mean(two_epoch) / (earlier + mean(later))`` (:func:`directedness`)
+    from per-image drifts, by the delta method.
+
+    ``two_epoch, later: [..., P]`` the per-image ``d(t-2, t)`` and ``d(t-1, t)`` on the same ``P`` images;
+    ``earlier: [...]`` the previous epoch's ``d(t-2, t-1)``, taken as known. Returns ``[...]`` float64 (0 where
+    ``P < 2`` or the head did not move). What the adaptive probe (``probe_min``) needs to tell, under the noise rule,
+    whether a head's directedness is within ``probe_z`` standard errors of ``rho``.
+    """
+    two_epoch, later = two_epoch.double(), later.double()
+    count = two_epoch.shape[-1]
+    if count < 2:
+        return torch.zeros(two_epoch.shape[:-1], dtype=torch.float64)
+    x, y = two_epoch.mean(-1), later.mean(-1)
+    total = earlier.double() + y
+    moved = total > 0
+    safe = torch.where(moved, total, torch.ones_like(total))
+    grad_x, grad_y = 1 / safe, -x / safe**2
+    centred_x, centred_y = two_epoch - x[..., None], later - y[..., None]
+    var_x = (centred_x**2).sum(-1) / (count - 1)
+    var_y = (centred_y**2).sum(-1) / (count - 1)
+    cov = (centred_x * centred_y).sum(-1) / (count - 1)
+    variance = (grad_x**2 * var_x + grad_y**2 * var_y + 2 * grad_x * grad_y * cov) / count
+    return torch.where(moved, variance.clamp_min(0).sqrt(), torch.zeros_like(variance))
+
+
 def temperature_update(drift: torch.Tensor | float, alpha: float = 1.0) -> torch.Tensor:
     """ViTCAE eq. 20: ``tau_{t+1} = 1 / (1 + alpha * d_t)``. ``drift: [...]`` (non-negative) -> ``tau: [...]``."""
     if not alpha > 0:
