@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -110,16 +111,24 @@ def counted_flops(model: VisionTransformer, guard: FrozenHeadGuard, mask: torch.
     return forward_counter.get_total_flops(), backward_counter.get_total_flops()
 
 
-def timed_step(model, optimizer, x, y) -> tuple[float, float, float]:
-    """Seconds of forward, backward and optimizer step (the guard's restore hook included)."""
+CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
+
+
+def timed_step(model, optimizer, x, y, clock=time.thread_time) -> tuple[float, float, float]:
+    """Seconds of forward, backward and optimizer step (the guard's restore hook included) on ``clock``.
+
+    The default clock is the calling thread's CPU time (``time.thread_time``): single-threaded, all the work runs on
+    this thread, and the time the scheduler gives other processes on a shared core is not counted, where the wall
+    clock counts it (what made rows of earlier runs on a loaded machine differ by 2x).
+    """
     optimizer.zero_grad(set_to_none=True)
-    start = time.perf_counter()
+    start = clock()
     loss = F.cross_entropy(model(x), y)
-    after_forward = time.perf_counter()
+    after_forward = clock()
     loss.backward()
-    after_backward = time.perf_counter()
+    after_backward = clock()
     optimizer.step()
-    end = time.perf_counter()
+    end = clock()
     return after_forward - start, after_backward - after_forward, end - after_backward
 
 
@@ -181,10 +190,11 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
         for index in order:
             (_, split), mask = variants[index], masks[index]
             set_path(guard, mask, split)
-            sample = timed_step(model, optimizer, x, y)
+            sample = timed_step(model, optimizer, x, y, CLOCKS[args.clock])
             if repeat >= args.warmup:
                 times[index].append(sample)
     base_backward = base_step = None
+    base_samples = times[0]  # the 0% row, timed in the same rounds as every other row
     for row, samples in zip(rows, times, strict=True):
         forward, backward, optim = (min(s[i] for s in samples) for i in range(3))
         row["seconds"] = {
@@ -200,6 +210,11 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
         predicted_step = 1 - (flops["forward"] + flops["backward"]) / (base_flops["forward"] + base_flops["backward"])
         measured_backward = 1 - backward / base_backward
         measured_step = 1 - row["seconds"]["step"] / base_step
+        # Paired within rounds: the median over rounds of this row's time over the 0% row's time in the same round,
+        # which cancels what changes between rounds (load, clock); the minima above can come from different rounds.
+        paired_backward = statistics.median(s[1] / b[1] for s, b in zip(samples, base_samples, strict=True))
+        paired_step = statistics.median(sum(s) / sum(b) for s, b in zip(samples, base_samples, strict=True))
+        row["paired_median"] = {"backward_saving": 1 - paired_backward, "step_saving": 1 - paired_step}
         row["forward_overhead"] = forward / base_forward - 1
         row["saving"] = {
             "backward_predicted": predicted_backward,
@@ -223,10 +238,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="thread",
+        help="thread: this thread's CPU time (needs --threads 1; robust to other processes); wall: perf_counter",
+    )
+    parser.add_argument(
         "--compare-split", action="store_true", help="also time the two-call frozen path, interleaved (one run)"
     )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "freezing.json"))
     args = parser.parse_args()
+    if args.clock == "thread" and args.threads != 1:
+        parser.error("--clock thread counts one thread's CPU time: use it with --threads 1, or pass --clock wall")
     torch.set_num_threads(args.threads)
     results = {
         "benchmark": "freezing",
@@ -247,10 +270,11 @@ def main() -> None:
         print(
             f"{'frozen':>7} {'path':>9} {'fwd s':>7} {'fwd +':>6} {'bwd s':>7} {'step s':>7} | "
             f"{'bwd saving pred':>15} {'meas':>6} {'ratio':>6} | {'step saving pred':>16} {'meas':>6} {'ratio':>6} | "
-            "matmul FLOPs counted/analytic"
+            f"{'paired: bwd':>11} {'step':>6} {'ratio':>6} | matmul FLOPs counted/analytic"
         )
         for row in case["rows"]:
             s, v, f, c = row["seconds"], row["saving"], row["flops"], row["counted_matmul_flops"]
+            m = row["paired_median"]
             ratio = lambda value: "-" if value is None else f"{value:.2f}"  # noqa: E731
             agreement = (c["forward"] + c["backward"]) / (f["forward_matmul"] + f["backward_matmul"])
             print(
@@ -258,7 +282,9 @@ def main() -> None:
                 f"{row['forward_overhead']:>+6.1%} {s['backward']:>7.3f} {s['step']:>7.3f} | "
                 f"{v['backward_predicted']:>15.1%} {v['backward_measured']:>6.1%} "
                 f"{ratio(v['backward_measured_over_predicted']):>6} | {v['step_predicted']:>16.1%} "
-                f"{v['step_measured']:>6.1%} {ratio(v['step_measured_over_predicted']):>6} | {agreement:.4f}"
+                f"{v['step_measured']:>6.1%} {ratio(v['step_measured_over_predicted']):>6} | "
+                f"{m['backward_saving']:>11.1%} {m['step_saving']:>6.1%} "
+                f"{ratio(m['step_saving'] / v['step_predicted'] if v['step_predicted'] else None):>6} | {agreement:.4f}"
             )
     print(f"wrote {out}")
 

@@ -12,7 +12,8 @@ VITLAB=${VITLAB:-.venv/bin/vitlab}
 run() {  # mode seed
   local dir="$OUT/$1-seed$2"
   [ -f "$dir/test_metrics.json" ] && return 0
-  local args=(dynamics.mode=schedule dynamics.freeze=true)
+  # log_model_tau (off by default) also records the controlled arm's drift at its own tau, beside the decision's
+  local args=(dynamics.mode=schedule dynamics.freeze=true dynamics.log_model_tau=true)
   [ "$1" = uncontrolled ] && args=(dynamics.mode=fixed dynamics.freeze=false)
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$VITLAB" fit --config "$CONFIG" "${args[@]}" run.seed="$2" data.seed="$2" \
     run.dir="$dir" run.name="table1-$1" trainer.enable_progress_bar=false ${EXTRA[@]+"${EXTRA[@]}"} > "$dir.log" 2>&1

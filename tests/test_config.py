@@ -1,5 +1,7 @@
 """Typed configs: YAML, dotted overrides, clear errors for unknown keys and bad types."""
 
+import warnings
+
 import pytest
 
 from vitlab.config import ConfigError, build_config, dump_yaml, parse_overrides
@@ -58,3 +60,21 @@ def test_union_fields_keep_the_exact_type():
     assert cfg.trainer.limit_train_batches == 1 and isinstance(cfg.trainer.limit_train_batches, int)
     assert cfg.trainer.limit_val_batches == 0.5
     assert cfg.trainer.devices == "auto"
+
+
+def test_a_new_preset_on_the_command_line_warns_which_model_keys_of_the_config_it_drops():
+    """compare/cifar10_p4 sets the protocol's patch size and dropout in its model section; a model.name override
+    starts that section afresh (the documented merge), which once silently trained a run at patch 2."""
+    with pytest.warns(UserWarning, match="replaces the config's preset 'cet_vit_nano'") as caught:
+        cfg = build_config("compare/cifar10_p4", ["model.name=vit_matched_cet_vit_nano"])
+    message = str(caught[0].message)
+    assert "model.patch_size=4" in message and "model.drop_path_rate=0.1" in message
+    assert "patch_size" not in cfg.model and len(caught) == 1
+    with pytest.warns(UserWarning) as caught:  # repeated keys are kept and not named
+        build_config("compare/cifar10_p4", ["model.name=vit_matched_cet_vit_nano", "model.patch_size=4"])
+    assert "patch_size" not in str(caught[0].message) and "drop_rate" in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_config(
+            "compare/cifar10_p4", ["model.name=cet_vit_nano", "model.drop_rate=0.0"]
+        )  # the same preset: merged

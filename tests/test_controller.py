@@ -14,6 +14,7 @@ from vitlab.cli.main import main
 from vitlab.config import build_config
 from vitlab.diagnostics import DynamicsConfig, DynamicsController, FrozenHeadGuard, ProbeMeasurement
 from vitlab.diagnostics.controller import controlled_modules, select_probe
+from vitlab.diagnostics.dynamics import directedness_standard_error
 from vitlab.diagnostics.plots import frozen_at_epoch, head_table, read_dynamics
 from vitlab.errors import ConfigError
 from vitlab.layers import Attention, capture_attention
@@ -409,7 +410,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dynamics")
     out = {}
     for mode in ("schedule", "fixed"):
-        out[mode] = fit(build_config("vit/digits", [*FIT, f"run.dir={root / mode}", f"dynamics.mode={mode}"]))
+        # the schedule arm also logs the drift at the model's own tau (off by default), as Table I's recipe does
+        extra = ["dynamics.log_model_tau=true"] if mode == "schedule" else []
+        out[mode] = fit(build_config("vit/digits", [*FIT, f"run.dir={root / mode}", f"dynamics.mode={mode}", *extra]))
     return out
 
 
@@ -424,16 +427,23 @@ def test_fit_writes_one_record_per_epoch_with_per_head_lists(runs, mode):
             assert [len(row) for row in record[key]] == [NUM_HEADS, NUM_HEADS], key
         assert record["non_converged"] == sum(not c for row in record["converged"] for c in row)
         assert record["seconds"] > 0
+        # the parts are timed inside the controller's seconds; kappa is timed inside the probe pass
+        parts = record["seconds_parts"]
+        assert parts["probe"] + parts.get("probe_model_tau", 0) + parts.get("drift", 0) <= record["seconds"]
+        assert 0 < parts["kappa"] <= parts["probe"]
+    assert "drift" not in records[0]["seconds_parts"] and records[1]["seconds_parts"]["drift"] > 0
+    assert ("probe_model_tau" in records[1]["seconds_parts"]) == (mode == "schedule")
     for record in records[1:]:
         assert [len(row) for row in record["drift"]] == [NUM_HEADS, NUM_HEADS]
         assert all(d >= 0 for row in record["drift"] for d in row)
     tau = torch.tensor([r["tau"] for r in records], dtype=torch.float64)
     if mode == "fixed":
         assert torch.equal(tau, torch.ones_like(tau))
+        assert "drift_model_tau" not in records[1]  # fixed mode has no own tau to probe at
     else:  # eq. 20, alpha = 4 per image side: the tau an epoch ends with is 1 / (1 + 4 d) of that epoch
         drift = torch.tensor([r["drift"] for r in records[1:]], dtype=torch.float64)
         torch.testing.assert_close(tau[1:], 1 / (1 + 4 * drift), rtol=1e-6, atol=1e-6)
-        # the default probes at tau = 1 and logs the drift at the model's own tau beside it
+        # the default probes at tau = 1; log_model_tau logs the drift at the model's own tau beside it
         assert records[0]["drift_model_tau"] is None and len(records[1]["drift_model_tau"]) == 2
     assert records[0]["drift_units"] == "image" and records[0]["probe_tau"] == "unit"
     assert all(r["lr"] > 0 for r in records)
@@ -584,3 +594,40 @@ def test_read_dynamics_keeps_the_last_line_of_an_epoch_and_finds_freezing_epochs
         read_dynamics(tmp_path / "plain")
     with pytest.raises(FileNotFoundError, match="missing does not exist; pass a run directory"):
         read_dynamics(tmp_path / "missing")
+
+
+def test_adaptive_probe_under_the_noise_rule_extends_heads_whose_directedness_is_near_rho():
+    """Head (0, 0) moves one patch (epoch 0 -> 1), then 3 of its first 4 images move on and one comes back: a
+    directedness of 0.75 = rho on the first 4 images, uncertain; on all 8 images 7 move on (0.875). Head (0, 1)
+    moves on everywhere (1.0, no spread: certain); the others do not move (0)."""
+    controller = scheduled_controller(
+        probe_size=8, probe_min=4, probe_z=3.0, convergence="noise", rho=0.75, burn_in=2, kappa_images=2
+    )
+    epochs = [[[[0] * 8 for _ in range(NUM_HEADS)] for _ in range(2)] for _ in range(3)]
+    epochs[1][0][0], epochs[1][0][1] = [1] * 8, [1] * 8
+    epochs[2][0][0], epochs[2][0][1] = [2, 0, 2, 2, 2, 2, 2, 2], [2] * 8
+    kappa = torch.ones(2, NUM_HEADS, dtype=torch.float64)
+    calls, records = [], []
+    for epoch, shifts in enumerate(epochs):
+        dist = moves(shifts)
+        extend = lambda d=dist, e=epoch: calls.append(e) or d[:, :, 4:]  # noqa: E731
+        records.append(controller.advance(ProbeMeasurement(dist[:, :, :4], kappa), epoch, extend=extend))
+    assert calls == [0, 1, 2]  # epochs burn_in - 2 and burn_in - 1 measure the whole probe; epoch 2 for head (0, 0)
+    assert records[2]["drift_images"][0][:2] == [8, 4]
+    directed = records[2]["directedness"][0]
+    assert directed[0] == pytest.approx(0.875) and directed[1] == pytest.approx(1.0) and directed[2] == 0
+    # the same decision inputs as the exact probe for the extended head: d(t-1, t) and d(t-2, t) over all 8 images
+    exact = scheduled_controller(probe_size=8, convergence="noise", rho=0.75, burn_in=2, kappa_images=2)
+    exact_records = [exact.advance(ProbeMeasurement(moves(s), kappa), e) for e, s in enumerate(epochs)]
+    assert exact_records[2]["directedness"][0][0] == pytest.approx(directed[0])
+    assert exact_records[2]["drift"][0][0] == pytest.approx(records[2]["drift"][0][0])
+
+
+def test_directedness_standard_error_is_the_delta_method_of_the_ratio():
+    two_epoch = torch.tensor([[2.0, 0.0, 2.0, 2.0]])
+    later = torch.tensor([[1.0, 1.0, 1.0, 1.0]])
+    earlier = torch.tensor([1.0])
+    # later has no spread, so the error is that of mean(two_epoch) / 2: std([2, 0, 2, 2]) / sqrt(4) / 2
+    expected = torch.tensor([2.0, 0.0, 2.0, 2.0]).std() / 2 / 2
+    torch.testing.assert_close(directedness_standard_error(two_epoch, later, earlier), expected[None].double())
+    assert directedness_standard_error(torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1)).item() == 0

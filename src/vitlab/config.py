@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,11 +328,32 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return out
 
 
+def _warn_about_a_new_preset(model: Any, override: Any) -> None:
+    """Warn when an override's ``model.name`` replaces the config's preset: the model section then starts afresh
+    (:func:`deep_merge`), and the config's other model keys (a protocol's patch size, its dropout) silently stop
+    applying unless the overrides repeat them."""
+    if not (isinstance(model, dict) and isinstance(override, dict)) or "name" not in override:
+        return
+    if model.get("name") in (None, override["name"]):
+        return
+    dropped = [key for key in model if key != "name" and key not in override]
+    if dropped:
+        settings = ", ".join(f"model.{key}={model[key]!r}" for key in dropped)
+        warnings.warn(
+            f"model.name={override['name']} replaces the config's preset {model['name']!r}, so the config's "
+            f"{settings} no longer apply; repeat them as overrides to keep them",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def build_config(config: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type."""
     data: dict[str, Any] = load_yaml(config) if config else {}
     if overrides:
-        data = deep_merge(data, parse_overrides(overrides))
+        parsed = parse_overrides(overrides)
+        _warn_about_a_new_preset(data.get("model"), parsed.get("model"))
+        data = deep_merge(data, parsed)
     cfg = from_dict(RunConfig, data)
     if "name" not in cfg.model:
         raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")

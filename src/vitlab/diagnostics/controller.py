@@ -43,6 +43,7 @@ from vitlab.diagnostics.dynamics import (
     attention_to_cls_distribution,
     consensus_clusters,
     directedness,
+    directedness_standard_error,
     patch_grid_cost,
     temperature_update,
 )
@@ -83,8 +84,10 @@ class DynamicsConfig:
             lowered the measured drift of the same weights by 15%); ``model``: each head's own tau (the paper's
             literal reading: the drift then includes the change of tau that the schedule itself made).
         log_model_tau: with ``probe_tau: unit`` in ``schedule``/``learn`` mode, also probe at each head's own tau
-            and write that drift beside the decision's (``drift_model_tau``; one more probe pass per epoch, no
-            clusters). It decides nothing.
+            and write that drift beside the decision's (``drift_model_tau``; one more probe pass and one more set
+            of transport problems per epoch, no clusters). It decides nothing, and cost a third of the
+            controller's time (docs/dynamics.md, "What the controller costs with the noise rule"), so it is off
+            by default; the Table I recipe (benchmarks/table1.sh) turns it on.
         eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
         convergence: ``noise`` (default): a head is stable when its movement no longer accumulates (``rho``);
             ``relative``: a head is stable in an epoch when its drift is below ``rel_d`` times
@@ -116,9 +119,11 @@ class DynamicsConfig:
             differently.
         probe_min: ``None`` (default): every epoch measures the drift of every head on all ``probe_size`` images, as
             the paper does. An integer turns on the adaptive probe: the probe pass and the drift run on the first
-            ``probe_min`` images, and are extended to all ``probe_size`` images only for heads whose drift is within
-            ``probe_z`` standard errors of ``eps_d`` (where the convergence decision is uncertain). An approximation
-            of eq. 20's ``d`` for the other heads (standard error about ``d / sqrt(probe_min)``).
+            ``probe_min`` images, and are extended to all ``probe_size`` images only for heads whose decision is
+            uncertain: under the threshold rules a drift within ``probe_z`` standard errors of the threshold, under
+            the noise rule a directedness within ``probe_z`` standard errors of ``rho`` (delta method,
+            :func:`~vitlab.diagnostics.dynamics.directedness_standard_error`). An approximation of eq. 20's ``d``
+            for the other heads (standard error about ``d / sqrt(probe_min)``).
         probe_z: the standard errors of the adaptive probe (see ``probe_min``).
     """
 
@@ -129,7 +134,7 @@ class DynamicsConfig:
     probe_seed: int | None = 0
     probe_batch_size: int = 32
     probe_tau: str = "unit"
-    log_model_tau: bool = True
+    log_model_tau: bool = False
     eps: float = 0.1
     convergence: str = "noise"
     rho: float = 0.75
@@ -160,11 +165,6 @@ class DynamicsConfig:
             )
         if not 0.5 <= self.rho <= 1:
             problems.append(f"dynamics.rho must be in [0.5, 1] (a directedness), got {self.rho}")
-        if self.convergence == "noise" and self.probe_min is not None:
-            problems.append(
-                "dynamics.probe_min (the adaptive probe) needs a drift threshold: set dynamics.convergence=relative "
-                "or absolute, or probe_min=null"
-            )
         if not 0 < self.rel_d < 1:
             problems.append(f"dynamics.rel_d must be in (0, 1) (a fraction of the peak drift), got {self.rel_d}")
         if not self.alpha > 0:
@@ -398,6 +398,8 @@ class DynamicsController(pl.Callback):
         self.tracker: ConvergenceTracker | None = None
         self.previous: torch.Tensor | None = None  # [L, H, P, N] float32 (P = probe_min when not extended)
         self.previous_model_tau: torch.Tensor | None = None  # the same at the model's own tau (log_model_tau)
+        # seconds of this epoch's parts (probe passes, kappa, each drift), written as the record's seconds_parts
+        self.timings: dict[str, float] = {}
         self.before_previous: torch.Tensor | None = None  # [L, H, P, N] of epoch t-2 (convergence: noise)
         self.last_drift: torch.Tensor | None = None  # [L, H] float64, d(t-2, t-1)
         self.kappa: torch.Tensor | None = None  # [L, H] float64, the last count
@@ -460,6 +462,14 @@ class DynamicsController(pl.Callback):
             self._load_pending_state()
 
     # --- one epoch of control ---------------------------------------------------------------------------------------
+    def _timed(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, its seconds added to ``self.timings[part]`` (the record's ``seconds_parts``)."""
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.timings[part] = self.timings.get(part, 0.0) + time.perf_counter() - started
+
     @torch.no_grad()
     def measure(self, probe: torch.Tensor, kappa: bool = True, probe_tau: str | None = None) -> ProbeMeasurement:
         """Push ``probe: [P, C, H, W]`` through the attached model (eval mode, attention captured, at the temperature
@@ -488,7 +498,9 @@ class DynamicsController(pl.Callback):
                         attn = self._checked_map(maps, name)  # [b, H, T, T]
                         chunk.append(attention_to_cls_distribution(attn, self.num_prefix_tokens).cpu())
                         if start < kappa_images:
-                            clusters = consensus_clusters(attn[: kappa_images - start], cfg.eps, dtype=kappa_dtype)
+                            clusters = self._timed(
+                                "kappa", consensus_clusters, attn[: kappa_images - start], cfg.eps, dtype=kappa_dtype
+                            )
                             kappa_sum[layer] += clusters.sum(0).cpu()
                     distributions.append(torch.stack(chunk).transpose(1, 2))  # [L, H, b, N]
         finally:
@@ -572,20 +584,32 @@ class DynamicsController(pl.Callback):
         if measurement.kappa is not None:
             self.kappa, self.kappa_epoch = measurement.kappa, epoch
         current = measurement.distributions.float()
-        drift = drift_images = None
+        drift = drift_images = two_epoch_mean = None
         if self.previous is not None:
-            drift, drift_images, current = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
+            drift, drift_images, current, two_epoch_mean = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
             self.tracker.observe(drift)  # the relative rule's peak counts the burn-in epochs too
             if cfg.mode == "schedule":
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
-        if extend is not None and current.shape[2] == cfg.probe_min and epoch == max(cfg.burn_in - 1, 0):
-            current = torch.cat([current, extend().float()], dim=2)  # the whole probe, for the first decision
+        # the whole probe for the first decision: the epoch before it, and under the noise rule (d(t-2, t)) the one
+        # before that too
+        first_decision = {max(cfg.burn_in - 1, 0)} | (
+            {max(cfg.burn_in - 2, 0)} if cfg.convergence == "noise" else set()
+        )
+        if extend is not None and current.shape[2] == cfg.probe_min and epoch in first_decision:
+            current = torch.cat([current, extend().float()], dim=2)
         tau = self.temperatures()
         directed = None
         if drift is not None and self.before_previous is not None and self.last_drift is not None:
-            common = min(current.shape[2], self.before_previous.shape[2])
-            two_epoch = attention_drift(current[:, :, :common], self.before_previous[:, :, :common], self.cost)
-            directed = directedness(two_epoch.mean(dim=-1), self.last_drift, drift)
+            if two_epoch_mean is None:  # the adaptive probe measured it already, on each head's images
+                common = min(current.shape[2], self.before_previous.shape[2])
+                two_epoch_mean = self._timed(
+                    "drift_two_epoch",
+                    attention_drift,
+                    current[:, :, :common],
+                    self.before_previous[:, :, :common],
+                    self.cost,
+                ).mean(dim=-1)
+            directed = directedness(two_epoch_mean, self.last_drift, drift)
         if epoch >= cfg.burn_in:
             # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
             # placeholder.
@@ -600,8 +624,12 @@ class DynamicsController(pl.Callback):
             model_tau = model_tau.float()
             if self.previous_model_tau is not None:
                 common = min(model_tau.shape[2], self.previous_model_tau.shape[2])
-                drift_model_tau = attention_drift(
-                    model_tau[:, :, :common], self.previous_model_tau[:, :, :common], self.cost
+                drift_model_tau = self._timed(
+                    "drift_model_tau",
+                    attention_drift,
+                    model_tau[:, :, :common],
+                    self.previous_model_tau[:, :, :common],
+                    self.cost,
                 ).mean(dim=-1)
             self.previous_model_tau = model_tau
         if cfg.convergence == "noise":
@@ -637,56 +665,100 @@ class DynamicsController(pl.Callback):
 
     def _drift(
         self, current: torch.Tensor, extend: Callable[[], torch.Tensor] | None, deciding: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``d: [L, H]`` float64 of ``current: [L, H, P, N]`` against ``self.previous``, the probe images each head
-        averaged over ``[L, H]``, and ``current`` (extended when the adaptive probe asked for the other images).
-        ``deciding``: the convergence test runs this epoch (no extension during the burn-in, nothing is decided)."""
+        averaged over ``[L, H]``, ``current`` (extended when the adaptive probe asked for the other images), and,
+        with the adaptive probe under the noise rule, the two-epoch drift ``d(t-2, t)`` per head (else None: the
+        caller measures it). ``deciding``: the convergence test runs this epoch (no extension during the burn-in,
+        nothing is decided)."""
         cfg, previous = self.config, self.previous
         if cfg.probe_min is None:
-            per_image = attention_drift(current, previous, self.cost)  # [L, H, P]
-            return per_image.mean(dim=-1), torch.full(per_image.shape[:2], per_image.shape[-1]), current
+            per_image = self._timed("drift", attention_drift, current, previous, self.cost)  # [L, H, P]
+            return per_image.mean(dim=-1), torch.full(per_image.shape[:2], per_image.shape[-1]), current, None
         base = min(cfg.probe_min, current.shape[2], previous.shape[2])
-        per_image = attention_drift(current[:, :, :base], previous[:, :, :base], self.cost)
+        per_image = self._timed("drift", attention_drift, current[:, :, :base], previous[:, :, :base], self.cost)
         drift = per_image.mean(dim=-1)
         images = torch.full(drift.shape, base)
-        standard_error = per_image.std(dim=-1) / math.sqrt(base) if base > 1 else torch.zeros_like(drift)
-        uncertain = ((drift - self.tracker.threshold()).abs() < cfg.probe_z * standard_error) & ~self.frozen
+        two_epoch = two_epoch_mean = None
+        if cfg.convergence == "noise":
+            if self.before_previous is None or self.last_drift is None:
+                return drift, images, current, None
+            # the decision is on the directedness: near rho within probe_z standard errors (delta method)
+            base2 = min(base, self.before_previous.shape[2])
+            two_epoch = self._timed(
+                "drift_two_epoch",
+                attention_drift,
+                current[:, :, :base2],
+                self.before_previous[:, :, :base2],
+                self.cost,
+            )
+            two_epoch_mean = two_epoch.mean(dim=-1)
+            ratio = directedness(two_epoch_mean, self.last_drift, per_image[..., :base2].mean(dim=-1))
+            error = directedness_standard_error(two_epoch, per_image[..., :base2], self.last_drift)
+            uncertain = ((ratio - cfg.rho).abs() < cfg.probe_z * error) & ~self.frozen
+        else:
+            standard_error = per_image.std(dim=-1) / math.sqrt(base) if base > 1 else torch.zeros_like(drift)
+            uncertain = ((drift - self.tracker.threshold()).abs() < cfg.probe_z * standard_error) & ~self.frozen
         if deciding and uncertain.any() and extend is not None:
             current = torch.cat([current, extend().float()], dim=2)
             common = min(current.shape[2], previous.shape[2])
             if common > base:  # the previous epoch was extended too: these heads average over every common image
-                rest = attention_drift(
-                    current[uncertain][:, base:common], previous[uncertain][:, base:common], self.cost
+                rest = self._timed(
+                    "drift",
+                    attention_drift,
+                    current[uncertain][:, base:common],
+                    previous[uncertain][:, base:common],
+                    self.cost,
                 )
                 drift[uncertain] = (per_image[uncertain].sum(-1) + rest.sum(-1)) / common
                 images[uncertain] = common
-        return drift, images, current
+            if two_epoch is not None:
+                common2 = min(current.shape[2], self.before_previous.shape[2])
+                if common2 > two_epoch.shape[-1]:  # the same for d(t-2, t), over the images epoch t-2 measured
+                    rest = self._timed(
+                        "drift_two_epoch",
+                        attention_drift,
+                        current[uncertain][:, two_epoch.shape[-1] : common2],
+                        self.before_previous[uncertain][:, two_epoch.shape[-1] : common2],
+                        self.cost,
+                    )
+                    two_epoch_mean[uncertain] = (two_epoch[uncertain].sum(-1) + rest.sum(-1)) / common2
+        return drift, images, current, two_epoch_mean
 
     def step(self, trainer: pl.Trainer, epoch: int) -> dict[str, Any]:
         """Measure, advance, write the record and log its scalars: the controller's work for one epoch."""
         started = time.perf_counter()
         cfg = self.config
+        self.timings = {}
 
         def identical_on_every_rank(value: Any) -> Any:  # identical inputs -> identical schedules and frozen masks
             return trainer.strategy.broadcast(value, src=0) if trainer.world_size > 1 else value
 
         first = len(self.probe) if cfg.probe_min is None else cfg.probe_min
-        measurement = identical_on_every_rank(self.measure(self.probe[:first], kappa=self.wants_kappa(epoch)))
+        measurement = identical_on_every_rank(
+            self._timed("probe", self.measure, self.probe[:first], kappa=self.wants_kappa(epoch))
+        )
         extend = None
         if first < len(self.probe):
 
             def extend() -> torch.Tensor:
-                return identical_on_every_rank(self.measure(self.probe[first:], kappa=False)).distributions
+                return identical_on_every_rank(
+                    self._timed("probe", self.measure, self.probe[first:], kappa=False)
+                ).distributions
 
         model_tau = None
         if cfg.log_model_tau and cfg.probe_tau == "unit" and cfg.mode != "fixed":
-            model_tau = identical_on_every_rank(self.measure(self.probe[:first], kappa=False, probe_tau="model"))
+            model_tau = identical_on_every_rank(
+                self._timed("probe_model_tau", self.measure, self.probe[:first], kappa=False, probe_tau="model")
+            )
             model_tau = model_tau.distributions
         record = self.advance(measurement, epoch, extend, model_tau)
         # The learning rate the epoch just trained with (ReduceLROnPlateau steps after this hook): the confound of
         # the drift (docs/dynamics.md, drift against learning rate).
         record["lr"] = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
         record["seconds"] = time.perf_counter() - started
+        # the probe passes include their kappa; the rest of seconds is the schedule, the tracker and the freezing
+        record["seconds_parts"] = dict(self.timings)
         record["epoch_seconds"] = None if self._epoch_started is None else started - self._epoch_started
         if trainer.is_global_zero:
             self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,10 @@ def patch_grid_cost(grid_h: int, grid_w: int, units: str = "patch") -> torch.Ten
     centres = torch.stack([rows.flatten(), cols.flatten()], dim=1).to(torch.float64)
     if units == "image":
         centres = centres / torch.tensor([grid_h, grid_w], dtype=torch.float64)
-    return torch.cdist(centres, centres)
+    # Not through a matrix product (cdist's default beyond 25 points): that one is neither exactly symmetric nor
+    # exactly zero on the diagonal when the centres are not exact binary fractions (a 6x6 or 14x14 grid in image
+    # units), and attention_drift rejects such a cost.
+    return torch.cdist(centres, centres, compute_mode="donot_use_mm_for_euclid_dist")
 
 
 def _check_distributions(p: torch.Tensor, name: str) -> None:
@@ -67,8 +70,9 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> tor
     ``p - q`` only (Kantorovich-Rubinstein), so the mass the two distributions share stays in place and only
     ``(p - q)+`` is moved onto ``(p - q)-``: the same optimum on a smaller problem. Each problem goes straight to
     POT's C solver (``ot.lp.emd_wrap.emd_c``, what ``ot.emd2`` calls after its argument handling, which cost
-    three quarters of each call here); the marginals are prepared exactly as ``ot.emd2`` prepares them, so the
-    values are those of ``ot.emd2`` on the reduced problem.
+    three quarters of each call here); the marginals of all problems are prepared in one vectorised pass as
+    ``ot.emd2`` prepares them, and the solver, given the whole cost matrix, drops the zero-mass points itself, so
+    the values are those of ``ot.emd2`` on the reduced problem (to rounding, ~1e-16).
     """
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {list(p.shape)} and {list(q.shape)}")
@@ -90,13 +94,16 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> tor
     drift = np.zeros(difference.shape[0])
     # A row with surplus but no deficit differs only by rounding (both rows sum to 1; e.g. one ulp apart): its W1 is
     # 0 to within moved_mass * max(cost), and the solver must not see an empty target (it crashes on one).
-    for i in np.flatnonzero((moved_mass > 0) & deficit.any(-1)):
-        delta, rows, columns = difference[i], surplus[i], deficit[i]
-        source = delta[rows] / moved_mass[i]
-        target = -delta[columns]
-        target = target / target.sum()
-        target = target * source.sum(0) / target.sum(0, keepdims=True)  # ot.emd2's rescaling of b, kept bit-exact
-        _, value, _, _, code = emd_c(source, target, cost_np[np.ix_(rows, columns)], _EMD_MAX_ITER, 1)
+    todo = np.flatnonzero((moved_mass > 0) & deficit.any(-1))
+    # (p - q)+ onto (p - q)-, both scaled to unit mass and the target rescaled to the source's mass as ot.emd2 does,
+    # every row at once; the solver gets the whole cost matrix and drops the zero-mass points itself (faster than
+    # cutting each problem to its support in Python: benchmarks/drift_solver.py)
+    source = np.where(surplus[todo], difference[todo], 0.0) / moved_mass[todo, None]
+    target = np.where(deficit[todo], -difference[todo], 0.0)
+    target = target / target.sum(-1, keepdims=True)
+    target = target * (source.sum(-1, keepdims=True) / target.sum(-1, keepdims=True))
+    for row, i in enumerate(todo.tolist()):
+        _, value, _, _, code = emd_c(source[row], target[row], cost_np, _EMD_MAX_ITER, 1)
         if code != _EMD_OPTIMAL:
             raise RuntimeError(f"POT's network simplex stopped without an optimum (code {code}) on a drift problem")
         drift[i] = moved_mass[i] * value
@@ -149,6 +156,32 @@ def directedness(two_epoch: torch.Tensor, earlier: torch.Tensor, later: torch.Te
     by the triangle inequality; 0 where the head did not move at all. All ``[...]`` drifts."""
     total = earlier + later
     return torch.where(total > 0, two_epoch / total.clamp_min(1e-300), torch.zeros_like(total)).clamp(0, 1)
+
+
+def directedness_standard_error(two_epoch: torch.Tensor, later: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
+    """Standard error of the directedness ``r = mean(two_epoch) / (earlier + mean(later))`` (:func:`directedness`)
+    from per-image drifts, by the delta method.
+
+    ``two_epoch, later: [..., P]`` the per-image ``d(t-2, t)`` and ``d(t-1, t)`` on the same ``P`` images;
+    ``earlier: [...]`` the previous epoch's ``d(t-2, t-1)``, taken as known. Returns ``[...]`` float64 (0 where
+    ``P < 2`` or the head did not move). What the adaptive probe (``probe_min``) needs to tell, under the noise rule,
+    whether a head's directedness is within ``probe_z`` standard errors of ``rho``.
+    """
+    two_epoch, later = two_epoch.double(), later.double()
+    count = two_epoch.shape[-1]
+    if count < 2:
+        return torch.zeros(two_epoch.shape[:-1], dtype=torch.float64)
+    x, y = two_epoch.mean(-1), later.mean(-1)
+    total = earlier.double() + y
+    moved = total > 0
+    safe = torch.where(moved, total, torch.ones_like(total))
+    grad_x, grad_y = 1 / safe, -x / safe**2
+    centred_x, centred_y = two_epoch - x[..., None], later - y[..., None]
+    var_x = (centred_x**2).sum(-1) / (count - 1)
+    var_y = (centred_y**2).sum(-1) / (count - 1)
+    cov = (centred_x * centred_y).sum(-1) / (count - 1)
+    variance = (grad_x**2 * var_x + grad_y**2 * var_y + 2 * grad_x * grad_y * cov) / count
+    return torch.where(moved, variance.clamp_min(0).sqrt(), torch.zeros_like(variance))
 
 
 def temperature_update(drift: torch.Tensor | float, alpha: float = 1.0) -> torch.Tensor:
