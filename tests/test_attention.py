@@ -74,12 +74,22 @@ def test_capture_raises_without_attention():
         capture_attention(torch.nn.Linear(3, 3), torch.randn(1, 3))
 
 
-def _unpermuted_frozen_reference(m: Attention, x: torch.Tensor, frozen: torch.Tensor) -> torch.Tensor:
+def _frozen_rows(frozen: torch.Tensor, d: int, train_values: bool = False) -> torch.Tensor:
+    """``[3C]`` bool: the rows of ``W_qkv`` that a frozen head keeps fixed (its q, k and v rows; with
+    ``train_values``, ``dynamics.freeze_scope: pattern``, only its q and k rows)."""
+    rows = frozen.repeat_interleave(d)
+    return torch.cat([rows, rows, rows & (not train_values)])
+
+
+def _unpermuted_frozen_reference(
+    m: Attention, x: torch.Tensor, frozen: torch.Tensor, train_values: bool = False
+) -> torch.Tensor:
     """Eq. 26 written out in original head order, with plain autograd: the frozen heads' weight rows and tau are
-    detached, their q and k are constants, their attention ``P`` a constant, and only ``P V`` keeps a gradient."""
+    detached, their q and k are constants, their attention ``P`` a constant, and only ``P V`` keeps a gradient
+    (with ``train_values`` their v rows stay attached: only the pattern is frozen)."""
     B, N, C = x.shape
     H, d = m.num_heads, m.head_dim
-    rows = frozen.repeat_interleave(d).repeat(3)[:, None]  # [3C, 1]: the frozen heads' rows of W_qkv
+    rows = _frozen_rows(frozen, d, train_values)[:, None]  # [3C, 1]
     weight = torch.where(rows, m.qkv.weight.detach(), m.qkv.weight)
     bias = torch.where(rows[:, 0], m.qkv.bias.detach(), m.qkv.bias)
     log_tau = torch.where(frozen, m.log_tau.detach(), m.log_tau)
@@ -97,17 +107,20 @@ def _grads_in_original_order(m: Attention) -> dict[str, torch.Tensor]:
     return {**grads, "proj.bias": m.proj.bias.grad}
 
 
+@pytest.mark.parametrize("train_values", [False, True])
 @pytest.mark.parametrize(
     "mask", [[True, False, True, False], [False, True, True, False], [True] * 4, [False, True, False, False]]
 )
-def test_permuted_frozen_heads_give_the_unpermuted_outputs_and_gradients(mask):
+def test_permuted_frozen_heads_give_the_unpermuted_outputs_and_gradients(mask, train_values):
+    """Eq. 26 (``train_values`` False) and the pattern-only freezing of ``dynamics.freeze_scope: pattern``."""
     frozen = torch.tensor(mask)
     m = _attn(temperature=True).train()
+    m.train_frozen_values = train_values
     with torch.no_grad():
         m.log_tau.copy_(torch.tensor([0.4, -0.3, 0.2, 0.8]))
     x = torch.randn(2, 6, 32, requires_grad=True)
     target = torch.randn(2, 6, 32)
-    (_unpermuted_frozen_reference(m, x, frozen) - target).square().sum().backward()
+    (_unpermuted_frozen_reference(m, x, frozen, train_values) - target).square().sum().backward()
     reference, reference_x = _grads_in_original_order(m), x.grad.clone()
     reference_tau = m.tau.detach().clone()
     m.zero_grad()
@@ -123,8 +136,12 @@ def test_permuted_frozen_heads_give_the_unpermuted_outputs_and_gradients(mask):
         torch.testing.assert_close(got[name], grad, atol=1e-5, rtol=1e-4, msg=name)
     torch.testing.assert_close(x.grad, reference_x, atol=1e-5, rtol=1e-4)
     weight_grad = got["qkv.weight"].view(3, 4, 8, 32)
-    assert torch.all(weight_grad[:, frozen] == 0) and torch.all(got["log_tau"][frozen] == 0), "exactly zero"
-    assert torch.all(got["qkv.bias"].view(3, 4, 8)[:, frozen] == 0)
+    cut = 2 if train_values else 3  # q, k (and v) of a frozen head: no gradient
+    assert torch.all(weight_grad[:cut, frozen] == 0) and torch.all(got["log_tau"][frozen] == 0), "exactly zero"
+    assert torch.all(got["qkv.bias"].view(3, 4, 8)[:cut, frozen] == 0)
+    if train_values:  # the frozen heads' values train: every row of them gets a gradient
+        assert weight_grad[2, frozen].abs().sum(-1).gt(0).all()
+        assert got["qkv.bias"].view(3, 4, 8)[2, frozen].abs().gt(0).all()
     if not frozen.all():
         assert weight_grad[:, ~frozen].abs().sum() > 0 and got["log_tau"][~frozen].abs().sum() > 0
 
@@ -143,8 +160,9 @@ def _frozen_step(x: torch.Tensor, mask: list[bool], **attributes) -> list[torch.
     return [out, keys, inputs.grad, *(p.grad for _, p in m.head_parameters())]
 
 
+@pytest.mark.parametrize("train_values", [False, True])
 @pytest.mark.parametrize("route", ["single", "logsumexp", "recompute"])
-def test_frozen_heads_backward_routes_agree_with_the_saved_attention(route, monkeypatch):
+def test_frozen_heads_backward_routes_agree_with_the_saved_attention(route, train_values, monkeypatch):
     """The frozen heads' dV = P^T dO four ways: one flash call over all heads (the CPU default), two calls with P
     from the flash kernel's log-sum-exps, two calls with P recomputed (the public-API path of other devices and
     dtypes), and P kept by the eager path; with proportional attention's bias."""
@@ -157,17 +175,22 @@ def test_frozen_heads_backward_routes_agree_with_the_saved_attention(route, monk
         monkeypatch.setattr(attention, "_flash_with_logsumexp", lambda q: False)
     x = torch.randn(2, 6, 32)
     mask = [False, True, True, False]
-    grads = [_frozen_step(x, mask, fused=fused, split_frozen=route == "logsumexp")[1:] for fused in (True, False)]
+    grads = [
+        _frozen_step(x, mask, fused=fused, split_frozen=route == "logsumexp", train_frozen_values=train_values)[1:]
+        for fused in (True, False)
+    ]
     assert len(calls) == (route == "single"), "the single call runs where it applies, and only there"
     for got, want in zip(*grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("train_v", [False, True])
 @pytest.mark.parametrize("frozen", [1, 2, 4])
 @pytest.mark.parametrize("with_size", [False, True])
-def test_single_call_gradients_equal_plain_autograd_with_the_frozen_rows_cut(frozen, with_size):
+def test_single_call_gradients_equal_plain_autograd_with_the_frozen_rows_cut(frozen, with_size, train_v):
     """_FrozenHeadsInOneCall against plain autograd: SDPA over all heads, the frozen heads' q and k detached (their
-    attention a constant) and their rows of W and b detached; the frozen rows' weight gradient is exactly 0."""
+    attention a constant) and their rows of W and b detached (with ``train_v`` their v rows stay attached); the
+    frozen rows' weight gradient is exactly 0."""
     from vitlab.layers.attention import _FrozenHeadsInOneCall
 
     torch.manual_seed(1)
@@ -180,11 +203,11 @@ def test_single_call_gradients_equal_plain_autograd_with_the_frozen_rows_cut(fro
     mask = size.log().expand(B, 1, 1, N) if with_size else None
     grad_out = torch.randn(B, H, N, d, dtype=torch.float64)
 
-    out, keys = _FrozenHeadsInOneCall.apply(x, weight, bias, mask, H, frozen, d**-0.5)
+    out, keys = _FrozenHeadsInOneCall.apply(x, weight, bias, mask, H, frozen, d**-0.5, train_v)
     got = torch.autograd.grad(out, (x, weight, bias), grad_out)
     assert not keys.requires_grad
 
-    rows = (torch.arange(H) < frozen).repeat_interleave(d).repeat(3)  # [3C]: the frozen heads' rows
+    rows = _frozen_rows(torch.arange(H) < frozen, d, train_v)  # [3C]: the rows a frozen head keeps fixed
     qkv = F.linear(x, torch.where(rows[:, None], weight.detach(), weight), torch.where(rows, bias.detach(), bias))
     q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)
     head = (torch.arange(H) < frozen).view(1, H, 1, 1)

@@ -53,9 +53,14 @@ FROZEN = torch.tensor([[True, False, False, True], [False, True, False, False]])
 
 
 # --- eq. 26: freezing ---------------------------------------------------------------------------------------------
-def test_frozen_heads_stay_bit_identical_through_adamw_with_weight_decay():
+@pytest.mark.parametrize("train_values", [False, True])
+def test_frozen_heads_stay_bit_identical_through_adamw_with_weight_decay(train_values):
+    """Eq. 26: a frozen head's q, k, v rows and tau stay bit-identical through AdamW with weight decay and get exactly
+    zero gradient. ``freeze_scope: pattern`` (``train_values``): only its q, k rows and tau; its v rows train."""
     model = tiny_vit()
     modules = [m for _, m in controlled_modules(model, None)]
+    for module in modules:
+        module.train_frozen_values = train_values
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     train_steps(model, optimizer, 3, seed=0)  # AdamW momentum now sits on every row
     guard = FrozenHeadGuard(modules)
@@ -63,17 +68,21 @@ def test_frozen_heads_stay_bit_identical_through_adamw_with_weight_decay():
     guard.attach(optimizer)
     before = [head_rows(m) for m in modules]
     train_steps(model, optimizer, 10, seed=1)
+    fixed = 2 if train_values else 3  # of q, k, v
     for module, mask, (weight, bias, log_tau) in zip(modules, FROZEN, before, strict=True):
         assert module.frozen_heads.tolist() == mask.tolist()
-        # eq. 26: no gradient reaches a frozen head's rows or tau
+        # no gradient reaches a frozen head's fixed rows or tau
         grad = module.in_original_order("qkv.weight", module.qkv.weight.grad).view(3, NUM_HEADS, HEAD_DIM, WIDTH)
-        assert torch.all(grad[:, mask] == 0) and torch.all(
+        assert torch.all(grad[:fixed, mask] == 0) and torch.all(
             module.in_original_order("log_tau", module.log_tau.grad)[mask] == 0
         )
         now_weight, now_bias, now_log_tau = head_rows(module)
-        assert torch.equal(now_weight[:, mask], weight[:, mask])
-        assert torch.equal(now_bias[:, mask], bias[:, mask])
+        assert torch.equal(now_weight[:fixed, mask], weight[:fixed, mask])
+        assert torch.equal(now_bias[:fixed, mask], bias[:fixed, mask])
         assert torch.equal(now_log_tau[mask], log_tau[mask])
+        if train_values:  # every frozen head's v rows get a gradient and move
+            assert grad[2, mask].abs().sum(-1).gt(0).all()
+            assert (now_weight[2, mask] != weight[2, mask]).any(-1).any(-1).all()
         # the other heads keep training
         assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
         assert (now_log_tau[~mask] != log_tau[~mask]).all()
@@ -117,9 +126,11 @@ def test_without_the_guard_adamw_moves_zero_gradient_rows():
     assert not torch.equal(now_log_tau[FROZEN[0]], log_tau[FROZEN[0]])
 
 
-def test_frozen_head_forward_is_unchanged_and_its_attention_stays_fixed_through_training():
+@pytest.mark.parametrize("train_values", [False, True])
+def test_frozen_head_forward_is_unchanged_and_its_attention_stays_fixed_through_training(train_values):
     torch.manual_seed(0)
     attn = Attention(WIDTH, num_heads=NUM_HEADS, temperature=True)
+    attn.train_frozen_values = train_values  # freeze_scope: pattern; the pattern stays fixed all the same
     with torch.no_grad():
         attn.log_tau.copy_(torch.tensor([0.3, -0.2, 0.1, 0.0]))
     x = torch.randn(2, 9, WIDTH)
@@ -327,6 +338,8 @@ def test_config_errors_name_the_problem():
         DynamicsConfig(mode="anneal")
     with pytest.raises(ConfigError, match="kappa_images"):
         DynamicsConfig(probe_size=8, kappa_images=16)
+    with pytest.raises(ConfigError, match="freeze_scope must be one of qkv, pattern, got 'values'"):
+        DynamicsConfig(freeze_scope="values")
     with pytest.raises(ConfigError, match="temperature=true"):
         DynamicsController(DynamicsConfig(mode="schedule")).attach(tiny_vit(temperature=False))
     with pytest.raises(ConfigError, match="matches no attention module"):
@@ -489,6 +502,12 @@ def test_resumed_run_continues_the_same_schedule(runs, tmp_path, check_val_every
         assert [r[key] for r in resumed] == [r[key] for r in straight], key
 
 
+def scripted_config(**overrides) -> DynamicsConfig:
+    """The config under which ScriptedController's STILL heads, and only they, converge at the end of epoch 1."""
+    settings = dict(alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4)
+    return DynamicsConfig(**{**settings, **PAPER, **overrides})
+
+
 class ScriptedController(DynamicsController):
     """The real controller in a real fit, but its probe passes replaced by the hand-made measurements above, so that
     exactly the STILL heads converge (and freeze) at the end of the first epoch."""
@@ -506,29 +525,36 @@ class ScriptedController(DynamicsController):
         return record
 
 
-def test_frozen_heads_stay_bit_identical_through_lightning_training(tmp_path):
+@pytest.mark.parametrize("scope", ["qkv", "pattern"])
+def test_frozen_heads_stay_bit_identical_through_lightning_training(tmp_path, scope):
+    """What a frozen head keeps fixed through a real fit: its q, k, v rows and tau (eq. 26), or with
+    ``freeze_scope: pattern`` its q, k rows and tau while its v rows train."""
     settings = [s for s in FIT if not s.startswith("dynamics.")]
-    config = DynamicsConfig(
-        alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4, **PAPER
-    )
+    config = scripted_config(freeze_scope=scope)
     controller = ScriptedController(config, tmp_path)
     fit(build_config("vit/digits", [*settings, f"run.dir={tmp_path}"]), callbacks=[controller])
     assert [r["epoch"] for r in read_dynamics(tmp_path)] == [0, 1, 2]
     assert torch.equal(controller.frozen, STILL)
+    fixed = 2 if scope == "pattern" else 3  # q, k (and v)
+    assert all(m.train_frozen_values == (scope == "pattern") for m in controller.modules)
+    assert {r["freeze_scope"] for r in read_dynamics(tmp_path)} == {scope}
     for module, mask, (weight, bias, log_tau) in zip(controller.modules, STILL, controller.frozen_rows, strict=True):
         now_weight, now_bias, now_log_tau = head_rows(module)
-        assert torch.equal(now_weight[:, mask], weight[:, mask]) and torch.equal(now_bias[:, mask], bias[:, mask])
+        assert torch.equal(now_weight[:fixed, mask], weight[:fixed, mask])
+        assert torch.equal(now_bias[:fixed, mask], bias[:fixed, mask])
         assert torch.equal(now_log_tau[mask], log_tau[mask])
         assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
+        if scope == "pattern":
+            assert (now_weight[2, mask] != weight[2, mask]).any(-1).any(-1).all(), "the frozen heads' values train"
 
 
-def test_resumed_run_after_a_head_permutation_continues_bit_identically(tmp_path):
+@pytest.mark.parametrize("scope", ["qkv", "pattern"])
+def test_resumed_run_after_a_head_permutation_continues_bit_identically(tmp_path, scope):
     """STILL's heads freeze at the end of epoch 1, which moves them to the first slots of their modules (and the
-    AdamW state with them); a run stopped right there and resumed ends bit-identical to one that never stopped."""
+    AdamW state with them); a run stopped right there and resumed ends bit-identical to one that never stopped,
+    with eq. 26 and with ``freeze_scope: pattern`` (whose frozen heads' v rows and their moments keep training)."""
     settings = [s for s in FIT if not s.startswith("dynamics.")]
-    config = DynamicsConfig(
-        alpha=2.0, eps_d=0.5, eps_tau=0.5, patience=1, burn_in=0, probe_size=4, kappa_images=4, **PAPER
-    )
+    config = scripted_config(freeze_scope=scope)
 
     def last_checkpoint(run_dir):
         return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)

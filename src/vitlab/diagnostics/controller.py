@@ -57,6 +57,7 @@ PLOTS_DIR = DYNAMICS_DIR
 MODES = ("schedule", "learn", "fixed")
 PROBE_TAUS = ("model", "unit")
 KAPPA_DTYPES = ("float64", "float32")
+FREEZE_SCOPES = ("qkv", "pattern")
 
 
 @dataclass
@@ -107,6 +108,10 @@ class DynamicsConfig:
             converges before epoch ``burn_in + patience``). Right after initialisation attention is nearly uniform
             and barely moves because nothing has been learned yet, not because it has settled.
         freeze: freeze converged heads (eq. 26).
+        freeze_scope: what freezing fixes. ``qkv`` (eq. 26 as printed): the head's rows of ``W_q``, ``W_k``,
+            ``W_v`` and its tau. ``pattern``: only what the drift measured and found settled, the attention pattern
+            (``W_q``, ``W_k``, tau); its rows of ``W_v`` keep training (``docs/dynamics.md``, "Freezing only the
+            pattern", for the measurement behind it).
         target: module-name prefix of the controlled attention modules; ``""`` controls every shared ``Attention``.
             ``None``: the model's ``dynamics_target`` attribute if it has one, else the modules with a temperature
             if there are any (ViTCAE's encoder, not its decoder), else every module.
@@ -144,6 +149,7 @@ class DynamicsConfig:
     patience: int = 3
     burn_in: int = 5
     freeze: bool = True
+    freeze_scope: str = "qkv"
     target: str | None = None
     kappa_images: int = 32
     kappa_every: int = 1
@@ -155,6 +161,10 @@ class DynamicsConfig:
         problems = []
         if self.mode not in MODES:
             problems.append(f"dynamics.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.freeze_scope not in FREEZE_SCOPES:
+            problems.append(
+                f"dynamics.freeze_scope must be one of {', '.join(FREEZE_SCOPES)}, got {self.freeze_scope!r}"
+            )
         if self.probe_tau not in PROBE_TAUS:
             problems.append(f"dynamics.probe_tau must be one of {', '.join(PROBE_TAUS)}, got {self.probe_tau!r}")
         if self.drift_units not in DRIFT_UNITS:
@@ -225,11 +235,14 @@ class FrozenHeadGuard:
     the same permutation to the state of every attached optimizer (AdamW's moments, SGD's momentum: every tensor
     shaped like its parameter), so training continues exactly as it would have without the move. Attach the
     optimizers before freezing.
+
+    A module with ``train_frozen_values`` (``dynamics.freeze_scope: pattern``) keeps training its frozen heads' rows
+    of ``W_v``: the guard then snapshots and restores only their ``W_q``, ``W_k`` rows and tau (the pattern).
     """
 
     def __init__(self, modules: list[Attention]) -> None:
         self.modules = modules
-        self._snapshots: list[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        self._snapshots: list[tuple[int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[Any] = []
 
@@ -244,12 +257,14 @@ class FrozenHeadGuard:
                 if perm is not None:
                     self._permute_optimizer_state(module, perm)
                 count = module.num_frozen  # the frozen heads now fill the first `count` slots
+                parts = self.frozen_parts(module)
                 weight, bias, log_tau = self._views(module)
                 self._snapshots.append(
                     (
                         count,
-                        weight[:, :count].clone(),
-                        None if bias is None else bias[:, :count].clone(),
+                        parts,
+                        weight[:parts, :count].clone(),
+                        None if bias is None else bias[:parts, :count].clone(),
                         None if log_tau is None else log_tau[:count].clone(),
                     )
                 )
@@ -262,6 +277,12 @@ class FrozenHeadGuard:
                         value.copy_(module.permute_heads_of(name, value, perm))
 
     @staticmethod
+    def frozen_parts(module: Attention) -> int:
+        """How many of q, k, v (in that order) a frozen head keeps fixed: 3 (eq. 26), or 2 when only its pattern is
+        frozen (``Attention.train_frozen_values``)."""
+        return 2 if module.train_frozen_values else 3
+
+    @staticmethod
     def _views(module: Attention) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Per-slot views of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]``."""
         heads, head_dim = module.num_heads, module.head_dim
@@ -272,13 +293,14 @@ class FrozenHeadGuard:
     def restore(self) -> None:
         """Copy the snapshots of the frozen heads back into the parameters (nothing before :meth:`freeze`)."""
         with torch.no_grad():
-            for module, (count, weight_rows, bias_rows, log_tau) in zip(self.modules, self._snapshots, strict=False):
+            for module, snapshot in zip(self.modules, self._snapshots, strict=False):
+                count, parts, weight_rows, bias_rows, log_tau = snapshot
                 if not count:
                     continue
                 weight, bias, module_log_tau = self._views(module)
-                weight[:, :count] = weight_rows
+                weight[:parts, :count] = weight_rows
                 if bias is not None:
-                    bias[:, :count] = bias_rows
+                    bias[:parts, :count] = bias_rows
                 if module_log_tau is not None:
                     module_log_tau[:count] = log_tau
 
@@ -451,6 +473,8 @@ class DynamicsController(pl.Callback):
         self.grid = (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
+        for module in self.modules:
+            module.train_frozen_values = cfg.freeze_scope == "pattern"
         self.guard = FrozenHeadGuard(self.modules)
         if cfg.mode == "fixed":
             for module in self.modules:
@@ -644,6 +668,7 @@ class DynamicsController(pl.Callback):
             "grid": None if self.grid is None else list(self.grid),
             "probe_tau": cfg.probe_tau,
             "convergence": cfg.convergence,
+            "freeze_scope": cfg.freeze_scope,
             "drift": None if drift is None else drift.tolist(),
             "directedness": None if directed is None else directed.tolist(),
             "threshold": None if cfg.convergence == "noise" else self.tracker.threshold().tolist(),

@@ -10,7 +10,9 @@ module, never copies of it:
   the row-stochastic attention ``[B, H, N, N]`` is kept in ``captured``; otherwise SDPA runs and no matrix exists.
 - frozen heads (ViTCAE eq. 26): heads marked with :meth:`Attention.set_frozen_heads` become constants of the
   backward pass. Their attention pattern gets no gradient, their rows of ``W_q, W_k, W_v`` and their tau get
-  exactly zero gradient, and only the input gradient through their value path is kept (how: below).
+  exactly zero gradient, and only the input gradient through their value path is kept (how: below). With
+  ``train_frozen_values`` (``dynamics.freeze_scope: pattern``) only the pattern is frozen: their rows of ``W_v``
+  keep their weight gradient.
 - proportional attention (ToMe, Bolya et al. 2023, sec. 3): ``size`` adds ``log(size)`` to the logits.
 
 Frozen heads are kept contiguous: :meth:`Attention.set_frozen_heads` permutes the heads so that the frozen ones
@@ -49,16 +51,25 @@ class _QKVWithFrozenHeads(torch.autograd.Function):
     Returns ``(q_f, k_f, v_f, q_a, k_a, v_a)``, each ``[B, heads, N, d]`` (views of the one product). The frozen
     heads' attention is a constant of the backward pass (eq. 26), so ``q_f`` and ``k_f`` are not differentiable:
     their rows of ``W`` and ``b`` get exactly zero gradient, never formed, and they add nothing to the input
-    gradient. ``v_f`` keeps its input gradient, and not its weight gradient. The backward forms one product per
-    part instead of one for all of ``3C``; it never materialises a ``[B, N, 3C]`` gradient.
+    gradient. ``v_f`` keeps its input gradient, and its weight gradient only with ``train_v`` (the frozen heads'
+    pattern frozen, their values trained). The backward forms one product per part instead of one for all of
+    ``3C``; it never materialises a ``[B, N, 3C]`` gradient.
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, heads: int, frozen: int):
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        heads: int,
+        frozen: int,
+        train_v: bool = False,
+    ):
         B, N = x.shape[:2]
         qkv = F.linear(x, weight, bias).view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4)
         ctx.save_for_backward(x, weight)
-        ctx.frozen, ctx.heads, ctx.has_bias = frozen, heads, bias is not None
+        ctx.frozen, ctx.heads, ctx.has_bias, ctx.train_v = frozen, heads, bias is not None, train_v
         ctx.set_materialize_grads(False)
         q_f, k_f, v_f = qkv[:, :, :frozen].unbind(0)
         q_a, k_a, v_a = qkv[:, :, frozen:].unbind(0)
@@ -79,18 +90,21 @@ class _QKVWithFrozenHeads(torch.autograd.Function):
             grad_q_a,
             grad_k_a,
             grad_v_a,
+            train_v=ctx.train_v,
         )
-        return *grads, None, None
+        return *grads, None, None, None
 
 
-def _qkv_backward(x, weight, has_bias: bool, heads: int, frozen: int, needs, grad_v_f, grad_q_a, grad_k_a, grad_v_a):
+def _qkv_backward(
+    x, weight, has_bias: bool, heads: int, frozen: int, needs, grad_v_f, grad_q_a, grad_k_a, grad_v_a, train_v=False
+):
     """The backward of the fused QKV product with the frozen heads in the first ``frozen`` slots (eq. 26).
 
     ``grad_v_f: [B, frozen, N, d]`` and ``grad_{q,k,v}_a: [B, heads - frozen, N, d]`` (any may be None: zeros);
     ``needs``: whether ``x``, ``weight``, ``bias`` want a gradient. Returns ``(grad_x, grad_weight, grad_bias)``.
-    The weight gradient is formed only for the active rows (the frozen rows are an exact zero, never computed); the
-    input gradient comes from the active q, k, v and the frozen v, one product per part, with no ``[B, N, 3C]``
-    gradient tensor.
+    The weight gradient is formed only for the active rows (the frozen rows are an exact zero, never computed), and
+    with ``train_v`` also for the frozen heads' v rows (``dynamics.freeze_scope: pattern``); the input gradient
+    comes from the active q, k, v and the frozen v, one product per part, with no ``[B, N, 3C]`` gradient tensor.
     """
     B, N, C = x.shape
     width = weight.shape[0] // 3
@@ -113,7 +127,8 @@ def _qkv_backward(x, weight, has_bias: bool, heads: int, frozen: int, needs, gra
     parts = [(2, slice(0, split), flat(grad_v_f, frozen))] if frozen else []
     if active:
         parts += [(p, slice(split, width), flat(g, active)) for p, g in enumerate((grad_q_a, grad_k_a, grad_v_a))]
-    trained = parts[1:] if frozen else parts
+    trained = parts[1:] if frozen and not train_v else parts
+    cut = 2 if train_v else 3  # q, k (and v) rows of the frozen heads: no weight gradient
     grad_x = grad_w = grad_b = None
     if needs[0]:
         for part, rows, grad in parts:
@@ -122,13 +137,13 @@ def _qkv_backward(x, weight, has_bias: bool, heads: int, frozen: int, needs, gra
     if needs[1]:
         x2 = x.reshape(B * N, C).to(dtype)
         grad_w = weight.new_empty(3, width, C, dtype=dtype)
-        grad_w[:, :split] = 0  # the frozen rows: an exact zero, not a product
+        grad_w[:cut, :split] = 0  # the frozen rows: an exact zero, not a product
         for part, rows, grad in trained:
             torch.mm(grad.T, x2, out=grad_w[part, rows])
         grad_w = grad_w.view(weight.shape).to(weight.dtype)
     if has_bias and needs[2]:
         grad_b = weight.new_empty(3, width, dtype=dtype)
-        grad_b[:, :split] = 0
+        grad_b[:cut, :split] = 0
         for part, rows, grad in trained:
             grad_b[part, rows] = grad.sum(0)
         grad_b = grad_b.view(-1).to(weight.dtype)
@@ -171,16 +186,18 @@ class _FrozenHeadsInOneCall(torch.autograd.Function):
     :func:`_qkv_backward` (no weight gradient for the frozen rows, no input gradient through their q and k). There
     is no split of the heads into two attention calls and no concatenation of their outputs. CPU, float32/64, no
     attention dropout, no autocast only (:meth:`Attention._single_call_applies`); elsewhere the two-call path runs.
+    ``train_v``: the frozen heads' v rows keep their weight gradient (only their pattern is frozen).
     """
 
     @staticmethod
-    def forward(ctx: Any, x, weight, bias, mask, heads: int, frozen: int, scale: float):
+    def forward(ctx: Any, x, weight, bias, mask, heads: int, frozen: int, scale: float, train_v: bool = False):
         B, N, _ = x.shape
         qkv = F.linear(x, weight, bias)
         q, k, v = qkv.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         out, lse = getattr(torch.ops.aten, _CPU_FLASH)(q, k, v, attn_mask=mask, scale=scale)
         ctx.save_for_backward(x, weight, qkv, mask, out, lse)
         ctx.heads, ctx.frozen, ctx.scale, ctx.has_bias = heads, frozen, scale, bias is not None
+        ctx.train_v = train_v
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(k)
         return out, k
@@ -188,7 +205,7 @@ class _FrozenHeadsInOneCall(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out, _grad_keys):
         if grad_out is None:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         x, weight, qkv, mask, out, lse = ctx.saved_tensors
         B, N, _ = x.shape
         heads, frozen, scale = ctx.heads, ctx.frozen, ctx.scale
@@ -202,8 +219,10 @@ class _FrozenHeadsInOneCall(torch.autograd.Function):
                 grad_out[:, a], q[:, a], k[:, a], v[:, a], out[:, a], lse[:, a], 0.0, False, attn_mask=mask, scale=scale
             )
         needs = ctx.needs_input_grad[:3]
-        grads = _qkv_backward(x, weight, ctx.has_bias, heads, frozen, needs, grad_v_f, grad_q_a, grad_k_a, grad_v_a)
-        return *grads, None, None, None, None
+        grads = _qkv_backward(
+            x, weight, ctx.has_bias, heads, frozen, needs, grad_v_f, grad_q_a, grad_k_a, grad_v_a, train_v=ctx.train_v
+        )
+        return *grads, None, None, None, None, None
 
 
 class _FrozenHeadAttention(torch.autograd.Function):
@@ -299,6 +318,9 @@ class Attention(nn.Module):
         # Frozen heads attend in one flash call with the active ones where that applies; True forces two calls
         # (the path for other devices, dtypes, dropout and capture; kept for tests and benchmarks).
         self.split_frozen = False
+        # True: a frozen head's attention pattern (its W_q, W_k rows and tau) is frozen but its W_v rows keep their
+        # weight gradient (dynamics.freeze_scope: pattern); False: eq. 26 as printed, W_v frozen too.
+        self.train_frozen_values = False
         self.capture = False
         self.captured: torch.Tensor | None = None
 
@@ -414,10 +436,12 @@ class Attention(nn.Module):
         # Without autograd a frozen head computes exactly what an active one does: the plain path.
         frozen = self.num_frozen if torch.is_grad_enabled() else 0
         if frozen and self._single_call_applies(x, weight):
-            out, k = _FrozenHeadsInOneCall.apply(x, weight, qkv_bias, bias, H, frozen, self.scale)
+            out, k = _FrozenHeadsInOneCall.apply(
+                x, weight, qkv_bias, bias, H, frozen, self.scale, self.train_frozen_values
+            )
             out = out.transpose(1, 2).reshape(B, N, C)
         elif frozen:
-            parts = _QKVWithFrozenHeads.apply(x, weight, qkv_bias, H, frozen)
+            parts = _QKVWithFrozenHeads.apply(x, weight, qkv_bias, H, frozen, self.train_frozen_values)
             out = self._attend_with_frozen(*parts, bias)
             k = torch.cat([parts[1], parts[4]], dim=1) if return_keys else None
         else:
