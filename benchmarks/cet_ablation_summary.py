@@ -25,7 +25,7 @@ import numpy as np
 
 from vitlab.evaluation.stats import welch_ttest
 
-VARIANTS = ("base", "pos", "slots", "select", "eicard", "micro", "wide", "widelr", "widesum", "widedp0")
+VARIANTS = ("base", "pos", "slots", "select", "eicard", "micro", "widep4", "widep2")
 LABELS = {
     "base": "today's CET-ViT (`cet_vit_nano`)",
     "pos": "+ `pos_embed: learned`",
@@ -34,12 +34,10 @@ LABELS = {
     "eicard": "+ EI 0.01 constant (card v4)",
     # the decomposition (docs/cet_vit.md, "Which element costs the accuracy"), each from the 8-slot variant
     "micro": "8-slot variant, micro encoder alone (`grouping: none`)",
-    "wide": "8-slot variant as `cet_vit_nano_wide` (width-96 micro encoder)",
-    "widelr": "`cet_vit_nano_wide`, 8 slots, + V-CEO/macro LR x3",
-    "widesum": "`cet_vit_nano_wide`, 8 slots, + `pool: sum`",
-    "widedp0": "`cet_vit_nano_wide`, 8 slots, + `drop_path_rate: 0`",
+    "widep4": "8-slot variant as `cet_vit_nano_wide` (width-96 micro encoder)",
+    "widep2": "`cet_vit_nano_wide` at patch 2 (256 tokens, 32 slots), no dropout/drop-path: NOT the protocol",
 }
-DECOMPOSITION = ("micro", "wide", "widelr", "widesum", "widedp0")
+DECOMPOSITION = ("micro", "widep4", "widep2")
 REFERENCES = {"ViT": "vit_matched_cet_vit_nano", "Swin": "swin_matched_cet_vit_nano", "CET today": "cet_vit_nano"}
 
 
@@ -53,14 +51,20 @@ def main() -> None:
     groups = json.loads(args.baselines.read_text())["groups"]
     refs = {name: groups[key]["values"]["test/acc"] for name, key in REFERENCES.items()}
     table: dict[str, dict] = {}
+    stopped: dict[str, dict[int, list[float]]] = {}  # runs stopped before their test: validation curve only
     for run in sorted(run for folder in args.runs for run in folder.glob("*-seed*")):
         match = re.fullmatch(r"(\w+)-seed(\d+)", run.name)
-        if not match or not (run / "test_metrics.json").exists():
+        if not match or not (run / "metrics.jsonl").exists():
             continue
         variant, seed = match.group(1), int(match.group(2))
-        entry = table.setdefault(variant, {"seeds": [], "acc": [], "grouping": [], "val_acc_by_epoch": {}})
         epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        entry["val_acc_by_epoch"][seed] = [e["val/acc"] for e in epochs if "val/acc" in e]
+        curve = [e["val/acc"] for e in epochs if "val/acc" in e]
+        if not (run / "test_metrics.json").exists():
+            if curve:
+                stopped.setdefault(variant, {})[seed] = curve
+            continue
+        entry = table.setdefault(variant, {"seeds": [], "acc": [], "grouping": [], "val_acc_by_epoch": {}})
+        entry["val_acc_by_epoch"][seed] = curve
         entry["seeds"].append(seed)
         entry["acc"].append(json.loads((run / "test_metrics.json").read_text())["test/acc"])
         if (run / "grouping.json").exists():
@@ -118,10 +122,19 @@ def main() -> None:
         if v in table
         for seed, accs in sorted(table[v]["val_acc_by_epoch"].items())
     ]
+    curves += [
+        f"| {LABELS.get(v, v)} (seed {seed}; stopped after epoch {len(accs)}, no test) | "
+        + " | ".join(f"{100 * a:.1f}" for a in accs)
+        + " |"
+        for v, by_seed in stopped.items()
+        for seed, accs in sorted(by_seed.items())
+    ]
     width = max((len(table[v]["val_acc_by_epoch"][s]) for v in table for s in table[v]["val_acc_by_epoch"]), default=0)
     md += "\n\nValidation accuracy (%) after each epoch:\n\n| run | " + " | ".join(str(i + 1) for i in range(width))
     md += " |\n|---|" + "---:|" * width + "\n" + "\n".join(curves)
-    args.out.with_suffix(".json").write_text(json.dumps({"variants": table, "references": refs}, indent=2))
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"variants": table, "stopped": stopped, "references": refs}, indent=2)
+    )
     args.out.with_suffix(".md").write_text(md + "\n")
     print(md)
 
