@@ -186,6 +186,10 @@ def test_grouping_none_is_the_micro_encoder_and_a_head_on_mean_micro():
     F.cross_entropy(model(x), y).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None, name
+    from vitlab.diagnostics.probes import collect_assignments
+
+    with pytest.raises(TypeError, match="grouping: none has no S"):
+        collect_assignments(model, [(x, y)])
     with pytest.raises(ValueError, match="grouping: none"):
         _pico(grouping="none", dynamic_k="gumbel")
     with pytest.raises(ValueError, match="grouping must be one of card, none"):
