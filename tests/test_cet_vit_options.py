@@ -167,3 +167,41 @@ def test_fused_window_attention_computes_the_same_logits():
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         assert torch.allclose(eager(x), fused(x), atol=1e-5)
+
+
+def test_grouping_none_is_the_micro_encoder_and_a_head_on_mean_micro():
+    model = _pico(grouping="none").train()
+    names = {name.split(".")[0] for name, _ in model.named_parameters()}
+    assert names == {"patch_embed", "micro_encoder", "head"}  # no V-CEO, macro, cross-scale or deep parameters
+    assert model.head.fc.in_features == 64  # mean(micro) alone, at the micro width
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 4, (4,))
+    logits, aux = model.forward_with_aux(x)
+    assert logits.shape == (4, 4)
+    assert aux.S is None and aux.slot_usage_k is None and aux.ei_loss.item() == 0.0
+    model.eval()
+    with torch.no_grad():
+        expected = model.head.fc(model.head.norm(model.micro_tokens(x).mean(1)))
+        assert torch.allclose(model(x), expected, atol=1e-6)
+    model.train()
+    F.cross_entropy(model(x), y).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+    from vitlab.diagnostics.probes import collect_assignments
+
+    with pytest.raises(TypeError, match="grouping: none has no S"):
+        collect_assignments(model, [(x, y)])
+    with pytest.raises(ValueError, match="grouping: none"):
+        _pico(grouping="none", dynamic_k="gumbel")
+    with pytest.raises(ValueError, match="grouping must be one of card, none"):
+        _pico(grouping="slots")
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`:UserWarning")  # no Trainer attached
+def test_grouping_none_trains_through_the_cet_task():
+    from vitlab.config import build_config
+    from vitlab.training import CETViTTask
+
+    model = _pico(grouping="none").train()
+    task = CETViTTask(model, cfg=build_config("cet_vit/digits"), hparams={"data_info": {"num_classes": 4}})
+    losses = task.compute_losses((torch.randn(4, 3, 16, 16), torch.randint(0, 4, (4,))), "train")
+    assert "slot_k" not in losses and losses["ei"].item() == 0.0 and torch.isfinite(losses["loss"])

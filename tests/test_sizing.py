@@ -167,3 +167,15 @@ def test_compare_configs_share_one_protocol_and_differ_only_in_the_model(protoco
     for name in resolved:
         params = count_params(_meta(name, **inputs))["total"]
         assert abs(params / target - 1) <= 0.02, f"{name} at {inputs}: {params:,} vs cet_vit_nano: {target:,}"
+
+
+def test_cet_vit_nano_wide_keeps_nano_size_with_the_parameters_in_the_micro_encoder():
+    """The ablation preset (docs/cet_vit.md, "Which element costs the accuracy") at compare/cifar10_p4's input:
+    within 2% of cet_vit_nano and of its matched ViT, with most of its parameters in the micro encoder."""
+    inputs = dict(img_size=32, in_chans=3, num_classes=10, patch_size=4)
+    wide = count_params(_meta("cet_vit_nano_wide", **inputs))
+    nano = count_params(_meta("cet_vit_nano", **inputs))
+    for name in ("cet_vit_nano", "vit_matched_cet_vit_nano"):
+        target = count_params(_meta(name, **inputs))["total"]
+        assert abs(wide["total"] / target - 1) <= 0.02, f"cet_vit_nano_wide {wide['total']:,} vs {name} {target:,}"
+    assert wide["micro_encoder"] / wide["total"] > 0.8 > 0.5 > nano["micro_encoder"] / nano["total"]

@@ -358,10 +358,10 @@ def collect_assignments(
     yields ``(x: [B, C, H, W], y: [B])``. Returns ``slot_k: [M]`` (long, :func:`slot_usage_k`), ``labels: [M]``,
     ``predictions: [M]`` and the first ``keep_images`` inputs ``x: [keep, C, H, W]`` with their ``S: [keep, N, K]``.
     """
-    if not hasattr(model, "forward_with_aux"):
+    if not hasattr(model, "forward_with_aux") or getattr(model, "grouping", "card") == "none":
         raise TypeError(
             f"slot-usage K needs a model with a token-to-slot assignment S (CET-ViT's forward_with_aux); "
-            f"{type(model).__name__} has none"
+            f"{type(model).__name__} has none (CET-ViT with grouping: none has no S either)"
         )
     model.eval()
     slot_k, labels, predictions, images, assignments = [], [], [], [], []

@@ -46,6 +46,7 @@ POOLS = ("mean", "sum")
 DYNAMIC_K_MODES = ("none", "gumbel", "exact")
 POS_EMBEDS = ("none", "learned")
 SELECT_GRADS = ("hard", "dense_st")
+GROUPINGS = ("card", "none")
 ASSIGNMENT_ABLATIONS = ("none", "random", "uniform")
 
 
@@ -393,13 +394,16 @@ class CrossScaleAttention(nn.Module):
 
 
 class FusionHead(nn.Module):
-    """``logits = fc(drop(LN(concat(mean(micro), mean(macro)))))``. ``[B, 2D] -> [B, num_classes]``."""
+    """``logits = fc(drop(LN(concat(mean(micro), mean(macro)))))``. ``[B, streams * D] -> [B, num_classes]``.
 
-    def __init__(self, dim: int, *, num_classes: int, drop: float) -> None:
+    ``streams=1`` (the ``grouping: none`` ablation): ``fc(drop(LN(mean(micro))))``.
+    """
+
+    def __init__(self, dim: int, *, num_classes: int, drop: float, streams: int = 2) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(2 * dim)
+        self.norm = nn.LayerNorm(streams * dim)
         self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(2 * dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.fc = nn.Linear(streams * dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward(self, pooled: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.drop(self.norm(pooled))
@@ -428,11 +432,13 @@ class CETViTAux:
         candidate_logits: ``[C, B, classes]`` with ``dynamic_k: exact`` in training: the logits of every image under
             every candidate budget, without gradient and without dropout (:meth:`CETViT.candidate_logits`), or None.
         occupied: ``[B, K_max]`` bool, slots with assignment mass, when ``mask_empty_slots``; else None.
+
+    With ``grouping: none`` (no V-CEO) ``S``, ``h_macro`` and ``slot_usage_k`` are None and ``ei`` is empty.
     """
 
-    S: torch.Tensor
-    h_macro: torch.Tensor
-    slot_usage_k: torch.Tensor
+    S: torch.Tensor | None
+    h_macro: torch.Tensor | None
+    slot_usage_k: torch.Tensor | None
     ei: dict[str, torch.Tensor]
     k_cost: torch.Tensor
     k_chosen: torch.Tensor | None = None
@@ -492,6 +498,9 @@ class CETViT(nn.Module):
         fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
             dropout, and stochastic depth (linear over all blocks in forward order).
+        grouping: ``card`` (the card's pipeline) or ``none``, an ablation switch (docs/cet_vit.md, "Which element
+            costs the accuracy"): PatchEmbed, the MicroEncoder and ``fc(LN(mean(h_micro)))`` only; no V-CEO,
+            MacroEncoder, CrossScaleAttention or DeepEncoder are built, and there is no S and no EI term.
 
     ``assignment_ablation`` (an attribute, not a constructor option): ``none``, or ``random`` / ``uniform`` to
     replace S at test time (:func:`ablate_assignment`; :func:`vitlab.evaluation.grouping.grouping_ablation`).
@@ -530,6 +539,7 @@ class CETViT(nn.Module):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        grouping: str = "card",
     ) -> None:
         super().__init__()
         embed_dims, depths, num_heads = tuple(embed_dims), tuple(depths), tuple(num_heads)
@@ -542,9 +552,16 @@ class CETViT(nn.Module):
         _check_options(
             embed_dims, depths, num_heads, num_slots, topk, pool, fusion_dim, fusion_heads, dynamic_k, k_candidates, ei
         )
-        for name, value, allowed in (("pos_embed", pos_embed, POS_EMBEDS), ("select_grad", select_grad, SELECT_GRADS)):
+        for name, value, allowed in (
+            ("pos_embed", pos_embed, POS_EMBEDS),
+            ("select_grad", select_grad, SELECT_GRADS),
+            ("grouping", grouping, GROUPINGS),
+        ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if grouping == "none" and dynamic_k != "none":
+            raise ValueError("grouping: none has no V-CEO to budget; use dynamic_k: none with it")
+        self.grouping = grouping
         self.num_classes = num_classes
         self.num_slots = num_slots
         self.pool = pool
@@ -553,6 +570,8 @@ class CETViT(nn.Module):
         self.dynamic_k = dynamic_k
         self.assignment_ablation = "none"
         self.grid_size = (grid, grid)
+        if grouping == "none":
+            macro_depth = deep_depth = 0
         micro_end = sum(depths)
         macro_end = micro_end + macro_depth
         num_blocks = macro_end + deep_depth
@@ -585,6 +604,11 @@ class CETViT(nn.Module):
             **blocks,
         )
         micro_dim = embed_dims[-1]
+        if grouping == "none":
+            self.k_estimator = None
+            self.head = FusionHead(micro_dim, num_classes=num_classes, drop=drop_rate, streams=1)
+            self.apply(init_weights_vit_timm)
+            return
         self.v_ceo = VCEO(micro_dim, num_slots=num_slots, topk=topk, select_grad=select_grad)
         if dynamic_k != "none":
             self.k_estimator = DynamicKEstimator(
@@ -635,6 +659,8 @@ class CETViT(nn.Module):
     def _encode(self, x: torch.Tensor, force_choice: torch.Tensor | None = None) -> _Encoded:
         """One pass; ``force_choice: [B, C]`` one-hot overrides the Dynamic-K estimator's choice."""
         h_micro = self.micro_tokens(x)  # [B, N, C]
+        if self.grouping == "none":
+            return _Encoded(h_micro, None, None, None, h_micro, None)
         logits = self.v_ceo.logits(h_micro)
         choice = k_logits = None
         if self.k_estimator is None:
@@ -677,7 +703,8 @@ class CETViT(nn.Module):
                 m.training = mode
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W] -> [B, N + K_max, D]``: the fused micro tokens followed by the macro tokens."""
+        """``[B, C, H, W] -> [B, N + K_max, D]``: the fused micro tokens followed by the macro tokens
+        (``grouping: none``: ``[B, N, C]``, the micro tokens)."""
         return self._encode(x).tokens
 
     def forward_head(
@@ -686,7 +713,10 @@ class CETViT(nn.Module):
         """``[B, N + K_max, D] -> [B, num_classes]`` (or the normalised ``[B, 2D]`` with ``pre_logits``).
 
         ``occupied: [B, K_max]`` bool restricts mean(macro) to the occupied slots (``mask_empty_slots``).
+        ``grouping: none``: ``[B, N, C] -> fc(LN(mean(micro)))``.
         """
+        if self.grouping == "none":
+            return self.head(x.mean(1), pre_logits=pre_logits)
         micro, macro = x[:, : -self.num_slots], x[:, -self.num_slots :]
         if occupied is None:
             macro_mean = macro.mean(1)
@@ -709,6 +739,8 @@ class CETViT(nn.Module):
         """
         enc = self._encode(x, force_choice)
         logits = self.forward_head(enc.tokens, occupied=enc.occupied)
+        if self.grouping == "none":
+            return logits, CETViTAux(S=None, h_macro=None, slot_usage_k=None, ei={}, k_cost=logits.new_zeros(()))
         want_ei = compute_ei and self.ei_variant != "none"
         aux = CETViTAux(
             S=enc.S,
@@ -802,6 +834,18 @@ _CET_VIT_SIZES = {
         macro_depth=2,
         deep_depth=1,
     ),
+    # cet_vit_nano's parameters (within 1% at patch 4) moved into the micro encoder: one width-96 Swin stage of 6
+    # blocks (3 shifted) at the full token grid, and a width-64 part after the V-CEO (docs/cet_vit.md, "Which element
+    # costs the accuracy").
+    "cet_vit_nano_wide": dict(
+        embed_dims=(96,),
+        depths=(6,),
+        num_heads=(6,),
+        fusion_dim=64,
+        fusion_heads=2,
+        macro_depth=1,
+        deep_depth=1,
+    ),
     "cet_vit_tiny": dict(
         embed_dims=(64, 64, 128, 192),
         depths=(2, 2, 2, 2),
@@ -816,6 +860,7 @@ _CET_VIT_SIZES = {
 _DESCRIPTIONS = {
     "cet_vit_pico": "CET-ViT for CPU smoke runs (~0.2M params, 16 slots)",
     "cet_vit_nano": "CET-ViT for CPU training in minutes (~0.8M params)",
+    "cet_vit_nano_wide": "cet_vit_nano's size with 81% of it in a width-96 micro encoder (ablation, ~0.82M params)",
     "cet_vit_tiny": "small CET-ViT (~2.3M params)",
     "cet_vit_base": "CET-ViT v4 Base sized to the model card (33.5M params on 32x32, 100 classes; card: 33.12M)",
 }

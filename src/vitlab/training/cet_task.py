@@ -82,7 +82,8 @@ class CETViTTask(ClassificationTask):
         for key in ("reversibility", "norm_entropy", "degen"):
             if key in aux.ei:
                 losses[key] = aux.ei[key].detach().mean()
-        losses["slot_k"] = aux.slot_usage_k.detach().float().mean()
+        if aux.slot_usage_k is not None:  # None with grouping: none (no V-CEO)
+            losses["slot_k"] = aux.slot_usage_k.detach().float().mean()
         if aux.k_chosen is not None:
             losses["k_expected"] = aux.k_expected.detach().mean()
             if stage == "train":
