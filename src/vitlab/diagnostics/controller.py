@@ -726,29 +726,33 @@ class DynamicsController(pl.Callback):
             uncertain = ((drift - self.tracker.threshold()).abs() < cfg.probe_z * standard_error) & ~self.frozen
         if deciding and uncertain.any() and extend is not None:
             current = torch.cat([current, extend().float()], dim=2)
-            common = min(current.shape[2], previous.shape[2])
-            if common > base:  # the previous epoch was extended too: these heads average over every common image
-                rest = self._timed(
-                    "drift",
-                    attention_drift,
-                    current[uncertain][:, base:common],
-                    previous[uncertain][:, base:common],
-                    self.cost,
-                )
-                drift[uncertain] = (per_image[uncertain].sum(-1) + rest.sum(-1)) / common
-                images[uncertain] = common
-            if two_epoch is not None:
-                common2 = min(current.shape[2], self.before_previous.shape[2])
-                if common2 > two_epoch.shape[-1]:  # the same for d(t-2, t), over the images epoch t-2 measured
-                    rest = self._timed(
-                        "drift_two_epoch",
-                        attention_drift,
-                        current[uncertain][:, two_epoch.shape[-1] : common2],
-                        self.before_previous[uncertain][:, two_epoch.shape[-1] : common2],
-                        self.cost,
-                    )
-                    two_epoch_mean[uncertain] = (two_epoch[uncertain].sum(-1) + rest.sum(-1)) / common2
+            extended = self._extended_mean("drift", per_image, current, previous, uncertain)
+            if extended is not None:  # the previous epoch was extended too: these heads average over every image
+                drift[uncertain], images[uncertain] = extended
+            if two_epoch is not None:  # the same for d(t-2, t), over the images epoch t-2 measured
+                extended = self._extended_mean("drift_two_epoch", two_epoch, current, self.before_previous, uncertain)
+                if extended is not None:
+                    two_epoch_mean[uncertain] = extended[0]
         return drift, images, current, two_epoch_mean
+
+    def _extended_mean(
+        self,
+        part: str,
+        per_image: torch.Tensor,
+        current: torch.Tensor,
+        reference: torch.Tensor,
+        uncertain: torch.Tensor,
+    ) -> tuple[torch.Tensor, int] | None:
+        """For the ``uncertain: [L, H]`` heads, the mean drift between ``current`` and ``reference`` (``[L, H, P,
+        N]``) over every image both have: ``per_image: [L, H, k]`` holds it on the first ``k``, the rest is measured
+        now (timed as ``part``). Returns ``(means [U], images)``, or None when they share no more than ``k``."""
+        start, common = per_image.shape[-1], min(current.shape[2], reference.shape[2])
+        if common <= start:
+            return None
+        rest = self._timed(
+            part, attention_drift, current[uncertain][:, start:common], reference[uncertain][:, start:common], self.cost
+        )
+        return (per_image[uncertain].sum(-1) + rest.sum(-1)) / common, common
 
     def step(self, trainer: pl.Trainer, epoch: int) -> dict[str, Any]:
         """Measure, advance, write the record and log its scalars: the controller's work for one epoch."""
