@@ -118,6 +118,13 @@ def exact_k_targets(
     return (candidate_losses + lambda_k * cost[:, None]).argmin(0)
 
 
+def topk_margin(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``logits: [B, N, K_max]`` -> ``[B]``: per image, the mean over tokens of the k-th largest logit minus the
+    (k+1)-th, the margin by which each token's top-k choice stands (0: a tie at the edge of the choice)."""
+    values = logits.topk(k + 1, dim=-1).values
+    return (values[..., k - 1] - values[..., k]).mean(-1)
+
+
 def slot_usage_k(S: torch.Tensor, threshold: float = 0.05) -> torch.Tensor:
     """Post-hoc number of active macro regions per image (CET-ViT v4 model card: Disclosure 1).
 
@@ -432,6 +439,9 @@ class CETViTAux:
         candidate_logits: ``[C, B, classes]`` with ``dynamic_k: exact`` in training: the logits of every image under
             every candidate budget, without gradient and without dropout (:meth:`CETViT.candidate_logits`), or None.
         occupied: ``[B, K_max]`` bool, slots with assignment mass, when ``mask_empty_slots``; else None.
+        vceo_margin: ``[B]`` the mean over tokens of the V-CEO's top-k margin, the k-th largest assignment logit minus
+            the (k+1)-th (how far each token's choice is from changing; issue 13's "V-CEO logit margins"), without
+            gradient; None with ``grouping: none`` and with a dense choice (``topk = K_max``).
 
     With ``grouping: none`` (no V-CEO) ``S``, ``h_macro`` and ``slot_usage_k`` are None and ``ei`` is empty.
     """
@@ -447,6 +457,7 @@ class CETViTAux:
     k_logits: torch.Tensor | None = None
     candidate_logits: torch.Tensor | None = None
     occupied: torch.Tensor | None = None
+    vceo_margin: torch.Tensor | None = None
 
     @property
     def ei_loss(self) -> torch.Tensor:
@@ -749,6 +760,9 @@ class CETViT(nn.Module):
             ei=ei_terms(enc.S, enc.h_macro, variant=self.ei_variant) if want_ei else {},
             k_cost=logits.new_zeros(()),
             occupied=enc.occupied,
+            vceo_margin=(
+                topk_margin(enc.assign_logits.detach(), self.v_ceo.topk) if self.v_ceo.topk < self.num_slots else None
+            ),
         )
         if self.k_estimator is not None:
             k_values = self.k_estimator.k_values
