@@ -25,7 +25,24 @@ import numpy as np
 
 from vitlab.evaluation.stats import welch_ttest
 
-VARIANTS = ("base", "pos", "slots", "select", "eicard", "micro", "widep4", "widep2")
+VARIANTS = (
+    "base",
+    "pos",
+    "slots",
+    "select",
+    "eicard",
+    "micro",
+    "widep4",
+    "widep2",
+    "widew8",
+    "widemicro",
+    "vithalf",
+    "vitcurves",
+    "swinasvit",
+    "swinasvitw4",
+    "globalmicro",
+    "global",
+)
 LABELS = {
     "base": "today's CET-ViT (`cet_vit_nano`)",
     "pos": "+ `pos_embed: learned`",
@@ -36,8 +53,29 @@ LABELS = {
     "micro": "8-slot variant, micro encoder alone (`grouping: none`)",
     "widep4": "8-slot variant as `cet_vit_nano_wide` (width-96 micro encoder)",
     "widep2": "`cet_vit_nano_wide` at patch 2 (256 tokens, 32 slots), no dropout/drop-path: NOT the protocol",
+    # the third round (docs/cet_vit.md, "Is it the windows, the branch, or the blocks?")
+    "widew8": "`cet_vit_nano_wide`, 8 slots, window 8 (global attention in the micro encoder)",
+    "widemicro": "`cet_vit_nano_wide`'s micro encoder alone (`grouping: none`)",
+    "vithalf": "ViT at the micro encoder's size (width 96, depth 5; 0.39M)",
+    "vitcurves": "matched ViT, seed 0 re-run (with per-part curves)",
+    "swinasvit": "micro encoder alone shaped like that ViT (window 8, width 96, depth 5, 4 heads, MLP 2; 0.39M)",
+    "swinasvitw4": "the same with windows of 4 (local attention)",
+    "globalmicro": "`cet_vit_nano_global`'s micro encoder alone (`grouping: none`)",
+    "global": "`cet_vit_nano_global` (global width-128 micro encoder, MLP 2, 8 slots)",
 }
-DECOMPOSITION = ("micro", "widep4", "widep2")
+DECOMPOSITION = (
+    "micro",
+    "widep4",
+    "widep2",
+    "widew8",
+    "widemicro",
+    "vithalf",
+    "vitcurves",
+    "swinasvit",
+    "swinasvitw4",
+    "globalmicro",
+    "global",
+)
 REFERENCES = {"ViT": "vit_matched_cet_vit_nano", "Swin": "swin_matched_cet_vit_nano", "CET today": "cet_vit_nano"}
 
 
@@ -47,14 +85,16 @@ def main() -> None:
     p.add_argument("--previous", type=Path, help="an earlier <out>.json whose variants are kept")
     p.add_argument("--baselines", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--skip", nargs="*", type=Path, default=[], help="run folders to leave out (e.g. one stopped early)")
     args = p.parse_args()
+    skip = {path.resolve() for path in args.skip}
     groups = json.loads(args.baselines.read_text())["groups"]
     refs = {name: groups[key]["values"]["test/acc"] for name, key in REFERENCES.items()}
     table: dict[str, dict] = {}
     stopped: dict[str, dict[int, list[float]]] = {}  # runs stopped before their test: validation curve only
     for run in sorted(run for folder in args.runs for run in folder.glob("*-seed*")):
         match = re.fullmatch(r"(\w+)-seed(\d+)", run.name)
-        if not match or not (run / "metrics.jsonl").exists():
+        if not match or not (run / "metrics.jsonl").exists() or run.resolve() in skip:
             continue
         variant, seed = match.group(1), int(match.group(2))
         epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -205,3 +205,26 @@ def test_grouping_none_trains_through_the_cet_task():
     task = CETViTTask(model, cfg=build_config("cet_vit/digits"), hparams={"data_info": {"num_classes": 4}})
     losses = task.compute_losses((torch.randn(4, 3, 16, 16), torch.randint(0, 4, (4,))), "train")
     assert "slot_k" not in losses and losses["ei"].item() == 0.0 and torch.isfinite(losses["loss"])
+
+
+def test_topk_margin_is_the_gap_between_the_kth_and_the_next_logit():
+    from vitlab.models.cet_vit import topk_margin
+
+    logits = torch.tensor([[[5.0, 1.0, 3.0, 2.5], [0.0, 0.0, 4.0, 1.0]]])  # one image, two tokens, 4 slots
+    # k = 2: token 0 keeps 5 and 3, next 2.5 -> 0.5; token 1 keeps 4 and 1, next 0 -> 1.0
+    torch.testing.assert_close(topk_margin(logits, 2), torch.tensor([0.75]))
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`:UserWarning")  # no Trainer attached
+def test_the_cet_task_reports_the_vceo_margin_of_its_assignment_logits():
+    from vitlab.config import build_config
+    from vitlab.models.cet_vit import topk_margin
+    from vitlab.training import CETViTTask
+
+    model = _pico().eval()
+    task = CETViTTask(model, cfg=build_config("cet_vit/digits"), hparams={"data_info": {"num_classes": 4}})
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 4, (4,))
+    losses = task.compute_losses((x, y), "val")
+    expected = topk_margin(model.v_ceo.logits(model.micro_tokens(x)), model.v_ceo.topk).mean()
+    torch.testing.assert_close(losses["vceo_margin"], expected)
+    assert losses["vceo_margin"] > 0

@@ -10,7 +10,7 @@ from torch import nn
 import vitlab
 from vitlab.cli.main import main
 from vitlab.config import build_config, to_dict
-from vitlab.models import count_params, flops_per_image, match_width
+from vitlab.models import count_params, create_model, flops_per_image, match_width
 from vitlab.models.cet_vit import param_breakdown
 from vitlab.models.sizing import MATCH_INPUTS, TOME_R, matched_presets, width_step
 
@@ -179,3 +179,35 @@ def test_cet_vit_nano_wide_keeps_nano_size_with_the_parameters_in_the_micro_enco
         target = count_params(_meta(name, **inputs))["total"]
         assert abs(wide["total"] / target - 1) <= 0.02, f"cet_vit_nano_wide {wide['total']:,} vs {name} {target:,}"
     assert wide["micro_encoder"] / wide["total"] > 0.8 > 0.5 > nano["micro_encoder"] / nano["total"]
+
+
+def test_cet_vit_nano_global_keeps_nano_size_and_attends_globally_at_patch_4():
+    """The preset of docs/cet_vit.md ("The micro encoder's shape is the cost") at compare/cifar10_p4's input: within
+    1% of cet_vit_nano and of its matched ViT, and its micro encoder's windows cover the whole 8x8 grid."""
+    inputs = dict(img_size=32, in_chans=3, num_classes=10, patch_size=4)
+    total = count_params(_meta("cet_vit_nano_global", **inputs))["total"]
+    for name in ("cet_vit_nano", "vit_matched_cet_vit_nano"):
+        target = count_params(_meta(name, **inputs))["total"]
+        assert abs(total / target - 1) <= 0.01, f"cet_vit_nano_global {total:,} vs {name} {target:,}"
+    model = create_model("cet_vit_nano_global", **inputs)
+    windows = {tuple(m.window_size) for m in model.micro_encoder.modules() if hasattr(m, "relative_position_index")}
+    assert windows == {(8, 8)} and model.num_slots == 8 and model.pos_embed is not None
+
+
+@pytest.mark.parametrize(
+    "config", ["compare/cifar10_p4", "compare/cifar10_p4_vit", "compare/cifar10_p4_swin", "compare/cifar10_p4_global"]
+)
+def test_every_model_of_the_p4_protocol_trains_at_patch_4_with_its_dropouts_and_matched_size(config):
+    """A config that names another preset gives its model options again (a new model.name starts the model section
+    afresh), so each model of compare/cifar10_p4 has the protocol's patch 4 and regularisation, at the matched size."""
+    model_cfg = dict(build_config(config).model)
+    assert {k: model_cfg[k] for k in ("patch_size", "drop_path_rate", "drop_rate", "attn_drop_rate")} == {
+        "patch_size": 4,
+        "drop_path_rate": 0.1,
+        "drop_rate": 0.05,
+        "attn_drop_rate": 0.05,
+    }
+    name = model_cfg.pop("name")
+    total = count_params(_meta(name, img_size=32, in_chans=3, num_classes=10, **model_cfg))["total"]
+    target = count_params(_meta("vit_matched_cet_vit_nano", img_size=32, in_chans=3, num_classes=10, patch_size=4))
+    assert abs(total / target["total"] - 1) <= 0.02, f"{config}: {name} {total:,} vs {target['total']:,}"

@@ -13,7 +13,7 @@ import torch
 import vitlab
 from run_fixtures import TINY
 from vitlab.cli.main import main
-from vitlab.config import build_config
+from vitlab.config import ConfigError, build_config
 from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 
@@ -200,3 +200,55 @@ def test_ddp_two_processes_on_cpu_keep_the_same_weights(tmp_path):
     assert check["world_size"] == 2 and check["in_sync"] is True
     assert check["checksums"][0] == check["checksums"][1]
     assert (run_dir / "export" / "model.safetensors").is_file()
+
+
+def test_part_stats_gives_each_parts_gradient_norm_and_its_update_over_weight_ratio():
+    from types import SimpleNamespace
+
+    from vitlab.training.callbacks import PartStats
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
+    model[2].requires_grad_(False)  # a frozen part is not a part
+    module = torch.nn.Module()
+    module.model = model
+    logged = {}
+    module.log = lambda key, value, **kwargs: logged.__setitem__(key, float(value))
+    callback = PartStats(every=2)
+    trainer = SimpleNamespace(global_step=0)
+    callback.on_train_start(trainer, module)
+    assert list(callback._parts) == ["0", "1"]
+    callback.on_train_epoch_start(trainer, module)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = {}
+    for step in range(3):  # steps 0 and 2 are sampled
+        trainer.global_step = step
+        optimizer.zero_grad()
+        model(torch.randn(5, 3)).square().sum().backward()
+        callback.on_before_optimizer_step(trainer, module, optimizer)
+        if step % 2 == 0:
+            for name in ("0", "1"):
+                part = model[int(name)]
+                grad = torch.cat([p.grad.flatten() for p in part.parameters()]).norm()
+                weight = torch.cat([p.detach().flatten() for p in part.parameters()]).norm()
+                expected.setdefault(f"parts/{name}/grad_norm", []).append(float(grad))
+                expected.setdefault(f"parts/{name}/update_ratio", []).append(float(0.1 * grad / weight))  # plain SGD
+        optimizer.step()
+        callback.on_train_batch_end(trainer, module, None, None, step)
+    callback.on_train_epoch_end(trainer, module)
+    assert set(logged) == set(expected)
+    for key, values in expected.items():
+        assert logged[key] == pytest.approx(sum(values) / len(values), rel=1e-5), key
+
+
+def test_part_stats_lands_in_the_metrics_of_a_run(tmp_path):
+    run_dir = _fit_cli(tmp_path, "run.part_stats_every=3", "run.export=false", "run.test=false")
+    rows = RunDir(run_dir).metrics()
+    for row in rows:
+        for part in ("patch_embed", "blocks", "head"):
+            assert row[f"parts/{part}/grad_norm"] > 0 and 0 < row[f"parts/{part}/update_ratio"] < 1, (part, row)
+
+
+def test_a_negative_part_stats_interval_is_refused():
+    with pytest.raises(ConfigError, match="run.part_stats_every must be 0"):
+        build_config("vit/digits", ["run.part_stats_every=-1"])

@@ -91,6 +91,15 @@ class RunSection:
     test: bool = True
     generate: bool = True
     report: bool = True
+    #: per-part gradient norms and update/weight ratios every this many optimisation steps, logged per epoch as
+    #: ``parts/<part>/grad_norm`` and ``parts/<part>/update_ratio`` (``vitlab.training.callbacks.PartStats``); 0 = off
+    part_stats_every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.part_stats_every < 0:
+            raise ConfigError(
+                f"run.part_stats_every must be 0 (off) or a number of optimisation steps, got {self.part_stats_every}"
+            )
 
 
 @dataclass

@@ -118,6 +118,13 @@ def exact_k_targets(
     return (candidate_losses + lambda_k * cost[:, None]).argmin(0)
 
 
+def topk_margin(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``logits: [B, N, K_max]`` -> ``[B]``: per image, the mean over tokens of the k-th largest logit minus the
+    (k+1)-th, the margin by which each token's top-k choice stands (0: a tie at the edge of the choice)."""
+    values = logits.topk(k + 1, dim=-1).values
+    return (values[..., k - 1] - values[..., k]).mean(-1)
+
+
 def slot_usage_k(S: torch.Tensor, threshold: float = 0.05) -> torch.Tensor:
     """Post-hoc number of active macro regions per image (CET-ViT v4 model card: Disclosure 1).
 
@@ -432,6 +439,9 @@ class CETViTAux:
         candidate_logits: ``[C, B, classes]`` with ``dynamic_k: exact`` in training: the logits of every image under
             every candidate budget, without gradient and without dropout (:meth:`CETViT.candidate_logits`), or None.
         occupied: ``[B, K_max]`` bool, slots with assignment mass, when ``mask_empty_slots``; else None.
+        vceo_margin: ``[B]`` the mean over tokens of the V-CEO's top-k margin, the k-th largest assignment logit minus
+            the (k+1)-th (how far each token's choice is from changing; issue 13's "V-CEO logit margins"), without
+            gradient; None with ``grouping: none`` and with a dense choice (``topk = K_max``).
 
     With ``grouping: none`` (no V-CEO) ``S``, ``h_macro`` and ``slot_usage_k`` are None and ``ei`` is empty.
     """
@@ -447,6 +457,7 @@ class CETViTAux:
     k_logits: torch.Tensor | None = None
     candidate_logits: torch.Tensor | None = None
     occupied: torch.Tensor | None = None
+    vceo_margin: torch.Tensor | None = None
 
     @property
     def ei_loss(self) -> torch.Tensor:
@@ -749,6 +760,9 @@ class CETViT(nn.Module):
             ei=ei_terms(enc.S, enc.h_macro, variant=self.ei_variant) if want_ei else {},
             k_cost=logits.new_zeros(()),
             occupied=enc.occupied,
+            vceo_margin=(
+                topk_margin(enc.assign_logits.detach(), self.v_ceo.topk) if self.v_ceo.topk < self.num_slots else None
+            ),
         )
         if self.k_estimator is not None:
             k_values = self.k_estimator.k_values
@@ -846,6 +860,24 @@ _CET_VIT_SIZES = {
         macro_depth=1,
         deep_depth=1,
     ),
+    # cet_vit_nano's size with a micro encoder shaped like the matched ViT's blocks: 3 blocks of width 128, 4 heads of
+    # 32, MLP ratio 2, and global attention (a window of 16 shrinks to the grid: 8x8 at patch 4, 16x16 at patch 2),
+    # then the card's V-CEO (8:1 slots, empty ones masked), MacroEncoder, CrossScaleAttention and DeepEncoder at the
+    # same width (docs/cet_vit.md, "The micro encoder's shape is the cost").
+    "cet_vit_nano_global": dict(
+        embed_dims=(128,),
+        depths=(3,),
+        num_heads=(4,),
+        window_size=16,
+        mlp_ratio=2.0,
+        pos_embed="learned",
+        slot_ratio=8,
+        mask_empty_slots=True,
+        fusion_dim=128,
+        fusion_heads=4,
+        macro_depth=1,
+        deep_depth=1,
+    ),
     "cet_vit_tiny": dict(
         embed_dims=(64, 64, 128, 192),
         depths=(2, 2, 2, 2),
@@ -861,6 +893,7 @@ _DESCRIPTIONS = {
     "cet_vit_pico": "CET-ViT for CPU smoke runs (~0.2M params, 16 slots)",
     "cet_vit_nano": "CET-ViT for CPU training in minutes (~0.8M params)",
     "cet_vit_nano_wide": "cet_vit_nano's size with 81% of it in a width-96 micro encoder (ablation, ~0.82M params)",
+    "cet_vit_nano_global": "cet_vit_nano's size, a global ViT-shaped micro encoder (width 128, MLP 2), 8:1 slots",
     "cet_vit_tiny": "small CET-ViT (~2.3M params)",
     "cet_vit_base": "CET-ViT v4 Base sized to the model card (33.5M params on 32x32, 100 classes; card: 33.12M)",
 }

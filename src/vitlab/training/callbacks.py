@@ -281,6 +281,89 @@ class StepTimer(pl.Callback):
             self._epoch_t0 = time.perf_counter() - in_progress["elapsed_s"]
 
 
+class PartStats(pl.Callback):
+    """Per-part training curves (issue 13: where a model falls behind): every ``every`` optimisation steps, each
+    top-level part's gradient norm and the size of the step the optimiser takes on it.
+
+    A part is a direct child module of the task's model that owns parameters (CET-ViT: ``patch_embed``,
+    ``micro_encoder``, ``v_ceo``, ``macro_encoder``, ...; a ViT: ``patch_embed``, ``blocks``, ``head``, ...);
+    parameters registered on the model itself (a position embedding, a CLS token) form the part ``_own``. Per epoch
+    it logs the mean over the sampled steps of
+
+    - ``parts/<part>/grad_norm``: the L2 norm of the part's gradient before clipping (Lightning's
+      ``on_before_optimizer_step`` runs before the gradient is clipped);
+    - ``parts/<part>/update_ratio``: ``||w_after - w_before|| / ||w_before||`` over the part's trainable weights,
+      the optimiser step including weight decay (a part that learns slowly has a small ratio).
+
+    The sampled steps cost one copy of the trainable weights each; between them nothing is done. The sums stay on
+    the device until the epoch ends (no per-step host synchronisation).
+    """
+
+    def __init__(self, every: int) -> None:
+        if every < 1:
+            raise ValueError(f"PartStats needs every >= 1 optimisation steps, got {every}")
+        self.every = every
+        self._parts: dict[str, list[torch.nn.Parameter]] = {}
+        self._before: list[list[torch.Tensor]] | None = None
+        self._sums: dict[str, torch.Tensor] = {}
+        self._count = 0
+
+    @staticmethod
+    def parts(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
+        """``{part: trainable parameters}`` in module order; ``_own`` for the model's direct parameters."""
+        out: dict[str, list[torch.nn.Parameter]] = {}
+        own = [p for p in model.parameters(recurse=False) if p.requires_grad]
+        if own:
+            out["_own"] = own
+        for name, child in model.named_children():
+            params = [p for p in child.parameters() if p.requires_grad]
+            if params:
+                out[name] = params
+        return out
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._parts = self.parts(getattr(pl_module, "model", pl_module))
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sums, self._count, self._before = {}, 0, None
+
+    @staticmethod
+    def _norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if trainer.global_step % self.every != 0 or not self._parts:
+            return
+        for name, params in self._parts.items():
+            grads = [p.grad.detach() for p in params if p.grad is not None]
+            if grads:
+                key = f"parts/{name}/grad_norm"
+                self._sums[key] = self._sums.get(key, 0) + self._norm(grads)
+        self._before = [[p.detach().clone() for p in params] for params in self._parts.values()]
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._before is None:
+            return
+        with torch.no_grad():
+            for (name, params), before in zip(self._parts.items(), self._before, strict=True):
+                delta = torch._foreach_sub([p.detach() for p in params], before)
+                key = f"parts/{name}/update_ratio"
+                ratio = self._norm(delta) / self._norm(before).clamp_min(1e-12)
+                self._sums[key] = self._sums.get(key, 0) + ratio
+        self._before = None
+        self._count += 1
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._count:
+            return
+        for key, total in self._sums.items():
+            pl_module.log(key, total / self._count, on_step=False, on_epoch=True, rank_zero_only=True)
+
+
 class ProgressBar(TQDMProgressBar):
     """Lightning's progress bar without the logger's version (``v_num``), which means nothing in a run directory."""
 

@@ -84,6 +84,8 @@ class CETViTTask(ClassificationTask):
                 losses[key] = aux.ei[key].detach().mean()
         if aux.slot_usage_k is not None:  # None with grouping: none (no V-CEO)
             losses["slot_k"] = aux.slot_usage_k.detach().float().mean()
+        if aux.vceo_margin is not None:
+            losses["vceo_margin"] = aux.vceo_margin.mean()
         if aux.k_chosen is not None:
             losses["k_expected"] = aux.k_expected.detach().mean()
             if stage == "train":

@@ -44,6 +44,7 @@ from vitlab.training.callbacks import (
     EpochSeed,
     FlushMetrics,
     JSONLinesLogger,
+    PartStats,
     ProgressBar,
     StepTimer,
     quiet_lightning,
@@ -239,6 +240,8 @@ def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callbac
     ]
     if cfg.dynamics is not None:
         callbacks.append(DynamicsController.from_config(cfg.dynamics, run_dir))
+    if cfg.run.part_stats_every:
+        callbacks.append(PartStats(cfg.run.part_stats_every))
     callbacks.append(StepTimer(run_dir))  # after the controller, so the epoch time includes its measurement
     if console_progress_bar(cfg):
         callbacks.append(ProgressBar(refresh_rate=max(1, min(20, cfg.trainer.log_every_n_steps))))
