@@ -63,19 +63,8 @@ LABELS = {
     "globalmicro": "`cet_vit_nano_global`'s micro encoder alone (`grouping: none`)",
     "global": "`cet_vit_nano_global` (global width-128 micro encoder, MLP 2, 8 slots)",
 }
-DECOMPOSITION = (
-    "micro",
-    "widep4",
-    "widep2",
-    "widew8",
-    "widemicro",
-    "vithalf",
-    "vitcurves",
-    "swinasvit",
-    "swinasvitw4",
-    "globalmicro",
-    "global",
-)
+# the decomposition and the third round: each tested against the 8-slot variant too
+DECOMPOSITION = VARIANTS[VARIANTS.index("micro") :]
 REFERENCES = {"ViT": "vit_matched_cet_vit_nano", "Swin": "swin_matched_cet_vit_nano", "CET today": "cet_vit_nano"}
 
 
