@@ -42,6 +42,8 @@ VARIANTS = (
     "swinasvitw4",
     "globalmicro",
     "global",
+    "globalnoei",
+    "globalexactk",
 )
 LABELS = {
     "base": "today's CET-ViT (`cet_vit_nano`)",
@@ -62,6 +64,8 @@ LABELS = {
     "swinasvitw4": "the same with windows of 4 (local attention)",
     "globalmicro": "`cet_vit_nano_global`'s micro encoder alone (`grouping: none`)",
     "global": "`cet_vit_nano_global` (global width-128 micro encoder, MLP 2, 8 slots)",
+    "globalnoei": "`cet_vit_nano_global`, `ei: none`",
+    "globalexactk": "`cet_vit_nano_global`, `dynamic_k: exact`, K in {4, 6, 8}",
 }
 # the decomposition and the third round: each tested against the 8-slot variant too
 DECOMPOSITION = VARIANTS[VARIANTS.index("micro") :]
