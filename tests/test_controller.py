@@ -112,6 +112,41 @@ def test_freezing_moves_the_optimizer_state_with_the_heads():
             assert all(torch.equal(now[key], then[key]) for key in then)
 
 
+@pytest.mark.parametrize("scope", ["qkv", "pattern"])
+def test_the_optimizer_skips_parameters_frozen_whole_and_nothing_else_changes(scope, monkeypatch):
+    """A layer with every head frozen: its W_qkv and b_qkv (eq. 26, ``qkv`` scope) and its log_tau get no gradient at
+    the step, so AdamW skips them (their step count stops) instead of computing an update that the guard undoes.
+    Every parameter ends bit-identical to a run whose guard lets AdamW update them and then restores them."""
+    frozen = torch.tensor([[True, True, True, True], [False, True, False, False]])
+
+    def run(skip: bool):
+        model = tiny_vit()
+        modules = [m for _, m in controlled_modules(model, None)]
+        for module in modules:
+            module.train_frozen_values = scope == "pattern"
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        train_steps(model, optimizer, 3, seed=0)
+        guard = FrozenHeadGuard(modules)
+        guard.attach(optimizer)
+        guard.freeze(frozen)
+        if not skip:
+            monkeypatch.setattr(guard, "drop_frozen_gradients", lambda: None)
+        train_steps(model, optimizer, 4, seed=1)
+        return model, modules, optimizer
+
+    model, modules, optimizer = run(skip=True)
+    reference, _, _ = run(skip=False)
+    whole = modules[0]
+    skipped = [whole.log_tau] + ([whole.qkv.weight, whole.qkv.bias] if scope == "qkv" else [])
+    for parameter in skipped:
+        assert parameter.grad is None and float(optimizer.state[parameter]["step"]) == 3
+    if scope == "pattern":  # the v rows of a pattern-frozen layer still train: the tensor is not frozen whole
+        assert float(optimizer.state[whole.qkv.weight]["step"]) == 7
+    assert float(optimizer.state[modules[1].qkv.weight]["step"]) == 7  # a partly frozen layer is updated
+    for (name, ours), theirs in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
+
+
 def test_without_the_guard_adamw_moves_zero_gradient_rows():
     """Why the guard exists: momentum and weight decay move a frozen head even though its gradient is zero."""
     model = tiny_vit()
@@ -546,6 +581,36 @@ def test_frozen_heads_stay_bit_identical_through_lightning_training(tmp_path, sc
         assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
         if scope == "pattern":
             assert (now_weight[2, mask] != weight[2, mask]).any(-1).any(-1).all(), "the frozen heads' values train"
+
+
+class WholeLayerFrozen(DynamicsController):
+    """The real controller in a real fit, with every head of the first layer frozen before the first step."""
+
+    optimizer: torch.optim.Optimizer | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.frozen = torch.zeros(self.shape, dtype=torch.bool)
+        self.frozen[0] = True
+        self.guard.freeze(self.frozen)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.optimizer = trainer.optimizers[0]
+        super().on_train_end(trainer, pl_module)
+
+
+def test_lightning_training_skips_the_update_of_a_layer_frozen_whole(tmp_path):
+    """In a Lightning fit the backward runs inside ``optimizer.step(closure)``; the controller's
+    ``on_before_optimizer_step`` drops the zero gradients of the parameters frozen whole there, so AdamW never
+    creates state for them, while the next layer trains."""
+    settings = [s for s in FIT if not s.startswith("dynamics.")]
+    controller = WholeLayerFrozen(scripted_config(eps_d=1e-12), tmp_path)  # nothing else converges
+    fit(build_config("vit/digits", [*settings, f"run.dir={tmp_path}"]), callbacks=[controller])
+    first, second = controller.modules
+    assert first.frozen_heads.all() and not second.frozen_heads.any()
+    for parameter in (first.qkv.weight, first.qkv.bias, first.log_tau):
+        assert parameter.grad is None and not controller.optimizer.state.get(parameter)
+    assert float(controller.optimizer.state[second.qkv.weight]["step"]) == 4  # 2 epochs x 2 batches
 
 
 @pytest.mark.parametrize("scope", ["qkv", "pattern"])

@@ -238,6 +238,13 @@ class FrozenHeadGuard:
 
     A module with ``train_frozen_values`` (``dynamics.freeze_scope: pattern``) keeps training its frozen heads' rows
     of ``W_v``: the guard then snapshots and restores only their ``W_q``, ``W_k`` rows and tau (the pattern).
+
+    A parameter tensor that is frozen whole (``W_qkv`` and ``b_qkv`` of a layer whose every head is frozen with
+    ``freeze_scope: qkv``, ``log_tau`` of a layer whose every head is frozen) has its gradient set to None just
+    before each attached optimizer's step, so the optimizer skips it instead of computing an update that
+    :meth:`restore` undoes (PyTorch's optimizers skip parameters without a gradient). Its moments then stay as
+    they were when the last of its heads froze; nothing reads them while it is frozen (measured in
+    ``docs/dynamics.md``, "Forward, backward and step time").
     """
 
     def __init__(self, modules: list[Attention]) -> None:
@@ -245,12 +252,13 @@ class FrozenHeadGuard:
         self._snapshots: list[tuple[int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[Any] = []
+        self._frozen_whole: list[torch.Tensor] = []  # parameters every slot of which is frozen
 
     def freeze(self, frozen: torch.Tensor) -> None:
         """Freeze exactly the heads marked in ``frozen: [L, H]`` bool and snapshot their current parameters."""
         if frozen.shape != (len(self.modules), self.modules[0].num_heads):
             raise ValueError(f"frozen must be [L, H] = [{len(self.modules)}, {self.modules[0].num_heads}]")
-        self._snapshots = []
+        self._snapshots, self._frozen_whole = [], []
         with torch.no_grad():
             for module, mask in zip(self.modules, frozen, strict=True):
                 perm = module.set_frozen_heads(mask)
@@ -268,6 +276,11 @@ class FrozenHeadGuard:
                         None if log_tau is None else log_tau[:count].clone(),
                     )
                 )
+                if count == module.num_heads:
+                    whole = [module.log_tau] if module.log_tau is not None else []
+                    if parts == 3:
+                        whole += [p for p in (module.qkv.weight, module.qkv.bias) if p is not None]
+                    self._frozen_whole += whole
 
     def _permute_optimizer_state(self, module: Attention, perm: torch.Tensor) -> None:
         for optimizer in self._optimizers:
@@ -304,9 +317,16 @@ class FrozenHeadGuard:
                 if module_log_tau is not None:
                     module_log_tau[:count] = log_tau
 
+    def drop_frozen_gradients(self) -> None:
+        """Set the gradient of every parameter frozen whole to None, so that an optimizer step skips it."""
+        for parameter in self._frozen_whole:
+            parameter.grad = None
+
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
-        """Restore the frozen heads after every ``optimizer.step()``; permute its state when heads move."""
+        """Restore the frozen heads after every ``optimizer.step()`` (and let it skip the parameters frozen whole);
+        permute its state when heads move."""
         self._optimizers.append(optimizer)
+        self._hooks.append(optimizer.register_step_pre_hook(lambda *_: self.drop_frozen_gradients()))
         self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.restore()))
 
     def detach(self) -> None:
@@ -835,6 +855,14 @@ class DynamicsController(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_started = time.perf_counter()
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        # Lightning runs the backward inside optimizer.step(closure), after the step's pre-hooks: here, between the
+        # backward (and DDP's all-reduce) and the update, the parameters frozen whole lose their zero gradient.
+        if self.guard is not None:
+            self.guard.drop_frozen_gradients()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.step(trainer, epoch=trainer.current_epoch + 1)
