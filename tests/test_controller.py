@@ -315,6 +315,25 @@ def test_kappa_every_k_epochs_repeats_the_last_count_with_its_epoch():
     assert controller.state_dict()["kappa_epoch"] == 2
 
 
+def test_drift_workers_change_no_record():
+    """The controller's transport problems on two threads: every record (drift, directedness, tau, freezing) is
+    the same as on one."""
+    records = []
+    for workers in (1, 2):
+        config = DynamicsConfig(burn_in=0, patience=1, probe_size=6, kappa_images=2, rho=0.95, drift_workers=workers)
+        controller = DynamicsController(config)
+        controller.attach(tiny_vit())
+        generator = torch.Generator().manual_seed(0)
+        run = []
+        for _ in range(5):
+            weights = torch.rand(2, NUM_HEADS, 6, 16, generator=generator, dtype=torch.float64) ** 4
+            measurement = ProbeMeasurement(weights / weights.sum(-1, keepdim=True), torch.ones(2, NUM_HEADS))
+            run.append(controller.advance(measurement))
+        records.append(run)
+    assert records[0] == records[1]
+    assert any(any(row) for row in records[0][-1]["converged"])  # the decisions were exercised, not only the drift
+
+
 def test_no_head_converges_during_burn_in():
     controller = scheduled_controller(burn_in=2)
     converged_at = [controller.advance(point_masses(EPOCH0))["non_converged"] for _ in range(5)]
@@ -375,6 +394,8 @@ def test_config_errors_name_the_problem():
         DynamicsConfig(probe_size=8, kappa_images=16)
     with pytest.raises(ConfigError, match="freeze_scope must be one of qkv, pattern, got 'values'"):
         DynamicsConfig(freeze_scope="values")
+    with pytest.raises(ConfigError, match="drift_workers must be >= 1 thread or null"):
+        DynamicsConfig(drift_workers=0)
     with pytest.raises(ConfigError, match="temperature=true"):
         DynamicsController(DynamicsConfig(mode="schedule")).attach(tiny_vit(temperature=False))
     with pytest.raises(ConfigError, match="matches no attention module"):

@@ -94,6 +94,21 @@ def test_attention_drift_hand_worked_and_batched_shape():
     torch.testing.assert_close(drift[0], torch.tensor([2 * math.sqrt(2), 0.0, math.sqrt(2)], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("workers", [2, 3])
+def test_attention_drift_on_several_threads_gives_the_same_values_as_one(workers):
+    """``workers`` splits the problems over threads (POT's C solver releases the GIL); each problem is solved as
+    on one thread, so the values are identical, not merely close, including the rows with nothing to move."""
+    cost = patch_grid_cost(4, 4)
+    p = random_distributions(40, 16, seed=0).view(2, 4, 5, 16)
+    q = random_distributions(40, 16, seed=1).view(2, 4, 5, 16)
+    q[1, 2] = p[1, 2]
+    one = attention_drift(p, q, cost)
+    assert torch.equal(attention_drift(p, q, cost, workers=workers), one)
+    assert one.shape == (2, 4, 5) and torch.all(one[1, 2] == 0) and torch.all(one[0] > 0)
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        attention_drift(p, q, cost, workers=0)
+
+
 def test_attention_drift_rejects_bad_input():
     cost = patch_grid_cost(2, 2)
     p = torch.full((4,), 0.25)

@@ -7,6 +7,7 @@ pure: tensors in, tensors out; the controller that runs them once per epoch live
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -59,12 +60,13 @@ def _check_distributions(p: torch.Tensor, name: str) -> None:
         )
 
 
-def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
+def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, workers: int = 1) -> torch.Tensor:
     """Attention evolution distance: exact 1-Wasserstein distance between attention distributions on the patch grid.
 
     ViTCAE section "Convergence diagnostics", the ``d[l, h]`` that drives eq. 20.
     ``p, q: [..., N]`` distributions (rows summing to 1), ``cost: [N, N]`` a metric (e.g. :func:`patch_grid_cost`).
-    Returns ``d: [...]`` float64 on ``p``'s device.
+    ``workers``: threads that solve the transport problems (POT's C solver releases the GIL); every problem is
+    solved exactly as with one, so the values do not depend on it. Returns ``d: [...]`` float64 on ``p``'s device.
 
     The result is exact optimal transport, POT's network simplex. Because the ground cost is a metric, W1 depends on
     ``p - q`` only (Kantorovich-Rubinstein), so the mass the two distributions share stays in place and only
@@ -102,11 +104,22 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> tor
     target = np.where(deficit[todo], -difference[todo], 0.0)
     target = target / target.sum(-1, keepdims=True)
     target = target * (source.sum(-1, keepdims=True) / target.sum(-1, keepdims=True))
-    for row, i in enumerate(todo.tolist()):
-        _, value, _, _, code = emd_c(source[row], target[row], cost_np, _EMD_MAX_ITER, 1)
-        if code != _EMD_OPTIMAL:
-            raise RuntimeError(f"POT's network simplex stopped without an optimum (code {code}) on a drift problem")
-        drift[i] = moved_mass[i] * value
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+
+    def solve(rows: np.ndarray) -> None:
+        for row in rows.tolist():
+            _, value, _, _, code = emd_c(source[row], target[row], cost_np, _EMD_MAX_ITER, 1)
+            if code != _EMD_OPTIMAL:
+                raise RuntimeError(f"POT's network simplex stopped without an optimum (code {code}) on a drift problem")
+            drift[todo[row]] = moved_mass[todo[row]] * value
+
+    rows = np.arange(len(todo))
+    if workers > 1 and len(todo) >= 2 * workers:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(solve, np.array_split(rows, workers)))  # list(): a worker's error is raised here
+    else:
+        solve(rows)
     return torch.from_numpy(drift).reshape(p.shape[:-1]).to(p.device)
 
 
