@@ -185,7 +185,9 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
     counts = [round(f * args.heads) for f in FRACTIONS]
     # (frozen heads per layer, path). The 0% row is the base of every path. "no skip": the optimizer still updates
     # the parameters frozen whole (and the guard undoes it), the behaviour before FrozenHeadGuard skipped them.
-    variants = [(k, "one call") for k in counts] + [(args.heads, "one call, no skip")]
+    # "A/A control": a second copy of the unfrozen model. Its paired difference from the base is the resolution of
+    # the method on this machine (two copies of one model differ only in where their memory lies).
+    variants = [(k, "one call") for k in counts] + [(args.heads, "one call, no skip"), (0, "A/A control")]
     if args.compare_split:
         variants += [(k, "two calls") for k in counts if k]
     # Every variant is its own copy of the model, with its own AdamW and guard, frozen once before the timing: no

@@ -38,15 +38,16 @@ def test_a_tiny_run_counts_the_predicted_flops_and_pairs_every_row_with_the_base
     args = argparse.Namespace(dim=32, heads=4, depth=2, batch=2, warmup=1, repeats=3, clock="wall", compare_split=True)
     case = freezing.benchmark(4, args)
     paths = [(row["frozen_heads_per_layer"], row["path"]) for row in case["rows"]]
-    assert paths[:6] == [
+    assert paths[:7] == [
         (0, "one call"),
         (1, "one call"),
         (2, "one call"),
         (3, "one call"),
         (4, "one call"),
         (4, "one call, no skip"),
+        (0, "A/A control"),
     ]
-    assert {path for _, path in paths[6:]} == {"two calls"}
+    assert {path for _, path in paths[7:]} == {"two calls"}
     for row in case["rows"]:
         counted, flops = row["counted_matmul_flops"], row["flops"]
         assert counted["forward"] == flops["forward_matmul"] and counted["backward"] == flops["backward_matmul"]
