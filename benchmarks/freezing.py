@@ -338,6 +338,7 @@ def main() -> None:
         print("  paired within rounds: median [95% bootstrap interval]; verdicts against issue 15's bars")
 
         def interval(p: dict, scale: float = 1.0) -> str:
+            scale = scale or 1.0  # the A/A control has no predicted saving: its raw paired difference
             return f"{p['median'] / scale:+.3f} [{p['low'] / scale:+.3f}, {p['high'] / scale:+.3f}]"
 
         for row in case["rows"][1:]:

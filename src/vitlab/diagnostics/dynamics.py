@@ -19,6 +19,10 @@ _MASS_TOLERANCE = 1e-3
 # ot.emd2's defaults: its iteration cap, and the C solver's code for an optimal solution
 _EMD_MAX_ITER = 100_000
 _EMD_OPTIMAL = 1
+# Below this many patches a drift problem takes ~13 us, most of it in the Python/Cython part of the call that holds
+# the GIL, and two threads were slower than one (0.74x on a 4x4 grid, 1.38x on 5x5, 1.56x on 8x8:
+# benchmarks/results/drift_solver_workers.json); smaller grids stay on one thread.
+_THREADED_MIN_PATCHES = 25
 
 
 DRIFT_UNITS = ("image", "patch")
@@ -65,8 +69,9 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
 
     ViTCAE section "Convergence diagnostics", the ``d[l, h]`` that drives eq. 20.
     ``p, q: [..., N]`` distributions (rows summing to 1), ``cost: [N, N]`` a metric (e.g. :func:`patch_grid_cost`).
-    ``workers``: threads that solve the transport problems (POT's C solver releases the GIL); every problem is
-    solved exactly as with one, so the values do not depend on it. Returns ``d: [...]`` float64 on ``p``'s device.
+    ``workers``: threads that solve the transport problems (POT's C solver releases the GIL) on grids of at least
+    25 patches (smaller problems are faster on one); every problem is solved exactly as with one, so the values do
+    not depend on it. Returns ``d: [...]`` float64 on ``p``'s device.
 
     The result is exact optimal transport, POT's network simplex. Because the ground cost is a metric, W1 depends on
     ``p - q`` only (Kantorovich-Rubinstein), so the mass the two distributions share stays in place and only
@@ -115,7 +120,7 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
             drift[todo[row]] = moved_mass[todo[row]] * value
 
     rows = np.arange(len(todo))
-    if workers > 1 and len(todo) >= 2 * workers:
+    if workers > 1 and num_patches >= _THREADED_MIN_PATCHES and len(todo) >= 2 * workers:
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(solve, np.array_split(rows, workers)))  # list(): a worker's error is raised here
     else:
