@@ -605,33 +605,46 @@ def test_frozen_heads_stay_bit_identical_through_lightning_training(tmp_path, sc
 
 
 class WholeLayerFrozen(DynamicsController):
-    """The real controller in a real fit, with every head of the first layer frozen before the first step."""
+    """The real controller in a real fit, with every head of the first layer frozen before the first step;
+    ``skip=False``: the optimizer still updates that layer's tensors and the guard undoes it (the earlier way)."""
 
     optimizer: torch.optim.Optimizer | None = None
+    skip = True
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self.frozen = torch.zeros(self.shape, dtype=torch.bool)
         self.frozen[0] = True
         self.guard.freeze(self.frozen)
+        if not self.skip:
+            self.guard.drop_frozen_gradients = lambda: None
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.optimizer = trainer.optimizers[0]
         super().on_train_end(trainer, pl_module)
 
 
-def test_lightning_training_skips_the_update_of_a_layer_frozen_whole(tmp_path):
-    """In a Lightning fit the backward runs inside ``optimizer.step(closure)``; the controller's
-    ``on_before_optimizer_step`` drops the zero gradients of the parameters frozen whole there, so AdamW never
-    creates state for them, while the next layer trains."""
-    settings = [s for s in FIT if not s.startswith("dynamics.")]
-    controller = WholeLayerFrozen(scripted_config(eps_d=1e-12), tmp_path)  # nothing else converges
-    fit(build_config("vit/digits", [*settings, f"run.dir={tmp_path}"]), callbacks=[controller])
-    first, second = controller.modules
-    assert first.frozen_heads.all() and not second.frozen_heads.any()
-    for parameter in (first.qkv.weight, first.qkv.bias, first.log_tau):
-        assert parameter.grad is None and not controller.optimizer.state.get(parameter)
-    assert float(controller.optimizer.state[second.qkv.weight]["step"]) == 4  # 2 epochs x 2 batches
+def test_lightning_training_skips_the_update_of_a_layer_frozen_whole_and_ends_bit_identical(tmp_path):
+    """In a Lightning fit the backward and the gradient clipping run inside ``optimizer.step(closure)``; the guard
+    wraps the closure and drops the zero gradients of the parameters frozen whole after it, so AdamW never creates
+    state for them, while the next layer trains. The clipping norm is the one a run without the skip computes
+    (dropping before the clipping changed its last bits, and a 50-epoch run took another path), so every parameter
+    ends bit-identical to such a run."""
+    settings = [s for s in FIT if not s.startswith("dynamics.")] + ["optim.grad_clip=0.5"]
+    models = []
+    for skip in (True, False):
+        controller = WholeLayerFrozen(scripted_config(eps_d=1e-12), tmp_path / str(skip))  # nothing else converges
+        controller.skip = skip
+        fit(build_config("vit/digits", [*settings, f"run.dir={tmp_path / str(skip)}"]), callbacks=[controller])
+        models.append(controller.model)
+        if skip:
+            first, second = controller.modules
+            assert first.frozen_heads.all() and not second.frozen_heads.any()
+            for parameter in (first.qkv.weight, first.qkv.bias, first.log_tau):
+                assert parameter.grad is None and not controller.optimizer.state.get(parameter)
+            assert float(controller.optimizer.state[second.qkv.weight]["step"]) == 4  # 2 epochs x 2 batches
+    for (name, ours), theirs in zip(models[0].state_dict().items(), models[1].state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
 
 
 @pytest.mark.parametrize("scope", ["qkv", "pattern"])

@@ -249,8 +249,9 @@ class FrozenHeadGuard:
 
     A parameter tensor that is frozen whole (``W_qkv`` and ``b_qkv`` of a layer whose every head is frozen with
     ``freeze_scope: qkv``, ``log_tau`` of a layer whose every head is frozen) has its gradient set to None just
-    before each attached optimizer's step, so the optimizer skips it instead of computing an update that
-    :meth:`restore` undoes (PyTorch's optimizers skip parameters without a gradient). Its moments then stay as
+    before each attached optimizer's update (after the step's closure, when it gets one), so the optimizer skips it
+    instead of computing an update that :meth:`restore` undoes (PyTorch's optimizers skip parameters without a
+    gradient). Its moments then stay as
     they were when the last of its heads froze; nothing reads them while it is frozen (measured in
     ``docs/dynamics.md``, "Forward, backward and step time").
     """
@@ -330,11 +331,30 @@ class FrozenHeadGuard:
         for parameter in self._frozen_whole:
             parameter.grad = None
 
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The step pre-hook: drop the frozen-whole gradients now, or, when the step gets a closure (Lightning runs
+        the backward, gradient clipping included, inside ``optimizer.step(closure)``), right after the closure, so
+        that the clipping norm is the one every other run computes and the update is the only thing skipped."""
+        # args: what step() was called with, the optimizer itself first
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self.drop_frozen_gradients()
+            return None
+
+        def then_drop() -> Any:
+            loss = closure()
+            self.drop_frozen_gradients()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": then_drop}
+        return (args[0], then_drop, *args[2:]), kwargs
+
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Restore the frozen heads after every ``optimizer.step()`` (and let it skip the parameters frozen whole);
         permute its state when heads move."""
         self._optimizers.append(optimizer)
-        self._hooks.append(optimizer.register_step_pre_hook(lambda *_: self.drop_frozen_gradients()))
+        self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
         self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.restore()))
 
     def detach(self) -> None:
@@ -853,14 +873,6 @@ class DynamicsController(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_started = time.perf_counter()
-
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
-    ) -> None:
-        # Lightning runs the backward inside optimizer.step(closure), after the step's pre-hooks: here, between the
-        # backward (and DDP's all-reduce) and the update, the parameters frozen whole lose their zero gradient.
-        if self.guard is not None:
-            self.guard.drop_frozen_gradients()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.step(trainer, epoch=trainer.current_epoch + 1)
