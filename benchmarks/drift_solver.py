@@ -5,11 +5,13 @@ POT's network simplex (``emd_c``). It prepares the marginals of all problems in 
 solver the whole cost matrix, which drops the zero-mass points itself. Before (issue 15's first pass) each problem
 was cut to its support in Python first (``np.ix_``), :func:`previous_drift` below. This script times both on the
 same random attention distributions (a probe's worth of images x 16 heads per grid), minimum of ``--repeats``, and
-checks that they agree.
+checks that they agree. ``--workers 2 4`` also times ``attention_drift(..., workers=n)`` (``dynamics.drift_workers``:
+the problems split over threads) and checks that its values are identical to one thread's.
 
 Run (single-threaded, about a minute)::
 
     python benchmarks/drift_solver.py --threads 1
+    python benchmarks/drift_solver.py --threads 1 --workers 2   # on an idle 2-core machine
 
 Writes ``benchmarks/results/drift_solver.json``.
 """
@@ -67,6 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--workers", type=int, nargs="*", default=[], help="also time these thread counts")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "drift_solver.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -86,14 +89,26 @@ def main() -> None:
                 "us_per_problem": 1e6 * now_s / problems,
                 "previous_us_per_problem": 1e6 * before_s / problems,
                 "max_abs_difference": float((now - before).abs().max()),
+                "workers": {},
             }
         )
         row = rows[-1]
-        print(
+        line = (
             f"{side:>2}x{side:<2} {problems:>5} problems: {row['us_per_problem']:7.1f} us per problem, before "
             f"{row['previous_us_per_problem']:7.1f} us ({before_s / now_s:.2f}x); largest difference "
             f"{row['max_abs_difference']:.1e}"
         )
+        for workers in args.workers:
+            threaded_s, threaded = timed(
+                lambda p, q, cost, n=workers: attention_drift(p, q, cost, workers=n), p, q, cost, args.repeats
+            )
+            row["workers"][str(workers)] = {
+                "us_per_problem": 1e6 * threaded_s / problems,
+                "speedup": now_s / threaded_s,
+                "identical": bool(torch.equal(threaded, now)),
+            }
+            line += f"; {workers} workers {now_s / threaded_s:.2f}x (identical: {torch.equal(threaded, now)})"
+        print(line)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results = {
@@ -101,6 +116,7 @@ def main() -> None:
         "torch": torch.__version__,
         "processor": platform.processor() or platform.machine(),
         "threads": args.threads,
+        "workers": args.workers,
         "rows": rows,
     }
     out.write_text(json.dumps(results, indent=2))

@@ -24,9 +24,11 @@ Writes ``benchmarks/results/freezing.json``.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import platform
+import random
 import statistics
 import time
 from pathlib import Path
@@ -115,7 +117,7 @@ CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 
 
 def timed_step(model, optimizer, x, y, clock=time.thread_time) -> tuple[float, float, float]:
-    """Seconds of forward, backward and optimizer step (the guard's restore hook included) on ``clock``.
+    """Seconds of forward, backward and optimizer step (the guard's hooks included) on ``clock``.
 
     The default clock is the calling thread's CPU time (``time.thread_time``): single-threaded, all the work runs on
     this thread, and the time the scheduler gives other processes on a shared core is not counted, where the wall
@@ -132,13 +134,32 @@ def timed_step(model, optimizer, x, y, clock=time.thread_time) -> tuple[float, f
     return after_forward - start, after_backward - after_forward, end - after_backward
 
 
+def bootstrap_median(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The median of ``values`` and a 95% percentile-bootstrap interval for it (resampling the rounds)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return statistics.median(values), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def verdict(low: float, high: float, bar: float, at_least: bool) -> str:
+    """``met`` / ``missed`` when the whole interval ``[low, high]`` is on one side of ``bar``, else ``undecided``."""
+    if at_least:
+        return "met" if low >= bar else "missed" if high < bar else "undecided"
+    return "met" if high <= bar else "missed" if low > bar else "undecided"
+
+
+# Issue 15's bars: forward overhead <= 2% at every fraction; whole-step saving >= 70% of the FLOP prediction at 50%
+# and 100%; backward saving at or above its prediction.
+FORWARD_BAR, STEP_BAR, BACKWARD_BAR = 0.02, 0.70, 1.0
+
+
 def benchmark(tokens: int, args: argparse.Namespace) -> dict:
     grid = math.isqrt(tokens)
     if grid * grid != tokens:
         raise SystemExit(f"--tokens must be square numbers of patches, got {tokens}")
     patch = 4
     torch.manual_seed(0)
-    model = VisionTransformer(
+    base = VisionTransformer(
         img_size=grid * patch,
         patch_size=patch,
         in_chans=3,
@@ -149,9 +170,6 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
         mlp_ratio=4.0,
         temperature=True,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
-    guard = FrozenHeadGuard([block.attn for block in model.blocks])
-    guard.attach(optimizer)
     x = torch.randn(args.batch, 3, grid * patch, grid * patch)
     y = torch.randint(0, 10, (args.batch,))
     shape = dict(
@@ -165,36 +183,49 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
         classes=10,
     )
     counts = [round(f * args.heads) for f in FRACTIONS]
-    # (frozen heads per layer, two-call path): the 0% row is the base of both paths
-    variants = [(k, False) for k in counts] + ([(k, True) for k in counts if k] if args.compare_split else [])
-    masks = [frozen_mask(args.depth, args.heads, k) for k, _ in variants]
-    rows = []
-    for (k, split), mask in zip(variants, masks, strict=True):
-        predicted = step_flops(**shape, frozen=k)
+    # (frozen heads per layer, path). The 0% row is the base of every path. "no skip": the optimizer still updates
+    # the parameters frozen whole (and the guard undoes it), the behaviour before FrozenHeadGuard skipped them.
+    # "A/A control": a second copy of the unfrozen model. Its paired difference from the base is the resolution of
+    # the method on this machine (two copies of one model differ only in where their memory lies).
+    variants = [(k, "one call") for k in counts] + [(args.heads, "one call, no skip"), (0, "A/A control")]
+    if args.compare_split:
+        variants += [(k, "two calls") for k in counts if k]
+    # Every variant is its own copy of the model, with its own AdamW and guard, frozen once before the timing: no
+    # head permutation or optimizer-state move happens between timed steps (switching one model between fractions
+    # made each timed step the first after a permutation, and a row's place in the round moved it by ~2 ms).
+    setups, rows = [], []
+    for k, path in variants:
+        model = copy.deepcopy(base)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+        guard = FrozenHeadGuard([block.attn for block in model.blocks])
+        guard.attach(optimizer)
+        mask = frozen_mask(args.depth, args.heads, k)
         counted_forward, counted_backward = counted_flops(model, guard, mask, x, y)
+        set_path(guard, mask, path == "two calls")
+        if path == "one call, no skip":
+            guard.drop_frozen_gradients = lambda: None  # the hook calls it by name: the update runs and is undone
+        setups.append((model, optimizer))
         rows.append(
             {
                 "frozen_fraction": k / args.heads,
                 "frozen_heads_per_layer": k,
-                "path": "two calls" if split else "one call",
-                "flops": predicted,
+                "path": path,
+                "flops": step_flops(**shape, frozen=k),
                 "counted_matmul_flops": {"forward": counted_forward, "backward": counted_backward},
             }
         )
-    # Interleave the fractions, so that load from other processes spreads evenly over them, and run every other
-    # round in reverse order: a variant's place in the round (what the allocator and caches hold from the previous
-    # one) moved a 65-token step by about 2 ms in a given process.
-    times: list[list[tuple[float, float, float]]] = [[] for _ in masks]
+    # Rounds: one step of every variant, every other round in reverse order, so that what changes over time (load,
+    # clock) spreads evenly over the variants and each round pairs every variant with the base it ran beside.
+    times: list[list[tuple[float, float, float]]] = [[] for _ in variants]
     for repeat in range(args.warmup + args.repeats):
         order = range(len(variants)) if repeat % 2 == 0 else reversed(range(len(variants)))
         for index in order:
-            (_, split), mask = variants[index], masks[index]
-            set_path(guard, mask, split)
-            sample = timed_step(model, optimizer, x, y, CLOCKS[args.clock])
+            sample = timed_step(*setups[index], x, y, CLOCKS[args.clock])
             if repeat >= args.warmup:
                 times[index].append(sample)
-    base_backward = base_step = None
-    base_samples = times[0]  # the 0% row, timed in the same rounds as every other row
+    base_samples, base_flops = times[0], rows[0]["flops"]
+    base_forward, base_backward, base_optim = (min(s[i] for s in base_samples) for i in range(3))
+    base_step = base_forward + base_backward + base_optim
     for row, samples in zip(rows, times, strict=True):
         forward, backward, optim = (min(s[i] for s in samples) for i in range(3))
         row["seconds"] = {
@@ -203,18 +234,25 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
             "optimizer": optim,
             "step": forward + backward + optim,
         }
-        if base_backward is None:
-            base_forward, base_backward, base_step, base_flops = forward, backward, row["seconds"]["step"], row["flops"]
         flops = row["flops"]
         predicted_backward = 1 - flops["backward"] / base_flops["backward"]
         predicted_step = 1 - (flops["forward"] + flops["backward"]) / (base_flops["forward"] + base_flops["backward"])
         measured_backward = 1 - backward / base_backward
         measured_step = 1 - row["seconds"]["step"] / base_step
-        # Paired within rounds: the median over rounds of this row's time over the 0% row's time in the same round,
-        # which cancels what changes between rounds (load, clock); the minima above can come from different rounds.
-        paired_backward = statistics.median(s[1] / b[1] for s, b in zip(samples, base_samples, strict=True))
-        paired_step = statistics.median(sum(s) / sum(b) for s, b in zip(samples, base_samples, strict=True))
-        row["paired_median"] = {"backward_saving": 1 - paired_backward, "step_saving": 1 - paired_step}
+        # Paired within rounds: this row's time over the base row's in the same round, the median over rounds and a
+        # 95% bootstrap interval; it cancels what changes between rounds, where the minima can come from different
+        # rounds.
+        pairs = list(zip(samples, base_samples, strict=True))
+        paired = {
+            "forward_overhead": [s[0] / b[0] - 1 for s, b in pairs],
+            "backward_saving": [1 - s[1] / b[1] for s, b in pairs],
+            "step_saving": [1 - sum(s) / sum(b) for s, b in pairs],
+            "forward_backward_saving": [1 - (s[0] + s[1]) / (b[0] + b[1]) for s, b in pairs],
+        }
+        row["paired"] = {
+            key: dict(zip(("median", "low", "high"), bootstrap_median(v), strict=True)) for key, v in paired.items()
+        }
+        row["paired_median"] = {key: value["median"] for key, value in row["paired"].items()}  # earlier files' key
         row["forward_overhead"] = forward / base_forward - 1
         row["saving"] = {
             "backward_predicted": predicted_backward,
@@ -224,6 +262,20 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
             "step_measured": measured_step,
             "step_measured_over_predicted": measured_step / predicted_step if predicted_step else None,
         }
+        if row["frozen_heads_per_layer"] and row["path"] == "one call":
+            step, back, fwd = (
+                row["paired"]["step_saving"],
+                row["paired"]["backward_saving"],
+                row["paired"]["forward_overhead"],
+            )
+            row["bars"] = {"forward_overhead_at_most_2%": verdict(fwd["low"], fwd["high"], FORWARD_BAR, at_least=False)}
+            row["bars"]["backward_at_or_above_prediction"] = verdict(
+                back["low"] / predicted_backward, back["high"] / predicted_backward, BACKWARD_BAR, at_least=True
+            )
+            if row["frozen_fraction"] in (0.5, 1.0):
+                row["bars"]["step_at_least_70%_of_prediction"] = verdict(
+                    step["low"] / predicted_step, step["high"] / predicted_step, STEP_BAR, at_least=True
+                )
     return {"tokens": tokens, "shape": shape, "rows": rows}
 
 
@@ -265,26 +317,38 @@ def main() -> None:
     for case in results["cases"]:
         print(
             f"N = {case['tokens']} patch tokens (+ CLS), dim {args.dim}, {args.heads} heads, depth {args.depth}, "
-            f"batch {args.batch}"
+            f"batch {args.batch}; minima over {args.repeats} rounds"
         )
         print(
-            f"{'frozen':>7} {'path':>9} {'fwd s':>7} {'fwd +':>6} {'bwd s':>7} {'step s':>7} | "
+            f"{'frozen':>7} {'path':>17} {'fwd s':>7} {'fwd +':>6} {'bwd s':>7} {'opt s':>6} {'step s':>7} | "
             f"{'bwd saving pred':>15} {'meas':>6} {'ratio':>6} | {'step saving pred':>16} {'meas':>6} {'ratio':>6} | "
-            f"{'paired: bwd':>11} {'step':>6} {'ratio':>6} | matmul FLOPs counted/analytic"
+            "matmul FLOPs counted/analytic"
         )
+        ratio = lambda value: "-" if value is None else f"{value:.2f}"  # noqa: E731
         for row in case["rows"]:
             s, v, f, c = row["seconds"], row["saving"], row["flops"], row["counted_matmul_flops"]
-            m = row["paired_median"]
-            ratio = lambda value: "-" if value is None else f"{value:.2f}"  # noqa: E731
             agreement = (c["forward"] + c["backward"]) / (f["forward_matmul"] + f["backward_matmul"])
             print(
-                f"{row['frozen_fraction']:>7.0%} {row['path']:>9} {s['forward']:>7.3f} "
-                f"{row['forward_overhead']:>+6.1%} {s['backward']:>7.3f} {s['step']:>7.3f} | "
+                f"{row['frozen_fraction']:>7.0%} {row['path']:>17} {s['forward']:>7.3f} "
+                f"{row['forward_overhead']:>+6.1%} {s['backward']:>7.3f} {s['optimizer']:>6.3f} {s['step']:>7.3f} | "
                 f"{v['backward_predicted']:>15.1%} {v['backward_measured']:>6.1%} "
                 f"{ratio(v['backward_measured_over_predicted']):>6} | {v['step_predicted']:>16.1%} "
-                f"{v['step_measured']:>6.1%} {ratio(v['step_measured_over_predicted']):>6} | "
-                f"{m['backward_saving']:>11.1%} {m['step_saving']:>6.1%} "
-                f"{ratio(m['step_saving'] / v['step_predicted'] if v['step_predicted'] else None):>6} | {agreement:.4f}"
+                f"{v['step_measured']:>6.1%} {ratio(v['step_measured_over_predicted']):>6} | {agreement:.4f}"
+            )
+        print("  paired within rounds: median [95% bootstrap interval]; verdicts against issue 15's bars")
+
+        def interval(p: dict, scale: float = 1.0) -> str:
+            scale = scale or 1.0  # the A/A control has no predicted saving: its raw paired difference
+            return f"{p['median'] / scale:+.3f} [{p['low'] / scale:+.3f}, {p['high'] / scale:+.3f}]"
+
+        for row in case["rows"][1:]:
+            p, v = row["paired"], row["saving"]
+            print(
+                f"{row['frozen_fraction']:>7.0%} {row['path']:>17}  fwd + {interval(p['forward_overhead'])}"
+                f"  bwd/pred {interval(p['backward_saving'], v['backward_predicted'])}"
+                f"  step/pred {interval(p['step_saving'], v['step_predicted'])}"
+                f"  fwd+bwd/pred {interval(p['forward_backward_saving'], v['step_predicted'])}"
+                f"  {' '.join(f'{k}: {v}' for k, v in row.get('bars', {}).items())}"
             )
     print(f"wrote {out}")
 

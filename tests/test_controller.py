@@ -112,6 +112,41 @@ def test_freezing_moves_the_optimizer_state_with_the_heads():
             assert all(torch.equal(now[key], then[key]) for key in then)
 
 
+@pytest.mark.parametrize("scope", ["qkv", "pattern"])
+def test_the_optimizer_skips_parameters_frozen_whole_and_nothing_else_changes(scope, monkeypatch):
+    """A layer with every head frozen: its W_qkv and b_qkv (eq. 26, ``qkv`` scope) and its log_tau get no gradient at
+    the step, so AdamW skips them (their step count stops) instead of computing an update that the guard undoes.
+    Every parameter ends bit-identical to a run whose guard lets AdamW update them and then restores them."""
+    frozen = torch.tensor([[True, True, True, True], [False, True, False, False]])
+
+    def run(skip: bool):
+        model = tiny_vit()
+        modules = [m for _, m in controlled_modules(model, None)]
+        for module in modules:
+            module.train_frozen_values = scope == "pattern"
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        train_steps(model, optimizer, 3, seed=0)
+        guard = FrozenHeadGuard(modules)
+        guard.attach(optimizer)
+        guard.freeze(frozen)
+        if not skip:
+            monkeypatch.setattr(guard, "drop_frozen_gradients", lambda: None)
+        train_steps(model, optimizer, 4, seed=1)
+        return model, modules, optimizer
+
+    model, modules, optimizer = run(skip=True)
+    reference, _, _ = run(skip=False)
+    whole = modules[0]
+    skipped = [whole.log_tau] + ([whole.qkv.weight, whole.qkv.bias] if scope == "qkv" else [])
+    for parameter in skipped:
+        assert parameter.grad is None and float(optimizer.state[parameter]["step"]) == 3
+    if scope == "pattern":  # the v rows of a pattern-frozen layer still train: the tensor is not frozen whole
+        assert float(optimizer.state[whole.qkv.weight]["step"]) == 7
+    assert float(optimizer.state[modules[1].qkv.weight]["step"]) == 7  # a partly frozen layer is updated
+    for (name, ours), theirs in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
+
+
 def test_without_the_guard_adamw_moves_zero_gradient_rows():
     """Why the guard exists: momentum and weight decay move a frozen head even though its gradient is zero."""
     model = tiny_vit()
@@ -280,6 +315,25 @@ def test_kappa_every_k_epochs_repeats_the_last_count_with_its_epoch():
     assert controller.state_dict()["kappa_epoch"] == 2
 
 
+def test_drift_workers_change_no_record():
+    """The controller's transport problems on two threads: every record (drift, directedness, tau, freezing) is
+    the same as on one."""
+    records = []
+    for workers in (1, 2):
+        config = DynamicsConfig(burn_in=0, patience=1, probe_size=6, kappa_images=2, rho=0.95, drift_workers=workers)
+        controller = DynamicsController(config)
+        controller.attach(tiny_vit())
+        generator = torch.Generator().manual_seed(0)
+        run = []
+        for _ in range(5):
+            weights = torch.rand(2, NUM_HEADS, 6, 16, generator=generator, dtype=torch.float64) ** 4
+            measurement = ProbeMeasurement(weights / weights.sum(-1, keepdim=True), torch.ones(2, NUM_HEADS))
+            run.append(controller.advance(measurement))
+        records.append(run)
+    assert records[0] == records[1]
+    assert any(any(row) for row in records[0][-1]["converged"])  # the decisions were exercised, not only the drift
+
+
 def test_no_head_converges_during_burn_in():
     controller = scheduled_controller(burn_in=2)
     converged_at = [controller.advance(point_masses(EPOCH0))["non_converged"] for _ in range(5)]
@@ -340,6 +394,8 @@ def test_config_errors_name_the_problem():
         DynamicsConfig(probe_size=8, kappa_images=16)
     with pytest.raises(ConfigError, match="freeze_scope must be one of qkv, pattern, got 'values'"):
         DynamicsConfig(freeze_scope="values")
+    with pytest.raises(ConfigError, match="drift_workers must be >= 1 thread or null"):
+        DynamicsConfig(drift_workers=0)
     with pytest.raises(ConfigError, match="temperature=true"):
         DynamicsController(DynamicsConfig(mode="schedule")).attach(tiny_vit(temperature=False))
     with pytest.raises(ConfigError, match="matches no attention module"):
@@ -546,6 +602,49 @@ def test_frozen_heads_stay_bit_identical_through_lightning_training(tmp_path, sc
         assert not torch.equal(now_weight[:, ~mask], weight[:, ~mask])
         if scope == "pattern":
             assert (now_weight[2, mask] != weight[2, mask]).any(-1).any(-1).all(), "the frozen heads' values train"
+
+
+class WholeLayerFrozen(DynamicsController):
+    """The real controller in a real fit, with every head of the first layer frozen before the first step;
+    ``skip=False``: the optimizer still updates that layer's tensors and the guard undoes it (the earlier way)."""
+
+    optimizer: torch.optim.Optimizer | None = None
+    skip = True
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.frozen = torch.zeros(self.shape, dtype=torch.bool)
+        self.frozen[0] = True
+        self.guard.freeze(self.frozen)
+        if not self.skip:
+            self.guard.drop_frozen_gradients = lambda: None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.optimizer = trainer.optimizers[0]
+        super().on_train_end(trainer, pl_module)
+
+
+def test_lightning_training_skips_the_update_of_a_layer_frozen_whole_and_ends_bit_identical(tmp_path):
+    """In a Lightning fit the backward and the gradient clipping run inside ``optimizer.step(closure)``; the guard
+    wraps the closure and drops the zero gradients of the parameters frozen whole after it, so AdamW never creates
+    state for them, while the next layer trains. The clipping norm is the one a run without the skip computes
+    (dropping before the clipping changed its last bits, and a 50-epoch run took another path), so every parameter
+    ends bit-identical to such a run."""
+    settings = [s for s in FIT if not s.startswith("dynamics.")] + ["optim.grad_clip=0.5"]
+    models = []
+    for skip in (True, False):
+        controller = WholeLayerFrozen(scripted_config(eps_d=1e-12), tmp_path / str(skip))  # nothing else converges
+        controller.skip = skip
+        fit(build_config("vit/digits", [*settings, f"run.dir={tmp_path / str(skip)}"]), callbacks=[controller])
+        models.append(controller.model)
+        if skip:
+            first, second = controller.modules
+            assert first.frozen_heads.all() and not second.frozen_heads.any()
+            for parameter in (first.qkv.weight, first.qkv.bias, first.log_tau):
+                assert parameter.grad is None and not controller.optimizer.state.get(parameter)
+            assert float(controller.optimizer.state[second.qkv.weight]["step"]) == 4  # 2 epochs x 2 batches
+    for (name, ours), theirs in zip(models[0].state_dict().items(), models[1].state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
 
 
 @pytest.mark.parametrize("scope", ["qkv", "pattern"])

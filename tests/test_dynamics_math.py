@@ -12,6 +12,7 @@ from vitlab.diagnostics import (
     attention_drift,
     attention_to_cls_distribution,
     consensus_clusters,
+    dynamics,
     patch_grid_cost,
     temperature_update,
 )
@@ -92,6 +93,33 @@ def test_attention_drift_hand_worked_and_batched_shape():
     assert drift.shape == (1, 3)
     # all mass across the diagonal: 2*sqrt(2); no move: 0; half the mass across the diagonal: sqrt(2)
     torch.testing.assert_close(drift[0], torch.tensor([2 * math.sqrt(2), 0.0, math.sqrt(2)], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_attention_drift_on_several_threads_gives_the_same_values_as_one(workers, monkeypatch):
+    """``workers`` splits the problems over threads (POT's C solver releases the GIL) from 25 patches on; each
+    problem is solved as on one thread, so the values are identical, not merely close, including the rows with
+    nothing to move. Smaller grids stay on one thread (and give the same values too)."""
+    pools = []
+
+    class CountedPool(dynamics.ThreadPoolExecutor):
+        def __init__(self, count):
+            pools.append(count)
+            super().__init__(count)
+
+    monkeypatch.setattr(dynamics, "ThreadPoolExecutor", CountedPool)
+    for side, threaded in ((5, [workers]), (4, [])):
+        pools.clear()
+        cost = patch_grid_cost(side, side)
+        p = random_distributions(40, side * side, seed=0).view(2, 4, 5, side * side)
+        q = random_distributions(40, side * side, seed=1).view(2, 4, 5, side * side)
+        q[1, 2] = p[1, 2]
+        one = attention_drift(p, q, cost)
+        assert torch.equal(attention_drift(p, q, cost, workers=workers), one)
+        assert pools == threaded
+        assert one.shape == (2, 4, 5) and torch.all(one[1, 2] == 0) and torch.all(one[0] > 0)
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        attention_drift(p, q, cost, workers=0)
 
 
 def test_attention_drift_rejects_bad_input():

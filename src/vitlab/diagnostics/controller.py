@@ -130,6 +130,9 @@ class DynamicsConfig:
             :func:`~vitlab.diagnostics.dynamics.directedness_standard_error`). An approximation of eq. 20's ``d``
             for the other heads (standard error about ``d / sqrt(probe_min)``).
         probe_z: the standard errors of the adaptive probe (see ``probe_min``).
+        drift_workers: threads that solve the drift's transport problems; ``None`` (default): as many as torch uses
+            (``torch.get_num_threads()``, so ``OMP_NUM_THREADS=1`` keeps the controller on one core). The values do
+            not depend on it; on a GPU machine the problems run on the otherwise idle CPU cores.
     """
 
     mode: str = "schedule"
@@ -156,6 +159,7 @@ class DynamicsConfig:
     kappa_dtype: str = "float64"
     probe_min: int | None = None
     probe_z: float = 3.0
+    drift_workers: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -196,6 +200,10 @@ class DynamicsConfig:
             )
         if not self.probe_z > 0:
             problems.append(f"dynamics.probe_z must be > 0 standard errors, got {self.probe_z}")
+        if self.drift_workers is not None and self.drift_workers < 1:
+            problems.append(
+                f"dynamics.drift_workers must be >= 1 thread or null (as many as torch uses), got {self.drift_workers}"
+            )
         if not 0 < self.eps < 1:
             problems.append(f"dynamics.eps must be in (0, 1), got {self.eps}")
         if not (self.eps_d > 0 and self.eps_tau > 0):
@@ -238,6 +246,14 @@ class FrozenHeadGuard:
 
     A module with ``train_frozen_values`` (``dynamics.freeze_scope: pattern``) keeps training its frozen heads' rows
     of ``W_v``: the guard then snapshots and restores only their ``W_q``, ``W_k`` rows and tau (the pattern).
+
+    A parameter tensor that is frozen whole (``W_qkv`` and ``b_qkv`` of a layer whose every head is frozen with
+    ``freeze_scope: qkv``, ``log_tau`` of a layer whose every head is frozen) has its gradient set to None just
+    before each attached optimizer's update (after the step's closure, when it gets one), so the optimizer skips it
+    instead of computing an update that :meth:`restore` undoes (PyTorch's optimizers skip parameters without a
+    gradient). Its moments then stay as
+    they were when the last of its heads froze; nothing reads them while it is frozen (measured in
+    ``docs/dynamics.md``, "Forward, backward and step time").
     """
 
     def __init__(self, modules: list[Attention]) -> None:
@@ -245,12 +261,13 @@ class FrozenHeadGuard:
         self._snapshots: list[tuple[int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[Any] = []
+        self._frozen_whole: list[torch.Tensor] = []  # parameters every slot of which is frozen
 
     def freeze(self, frozen: torch.Tensor) -> None:
         """Freeze exactly the heads marked in ``frozen: [L, H]`` bool and snapshot their current parameters."""
         if frozen.shape != (len(self.modules), self.modules[0].num_heads):
             raise ValueError(f"frozen must be [L, H] = [{len(self.modules)}, {self.modules[0].num_heads}]")
-        self._snapshots = []
+        self._snapshots, self._frozen_whole = [], []
         with torch.no_grad():
             for module, mask in zip(self.modules, frozen, strict=True):
                 perm = module.set_frozen_heads(mask)
@@ -268,6 +285,11 @@ class FrozenHeadGuard:
                         None if log_tau is None else log_tau[:count].clone(),
                     )
                 )
+                if count == module.num_heads:
+                    whole = [module.log_tau] if module.log_tau is not None else []
+                    if parts == 3:
+                        whole += [p for p in (module.qkv.weight, module.qkv.bias) if p is not None]
+                    self._frozen_whole += whole
 
     def _permute_optimizer_state(self, module: Attention, perm: torch.Tensor) -> None:
         for optimizer in self._optimizers:
@@ -304,9 +326,35 @@ class FrozenHeadGuard:
                 if module_log_tau is not None:
                     module_log_tau[:count] = log_tau
 
+    def drop_frozen_gradients(self) -> None:
+        """Set the gradient of every parameter frozen whole to None, so that an optimizer step skips it."""
+        for parameter in self._frozen_whole:
+            parameter.grad = None
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The step pre-hook: drop the frozen-whole gradients now, or, when the step gets a closure (Lightning runs
+        the backward, gradient clipping included, inside ``optimizer.step(closure)``), right after the closure, so
+        that the clipping norm is the one every other run computes and the update is the only thing skipped."""
+        # args: what step() was called with, the optimizer itself first
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self.drop_frozen_gradients()
+            return None
+
+        def then_drop() -> Any:
+            loss = closure()
+            self.drop_frozen_gradients()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": then_drop}
+        return (args[0], then_drop, *args[2:]), kwargs
+
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
-        """Restore the frozen heads after every ``optimizer.step()``; permute its state when heads move."""
+        """Restore the frozen heads after every ``optimizer.step()`` (and let it skip the parameters frozen whole);
+        permute its state when heads move."""
         self._optimizers.append(optimizer)
+        self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
         self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.restore()))
 
     def detach(self) -> None:
@@ -494,6 +542,12 @@ class DynamicsController(pl.Callback):
         finally:
             self.timings[part] = self.timings.get(part, 0.0) + time.perf_counter() - started
 
+    def _transport(self, part: str, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """:func:`attention_drift` of ``p`` against ``q`` on the grid's cost with ``drift_workers`` threads, timed as
+        ``part``."""
+        workers = self.config.drift_workers or torch.get_num_threads()
+        return self._timed(part, attention_drift, p, q, self.cost, workers=workers)
+
     @torch.no_grad()
     def measure(self, probe: torch.Tensor, kappa: bool = True, probe_tau: str | None = None) -> ProbeMeasurement:
         """Push ``probe: [P, C, H, W]`` through the attached model (eval mode, attention captured, at the temperature
@@ -626,12 +680,8 @@ class DynamicsController(pl.Callback):
         if drift is not None and self.before_previous is not None and self.last_drift is not None:
             if two_epoch_mean is None:  # the adaptive probe measured it already, on each head's images
                 common = min(current.shape[2], self.before_previous.shape[2])
-                two_epoch_mean = self._timed(
-                    "drift_two_epoch",
-                    attention_drift,
-                    current[:, :, :common],
-                    self.before_previous[:, :, :common],
-                    self.cost,
+                two_epoch_mean = self._transport(
+                    "drift_two_epoch", current[:, :, :common], self.before_previous[:, :, :common]
                 ).mean(dim=-1)
             directed = directedness(two_epoch_mean, self.last_drift, drift)
         if epoch >= cfg.burn_in:
@@ -648,12 +698,8 @@ class DynamicsController(pl.Callback):
             model_tau = model_tau.float()
             if self.previous_model_tau is not None:
                 common = min(model_tau.shape[2], self.previous_model_tau.shape[2])
-                drift_model_tau = self._timed(
-                    "drift_model_tau",
-                    attention_drift,
-                    model_tau[:, :, :common],
-                    self.previous_model_tau[:, :, :common],
-                    self.cost,
+                drift_model_tau = self._transport(
+                    "drift_model_tau", model_tau[:, :, :common], self.previous_model_tau[:, :, :common]
                 ).mean(dim=-1)
             self.previous_model_tau = model_tau
         if cfg.convergence == "noise":
@@ -698,10 +744,10 @@ class DynamicsController(pl.Callback):
         nothing is decided)."""
         cfg, previous = self.config, self.previous
         if cfg.probe_min is None:
-            per_image = self._timed("drift", attention_drift, current, previous, self.cost)  # [L, H, P]
+            per_image = self._transport("drift", current, previous)  # [L, H, P]
             return per_image.mean(dim=-1), torch.full(per_image.shape[:2], per_image.shape[-1]), current, None
         base = min(cfg.probe_min, current.shape[2], previous.shape[2])
-        per_image = self._timed("drift", attention_drift, current[:, :, :base], previous[:, :, :base], self.cost)
+        per_image = self._transport("drift", current[:, :, :base], previous[:, :, :base])
         drift = per_image.mean(dim=-1)
         images = torch.full(drift.shape, base)
         two_epoch = two_epoch_mean = None
@@ -710,13 +756,7 @@ class DynamicsController(pl.Callback):
                 return drift, images, current, None
             # the decision is on the directedness: near rho within probe_z standard errors (delta method)
             base2 = min(base, self.before_previous.shape[2])
-            two_epoch = self._timed(
-                "drift_two_epoch",
-                attention_drift,
-                current[:, :, :base2],
-                self.before_previous[:, :, :base2],
-                self.cost,
-            )
+            two_epoch = self._transport("drift_two_epoch", current[:, :, :base2], self.before_previous[:, :, :base2])
             two_epoch_mean = two_epoch.mean(dim=-1)
             ratio = directedness(two_epoch_mean, self.last_drift, per_image[..., :base2].mean(dim=-1))
             error = directedness_standard_error(two_epoch, per_image[..., :base2], self.last_drift)
@@ -749,9 +789,7 @@ class DynamicsController(pl.Callback):
         start, common = per_image.shape[-1], min(current.shape[2], reference.shape[2])
         if common <= start:
             return None
-        rest = self._timed(
-            part, attention_drift, current[uncertain][:, start:common], reference[uncertain][:, start:common], self.cost
-        )
+        rest = self._transport(part, current[uncertain][:, start:common], reference[uncertain][:, start:common])
         return (per_image[uncertain].sum(-1) + rest.sum(-1)) / common, common
 
     def step(self, trainer: pl.Trainer, epoch: int) -> dict[str, Any]:

@@ -7,6 +7,7 @@ pure: tensors in, tensors out; the controller that runs them once per epoch live
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,10 @@ _MASS_TOLERANCE = 1e-3
 # ot.emd2's defaults: its iteration cap, and the C solver's code for an optimal solution
 _EMD_MAX_ITER = 100_000
 _EMD_OPTIMAL = 1
+# Below this many patches a drift problem takes ~13 us, most of it in the Python/Cython part of the call that holds
+# the GIL, and two threads were slower than one (0.74x on a 4x4 grid, 1.38x on 5x5, 1.56x on 8x8:
+# benchmarks/results/drift_solver_workers.json); smaller grids stay on one thread.
+_THREADED_MIN_PATCHES = 25
 
 
 DRIFT_UNITS = ("image", "patch")
@@ -59,12 +64,14 @@ def _check_distributions(p: torch.Tensor, name: str) -> None:
         )
 
 
-def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
+def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, workers: int = 1) -> torch.Tensor:
     """Attention evolution distance: exact 1-Wasserstein distance between attention distributions on the patch grid.
 
     ViTCAE section "Convergence diagnostics", the ``d[l, h]`` that drives eq. 20.
     ``p, q: [..., N]`` distributions (rows summing to 1), ``cost: [N, N]`` a metric (e.g. :func:`patch_grid_cost`).
-    Returns ``d: [...]`` float64 on ``p``'s device.
+    ``workers``: threads that solve the transport problems (POT's C solver releases the GIL) on grids of at least
+    25 patches (smaller problems are faster on one); every problem is solved exactly as with one, so the values do
+    not depend on it. Returns ``d: [...]`` float64 on ``p``'s device.
 
     The result is exact optimal transport, POT's network simplex. Because the ground cost is a metric, W1 depends on
     ``p - q`` only (Kantorovich-Rubinstein), so the mass the two distributions share stays in place and only
@@ -102,11 +109,22 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> tor
     target = np.where(deficit[todo], -difference[todo], 0.0)
     target = target / target.sum(-1, keepdims=True)
     target = target * (source.sum(-1, keepdims=True) / target.sum(-1, keepdims=True))
-    for row, i in enumerate(todo.tolist()):
-        _, value, _, _, code = emd_c(source[row], target[row], cost_np, _EMD_MAX_ITER, 1)
-        if code != _EMD_OPTIMAL:
-            raise RuntimeError(f"POT's network simplex stopped without an optimum (code {code}) on a drift problem")
-        drift[i] = moved_mass[i] * value
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+
+    def solve(rows: np.ndarray) -> None:
+        for row in rows.tolist():
+            _, value, _, _, code = emd_c(source[row], target[row], cost_np, _EMD_MAX_ITER, 1)
+            if code != _EMD_OPTIMAL:
+                raise RuntimeError(f"POT's network simplex stopped without an optimum (code {code}) on a drift problem")
+            drift[todo[row]] = moved_mass[todo[row]] * value
+
+    rows = np.arange(len(todo))
+    if workers > 1 and num_patches >= _THREADED_MIN_PATCHES and len(todo) >= 2 * workers:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(solve, np.array_split(rows, workers)))  # list(): a worker's error is raised here
+    else:
+        solve(rows)
     return torch.from_numpy(drift).reshape(p.shape[:-1]).to(p.device)
 
 
