@@ -17,6 +17,10 @@ Run (single-threaded; a few minutes on an idle core)::
 
     python benchmarks/freezing.py --threads 1 --repeats 10 --compare-split
     python benchmarks/freezing.py --tokens 64 --repeats 3   # a quicker look
+    python benchmarks/freezing.py --device cuda --tokens 64 196 --dim 512 --heads 8 --depth 6 --batch 64 --repeats 20
+
+On CUDA each phase is timed on the wall clock after ``torch.cuda.synchronize()`` (the frozen heads take the two-call
+path there). ``benchmarks/gpu_check.py`` runs it at that size.
 
 Writes ``benchmarks/results/freezing.json``.
 """
@@ -116,6 +120,12 @@ def counted_flops(model: VisionTransformer, guard: FrozenHeadGuard, mask: torch.
 CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 
 
+def cuda_clock() -> float:
+    """The wall clock after the device's queued work: what a phase of a CUDA step took (a host sync per reading)."""
+    torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 def timed_step(model, optimizer, x, y, clock=time.thread_time) -> tuple[float, float, float]:
     """Seconds of forward, backward and optimizer step (the guard's hooks included) on ``clock``.
 
@@ -170,8 +180,11 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
         mlp_ratio=4.0,
         temperature=True,
     )
-    x = torch.randn(args.batch, 3, grid * patch, grid * patch)
-    y = torch.randint(0, 10, (args.batch,))
+    device = torch.device(getattr(args, "device", "cpu"))
+    base = base.to(device)
+    x = torch.randn(args.batch, 3, grid * patch, grid * patch).to(device)
+    y = torch.randint(0, 10, (args.batch,)).to(device)
+    clock = cuda_clock if device.type == "cuda" else CLOCKS[args.clock]
     shape = dict(
         batch=args.batch,
         tokens=tokens + 1,
@@ -187,8 +200,10 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
     # the parameters frozen whole (and the guard undoes it), the behaviour before FrozenHeadGuard skipped them.
     # "A/A control": a second copy of the unfrozen model. Its paired difference from the base is the resolution of
     # the method on this machine (two copies of one model differ only in where their memory lies).
-    variants = [(k, "one call") for k in counts] + [(args.heads, "one call, no skip"), (0, "A/A control")]
-    if args.compare_split:
+    # The default path: one flash call over all heads on the CPU, two calls elsewhere (Attention._single_call_applies)
+    default = "one call" if device.type == "cpu" else "two calls"
+    variants = [(k, default) for k in counts] + [(args.heads, f"{default}, no skip"), (0, "A/A control")]
+    if args.compare_split and device.type == "cpu":
         variants += [(k, "two calls") for k in counts if k]
     # Every variant is its own copy of the model, with its own AdamW and guard, frozen once before the timing: no
     # head permutation or optimizer-state move happens between timed steps (switching one model between fractions
@@ -201,8 +216,8 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
         guard.attach(optimizer)
         mask = frozen_mask(args.depth, args.heads, k)
         counted_forward, counted_backward = counted_flops(model, guard, mask, x, y)
-        set_path(guard, mask, path == "two calls")
-        if path == "one call, no skip":
+        set_path(guard, mask, path == "two calls" and default == "one call")
+        if path == f"{default}, no skip":
             guard.drop_frozen_gradients = lambda: None  # the hook calls it by name: the update runs and is undone
         setups.append((model, optimizer))
         rows.append(
@@ -220,7 +235,7 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
     for repeat in range(args.warmup + args.repeats):
         order = range(len(variants)) if repeat % 2 == 0 else reversed(range(len(variants)))
         for index in order:
-            sample = timed_step(*setups[index], x, y, CLOCKS[args.clock])
+            sample = timed_step(*setups[index], x, y, clock)
             if repeat >= args.warmup:
                 times[index].append(sample)
     base_samples, base_flops = times[0], rows[0]["flops"]
@@ -262,7 +277,7 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
             "step_measured": measured_step,
             "step_measured_over_predicted": measured_step / predicted_step if predicted_step else None,
         }
-        if row["frozen_heads_per_layer"] and row["path"] == "one call":
+        if row["frozen_heads_per_layer"] and row["path"] == default:
             step, back, fwd = (
                 row["paired"]["step_saving"],
                 row["paired"]["backward_saving"],
@@ -298,8 +313,13 @@ def main() -> None:
     parser.add_argument(
         "--compare-split", action="store_true", help="also time the two-call frozen path, interleaved (one run)"
     )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the wall clock, synchronised")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "freezing.json"))
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    if args.device == "cuda":
+        args.clock = "wall"  # synchronised with the device before each reading; a thread's CPU time misses the GPU
     if args.clock == "thread" and args.threads != 1:
         parser.error("--clock thread counts one thread's CPU time: use it with --threads 1, or pass --clock wall")
     torch.set_num_threads(args.threads)

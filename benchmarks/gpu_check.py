@@ -13,7 +13,10 @@ as skipped; the script itself stays under 8 minutes):
 3. ``vitlab bench --compile`` (ours compiled, ours eager, timm eager, timm compiled, alternating) in bf16-mixed for
    ``vit_small`` (224, patch 16), ``cet_vit_base`` and ``swin_matched_cet_vit_base`` (the card's 32x32, patch 2;
    CET-ViT has no timm counterpart, so it runs alone) and ``vitcae_small`` (32x32, patch 4);
-4. the recipe again with ``trainer.compile=true``, then the benches in fp32.
+4. ``benchmarks/freezing.py`` on CUDA (ViTCAE eq. 26, issue 15): a ViT of width 512, 8 heads, depth 6, batch 64,
+   at 64 and 196 patch tokens, 0-100% of the heads frozen, one model copy per variant, 20 paired rounds with an A/A
+   control: the forward overhead and the step saving against the FLOP prediction, with 95% intervals;
+5. the recipe again with ``trainer.compile=true``, then the benches in fp32.
 
 It writes ``DIR/gpu_check.json`` (everything, with each bench record) and ``DIR/gpu_check.md`` (the tables).
 
@@ -26,6 +29,7 @@ code generation; the compiled recipe is ``tests/test_acceleration.py``'s) and ex
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -73,6 +77,10 @@ class Plan:
     batch_size: int
     compile_backend: str = "inductor"
     recipe_compile: tuple[bool, ...] = (False, True)
+    freezing: tuple[dict[str, int], tuple[int, ...]] = (
+        dict(dim=512, heads=8, depth=6, batch=64, warmup=3, repeats=20),
+        (64, 196),
+    )
 
 
 def gpu_plan() -> Plan:
@@ -95,7 +103,10 @@ def dry_plan() -> Plan:
     ]
     settings = dict(repeats=2, warmup=2, sample_seconds=0.0, matmul_size=64, threads=1, memory=False)
     fit = ["data.num_workers=0", "trainer.accelerator=cpu", "data.eval_batch_size=8"]
-    return Plan(True, "cpu", items, settings, fit, "cet_vit_pico", 2, 8, "aot_eager", recipe_compile=(False,))
+    freezing = (dict(dim=32, heads=4, depth=2, batch=2, warmup=1, repeats=2), (4,))
+    return Plan(
+        True, "cpu", items, settings, fit, "cet_vit_pico", 2, 8, "aot_eager", recipe_compile=(False,), freezing=freezing
+    )
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -215,6 +226,40 @@ def run_bench(plan: Plan, item: BenchItem, out: Path) -> dict[str, Any]:
     return record
 
 
+def run_freezing(plan: Plan) -> dict[str, Any]:
+    """``benchmarks/freezing.py``'s measurement on the plan's device (wall clock, synchronised on CUDA)."""
+    spec = importlib.util.spec_from_file_location("freezing_benchmark", ROOT / "benchmarks" / "freezing.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shape, tokens = plan.freezing
+    args = argparse.Namespace(**shape, clock="wall", compare_split=False, device=plan.device)
+    return {"settings": {**shape, "tokens": list(tokens)}, "cases": [module.benchmark(t, args) for t in tokens]}
+
+
+def freezing_lines(record: dict[str, Any]) -> list[str]:
+    """The freezing table: paired medians and 95% intervals, and the verdicts on issue 15's bars."""
+    s = record["settings"]
+    lines = [
+        "",
+        f"Freezing (eq. 26; width {s['dim']}, {s['heads']} heads, depth {s['depth']}, batch {s['batch']}, "
+        f"{s['repeats']} paired rounds):",
+        "",
+        "| tokens | frozen | path | forward vs 0% | step saving / prediction | bars |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in record["cases"]:
+        for row in case["rows"][1:]:
+            forward, step = row["paired"]["forward_overhead"], row["paired"]["step_saving"]
+            predicted = row["saving"]["step_predicted"] or 1.0  # the A/A control: its raw saving
+            bars = ", ".join(f"{k}: {v}" for k, v in row.get("bars", {}).items()) or "-"
+            lines.append(
+                f"| {case['tokens'] + 1} | {row['frozen_fraction']:.0%} | {row['path']} | {forward['median']:+.1%} "
+                f"[{forward['low']:+.1%}, {forward['high']:+.1%}] | {step['median'] / predicted:.2f} "
+                f"[{step['low'] / predicted:.2f}, {step['high'] / predicted:.2f}] | {bars} |"
+            )
+    return lines
+
+
 # -------------------------------------------------------------------------------------------------------------------
 def bench_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per network of a bench record (wall clock: the only clock on CUDA)."""
@@ -278,6 +323,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"{num(row.get('train_over_timm_compiled'), '.3f')} | {num(row.get('train_over_ours_eager'), '.3f')} | "
             f"{num(row['peak_mib'], '.0f')} |"
         )
+    if report.get("freezing"):
+        lines += freezing_lines(report["freezing"])
     if report["skipped"]:
         lines += ["", "Skipped (time budget): " + "; ".join(report["skipped"])]
     if report["errors"]:
@@ -341,12 +388,18 @@ def main(argv: list[str] | None = None) -> int:
     # written, the bf16 benches (the GPU default), then the compiled recipe, then fp32.
     first = [item for item in plan.bench_items if item.precision == "bf16-mixed"]
     rest = [item for item in plan.bench_items if item.precision != "bf16-mixed"]
-    jobs = [*(("recipe", c) for c in plan.recipe_compile[:1]), *(("bench", i) for i in first)]
+    jobs = [*(("recipe", c) for c in plan.recipe_compile[:1]), *(("bench", i) for i in first), ("freezing", None)]
     jobs += [*(("recipe", c) for c in plan.recipe_compile[1:]), *(("bench", i) for i in rest)]
     with tempfile.TemporaryDirectory() as tmp:
         images = plan.steps_per_epoch * plan.batch_size
         data = synthetic_cifar(Path(tmp) / "cifar_shape.npz", train=int(images / 0.9) + plan.batch_size, test=64)
         for kind, job in jobs:
+            if kind == "freezing":
+                what = "freezing benchmark"
+                if in_budget(what) and (record := timed(what, lambda: run_freezing(plan))):
+                    report["freezing"] = record
+                    print(f"gpu_check: {what} done")
+                continue
             if kind == "recipe":
                 what = f"cet_vit/cifar100 recipe, compile={job}"
                 if in_budget(what) and (run := timed(what, lambda c=job: run_recipe(plan, out, data, c))):

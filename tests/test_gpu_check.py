@@ -39,3 +39,10 @@ def test_gpu_check_without_cuda_says_so_and_dry_runs_every_part(tmp_path):
     table = (tmp_path / "gpu_check.md").read_text()
     assert "GPU check: CPU (CPU dry run)" in table and "| vit_pico | bf16-mixed | ours |" in table
     assert (tmp_path / "bench" / "vit_pico_bf16.json").is_file()
+    (case,) = report["freezing"]["cases"]  # the freezing benchmark on the plan's device, with its verdicts
+    assert case["tokens"] == 4 and {row["path"] for row in case["rows"]} == {
+        "one call",
+        "one call, no skip",
+        "A/A control",
+    }
+    assert "Freezing (eq. 26" in table and "| 5 | 100% | one call |" in table
