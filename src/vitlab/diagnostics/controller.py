@@ -251,9 +251,8 @@ class FrozenHeadGuard:
     ``freeze_scope: qkv``, ``log_tau`` of a layer whose every head is frozen) has its gradient set to None just
     before each attached optimizer's update (after the step's closure, when it gets one), so the optimizer skips it
     instead of computing an update that :meth:`restore` undoes (PyTorch's optimizers skip parameters without a
-    gradient). Its moments then stay as
-    they were when the last of its heads froze; nothing reads them while it is frozen (measured in
-    ``docs/dynamics.md``, "Forward, backward and step time").
+    gradient). Its moments then stay as they were when the last of its heads froze, and nothing reads them while it
+    is frozen. The parameters end bit-identical to updating and restoring (``docs/dynamics.md``, "Freezing").
     """
 
     def __init__(self, modules: list[Attention]) -> None:

@@ -83,6 +83,8 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
     """
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {list(p.shape)} and {list(q.shape)}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     num_patches = p.shape[-1]
     if cost.shape != (num_patches, num_patches):
         raise ValueError(f"cost must be [N, N] = [{num_patches}, {num_patches}] to match p, got {list(cost.shape)}")
@@ -109,8 +111,6 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
     target = np.where(deficit[todo], -difference[todo], 0.0)
     target = target / target.sum(-1, keepdims=True)
     target = target * (source.sum(-1, keepdims=True) / target.sum(-1, keepdims=True))
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
 
     def solve(rows: np.ndarray) -> None:
         for row in rows.tolist():
