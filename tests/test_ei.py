@@ -88,11 +88,28 @@ def test_macro_degeneracy_hand_cases():
     e = torch.eye(3)
     identical = torch.ones(1, 3, 5)
     opposite = torch.stack([e[0], -e[0]]).unsqueeze(0)
-    with_empty_slot = torch.stack([e[0], e[0], torch.zeros(3)]).unsqueeze(0)  # pairs: 1, 0, 0 (twice each) -> 1/3
+    with_empty_slot = torch.stack([e[0], e[0], torch.zeros(3)]).unsqueeze(0)
     assert macro_degeneracy(identical).item() == pytest.approx(1.0, abs=1e-6)
     assert macro_degeneracy(e.unsqueeze(0)).item() == pytest.approx(0.0, abs=1e-6)
     assert macro_degeneracy(opposite).item() == pytest.approx(-1.0, abs=1e-6)
-    assert macro_degeneracy(with_empty_slot).item() == pytest.approx(1 / 3, abs=1e-6)
+    # over the occupied pairs only: the two identical tokens -> 1
+    assert macro_degeneracy(with_empty_slot).item() == pytest.approx(1.0, abs=1e-6)
+    # the card's mean over all pairs: 1, 0, 0 (twice each) -> 1/3
+    assert macro_degeneracy(with_empty_slot, slots="all").item() == pytest.approx(1 / 3, abs=1e-6)
+    # an explicit mask wins over the zero test; fewer than two occupied slots give 0
+    assert macro_degeneracy(identical, torch.tensor([[True, False, False]])).item() == 0.0
+
+
+@pytest.mark.parametrize("slots", ["occupied", "all"])
+def test_macro_degeneracy_gradient_is_bounded_at_an_empty_slot(slots):
+    """An empty slot's zero macro token gets no gradient (F.normalize's would be ~1/eps = 1e12 there)."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 4, 8, generator=g)
+    h[:, 3] = 0
+    h.requires_grad_()
+    macro_degeneracy(h, slots=slots).sum().backward()
+    assert torch.isfinite(h.grad).all() and h.grad.abs().max() < 10
+    assert h.grad[:, 3].abs().max() == 0 and h.grad[:, :3].abs().sum() > 0
 
 
 def test_ei_loss_of_each_variant():

@@ -7,7 +7,9 @@ singular values ``sigma_1 >= ... >= sigma_K``. With ``p = sigma / sum(sigma)``:
 - ``norm_entropy = H(p) / log(K)`` and ``entropy_penalty = ReLU(0.5 - norm_entropy)`` (the "entropy floor");
 - ``reversibility = sigma_1 / sum(sigma)`` and ``rev_penalty = ReLU(reversibility - 0.45)`` (the "reversibility
   ceiling");
-- ``degen`` = mean off-diagonal cosine similarity between the macro tokens ``h_macro: [K, D]``;
+- ``degen`` = mean off-diagonal cosine similarity between the macro tokens ``h_macro: [K, D]``, over the occupied
+  slots (an empty slot's macro token is zero: it has no direction and is never normalised, see
+  :func:`macro_degeneracy`);
 - ``L_EI = entropy_penalty + 2.0 * rev_penalty + 0.1 * degen``, averaged over the batch.
 
 Card, Disclosure 2 -- read before using these terms: reversibility is HIGH when S is concentrated (near rank one,
@@ -59,18 +61,44 @@ def normalized_spectral_entropy(sigma: torch.Tensor, num_slots: int) -> torch.Te
     return entropy / math.log(num_slots)
 
 
-def macro_degeneracy(h_macro: torch.Tensor) -> torch.Tensor:
+DEGEN_SLOTS: tuple[str, ...] = ("occupied", "all")
+
+
+def macro_degeneracy(
+    h_macro: torch.Tensor, occupied: torch.Tensor | None = None, slots: str = "occupied"
+) -> torch.Tensor:
     """Mean off-diagonal cosine similarity between macro tokens (card's Term 3). ``h_macro: [B, K, D] -> [B]``.
 
-    A zero macro token (an empty slot) has cosine similarity 0 with every other token.
+    ``occupied: [B, K]`` bool marks the slots that hold assignment mass (default: the slots whose macro token is not
+    all zeros). An empty slot's macro token is zero and has no direction, so it is never normalised: the cosine's
+    gradient there is ``1 / |h|``, which :func:`torch.nn.functional.normalize` turns into ``1 / eps`` (about 1e10
+    on the parameters that feed the empty slot, e.g. under ``select_grad: dense_st``).
+
+    ``slots="occupied"`` (default): the mean runs over the ordered pairs of occupied slots only (``m (m - 1)`` of
+    them for ``m`` occupied slots; 0 when fewer than two are occupied). ``slots="all"``: the card's literal mean over
+    all ``K (K - 1)`` pairs, an empty slot counting as cosine 0 (its value with the card's normalisation) but
+    contributing no gradient. Either way every gradient is bounded by the occupied tokens' norms.
     """
     if h_macro.ndim != 3 or h_macro.shape[1] < 2:
         raise ValueError(f"h_macro must be [B, K, D] with K >= 2 macro tokens, got shape {list(h_macro.shape)}")
-    K = h_macro.shape[1]
-    unit = F.normalize(h_macro.float(), dim=-1)
-    cosine = unit @ unit.transpose(1, 2)  # [B, K, K]
-    off_diagonal = cosine.sum((1, 2)) - cosine.diagonal(dim1=1, dim2=2).sum(-1)
-    return off_diagonal / (K * (K - 1))
+    if slots not in DEGEN_SLOTS:
+        raise ValueError(f"degeneracy slots must be one of {', '.join(DEGEN_SLOTS)}, got {slots!r}")
+    h = h_macro.float()
+    if occupied is None:
+        occupied = h.detach().abs().amax(-1) > 0
+    elif occupied.shape != h.shape[:2]:
+        raise ValueError(f"occupied must be [B, K] = {list(h.shape[:2])}, got {list(occupied.shape)}")
+    occupied = occupied.to(torch.bool) & (h.detach().norm(dim=-1) > 0)
+    K = h.shape[1]
+    # empty slots are replaced by a constant before the division, so no gradient reaches them through the norm
+    safe = torch.where(occupied.unsqueeze(-1), h, torch.ones_like(h))
+    unit = safe / safe.norm(dim=-1, keepdim=True)
+    pair = occupied.unsqueeze(-1) & occupied.unsqueeze(-2) & ~torch.eye(K, dtype=torch.bool, device=h.device)
+    cosine = torch.where(pair, unit @ unit.transpose(1, 2), torch.zeros((), device=h.device))  # [B, K, K]
+    if slots == "all":
+        return cosine.sum((1, 2)) / (K * (K - 1))
+    count = pair.sum((1, 2))
+    return cosine.sum((1, 2)) / count.clamp_min(1)
 
 
 def ei_terms(
@@ -82,6 +110,7 @@ def ei_terms(
     reversibility_ceiling: float = 0.45,
     rev_weight: float = 2.0,
     degen_weight: float = 0.1,
+    degen_slots: str = "occupied",
 ) -> dict[str, torch.Tensor]:
     """Every EI term of the card and the loss of the chosen ``variant`` (CET-ViT v4 model card, "EI loss, as
     actually implemented").
@@ -94,6 +123,8 @@ def ei_terms(
             without ``degen``; the card does not list the two terms), ``entropy_only`` (the card's v3 ablation:
             the entropy floor alone) or
             ``none`` (the no-EI ablation: the terms are still returned for logging, the loss is zero).
+        degen_slots: ``occupied`` (default) or ``all``, see :func:`macro_degeneracy`. A slot is occupied when
+            its column of ``S`` has mass (``S.sum(1) > 0``).
 
     Returns:
         ``norm_entropy``, ``entropy_penalty``, ``reversibility``, ``rev_penalty``, ``degen`` (each ``[B]``) and
@@ -114,7 +145,7 @@ def ei_terms(
         "entropy_penalty": F.relu(entropy_floor - norm_entropy),
         "reversibility": rev,
         "rev_penalty": F.relu(rev - reversibility_ceiling),
-        "degen": macro_degeneracy(h_macro),
+        "degen": macro_degeneracy(h_macro, S.detach().sum(1) > 0, slots=degen_slots),
     }
     if variant == "full":
         per_image = terms["entropy_penalty"] + rev_weight * terms["rev_penalty"] + degen_weight * terms["degen"]

@@ -38,7 +38,7 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.layers import Block, CrossAttention, Mlp, PatchEmbed, trunc_normal_
-from vitlab.losses.ei import EI_VARIANTS, EIVariant, ei_terms
+from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS, EIVariant, ei_terms
 from vitlab.models.registry import register_preset
 from vitlab.models.vit import check_patch_grid
 
@@ -506,6 +506,9 @@ class CETViT(nn.Module):
             estimator learns from the exact per-candidate losses, :func:`exact_k_targets`).
         k_candidates, k_hidden_dim, k_tau: the estimator's budgets, hidden width and Gumbel temperature.
         ei: EI variant reported in ``aux.ei["ei_loss"]``: ``full``, ``two_term``, ``entropy_only`` or ``none``.
+        ei_degen_slots: the pairs of the EI degeneracy term: ``occupied`` (default, the slots with assignment mass)
+            or ``all`` (the card's mean over every pair, an empty slot counting as cosine 0); an empty slot is never
+            normalised either way (:func:`vitlab.losses.ei.macro_degeneracy`).
         fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
             dropout, and stochastic depth (linear over all blocks in forward order).
@@ -546,6 +549,7 @@ class CETViT(nn.Module):
         k_hidden_dim: int = 64,
         k_tau: float = 1.0,
         ei: EIVariant = "full",
+        ei_degen_slots: str = "occupied",
         fused_window_attention: bool = False,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
@@ -567,6 +571,7 @@ class CETViT(nn.Module):
             ("pos_embed", pos_embed, POS_EMBEDS),
             ("select_grad", select_grad, SELECT_GRADS),
             ("grouping", grouping, GROUPINGS),
+            ("ei_degen_slots", ei_degen_slots, DEGEN_SLOTS),
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -577,6 +582,7 @@ class CETViT(nn.Module):
         self.num_slots = num_slots
         self.pool = pool
         self.ei_variant = ei
+        self.ei_degen_slots = ei_degen_slots
         self.mask_empty_slots = mask_empty_slots
         self.dynamic_k = dynamic_k
         self.assignment_ablation = "none"
@@ -757,7 +763,9 @@ class CETViT(nn.Module):
             S=enc.S,
             h_macro=enc.h_macro,
             slot_usage_k=slot_usage_k(enc.S.detach()),
-            ei=ei_terms(enc.S, enc.h_macro, variant=self.ei_variant) if want_ei else {},
+            ei=ei_terms(enc.S, enc.h_macro, variant=self.ei_variant, degen_slots=self.ei_degen_slots)
+            if want_ei
+            else {},
             k_cost=logits.new_zeros(()),
             occupied=enc.occupied,
             vceo_margin=(
