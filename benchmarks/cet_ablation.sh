@@ -13,6 +13,8 @@
 #   slots   + model.slot_ratio=8 model.mask_empty_slots=true   (the card's 8:1: 8 slots at 64 tokens)
 #   select  + model.select_grad=dense_st                      (gradient to all K_max logits)
 #   eicard  + loss.lambda_ei=0.01 loss.ei_schedule=constant   (the v4 card's weight, compare/cifar10_p4_ei_card)
+#   gumbel  slots + model.dynamic_k=gumbel                    (the straight-through Dynamic-K with the EI ramp; not
+#           cumulative with select)
 # Finished runs (test_metrics.json present) are skipped. RUNS (default runs/cet-ablation) is where runs go.
 set -euo pipefail
 
@@ -31,12 +33,13 @@ mkdir -p "$runs"
 overrides() {  # variant -> the cumulative overrides
     local o=""
     case $1 in
+        gumbel) o="model.dynamic_k=gumbel model.slot_ratio=8 model.mask_empty_slots=true model.pos_embed=learned" ;;
         eicard) o="loss.lambda_ei=0.01 loss.ei_schedule=constant" ;&
         select) o="$o model.select_grad=dense_st" ;&
         slots) o="$o model.slot_ratio=8 model.mask_empty_slots=true" ;&
         pos) o="$o model.pos_embed=learned" ;&
         base) ;;
-        *) echo "unknown variant $1 (base, pos, slots, select, eicard)" >&2; return 1 ;;
+        *) echo "unknown variant $1 (base, pos, slots, select, eicard, gumbel)" >&2; return 1 ;;
     esac
     echo "$o"
 }
