@@ -38,9 +38,11 @@ from vitlab.config import from_dict
 from vitlab.diagnostics.dynamics import (
     CONVERGENCE_RULES,
     DRIFT_UNITS,
+    TAU_CLAUSES,
     ConvergenceTracker,
     attention_drift,
     attention_to_cls_distribution,
+    calibrate_rho,
     consensus_clusters,
     directedness,
     directedness_standard_error,
@@ -97,12 +99,20 @@ class DynamicsConfig:
             paper's rule) ...
         rho: the directedness below which the ``noise`` rule (the default) counts a head as stable: the drift from
             epoch t-2 to t over the sum of the two one-epoch drifts (1: attention keeps moving one way; 0.71: a random
-            walk; 0.5: jitter around one pattern), a ratio free of the grid and of a constant learning rate's scale
-            ...
+            walk; 0.5: jitter around one pattern), a ratio free of the grid and of a constant learning rate's scale.
+            ``auto`` (default): calibrated for this run's patch grid and probe image count so that a simulated random
+            walk is stable in at most 5% of its epochs and directed motion never is
+            (:func:`vitlab.diagnostics.dynamics.calibrate_rho`); a number sets it (the earlier default was 0.75,
+            which a random walk averaged over 256 probe images is below in almost every epoch) ...
         rel_d: the fraction of the peak drift of the ``relative`` rule ...
         eps_d: the threshold of the ``absolute`` rule, in ``drift_units`` (default 0.0125 image sides = the
             earlier 0.05 patch widths on a 4x4 grid) ...
-        eps_tau: ... and its tau moved by less than ``eps_tau`` ...
+        tau_clause: ``none`` (default): the decision reads the drift alone, so both arms of a comparison are judged
+            by the same function of the same measurement; ``own``: also require ``|tau_t - tau_{t-1}| < eps_tau`` (the
+            paper's second clause; it cannot fail where tau is fixed, so it judges the controlled arm alone).
+            The paper's rule is ``convergence: absolute, tau_clause: own``; the rule before the calibration was
+            ``convergence: noise, rho: 0.75, tau_clause: own``.
+        eps_tau: ... with ``tau_clause: own``, its tau moved by less than ``eps_tau`` ...
         patience: ... for this many consecutive epochs; it is then converged.
         burn_in: epochs before the convergence test starts (the streaks count from epoch ``burn_in + 1``, so no head
             converges before epoch ``burn_in + patience``). Right after initialisation attention is nearly uniform
@@ -145,7 +155,8 @@ class DynamicsConfig:
     log_model_tau: bool = False
     eps: float = 0.1
     convergence: str = "noise"
-    rho: float = 0.75
+    rho: float | str = "auto"
+    tau_clause: str = "none"
     rel_d: float = 0.2
     eps_d: float = 0.0125
     eps_tau: float = 0.05
@@ -177,8 +188,13 @@ class DynamicsConfig:
             problems.append(
                 f"dynamics.convergence must be one of {', '.join(CONVERGENCE_RULES)}, got {self.convergence!r}"
             )
-        if not 0.5 <= self.rho <= 1:
-            problems.append(f"dynamics.rho must be in [0.5, 1] (a directedness), got {self.rho}")
+        if isinstance(self.rho, str):
+            if self.rho != "auto":
+                problems.append(f"dynamics.rho must be 'auto' or a directedness in (0, 1], got {self.rho!r}")
+        elif isinstance(self.rho, bool) or not isinstance(self.rho, int | float) or not 0 < self.rho <= 1:
+            problems.append(f"dynamics.rho must be 'auto' or a directedness in (0, 1], got {self.rho!r}")
+        if self.tau_clause not in TAU_CLAUSES:
+            problems.append(f"dynamics.tau_clause must be one of {', '.join(TAU_CLAUSES)}, got {self.tau_clause!r}")
         if not 0 < self.rel_d < 1:
             problems.append(f"dynamics.rel_d must be in (0, 1) (a fraction of the peak drift), got {self.rel_d}")
         if not self.alpha > 0:
@@ -616,10 +632,33 @@ class DynamicsController(pl.Callback):
                 slots = module.head_slots[mask.cpu()].to(module.log_tau.device)  # parameters are in slot order
                 module.log_tau[slots] = values[mask].log().to(module.log_tau)
 
-    def _new_tracker(self) -> ConvergenceTracker:
+    def resolved_rho(self, images: int | None = None) -> float:
+        """``dynamics.rho``, with ``auto`` calibrated for this run's patch grid and probe image count
+        (:func:`calibrate_rho`): the probe's size, or ``images`` where no probe batch is held (measurements passed
+        to :meth:`advance` directly)."""
         cfg = self.config
+        if cfg.rho != "auto":
+            return float(cfg.rho)
+        if self.grid is None:
+            raise RuntimeError("attach a model before calibrating rho: the calibration needs its patch grid")
+        count = len(self.probe) if self.probe is not None else images
+        if count is None:
+            raise RuntimeError("rho: auto needs the probe's image count")
+        return calibrate_rho(self.grid, min(count, cfg.probe_size), cfg.drift_units)
+
+    def _new_tracker(self, images: int | None = None, rho: float | None = None) -> ConvergenceTracker:
+        cfg = self.config
+        if rho is None:  # rho plays no part in the other rules
+            rho = self.resolved_rho(images) if cfg.convergence == "noise" else 0.75
         return ConvergenceTracker(
-            *self.shape, cfg.eps_d, cfg.eps_tau, cfg.patience, rule=cfg.convergence, rel_d=cfg.rel_d, rho=cfg.rho
+            *self.shape,
+            cfg.eps_d,
+            cfg.eps_tau,
+            cfg.patience,
+            rule=cfg.convergence,
+            rel_d=cfg.rel_d,
+            rho=rho,
+            tau_clause=cfg.tau_clause,
         )
 
     def wants_kappa(self, epoch: int) -> bool:
@@ -656,7 +695,7 @@ class DynamicsController(pl.Callback):
             raise ValueError(f"the measurement is for a {list(measurement.distributions.shape[:2])} head grid")
         epoch = (0 if self.epoch is None else self.epoch + 1) if epoch is None else epoch
         if self.tracker is None:
-            self.tracker = self._new_tracker()
+            self.tracker = self._new_tracker(measurement.distributions.shape[2])
             self.frozen = torch.zeros(num_layers, num_heads, dtype=torch.bool)
         if measurement.kappa is not None:
             self.kappa, self.kappa_epoch = measurement.kappa, epoch
@@ -713,6 +752,8 @@ class DynamicsController(pl.Callback):
             "grid": None if self.grid is None else list(self.grid),
             "probe_tau": cfg.probe_tau,
             "convergence": cfg.convergence,
+            "rho": self.tracker.rho if cfg.convergence == "noise" else None,
+            "tau_clause": cfg.tau_clause,
             "freeze_scope": cfg.freeze_scope,
             "drift": None if drift is None else drift.tolist(),
             "directedness": None if directed is None else directed.tolist(),
@@ -759,7 +800,7 @@ class DynamicsController(pl.Callback):
             two_epoch_mean = two_epoch.mean(dim=-1)
             ratio = directedness(two_epoch_mean, self.last_drift, per_image[..., :base2].mean(dim=-1))
             error = directedness_standard_error(two_epoch, per_image[..., :base2], self.last_drift)
-            uncertain = ((ratio - cfg.rho).abs() < cfg.probe_z * error) & ~self.frozen
+            uncertain = ((ratio - self.tracker.rho).abs() < cfg.probe_z * error) & ~self.frozen
         else:
             standard_error = per_image.std(dim=-1) / math.sqrt(base) if base > 1 else torch.zeros_like(drift)
             uncertain = ((drift - self.tracker.threshold()).abs() < cfg.probe_z * standard_error) & ~self.frozen
@@ -922,7 +963,10 @@ class DynamicsController(pl.Callback):
             self.tracker = None
             return
         cfg = self.config
-        self.tracker = self._new_tracker()
+        # rho: auto keeps the value the run calibrated (the same grid and probe); a number set now wins
+        saved_rho = state["tracker"].get("rho", 0.75)
+        rho = saved_rho if cfg.rho == "auto" or cfg.convergence != "noise" else float(cfg.rho)
+        self.tracker = self._new_tracker(rho=rho)
         # This run's thresholds win over the checkpoint's, so a resume may change them.
         thresholds = {
             "eps_d": cfg.eps_d,
@@ -930,7 +974,8 @@ class DynamicsController(pl.Callback):
             "patience": cfg.patience,
             "rule": cfg.convergence,
             "rel_d": cfg.rel_d,
-            "rho": cfg.rho,
+            "rho": rho,
+            "tau_clause": cfg.tau_clause,
         }
         self.tracker.load_state_dict({**state["tracker"], **thresholds})
         if self.frozen is not None:
