@@ -83,3 +83,21 @@ def test_correlation_report_rejects_bad_input():
         correlation_report([1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0])
     with pytest.raises(ValueError, match="constant"):
         correlation_report([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])
+
+
+def test_welch_interval_hand_worked():
+    """Difference 3.86 with Welch-Satterthwaite df, worked by hand from the t quantile."""
+    import numpy as np
+    from scipy import stats as scipy_stats
+
+    from vitlab.evaluation.stats import welch_interval
+
+    a, b = [34.83, 36.48, 36.94], [32.35, 31.76, 32.55]
+    va, vb = np.var(a, ddof=1) / 3, np.var(b, ddof=1) / 3
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
+    half = scipy_stats.t.ppf(0.975, df) * np.sqrt(va + vb)
+    difference, low, high = welch_interval(a, b)
+    assert difference == pytest.approx(np.mean(a) - np.mean(b))
+    assert (low, high) == pytest.approx((difference - half, difference + half))
+    with pytest.raises(ValueError, match="level"):
+        welch_interval(a, b, level=95)

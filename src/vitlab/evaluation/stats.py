@@ -52,6 +52,21 @@ def welch_ttest(a: ArrayLike, b: ArrayLike) -> tuple[float, float]:
     return float(result.statistic), float(result.pvalue)
 
 
+def welch_interval(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> tuple[float, float, float]:
+    """The difference of means ``mean(a) - mean(b)`` with its Welch confidence interval (Welch-Satterthwaite
+    degrees of freedom), as ``scipy.stats.ttest_ind(a, b, equal_var=False).confidence_interval(level)``.
+
+    ``a: [n_a]``, ``b: [n_b]``, at least 2 values each. Returns ``(difference, low, high)``.
+    """
+    sample_a, sample_b = _as_sample(a, "a", minimum=2), _as_sample(b, "b", minimum=2)
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if sample_a.var() == 0 and sample_b.var() == 0:
+        raise ValueError("both samples are constant: the interval is undefined (did every seed give one value?)")
+    interval = stats.ttest_ind(sample_a, sample_b, equal_var=False).confidence_interval(level)
+    return float(sample_a.mean() - sample_b.mean()), float(interval.low), float(interval.high)
+
+
 def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Pearson r of each row pair of ``x, y: [R, n]`` -> ``[R]``; NaN where a row is constant."""
     x = x - x.mean(axis=1, keepdims=True)
