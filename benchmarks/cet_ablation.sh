@@ -13,8 +13,8 @@
 #   slots   + model.slot_ratio=8 model.mask_empty_slots=true   (the card's 8:1: 8 slots at 64 tokens)
 #   select  + model.select_grad=dense_st                      (gradient to all K_max logits)
 #   eicard  + loss.lambda_ei=0.01 loss.ei_schedule=constant   (the v4 card's weight, compare/cifar10_p4_ei_card)
-#   gumbel  slots + model.dynamic_k=gumbel                    (the straight-through Dynamic-K with the EI ramp; not
-#           cumulative with select)
+#   gumbel  slots + model.dynamic_k=gumbel model.k_candidates=[4,6,8]   (the straight-through Dynamic-K over budgets
+#           of the 8 slots, with the EI ramp; not cumulative with select)
 # Finished runs (test_metrics.json present) are skipped. RUNS (default runs/cet-ablation) is where runs go.
 set -euo pipefail
 
@@ -33,7 +33,8 @@ mkdir -p "$runs"
 overrides() {  # variant -> the cumulative overrides
     local o=""
     case $1 in
-        gumbel) o="model.dynamic_k=gumbel model.slot_ratio=8 model.mask_empty_slots=true model.pos_embed=learned" ;;
+        gumbel) o="model.dynamic_k=gumbel model.k_candidates=[4,6,8] model.slot_ratio=8 model.mask_empty_slots=true"
+                o="$o model.pos_embed=learned" ;;
         eicard) o="loss.lambda_ei=0.01 loss.ei_schedule=constant" ;&
         select) o="$o model.select_grad=dense_st" ;&
         slots) o="$o model.slot_ratio=8 model.mask_empty_slots=true" ;&
@@ -52,11 +53,20 @@ for item in $items; do
         echo "done: $run_dir"
     else
         echo "training: $run_dir ($extra)"
-        # shellcheck disable=SC2086
-        $vitlab fit --config compare/cifar10_p4 data.path="$data" run.seed="$seed" run.dir="$run_dir" \
-            trainer.enable_progress_bar=false $extra "$@" > "$run_dir.log" 2>&1
+        if [[ -f $run_dir/checkpoints/last.ckpt ]]; then  # interrupted (a session ended): continue it exactly
+            $vitlab fit --resume "$run_dir" >> "$run_dir.log" 2>&1
+        else
+            # shellcheck disable=SC2086
+            $vitlab fit --config compare/cifar10_p4 data.path="$data" run.seed="$seed" run.dir="$run_dir" \
+                run.overwrite=true trainer.enable_progress_bar=false $extra "$@" > "$run_dir.log" 2>&1
+        fi
     fi
     if [[ ! -f $run_dir/grouping.json ]]; then
         $python benchmarks/cet_grouping.py "$run_dir" --data "$data" --out "$run_dir/grouping.json" >> "$run_dir.log" 2>&1
+    fi
+    # RESULTS (optional): one JSON per finished run, to commit at once
+    if [[ -n ${RESULTS:-} && ! -f $RESULTS/$variant-seed$seed.json ]]; then
+        $python benchmarks/run_result.py "$run_dir" --experiment cet-ablation --arm "$variant" --seed "$seed" \
+            --out "$RESULTS/$variant-seed$seed.json"
     fi
 done
