@@ -84,6 +84,15 @@ def run_result(run: Path) -> dict[str, Any]:
         "generate": _json(run / "generate" / "metrics.json"),
         "timing": timing,
     }
+    metrics = run / "metrics.jsonl"
+    if metrics.is_file():
+        epochs = [json.loads(line) for line in metrics.read_text().splitlines()]
+        keys = ["val/acc", "val/slot_k", "val/reversibility"]
+        keys += sorted({k for e in epochs for k in e if k.startswith("train/k_frac_")})
+        result["val_curve"] = {k: [e.get(k) for e in epochs] for k in keys if any(k in e for e in epochs)}
+    grouping = _json(run / "grouping.json")
+    if grouping:
+        result["grouping"] = {"final": grouping.get("final"), "init": grouping.get("init")}
     if records:
         result["dynamics"] = {
             "mode": last.get("mode"),
