@@ -4,7 +4,7 @@
 #   bash benchmarks/control_parts.sh OUT ARM [overrides...]
 #   bash benchmarks/control_parts.sh runs/parts schednofreeze dynamics.mode=schedule dynamics.freeze=false
 #   bash benchmarks/control_parts.sh runs/parts fixedfreeze dynamics.mode=fixed dynamics.freeze=true
-#   bash benchmarks/control_parts.sh runs/parts rho06 dynamics.mode=schedule dynamics.freeze=true dynamics.rho=0.6
+#   bash benchmarks/control_parts.sh runs/parts pattern dynamics.mode=schedule dynamics.freeze=true dynamics.freeze_scope=pattern
 # Finished runs (test_metrics.json present) are skipped. The controlled and uncontrolled arms are benchmarks/table1.sh.
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
@@ -14,11 +14,23 @@ fi
 OUT=$1 ARM=$2
 shift 2
 VITLAB=${VITLAB:-.venv/bin/vitlab}
+PYTHON=${PYTHON:-.venv/bin/python}
+# RESULTS (optional): a folder that gets one JSON per finished run (benchmarks/run_result.py), to commit at once
+RESULTS=${RESULTS:-}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$OUT"
 for seed in ${SEEDS:-0 1 2}; do
   dir=$OUT/$ARM-seed$seed
-  [[ -f $dir/test_metrics.json ]] && continue
-  "$VITLAB" fit --config vitcae/digits run.seed="$seed" data.seed="$seed" run.dir="$dir" run.name="table1-$ARM" \
-    trainer.enable_progress_bar=false "$@" > "$dir.log" 2>&1
+  if [[ ! -f $dir/test_metrics.json ]]; then
+    if [[ -f $dir/checkpoints/last.ckpt ]]; then  # interrupted (a session ended): continue it exactly
+      "$VITLAB" fit --resume "$dir" >> "$dir.log" 2>&1
+    else
+      "$VITLAB" fit --config vitcae/digits run.seed="$seed" data.seed="$seed" run.dir="$dir" run.name="table1-$ARM" \
+        run.overwrite=true trainer.enable_progress_bar=false "$@" > "$dir.log" 2>&1
+    fi
+  fi
+  if [[ -n $RESULTS && ! -f $RESULTS/$ARM-seed$seed.json ]]; then
+    "$PYTHON" benchmarks/run_result.py "$dir" --experiment control-parts-digits --arm "$ARM" --seed "$seed" \
+      --out "$RESULTS/$ARM-seed$seed.json"
+  fi
 done
