@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from table1_summary import paper_rule_replay
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -105,6 +106,7 @@ def run_result(run: Path) -> dict[str, Any]:
             "mean_drift_last_epoch": last.get("mean_drift"),
             "first_converged_epochs": first_converged(records),
             "tau_clause_replay": tau_clause_replay(records),
+            "non_converged_paper_rule_replay": paper_rule_replay(run, records, None),
         }
     return result
 

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from vitlab.diagnostics.dynamics import ConvergenceTracker
-from vitlab.evaluation.stats import summarize, welch_ttest
+from vitlab.evaluation.stats import summarize, welch_interval, welch_ttest
 
 ARMS = ("controlled", "uncontrolled")
 
@@ -109,6 +109,30 @@ def run_row(run: Path, grid_side: int | None = None) -> dict[str, float]:
     }
 
 
+def result_row(result: dict) -> dict[str, float]:
+    """The Table I numbers of one run from its results file (``benchmarks/run_result.py``), as :func:`run_row`."""
+    nan = math.nan
+    test, gen, timing, dyn = (result.get(k) or {} for k in ("test", "generate", "timing", "dynamics"))
+    converged_at = dyn.get("first_converged_epochs", [])
+    last_epoch = dyn.get("epochs") or 0
+    return {
+        "classification accuracy (test), %": 100 * test.get("test/acc", nan),
+        "linear probe on mu_cls, %": 100 * gen.get("linear_probe/accuracy", nan),
+        "reconstruction PSNR, dB": gen.get("reconstruction/psnr", nan),
+        "class consistency of samples (CNN judge), %": 100 * gen.get("conditional/judge_accuracy", nan),
+        "non-converged heads at the end": dyn.get("non_converged", nan),
+        "non-converged heads by the paper's rule, replayed on the same drift": dyn.get(
+            "non_converged_paper_rule_replay", nan
+        ),
+        "frozen heads at the end": dyn.get("frozen", nan),
+        "heads converged before the last third of training": sum(e <= 2 * last_epoch / 3 for e in converged_at),
+        "epoch of the first converged head": converged_at[0] if converged_at else nan,
+        "mean drift in the last epoch (image sides)": dyn.get("mean_drift_last_epoch", nan),
+        "train time: optimisation steps, s": timing.get("time/step_total_s", nan),
+        "train time: epochs (with validation and probe), s": timing.get("time/epoch_total_s", nan),
+    }
+
+
 def _cell(values: list[float], per_seed: bool) -> str:
     present = [x for x in values if not math.isnan(x)]
     if not present:
@@ -121,34 +145,40 @@ def _cell(values: list[float], per_seed: bool) -> str:
 
 
 def _welch(a: list[float], b: list[float]) -> str:
+    """Controlled minus uncontrolled with its 95% Welch interval, t and p."""
+    a, b = [x for x in a if not math.isnan(x)], [x for x in b if not math.isnan(x)]
     try:
-        t, p = welch_ttest([x for x in a if not math.isnan(x)], [x for x in b if not math.isnan(x)])
+        t, p = welch_ttest(a, b)
+        difference, low, high = welch_interval(a, b)
     except ValueError:  # fewer than 2 values, or both arms constant
         return "-"
-    return f"t = {t:.2f}, p = {p:.2g}"
+    return f"{difference:+.3g} [{low:+.3g}, {high:+.3g}], t = {t:.2f}, p = {p:.2g}"
 
 
 def summarise(runs_dir: Path, grid_side: int | None = None) -> str:
+    """The table from run directories (``<arm>-seed*/``) or from results files (``<arm>-seed*.json``)."""
     rows: dict[str, dict[str, list[float]]] = {}
     seeds: dict[str, list[str]] = {}
     for arm in ARMS:
-        runs = sorted(runs_dir.glob(f"{arm}-seed*/"))
-        runs = [r for r in runs if r.is_dir()]
-        if not runs:
-            raise SystemExit(f"no {arm}-seed*/ run directories in {runs_dir}; run benchmarks/table1.sh first")
-        seeds[arm] = [r.name.split("-seed")[-1] for r in runs]
-        for run in runs:
-            for metric, value in run_row(run, grid_side).items():
+        files = sorted(runs_dir.glob(f"{arm}-seed*.json"))
+        runs = [r for r in sorted(runs_dir.glob(f"{arm}-seed*/")) if r.is_dir()]
+        if not runs and not files:
+            raise SystemExit(f"no {arm}-seed*/ run directories or {arm}-seed*.json results in {runs_dir}")
+        sources = files or runs
+        seeds[arm] = [r.name.split("-seed")[-1].removesuffix(".json") for r in sources]
+        for source in sources:
+            row = result_row(json.loads(source.read_text())) if files else run_row(source, grid_side)
+            for metric, value in row.items():
                 rows.setdefault(metric, {a: [] for a in ARMS})[arm].append(value)
     lines = [
         f"Table I from {runs_dir}: mean ± std over seeds {', '.join(seeds['controlled'])} (controlled) and "
         f"{', '.join(seeds['uncontrolled'])} (uncontrolled)",
         "",
-        "| | controlled | uncontrolled | Welch's t-test |",
+        "| | controlled | uncontrolled | controlled - uncontrolled [95% Welch CI], Welch's t-test |",
         "|---|---|---|---|",
     ]
     for metric, by_arm in rows.items():
-        per_seed = "heads" in metric or "epoch of" in metric
+        per_seed = "heads" in metric or "epoch of" in metric or "accuracy (test)" in metric
         cells = [_cell(by_arm[arm], per_seed) for arm in ARMS]
         lines.append(f"| {metric} | {cells[0]} | {cells[1]} | {_welch(by_arm['controlled'], by_arm['uncontrolled'])} |")
     return "\n".join(lines) + "\n"
@@ -156,7 +186,9 @@ def summarise(runs_dir: Path, grid_side: int | None = None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", type=Path, help="the OUT folder of benchmarks/table1.sh")
+    parser.add_argument(
+        "runs", type=Path, help="the OUT folder of benchmarks/table1.sh, or its RESULTS folder of per-seed JSON files"
+    )
     parser.add_argument(
         "--grid", type=int, help="side of the (square) patch grid, for runs whose dynamics.jsonl does not name it"
     )
