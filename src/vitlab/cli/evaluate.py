@@ -60,10 +60,19 @@ def _evaluate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--seed", type=int, default=0, help="calibration split, corruption noise and bootstrap seed")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     p.add_argument("--out", help="output folder (default: <run>/evaluation)")
+    p.add_argument("--force", action="store_true", help="replace the evaluation files in an --out folder that has them")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.config import parse_overrides
-        from vitlab.evaluation.evaluate import EVALUATION_FILE, evaluate_run, format_evaluation
+        from vitlab.errors import ConfigError
+        from vitlab.evaluation.evaluate import EVALUATION_FILE, RELIABILITY_FILE, evaluate_run, format_evaluation
+        from vitlab.rundir import check_outputs
+
+        bad = [s for s in args.severities if not 1 <= s <= 5]
+        if bad:
+            raise ConfigError(f"--severities takes corruption severities 1..5, got {' '.join(map(str, bad))}")
+        if args.out:
+            check_outputs([Path(args.out) / EVALUATION_FILE, Path(args.out) / RELIABILITY_FILE], force=args.force)
 
         model_overrides = parse_overrides([item for group in args.model or [] for item in group])
         results = evaluate_run(
@@ -95,21 +104,24 @@ def _compare(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--metric", default="test/acc", help="metric of the t-tests (default test/acc)")
     p.add_argument("--pairs", choices=["first", "all"], default="first", help="t-test each group vs the first, or all")
     p.add_argument("--out", help="write FILE.md and FILE.json (the suffix given is replaced)")
+    p.add_argument("--force", action="store_true", help="replace FILE.md and FILE.json if they exist")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.errors import ConfigError
         from vitlab.evaluation.compare import compare_runs, comparison_json, comparison_markdown
+        from vitlab.rundir import check_outputs, write_output
 
         if overrides:
             raise ConfigError(f"vitlab compare takes no config overrides, got {' '.join(overrides)}")
+        if args.out:
+            check_outputs([Path(args.out).with_suffix(".md"), Path(args.out).with_suffix(".json")], force=args.force)
         comparison = compare_runs(args.runs, group_by=args.group_by, metric=args.metric, pairs=args.pairs)
         markdown = comparison_markdown(comparison)
         print(markdown, end="")
         if args.out:
             out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.with_suffix(".md").write_text(markdown)
-            out.with_suffix(".json").write_text(comparison_json(comparison))
+            write_output(out.with_suffix(".md"), markdown, force=True)
+            write_output(out.with_suffix(".json"), comparison_json(comparison), force=True)
             print(f"written: {out.with_suffix('.md')}, {out.with_suffix('.json')}")
         return 0
 

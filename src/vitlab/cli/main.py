@@ -218,12 +218,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.key value)")
     try:
         return runners[args.command](args, rest)
-    except (VitlabError, PermissionError, KeyboardInterrupt) as e:
+    except (VitlabError, OSError, KeyboardInterrupt) as e:
+        from vitlab.rundir import environment_error
+
         if os.environ.get("VITLAB_DEBUG"):
             raise
         interrupted = isinstance(e, KeyboardInterrupt)
-        if isinstance(e, PermissionError):  # the environment, not a bug: say which file and what to do
+        if isinstance(e, PermissionError) and not isinstance(e, VitlabError):  # the environment, not a bug
             message = f"permission denied: {e.filename}; run where you can write, or change that path's permissions"
+        elif isinstance(e, OSError) and not isinstance(e, VitlabError):
+            error = environment_error(e, e.filename or "a file")  # a full disk, a read-only folder: one line
+            if error is None:
+                raise
+            message = str(error)
         elif interrupted and not isinstance(e, VitlabError):
             message = "interrupted"
         else:
