@@ -428,10 +428,10 @@ class RunDir:
     # readers ---------------------------------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:
         """``config.yaml`` as plain data."""
-        import yaml
+        from vitlab.config import read_yaml
 
         self.require_run()
-        return yaml.safe_load(self.config_file.read_text()) or {}
+        return read_yaml(self.config_file) or {}
 
     def config(self, overrides: Sequence[str] | Mapping[str, Any] | None = None) -> RunConfig:
         """The run's resolved config with ``overrides`` (``["optim.lr=1e-3"]`` or a nested mapping) applied.

@@ -197,8 +197,9 @@ def check_first_batch_fits(name: str, kwargs: dict[str, Any], batch_size: int) -
     """Refuse an input whose first batch cannot fit in this machine's memory, before the model is built.
 
     The estimate counts only what a ViT-like model surely holds: the position embedding ``[N, C]`` (with its
-    gradient and two AdamW moments) and one batch of tokens ``[B, N, C]`` in float32, for ``N = (S / patch)^2``
-    tokens of width ``C = embed_dim``. Presets without those options are not checked.
+    gradient and two AdamW moments), one batch of tokens ``[B, N, C]`` and the batch of images ``[B, C_in, S, S]``,
+    in float32, for ``N = (S / patch)^2`` tokens of width ``C = embed_dim``. Presets without those options are not
+    checked.
     """
     resolved = {**get_preset(name).kwargs, **kwargs}
     size, patch, width = (resolved.get(key) for key in ("img_size", "patch_size", "embed_dim"))
@@ -206,7 +207,7 @@ def check_first_batch_fits(name: str, kwargs: dict[str, Any], batch_size: int) -
     if not all(isinstance(v, int) and v > 0 for v in (size, patch, width)):
         return
     tokens = (size // patch) ** 2
-    needed = 4 * tokens * width * (4 + batch_size)
+    needed = 4 * (tokens * width * (4 + batch_size) + batch_size * resolved.get("in_chans", 3) * size * size)
     try:
         available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
@@ -384,13 +385,15 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     absolute_data_paths(cfg)
     run_dir = run_dir_path(cfg)
     dm = build_datamodule(cfg.data)
+    shape = {"img_size": dm.img_size, "in_chans": dm.in_chans, "num_classes": dm.num_classes}
+    check_first_batch_fits(cfg.model["name"], model_kwargs_for(cfg, shape), cfg.data.batch_size)
     dm.prepare_data()
     dm.setup("fit")
+    dm.check_trainable()
     info = data_info(dm)
     kwargs = model_kwargs_for(cfg, info)
     if stored is not None:
         check_resume_matches(cfg, kwargs, stored, ckpt_path)
-    check_first_batch_fits(cfg.model["name"], kwargs, cfg.data.batch_size)
     try:
         pretrained = None if ckpt_path else cfg.model.get("pretrained")  # a resumed run has its weights
         model = create_model(cfg.model["name"], pretrained=pretrained, **kwargs)
