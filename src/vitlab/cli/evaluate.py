@@ -13,6 +13,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,8 @@ def _compare(p: argparse.ArgumentParser) -> Runner:
         comparison = compare_runs(args.runs, group_by=args.group_by, metric=args.metric, pairs=args.pairs)
         markdown = comparison_markdown(comparison)
         print(markdown, end="")
+        for warning in comparison["warnings"]:
+            print(f"vitlab compare: warning: {warning}", file=sys.stderr)
         if args.out:
             out = Path(args.out)
             write_output(out.with_suffix(".md"), markdown, force=True)
