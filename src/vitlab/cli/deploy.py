@@ -118,8 +118,27 @@ def _list_configs(p: argparse.ArgumentParser) -> Runner:
             name = str(path.relative_to(CONFIG_ROOT).with_suffix(""))
             if not (fnmatch.fnmatch(name, args.pattern) or fnmatch.fnmatch(name, f"*{args.pattern}*")):
                 continue
-            first = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
-            print(f"{name:32s} {first.lstrip('# ').strip()}")
+            print(f"{name:32s} {config_summary(path.read_text())}")
         return 0
 
     return run
+
+
+def config_summary(text: str) -> str:
+    """The first sentence of a config file's leading comment, whole (it may run over several comment lines);
+    command lines in the comment (``vitlab fit ...``) are not part of it."""
+    words = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        content = line.lstrip("#").strip()
+        if content.startswith("vitlab "):
+            break
+        words.append(content)
+    joined = " ".join(words)
+    depth = 0
+    for i, char in enumerate(joined):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "." and depth == 0 and (i + 1 == len(joined) or joined[i + 1] == " "):
+            return joined[: i + 1]
+    return joined

@@ -51,8 +51,10 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
         metrics = run_generative_tasks(
             model, build_datamodule(cfg.data), out, seed=seed, device=args.device, max_images=args.max_images
         )
+        from vitlab.report.collect import fmt
+
         width = max(len(name) for name in metrics)
-        print("\n".join(f"{name:<{width}}  {value:.4g}" for name, value in metrics.items()))
+        print("\n".join(f"{name:<{width}}  {fmt(value)}" for name, value in metrics.items()))
         print(f"metrics: {out / GENERATE_METRICS_FILE}")
         for task, file in GRID_FILES.items():
             print(f"{task} grid: {out / file}")

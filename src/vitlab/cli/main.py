@@ -71,17 +71,18 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
 
 
 def _print_summary(run_dir: Path) -> None:
+    from vitlab.report.collect import fmt
     from vitlab.rundir import EXPORT_DIR, GENERATE_DIR, REPORT_FILE, RunDir
 
     run = RunDir(run_dir)
     lines = [f"run directory: {run_dir}"]
     metrics = run.test_metrics()
     if metrics is not None:
-        lines.append("test: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        lines.append("test: " + ", ".join(f"{k}={fmt(v)}" for k, v in metrics.items()))
     g = run.generate_metrics()
     if g is not None:
         keys = ("reconstruction/psnr", "reconstruction/ssim", "linear_probe/accuracy", "conditional/judge_accuracy")
-        lines.append("generate: " + ", ".join(f"{k}={g[k]:.4g}" for k in keys if k in g))
+        lines.append("generate: " + ", ".join(f"{k}={fmt(g[k])}" for k in keys if k in g))
     for name, label in ((EXPORT_DIR, "exported model"), (REPORT_FILE, "report"), (GENERATE_DIR, "generated grids")):
         if (run_dir / name).exists():
             lines.append(f"{label}: {run_dir / name}")
