@@ -97,7 +97,7 @@ def test_image_folder_classes_are_non_empty_and_at_least_two(tmp_path, capsys):
     write_imagefolder(tmp_path / "pets", {"": 6}, size=(8, 8), gray=True)
     (tmp_path / "pets" / "empty").mkdir()
     line = _refused(capsys, tmp_path, "data.name=imagefolder", f"data.path={tmp_path / 'pets'}")
-    assert f"{tmp_path / 'pets' / 'empty'} hold no readable image" in line
+    assert f"{tmp_path / 'pets' / 'empty'} holds no readable image" in line
     write_imagefolder(tmp_path / "one", {"": 6}, classes=("cat",), size=(8, 8), gray=True)
     line = _refused(capsys, tmp_path, "data.name=imagefolder", f"data.path={tmp_path / 'one'}")
     assert "has one class folder (cat)" in line and "at least two" in line
@@ -161,3 +161,15 @@ def test_evaluate_severities_outside_one_to_five_are_one_line(tmp_path, capsys):
     rc = main(["evaluate", str(tmp_path), "--severities", "9"])
     err = capsys.readouterr().err
     assert rc == 2 and "--severities takes corruption severities 1..5, got 9" in err and "Traceback" not in err
+
+
+def test_no_validation_set_trains_quietly_with_the_last_epoch_as_best(tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    assert main([*FIT, f"run.dir={run_dir}", "data.val_fraction=0", "trainer.max_epochs=2", "run.export=false"]) == 0
+    out, err = capfd.readouterr()
+    assert "no validation set (data.val_fraction=0): best.ckpt is the last epoch's" in out
+    for noise in ("could not find the monitored key", "Total length of `DataLoader`", "Warning"):
+        assert noise not in out + err, noise
+    assert (run_dir / "checkpoints" / "best.ckpt").is_file() and (run_dir / "test_metrics.json").is_file()
+    line = _refused(capfd, tmp_path, "data.val_fraction=0", "optim.schedule=plateau")
+    assert "leaves no validation set" in line

@@ -120,6 +120,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None:  # a full disk names no file: name the one that was being written
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -550,10 +555,12 @@ class RunClaim:
         self.path = Path(path)
         self.lock = self.path / LOCK_FILE
         self.created = False
+        self._made: list[Path] = []
         self._held = False
 
     def acquire(self) -> RunClaim:
-        self.created = not self.path.exists()
+        self._made = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]  # deepest first
+        self.created = bool(self._made)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -625,8 +632,11 @@ class RunClaim:
         self._held = False
         self.lock.unlink(missing_ok=True)
         if self.created:
-            with contextlib.suppress(OSError):  # not empty: the run wrote something, keep it
-                self.path.rmdir()
+            for folder in self._made:  # this folder, and the parents made for it (`runs/`), while they are empty
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty: the run wrote something, keep it
+                    break
 
     def __enter__(self) -> RunClaim:
         return self.acquire()

@@ -244,8 +244,9 @@ def _class_indices(y: np.ndarray, where: str) -> Tensor:
         fractional = y[~np.isfinite(y) | (y != np.round(y))]
         if len(fractional):
             raise DataError(
-                f"{where}: the labels are floats that are not whole numbers (e.g. {fractional[0]!r}); labels are class "
-                "indices 0..K-1: for probabilities or one-hot rows write y.argmax(1), for class ids y.astype(int)"
+                f"{where}: the labels are floats that are not whole numbers (e.g. {float(fractional[0]):g}); labels "
+                "are class indices 0..K-1: for probabilities or one-hot rows write y.argmax(1), for class ids "
+                "y.astype(int)"
             )
     elif not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
         raise DataError(f"{where}: labels must be integers (class indices 0..K-1), got dtype {y.dtype}")
@@ -625,7 +626,8 @@ def _load_imagefolder(cfg: DataConfig, download: bool) -> DatasetSource:
     if empty:
         raise DataError(
             f"imagefolder: class folder{'s' * (len(empty) > 1)} {', '.join(str(train_dir / n) for n in empty)} "
-            "hold no readable image; add images, or remove the folder (every class folder is a class)"
+            f"{'hold' if len(empty) > 1 else 'holds'} no readable image; add images, or remove the folder (every "
+            "class folder is a class)"
         )
     if len(class_names) < 2:
         raise DataError(

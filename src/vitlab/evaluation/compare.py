@@ -90,9 +90,8 @@ def compare_runs(
     for run_dir in map(Path, run_dirs):
         first = seen.setdefault(run_dir.resolve(), run_dir)
         if first is not run_dir:
-            raise ConfigError(
-                f"run {run_dir} is given twice ({first} and {run_dir}); each run is one seed: pass every run once"
-            )
+            spelled = f" (as {first} and {run_dir})" if str(first) != str(run_dir) else ""
+            raise ConfigError(f"run {run_dir} is given twice{spelled}; each run is one seed: pass every run once")
     groups: dict[str, dict[str, Any]] = {}
     datasets: dict[str, list[str]] = {}
     for run_dir in map(Path, run_dirs):

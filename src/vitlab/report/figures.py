@@ -57,9 +57,9 @@ def _epoch_axis(epochs: Sequence[float]) -> list[float]:
 def _rate_axis(ax: Any) -> None:
     """The learning-rate axis: plain numbers ("0.0005", not a "1e-3" multiplier), and a rate that never changes
     drawn against zero, so the ticks do not all read the same value."""
-    low, high = ax.get_ylim()
-    if high > 0 and high - low < 1e-3 * high:
-        ax.set_ylim(0, high * 1.25)
+    values = [float(y) for line in ax.get_lines() for y in line.get_ydata()]
+    if values and max(values) > 0 and max(values) - min(values) <= 1e-6 * max(values):
+        ax.set_ylim(0, max(values) * 1.25)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.2g}"))
 
 

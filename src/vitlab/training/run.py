@@ -303,8 +303,9 @@ def build_task(cfg: RunConfig, model: torch.nn.Module, hparams: dict[str, Any]) 
     return factory(model, cfg=cfg, hparams=hparams)
 
 
-def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callback]:
-    monitor, mode = task.monitor
+def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask, validate: bool = True) -> list[pl.Callback]:
+    """The run's callbacks; without a validation set (``validate=False``) ``best.ckpt`` is the last epoch's."""
+    monitor, mode = task.monitor if validate else ("step", "max")
     ckpt_dir = RunDir(run_dir).checkpoints_dir
     callbacks: list[pl.Callback] = [
         ModelCheckpoint(
@@ -334,9 +335,11 @@ def console_progress_bar(cfg: RunConfig) -> bool:
     return cfg.trainer.enable_progress_bar and sys.stdout.isatty() and sys.stderr.isatty()
 
 
-def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
+def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback], validate: bool = True) -> pl.Trainer:
     kwargs = cfg.trainer.lightning_kwargs()
     kwargs["enable_progress_bar"] = console_progress_bar(cfg)
+    if not validate:
+        kwargs["limit_val_batches"] = 0
     quiet_lightning()
     trainer = pl.Trainer(
         **kwargs,
@@ -403,10 +406,17 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         raise ConfigError(f"cannot build model {cfg.model['name']!r} with {kwargs}: {e}") from e
     hparams = {"config": to_dict(cfg), "model_kwargs": kwargs, "data_info": info}
     task = build_task(cfg, model, hparams)
-    all_callbacks = _callbacks(cfg, run_dir, task) + setup_finetuning(cfg, model, task.monitor) + list(callbacks or [])
+    validate = len(dm.val_set) > 0  # data.val_fraction=0: no validation loop, best.ckpt is the last epoch's
+    if not validate and (cfg.optim.schedule == "plateau" or cfg.finetune.early_stopping_patience is not None):
+        raise ConfigError(
+            "data.val_fraction=0 leaves no validation set, but optim.schedule=plateau and "
+            "finetune.early_stopping_patience follow the validation metrics; set data.val_fraction > 0"
+        )
+    all_callbacks = _callbacks(cfg, run_dir, task, validate)
+    all_callbacks += setup_finetuning(cfg, model, task.monitor) + list(callbacks or [])
     with quiet_warnings():
         try:
-            trainer = make_trainer(cfg, run_dir, all_callbacks)
+            trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
         except (ValueError, TypeError, MisconfigurationException) as e:  # Lightning's answer to a bad trainer.* value
             if isinstance(e, VitlabError):
                 raise
@@ -445,6 +455,8 @@ def _fit_claimed(
             run.write_config(cfg)
             run.write_env()
         print(model_line(cfg.model["name"], task.model), flush=True)
+        if not trainer.limit_val_batches:
+            print("no validation set (data.val_fraction=0): best.ckpt is the last epoch's", flush=True)
         if ckpt_path is not None:
             print(f"resuming from {ckpt_path}", flush=True)
     with quiet_warnings():
