@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+import vitlab
 from vitlab.cli.main import main
 
 TINY = ["trainer.accelerator=cpu", "model.depth=1", "data.limit_train=128", "run.generate=false", "run.report=false"]
 FIT = ["fit", "--config", "vit/digits", "trainer.max_epochs=1", *TINY]
+REPO = str(Path(vitlab.__file__).resolve().parents[2])  # where this checkout is: <repo> in the table
 
 
 def run(argv: list[str]) -> tuple[int, str]:
@@ -231,7 +233,7 @@ def main_table() -> int:
                 )
                 ok = rc != 0 and "Traceback" not in err and first != ""
                 failures += not ok
-                shown = first.replace(str(work), "<tmp>").replace("|", "\\|")
+                shown = first.replace(str(work), "<tmp>").replace(REPO, "<repo>").replace("|", "\\|")
                 shown_argv = ["fit", "--config", "vit/digits", *argv[len(FIT) :]] if argv[: len(FIT)] == FIT else argv
                 command = " ".join(a.replace(str(work), "<tmp>") for a in shown_argv)
                 flag = "" if ok else " **(not a clean error)**"
