@@ -171,5 +171,5 @@ def test_no_validation_set_trains_quietly_with_the_last_epoch_as_best(tmp_path, 
     for noise in ("could not find the monitored key", "Total length of `DataLoader`", "Warning"):
         assert noise not in out + err, noise
     assert (run_dir / "checkpoints" / "best.ckpt").is_file() and (run_dir / "test_metrics.json").is_file()
-    line = _refused(capfd, tmp_path, "data.val_fraction=0", "optim.schedule=plateau")
+    line = _refused(capfd, tmp_path / "plateau", "data.val_fraction=0", "optim.schedule=plateau")
     assert "leaves no validation set" in line

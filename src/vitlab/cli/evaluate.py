@@ -13,6 +13,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ def _evaluate(p: argparse.ArgumentParser) -> Runner:
         bad = [s for s in args.severities if not 1 <= s <= 5]
         if bad:
             raise ConfigError(f"--severities takes corruption severities 1..5, got {' '.join(map(str, bad))}")
-        if args.out:
+        if args.out and not _holds_an_evaluation(Path(args.out)):  # an earlier `vitlab evaluate --out` is replaced
             check_outputs([Path(args.out) / EVALUATION_FILE, Path(args.out) / RELIABILITY_FILE], force=args.force)
 
         model_overrides = parse_overrides([item for group in args.model or [] for item in group])
@@ -96,6 +97,19 @@ def _evaluate(p: argparse.ArgumentParser) -> Runner:
         return 0
 
     return run
+
+
+def _holds_an_evaluation(folder: Path) -> bool:
+    """True when ``folder`` holds what ``vitlab evaluate --out folder`` wrote (its ``evaluation.json`` names the
+    folder as its ``out_dir``): that evaluation is replaced; any other file there is the user's."""
+    from vitlab.evaluation.evaluate import EVALUATION_FILE
+
+    try:
+        stored = json.loads((folder / EVALUATION_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    out_dir = stored.get("run", {}).get("out_dir") if isinstance(stored, dict) else None
+    return isinstance(out_dir, str) and Path(out_dir).resolve() == folder.resolve()
 
 
 @command("compare", "compare runs: metrics over seeds per group (Markdown + JSON), Welch's t-tests")
