@@ -140,9 +140,13 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 #: errors of the file system that are the environment's, not a bug: said in one line
-_ENVIRONMENT_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}
-_ENVIRONMENT_ERRNOS |= {errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied"}
-_ENVIRONMENT_ERRNOS |= {errno.EPERM: "permission denied"}
+_ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
 
 
 def environment_error(e: OSError, path: str | Path) -> OutputError | None:
