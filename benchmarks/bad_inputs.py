@@ -1,8 +1,9 @@
 """Every bad input tried on the ``vitlab`` command, and the message it gets: the table of ``docs/errors.md``.
 
 Each case runs the real command line (in this process, in a scratch folder, on data the script makes) and records
-the exit code and the first line of standard error. A case that prints a traceback, exits 0 or leaves a
-half-written file is marked as a failure. Run from the repository root::
+the exit code and the first line of standard error. A case that prints a traceback or exits 0 is marked as a
+failure; the script fails if any command changed a file of the user's folder ``mine/`` or left a half-written
+(temporary or empty) file. Run from the repository root::
 
     python benchmarks/bad_inputs.py > /tmp/bad_inputs.md
 """
@@ -10,8 +11,10 @@ half-written file is marked as a failure. Run from the repository root::
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -19,10 +22,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+import vitlab
 from vitlab.cli.main import main
 
 TINY = ["trainer.accelerator=cpu", "model.depth=1", "data.limit_train=128", "run.generate=false", "run.report=false"]
 FIT = ["fit", "--config", "vit/digits", "trainer.max_epochs=1", *TINY]
+REPO = str(Path(vitlab.__file__).resolve().parents[2])  # where this checkout is: <repo> in the table
 
 
 def run(argv: list[str]) -> tuple[int, str]:
@@ -55,10 +60,64 @@ def make_inputs(work: Path) -> dict[str, Path]:
             Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(work / "pets" / label / f"{i}.png")
     broken = work / "pets" / "b" / "3.png"
     broken.write_bytes(broken.read_bytes()[:30])
+    images, labels = np.random.default_rng(0).integers(0, 256, (40, 8, 8), dtype=np.uint8), np.arange(40) % 4
+    npz = {"x_train": images, "y_train": labels, "x_test": images[:20], "y_test": labels[:20]}
+    np.savez(work / "short_labels.npz", **{**npz, "y_train": labels[:30]})
+    np.savez(work / "float_labels.npz", **{**npz, "y_train": np.random.default_rng(0).random(40)})
+    np.savez(work / "sparse_labels.npz", **{**npz, "y_train": labels * 100, "y_test": labels[:20] * 100})
+    np.savez(work / "unseen_labels.npz", **{**npz, "y_test": np.arange(20) % 5})
+    np.savez(work / "one_class.npz", **{**npz, "y_train": labels * 0, "y_test": labels[:20] * 0})
+    nchw = np.random.default_rng(0).integers(0, 256, (40, 3, 8, 8), dtype=np.uint8)
+    np.savez(work / "nchw.npz", **{**npz, "x_train": nchw, "x_test": nchw[:20]})
+    (work / "text.npz").write_text("not an npz file")
+    (work / "folder.npz").mkdir()
+    for label in ("a", "b"):
+        for i in range(6):
+            (work / "empty_class" / label).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((8, 8), i, np.uint8)).save(work / "empty_class" / label / f"{i}.png")
+    (work / "empty_class" / "c").mkdir()
+    (work / "one_class" / "cat").mkdir(parents=True)
+    (work / "two_images" / "dog").mkdir(parents=True)
+    for folder in ("one_class/cat", "two_images/dog"):
+        for i in range(6 if folder.startswith("one") else 1):
+            Image.fromarray(np.full((8, 8), i, np.uint8)).save(work / folder / f"{i}.png")
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(work / "two_images" / "cat.png")
+    (work / "two_images" / "cat").mkdir()
+    os.replace(work / "two_images" / "cat.png", work / "two_images" / "cat" / "0.png")
+    (work / "tab.yaml").write_text("trainer:\n\tmax_epochs: 2\n")
+    (work / "syntax.yaml").write_text("model: {name: vit_pico\n")
+    (work / "loop.yaml").write_text("defaults: [loop.yaml]\n")
+    (work / "busy").mkdir()
+    (work / "busy" / ".lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")  # this process: alive
+    for name in ("report.html", "predictions.csv", "compare.md", "bench.json", "probe.json"):
+        (work / "mine" / name).write_text(f"the user's {name}")
+    for folder, name in (("generate", "metrics.json"), ("evaluation", "evaluation.json")):
+        (work / "mine" / folder).mkdir()
+        (work / "mine" / folder / name).write_text(f"the user's {name}")
     return {"run": run_dir}
 
 
-def cases(work: Path, run_dir: Path) -> list[tuple[str, list[str]]]:
+@contextlib.contextmanager
+def disk_full():
+    """Every file written after this point meets a full disk (what a 5 MiB tmpfs does to a checkpoint)."""
+    real = os.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    os.fsync = full
+    try:
+        yield
+    finally:
+        os.fsync = real
+
+
+def cases(work: Path, run_dir: Path) -> list[tuple]:
+    """``(name, argv)`` or ``(name, argv, context)``: ``context()`` is entered around the command (a full disk)."""
+
+    def mine(name: str) -> str:
+        return str(work / "mine" / name)
+
     return [
         ("unknown config key", [*FIT, "optim.lrr=1e-3"]),
         ("value of the wrong type", [*FIT, "trainer.max_epochs=ten"]),
@@ -98,7 +157,61 @@ def cases(work: Path, run_dir: Path) -> list[tuple[str, list[str]]]:
         ("slot assignments of a run that is not a CET-ViT", ["probe", "slot-k", str(run_dir)]),
         ("bench of an unknown model", ["bench", "vit_tinyy"]),
         ("list-models with a pattern that matches nothing", ["list-models", "zzz*"]),
+        # issue 26: nothing lost
+        ("--resume with another config", ["fit", "--config", "vitcae/digits", "--resume", str(run_dir)]),
+        ("--resume with another model", ["fit", "--resume", str(run_dir), "model.name=vit_pico"]),
+        ("a run folder another vitlab fit is writing", [*FIT, f"run.dir={work / 'busy'}"]),
+        ("report onto a user's file", ["report", str(run_dir), "--out", str(work / "mine" / "report.html")]),
+        (
+            "predict onto a user's file",
+            ["predict", str(run_dir), str(work / "pets" / "a"), "--out", mine("predictions.csv")],
+        ),
+        ("compare onto a user's file", ["compare", str(run_dir), "--out", mine("compare.md")]),
+        ("generate into a folder with a metrics.json", ["generate", str(run_dir), "--out", mine("generate")]),
+        ("evaluate into a folder with an evaluation.json", ["evaluate", str(run_dir), "--out", mine("evaluation")]),
+        ("probe --json onto a user's file", ["probe", "reversibility", "--json", mine("probe.json")]),
+        ("bench onto a user's file", ["bench", "vit_pico", "--out", mine("bench.json")]),
+        (
+            "a full disk during predict --out",
+            ["predict", str(run_dir), str(work / "pets" / "a"), "--out", mine("new.csv")],
+            disk_full,
+        ),
+        ("a full disk during fit", [*FIT, f"run.dir={work / 'full'}"], disk_full),
+        ("a full disk during export", ["export", str(run_dir), "--out", str(work / "exported")], disk_full),
+        # issue 26: nothing silently wrong
+        ("npz with fewer labels than images", [*FIT, "data.name=npz", f"data.path={work / 'short_labels.npz'}"]),
+        ("npz with fractional float labels", [*FIT, "data.name=npz", f"data.path={work / 'float_labels.npz'}"]),
+        ("npz labels 0, 100, 200, 300", [*FIT, "data.name=npz", f"data.path={work / 'sparse_labels.npz'}"]),
+        (
+            "npz test labels outside the training labels",
+            [*FIT, "data.name=npz", f"data.path={work / 'unseen_labels.npz'}"],
+        ),
+        ("npz with a single class", [*FIT, "data.name=npz", f"data.path={work / 'one_class.npz'}"]),
+        ("model.num_classes below the labels", [*FIT, "model.num_classes=5"]),
+        (
+            "image folder with an empty class folder",
+            [*FIT, "data.name=imagefolder", f"data.path={work / 'empty_class'}"],
+        ),
+        ("image folder with one class", [*FIT, "data.name=imagefolder", f"data.path={work / 'one_class'}"]),
+        ("image folder with two images", [*FIT, "data.name=imagefolder", f"data.path={work / 'two_images'}"]),
+        ("compare with the same run twice", ["compare", str(run_dir), str(run_dir)]),
+        ("trainer.max_epochs=0", [*FIT, "trainer.max_epochs=0"]),
+        # issue 26: tracebacks that are one line now
+        ("YAML syntax error", ["fit", "--config", str(work / "syntax.yaml")]),
+        ("YAML indented with a tab", ["fit", "--config", str(work / "tab.yaml")]),
+        ("defaults that include themselves", ["fit", "--config", str(work / "loop.yaml")]),
+        ("npz that is not a zip", [*FIT, "data.name=npz", f"data.path={work / 'text.npz'}"]),
+        ("npz path that is a folder", [*FIT, "data.name=npz", f"data.path={work / 'folder.npz'}"]),
+        ("npz images in NCHW order", [*FIT, "data.name=npz", f"data.path={work / 'nchw.npz'}"]),
+        ("an image size whose first batch cannot fit in memory", [*FIT, "data.img_size=100000"]),
+        ("negative learning rate", [*FIT, "optim.lr=-1e-3"]),
+        ("a trainer value Lightning refuses", [*FIT, "trainer.strategy=ddpp"]),
+        ("evaluate --severities outside 1..5", ["evaluate", str(run_dir), "--severities", "9"]),
     ]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def main_table() -> int:
@@ -110,21 +223,28 @@ def main_table() -> int:
         try:
             inputs = make_inputs(work)
             rows = []
-            for name, argv in cases(work, inputs["run"]):
-                rc, err = run(argv)
+            before = snapshot(work / "mine")
+            for name, argv, *context in cases(work, inputs["run"]):
+                with (context[0] if context else contextlib.nullcontext)():
+                    rc, err = run(argv)
                 lines = err.strip().splitlines()
                 first = next(
                     (line for line in lines if "error:" in line or "stopped:" in line), lines[0] if lines else ""
                 )
                 ok = rc != 0 and "Traceback" not in err and first != ""
                 failures += not ok
-                shown = first.replace(str(work), "<tmp>").replace("|", "\\|")
+                shown = first.replace(str(work), "<tmp>").replace(REPO, "<repo>").replace("|", "\\|")
                 shown_argv = ["fit", "--config", "vit/digits", *argv[len(FIT) :]] if argv[: len(FIT)] == FIT else argv
                 command = " ".join(a.replace(str(work), "<tmp>") for a in shown_argv)
                 flag = "" if ok else " **(not a clean error)**"
                 rows.append(f"| {name} | `vitlab {command}` | {rc} | {shown}{flag} |")
-            if (work / "mine" / "notes.txt").read_text() != "my notes":
-                print("export deleted the user's file", file=sys.stderr)
+            if snapshot(work / "mine") != before:
+                print("a command changed or deleted a user's file in mine/", file=sys.stderr)
+                failures += 1
+            half = [p for p in work.rglob("*") if p.is_file() and (p.name.endswith(".tmp") or p.stat().st_size == 0)]
+            half = [p for p in half if p.parent.name not in ("empty_class", "c")]
+            if half:
+                print(f"half-written files left: {', '.join(map(str, half))}", file=sys.stderr)
                 failures += 1
         finally:
             os.chdir(cwd)

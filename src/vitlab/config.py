@@ -44,6 +44,31 @@ class OptimConfig:
     #: ``false`` (torch's default: foreach on CUDA, a per-tensor loop on CPU); ``vitlab.acceleration.adamw``
     fused: bool | str = "auto"
 
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.lr > 0:
+            problems.append(f"optim.lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            problems.append(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if not all(0 <= beta < 1 for beta in self.betas):
+            problems.append(f"optim.betas must both be in [0, 1), got {list(self.betas)}")
+        if self.schedule not in SCHEDULES:
+            problems.append(f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.warmup_epochs < 0 or self.min_lr < 0:
+            problems.append("optim.warmup_epochs and optim.min_lr must be >= 0")
+        if not 0 < self.plateau_factor < 1 or self.plateau_patience < 0:
+            problems.append("optim.plateau_factor must be in (0, 1) and optim.plateau_patience >= 0")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            problems.append(f"optim.grad_clip must be > 0 or null (off), got {self.grad_clip}")
+        if not 0 <= self.label_smoothing < 1:
+            problems.append(f"optim.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+#: values of ``optim.schedule``
+SCHEDULES = ("cosine", "plateau", "none")
+
 
 @dataclass
 class TrainerConfig:
@@ -68,6 +93,17 @@ class TrainerConfig:
     compile: bool = False
     compile_mode: str | None = None
     compile_backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        if self.max_epochs == -1 and self.max_time is None:
+            raise ConfigError("trainer.max_epochs=-1 (no limit) needs trainer.max_time= to end the run")
+        if self.max_epochs < 1 and self.max_epochs != -1:
+            raise ConfigError(
+                f"trainer.max_epochs must be >= 1, got {self.max_epochs}: a run trains at least one epoch; to test or "
+                "export a trained run use `vitlab test RUN` or `vitlab export RUN`"
+            )
+        if self.log_every_n_steps < 1 or self.check_val_every_n_epoch < 1:
+            raise ConfigError("trainer.log_every_n_steps and trainer.check_val_every_n_epoch must be >= 1")
 
     def lightning_kwargs(self) -> dict[str, Any]:
         """The keyword arguments for ``lightning.pytorch.Trainer``: every set key but ``VITLAB_KEYS``."""
@@ -267,19 +303,38 @@ def resolve_config_path(name: str | Path) -> Path:
     )
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content; a syntax error (a tab in the indentation, an unclosed bracket) is a
+    :class:`ConfigError` that names the file, the line and the column."""
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        tabs = " (YAML indents with spaces, not tabs)" if "\t" in path.read_text() else ""
+        raise ConfigError(f"{path}{where} is not valid YAML: {problem}{tabs}; fix that line") from e
+
+
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a YAML config; ``defaults: [other.yaml, ...]`` entries are merged first (relative to the file)."""
     path = resolve_config_path(path)
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    if path.resolve() in _seen:
+        chain = " -> ".join(p.name for p in (*_seen, path.resolve()))
+        raise ConfigError(f"{path}: its defaults include themselves ({chain}); remove the entry that closes the circle")
+    data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level")
     merged: dict[str, Any] = {}
-    for parent in data.pop("defaults", []) or []:
+    defaults = data.pop("defaults", []) or []
+    if not isinstance(defaults, list) or not all(isinstance(d, str) for d in defaults):
+        raise ConfigError(f"{path}: defaults must be a list of config files, got {defaults!r}")
+    for parent in defaults:
         parent_path = (path.parent / parent) if not Path(parent).is_absolute() else Path(parent)
         if not parent_path.exists():
             parent_path = resolve_config_path(parent)
-        merged = deep_merge(merged, load_yaml(parent_path))
+        merged = deep_merge(merged, load_yaml(parent_path, (*_seen, path.resolve())))
     return deep_merge(merged, data)
 
 

@@ -26,3 +26,13 @@ class CheckpointError(VitlabError, RuntimeError):
 
 class RunFileError(VitlabError, FileNotFoundError):
     """A file a command needs is not in the run directory (e.g. ``dynamics.jsonl`` of a run trained without it)."""
+
+
+class RunDirError(VitlabError, OSError):
+    """The run directory cannot be used as asked (it holds another run, another process writes it, or it cannot be
+    written)."""
+
+
+class OutputError(VitlabError, OSError):
+    """A file a command would write cannot be written: it exists (and ``--force`` was not given), or the disk is
+    full, or the folder is read-only."""

@@ -141,6 +141,8 @@ def export_model(
         st_save_model(model, str(stage / EXPORT_WEIGHTS_FILE))
         (stage / EXPORT_CONFIG_FILE).write_text(json.dumps(meta, indent=2, default=str))
         for name in EXPORT_FILES:
+            with open(stage / name, "rb") as f:  # on the disk before the rename makes them the export
+                os.fsync(f.fileno())
             os.chmod(stage / name, umask_mode(directory=False))
         os.chmod(stage, umask_mode(directory=True))
         if existing:  # --force: replace the export's files one by one, leave the rest
@@ -149,6 +151,11 @@ def export_model(
             stage.rmdir()
         else:  # rename(2) replaces an empty folder
             os.replace(stage, out_dir)
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        if e.filename is None:  # a full disk names no file: say which export failed
+            raise OSError(e.errno, e.strerror, str(out_dir)) from e
+        raise
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -11,27 +11,35 @@ Layout::
 
     config.yaml  env.json  metrics.jsonl  steps.jsonl  timing.json  test_metrics.json  ddp_check.json
     dynamics.jsonl  dynamics/  tb/  checkpoints/{best,last}.ckpt  export/{model.safetensors,config.json}
-    generate/  evaluation/  evaluation-KEY=VALUE/  report.html
+    generate/  evaluation/  evaluation-KEY=VALUE/  report.html  resumes.jsonl
+    .lock   (while a `vitlab fit` writes the folder: its pid and host; see :class:`RunClaim`)
+
+Files a user names (``--out``) follow one rule, :func:`check_outputs` and :func:`write_output`: an existing file is
+refused unless ``--force``, and a file is written whole or not at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
 import importlib.metadata
 import json
 import math
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import CheckpointError, ConfigError, OutputError, RunDirError
 from vitlab.jsonio import strict_dumps
 from vitlab.version import __version__
 
@@ -59,6 +67,8 @@ GENERATE_DIR = "generate"
 GENERATE_METRICS_FILE = "metrics.json"
 EVALUATION_DIR = "evaluation"
 EVALUATION_FILE = "evaluation.json"
+RESUMES_FILE = "resumes.jsonl"
+LOCK_FILE = ".lock"
 RUN_DIR_ENV = "VITLAB_RUN_DIR"
 
 #: what ``vitlab fit`` (and the commands that add to a run) write into a run directory; ``run.overwrite=true``
@@ -72,6 +82,7 @@ RUN_OUTPUTS = (
     TEST_METRICS_FILE,
     DDP_CHECK_FILE,
     DYNAMICS_FILE,
+    RESUMES_FILE,
     REPORT_FILE,
     TENSORBOARD_DIR,
     CHECKPOINTS_DIR,
@@ -109,6 +120,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None:  # a full disk names no file: name the one that was being written
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -121,6 +137,66 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     """Strict JSON (NaN as null), indented, written atomically."""
     atomic_write_text(path, strict_dumps(obj, indent=2))
+
+
+#: errors of the file system that are the environment's, not a bug: said in one line
+_ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
+
+
+def environment_error(e: OSError, path: str | Path) -> OutputError | None:
+    """``e`` as a one-line :class:`OutputError` naming ``path`` when it is the environment's (a full disk, a quota,
+    a read-only folder, no permission); None for any other error."""
+    reason = _ENVIRONMENT_ERRNOS.get(e.errno or 0)
+    if reason is None:
+        return None
+    fix = "free space, or write elsewhere" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "write elsewhere"
+    return OutputError(f"cannot write {path}: {reason} (no file is left half-written); {fix}")
+
+
+def check_outputs(paths: Sequence[str | Path], *, force: bool, flag: str = "--force") -> None:
+    """Refuse before any work is done when a file a command would write exists (unless ``force``) or is a folder.
+
+    The one output rule of every command that writes a file a user names: ``report``, ``predict``, ``compare``,
+    ``generate``, ``evaluate``, ``probe``, ``bench``.
+    """
+    for path in map(Path, paths):
+        if path.is_dir():
+            raise OutputError(f"{path} is a folder; name a file to write (or another folder with --out)")
+        if path.exists() and not force:
+            raise OutputError(f"{path} exists; pass {flag} to replace it, or choose another --out")
+
+
+def write_output(path: str | Path, data: str | bytes, *, force: bool = False) -> Path:
+    """Write a file a user named: refused if it exists (unless ``force``), written atomically (a temporary file in
+    the same folder, then a rename), and a full disk or a read-only folder is a one-line :class:`OutputError`
+    that leaves any existing file as it was."""
+    path = Path(path)
+    check_outputs([path], force=force)
+    try:
+        atomic_write_bytes(path, data.encode() if isinstance(data, str) else data)
+    except OSError as e:
+        error = environment_error(e, path)
+        if error is None:
+            raise
+        raise error from e
+    return path
+
+
+def save_figure(figure: Any, path: str | Path, **savefig_kwargs: Any) -> Path:
+    """A matplotlib figure written atomically (rendered in memory, then :func:`atomic_write_bytes`)."""
+    import io
+
+    path = Path(path)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=path.suffix.lstrip(".") or "png", **savefig_kwargs)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
 
 
 def read_json(path: str | Path) -> Any:
@@ -361,10 +437,10 @@ class RunDir:
     # readers ---------------------------------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:
         """``config.yaml`` as plain data."""
-        import yaml
+        from vitlab.config import read_yaml
 
         self.require_run()
-        return yaml.safe_load(self.config_file.read_text()) or {}
+        return read_yaml(self.config_file) or {}
 
     def config(self, overrides: Sequence[str] | Mapping[str, Any] | None = None) -> RunConfig:
         """The run's resolved config with ``overrides`` (``["optim.lr=1e-3"]`` or a nested mapping) applied.
@@ -453,6 +529,124 @@ class RunDir:
         path = self.path / relative
         atomic_write_json(path, obj)
         return path
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# One writer per run directory
+# -------------------------------------------------------------------------------------------------------------------
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+class RunClaim:
+    """The exclusive right of one process to write a run directory: ``<run>/.lock``, created with ``O_EXCL`` and
+    holding ``<pid> <host>``.
+
+    A lock whose process is gone (a run killed with SIGKILL, a crashed machine's pid on this host) is stale and
+    taken over; a live one is a :class:`~vitlab.errors.RunDirError` that names the pid. Whether the folder holds
+    a run is decided after the lock is held, so two ``vitlab fit`` started together on one folder cannot both
+    pass the check. :meth:`release` removes the lock, and the folder too when this claim created it and nothing
+    else was written (a run that failed before it started leaves no empty folder).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.lock = self.path / LOCK_FILE
+        self.created = False
+        self._made: list[Path] = []
+        self._held = False
+
+    def acquire(self) -> RunClaim:
+        self._made = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]  # deepest first
+        self.created = bool(self._made)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(
+                f"cannot create run directory {self.path} ({e.strerror}); set run.root= (or run.dir=) to a folder "
+                "you can write"
+            ) from e
+        if not os.access(self.path, os.W_OK | os.X_OK):
+            raise RunDirError(
+                f"run directory {self.path} is not writable; set run.root= (or run.dir=) to a folder you can write"
+            )
+        for _ in range(3):
+            try:
+                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, umask_mode())
+            except FileExistsError:
+                self._take_over_if_stale()
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()} {socket.gethostname()}\n")
+            self._held = True
+            return self
+        self._refuse()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _owner(self) -> tuple[int, str] | None:
+        try:
+            pid, host = self.lock.read_text().split()
+            return int(pid), host
+        except (OSError, ValueError):
+            return None
+
+    def _refuse(self) -> None:
+        owner = self._owner()
+        who = f"vitlab process {owner[0]} on {owner[1]}" if owner else "another vitlab process"
+        raise RunDirError(
+            f"run directory {self.path} is being written by {who}; wait for it to finish, or choose another run.dir "
+            f"(if no such process runs, delete {self.lock})"
+        )
+
+    def _take_over_if_stale(self) -> None:
+        """Remove the lock if its process is gone; otherwise refuse. The lock is first renamed aside and checked to
+        be the same file, so two processes that find one stale lock cannot remove each other's fresh one."""
+        try:
+            before = self.lock.stat()
+        except FileNotFoundError:
+            return  # released meanwhile: try again
+        owner = self._owner()
+        if owner is None:
+            if time.time() - before.st_mtime < 10:  # being written this instant
+                self._refuse()
+        elif owner[1] != socket.gethostname() or _pid_alive(owner[0]):
+            self._refuse()
+        aside = self.path / f"{LOCK_FILE}.stale-{os.getpid()}"
+        try:
+            os.rename(self.lock, aside)
+        except FileNotFoundError:
+            return
+        if aside.stat().st_ino != before.st_ino:  # another process took it over between our look and the rename
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, self.lock)
+            aside.unlink()
+            self._refuse()
+        aside.unlink()
+        print(f"removed the stale lock of vitlab process {owner[0] if owner else '?'} in {self.path}", file=sys.stderr)
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        self._held = False
+        self.lock.unlink(missing_ok=True)
+        if self.created:
+            for folder in self._made:  # this folder, and the parents made for it (`runs/`), while they are empty
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty: the run wrote something, keep it
+                    break
+
+    def __enter__(self) -> RunClaim:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def config_with_overrides(

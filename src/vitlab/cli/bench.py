@@ -49,13 +49,17 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--out", help="write the JSON record here")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file (refused without it)")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.bench import bench, format_bench
         from vitlab.config import parse_overrides
+        from vitlab.rundir import check_outputs, write_output
 
         if args.threads < 0:
             p.error(f"--threads must be >= 0, got {args.threads}")
+        if args.out:
+            check_outputs([args.out], force=args.force)
         result = bench(
             args.model,
             overrides=parse_overrides(overrides),
@@ -76,9 +80,7 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
         )
         print(format_bench(result))
         if args.out:
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(strict_dumps(result, indent=2))
+            out = write_output(Path(args.out), strict_dumps(result, indent=2), force=True)
             print(f"wrote {out}")
         return 0
 

@@ -65,15 +65,19 @@ def _predict(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", help="also write the predictions: .csv, or JSON lines for any other suffix (.jsonl)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file (refused without it)")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.errors import ConfigError
         from vitlab.evaluation.predict import image_files, load_predictor, predict, rows, write_rows
+        from vitlab.rundir import check_outputs
 
         if overrides:
             raise ConfigError(f"vitlab predict takes no config overrides, got {' '.join(overrides)}")
         if args.topk < 1 or args.batch_size < 1:
             raise ConfigError("--topk and --batch-size must be >= 1")
+        if args.out:
+            check_outputs([args.out], force=args.force)
         model, info = load_predictor(args.model)
         model = model.to(args.device)
         skipped: list[str] = []
@@ -90,7 +94,7 @@ def _predict(p: argparse.ArgumentParser) -> Runner:
             ranked = [f"{r[f'top{i}']} {r[f'prob{i}']:.3f}" for i in range(1, args.topk + 1) if f"top{i}" in r]
             print(f"{r['path']:<{width}}  " + "  ".join(ranked))
         if args.out:
-            write_rows(records, Path(args.out))
+            write_rows(records, Path(args.out), force=True)
             print(f"wrote {len(records)} predictions to {args.out}")
         if skipped:
             print(f"{len(skipped)} of {len(files)} files skipped", file=sys.stderr)
@@ -114,8 +118,27 @@ def _list_configs(p: argparse.ArgumentParser) -> Runner:
             name = str(path.relative_to(CONFIG_ROOT).with_suffix(""))
             if not (fnmatch.fnmatch(name, args.pattern) or fnmatch.fnmatch(name, f"*{args.pattern}*")):
                 continue
-            first = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
-            print(f"{name:32s} {first.lstrip('# ').strip()}")
+            print(f"{name:32s} {config_summary(path.read_text())}")
         return 0
 
     return run
+
+
+def config_summary(text: str) -> str:
+    """The first sentence of a config file's leading comment, whole (it may run over several comment lines);
+    command lines in the comment (``vitlab fit ...``) are not part of it."""
+    words = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        content = line.lstrip("#").strip()
+        if content.startswith("vitlab "):
+            break
+        words.append(content)
+    joined = " ".join(words)
+    depth = 0
+    for i, char in enumerate(joined):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "." and depth == 0 and (i + 1 == len(joined) or joined[i + 1] == " "):
+            return joined[: i + 1]
+    return joined

@@ -13,6 +13,8 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +62,19 @@ def _evaluate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--seed", type=int, default=0, help="calibration split, corruption noise and bootstrap seed")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     p.add_argument("--out", help="output folder (default: <run>/evaluation)")
+    p.add_argument("--force", action="store_true", help="replace the evaluation files in an --out folder that has them")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.config import parse_overrides
-        from vitlab.evaluation.evaluate import EVALUATION_FILE, evaluate_run, format_evaluation
+        from vitlab.errors import ConfigError
+        from vitlab.evaluation.evaluate import EVALUATION_FILE, RELIABILITY_FILE, evaluate_run, format_evaluation
+        from vitlab.rundir import check_outputs
+
+        bad = [s for s in args.severities if not 1 <= s <= 5]
+        if bad:
+            raise ConfigError(f"--severities takes corruption severities 1..5, got {' '.join(map(str, bad))}")
+        if args.out and not _holds_an_evaluation(Path(args.out)):  # an earlier `vitlab evaluate --out` is replaced
+            check_outputs([Path(args.out) / EVALUATION_FILE, Path(args.out) / RELIABILITY_FILE], force=args.force)
 
         model_overrides = parse_overrides([item for group in args.model or [] for item in group])
         results = evaluate_run(
@@ -88,6 +99,19 @@ def _evaluate(p: argparse.ArgumentParser) -> Runner:
     return run
 
 
+def _holds_an_evaluation(folder: Path) -> bool:
+    """True when ``folder`` holds what ``vitlab evaluate --out folder`` wrote (its ``evaluation.json`` names the
+    folder as its ``out_dir``): that evaluation is replaced; any other file there is the user's."""
+    from vitlab.evaluation.evaluate import EVALUATION_FILE
+
+    try:
+        stored = json.loads((folder / EVALUATION_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    out_dir = stored.get("run", {}).get("out_dir") if isinstance(stored, dict) else None
+    return isinstance(out_dir, str) and Path(out_dir).resolve() == folder.resolve()
+
+
 @command("compare", "compare runs: metrics over seeds per group (Markdown + JSON), Welch's t-tests")
 def _compare(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("runs", nargs="+", help="run directories")
@@ -95,21 +119,26 @@ def _compare(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--metric", default="test/acc", help="metric of the t-tests (default test/acc)")
     p.add_argument("--pairs", choices=["first", "all"], default="first", help="t-test each group vs the first, or all")
     p.add_argument("--out", help="write FILE.md and FILE.json (the suffix given is replaced)")
+    p.add_argument("--force", action="store_true", help="replace FILE.md and FILE.json if they exist")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.errors import ConfigError
         from vitlab.evaluation.compare import compare_runs, comparison_json, comparison_markdown
+        from vitlab.rundir import check_outputs, write_output
 
         if overrides:
             raise ConfigError(f"vitlab compare takes no config overrides, got {' '.join(overrides)}")
+        if args.out:
+            check_outputs([Path(args.out).with_suffix(".md"), Path(args.out).with_suffix(".json")], force=args.force)
         comparison = compare_runs(args.runs, group_by=args.group_by, metric=args.metric, pairs=args.pairs)
         markdown = comparison_markdown(comparison)
         print(markdown, end="")
+        for warning in comparison["warnings"]:
+            print(f"vitlab compare: warning: {warning}", file=sys.stderr)
         if args.out:
             out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.with_suffix(".md").write_text(markdown)
-            out.with_suffix(".json").write_text(comparison_json(comparison))
+            write_output(out.with_suffix(".md"), markdown, force=True)
+            write_output(out.with_suffix(".json"), comparison_json(comparison), force=True)
             print(f"written: {out.with_suffix('.md')}, {out.with_suffix('.json')}")
         return 0
 

@@ -23,6 +23,7 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--max-images", type=int, help="use at most this many training and test images each")
     p.add_argument("--seed", type=int, help="seed of every random draw (default: the run's seed)")
+    p.add_argument("--force", action="store_true", help="replace the grids and metrics.json in an --out folder")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.data import build_datamodule
@@ -30,10 +31,13 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
         from vitlab.evaluation.generative import GRID_FILES, run_generative_tasks
         from vitlab.export import load_model
         from vitlab.models.vitcae import ViTCAE
-        from vitlab.rundir import GENERATE_DIR, GENERATE_METRICS_FILE, RunDir
+        from vitlab.rundir import GENERATE_DIR, GENERATE_METRICS_FILE, RunDir, check_outputs
 
         if args.max_images is not None and args.max_images < 2:
             p.error(f"--max-images must be at least 2, got {args.max_images}")
+        if args.out:  # the run's own generate/ is replaced; a folder the user names keeps its files unless --force
+            files = [*GRID_FILES.values(), GENERATE_METRICS_FILE]
+            check_outputs([Path(args.out) / file for file in files], force=args.force)
         run_dir = Path(args.run_dir)
         cfg = RunDir(run_dir).config(overrides)
         model = load_model(run_dir, map_location=args.device)  # export/, else best.ckpt, else last.ckpt
@@ -47,8 +51,10 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
         metrics = run_generative_tasks(
             model, build_datamodule(cfg.data), out, seed=seed, device=args.device, max_images=args.max_images
         )
+        from vitlab.report.collect import fmt
+
         width = max(len(name) for name in metrics)
-        print("\n".join(f"{name:<{width}}  {value:.4g}" for name, value in metrics.items()))
+        print("\n".join(f"{name:<{width}}  {fmt(value)}" for name, value in metrics.items()))
         print(f"metrics: {out / GENERATE_METRICS_FILE}")
         for task, file in GRID_FILES.items():
             print(f"{task} grid: {out / file}")

@@ -71,17 +71,18 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
 
 
 def _print_summary(run_dir: Path) -> None:
+    from vitlab.report.collect import fmt
     from vitlab.rundir import EXPORT_DIR, GENERATE_DIR, REPORT_FILE, RunDir
 
     run = RunDir(run_dir)
     lines = [f"run directory: {run_dir}"]
     metrics = run.test_metrics()
     if metrics is not None:
-        lines.append("test: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        lines.append("test: " + ", ".join(f"{k}={fmt(v)}" for k, v in metrics.items()))
     g = run.generate_metrics()
     if g is not None:
         keys = ("reconstruction/psnr", "reconstruction/ssim", "linear_probe/accuracy", "conditional/judge_accuracy")
-        lines.append("generate: " + ", ".join(f"{k}={g[k]:.4g}" for k in keys if k in g))
+        lines.append("generate: " + ", ".join(f"{k}={fmt(g[k])}" for k in keys if k in g))
     for name, label in ((EXPORT_DIR, "exported model"), (REPORT_FILE, "report"), (GENERATE_DIR, "generated grids")):
         if (run_dir / name).exists():
             lines.append(f"{label}: {run_dir / name}")
@@ -218,12 +219,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.key value)")
     try:
         return runners[args.command](args, rest)
-    except (VitlabError, PermissionError, KeyboardInterrupt) as e:
+    except (VitlabError, OSError, KeyboardInterrupt) as e:
+        from vitlab.rundir import environment_error
+
         if os.environ.get("VITLAB_DEBUG"):
             raise
         interrupted = isinstance(e, KeyboardInterrupt)
-        if isinstance(e, PermissionError):  # the environment, not a bug: say which file and what to do
+        if isinstance(e, PermissionError) and not isinstance(e, VitlabError):  # the environment, not a bug
             message = f"permission denied: {e.filename}; run where you can write, or change that path's permissions"
+        elif isinstance(e, OSError) and not isinstance(e, VitlabError):
+            error = environment_error(e, e.filename or "a file")  # a full disk, a read-only folder: one line
+            if error is None:
+                raise
+            message = str(error)
         elif interrupted and not isinstance(e, VitlabError):
             message = "interrupted"
         else:

@@ -27,16 +27,29 @@ SLOT_K_FILE = "slot_k.json"
 SEGMENTS_FILE = "segments.png"
 
 
+def _add_json_option(p: argparse.ArgumentParser, what: str = "report") -> None:
+    p.add_argument("--json", metavar="PATH", help=f"write the {what} as JSON to PATH ('-': print it instead)")
+    p.add_argument("--force", action="store_true", help="replace an existing --json file (or --out files)")
+
+
+def _check_json(args: argparse.Namespace) -> None:
+    """Refuse an existing ``--json`` file before any work (unless ``--force``)."""
+    from vitlab.rundir import check_outputs
+
+    if args.json and args.json != "-":
+        check_outputs([args.json], force=args.force)
+
+
 def _write_json(report: Any, destination: str | None, text: str) -> None:
     """Print ``text``, or the JSON when ``destination`` is ``-``; also write the JSON to a file ``destination``."""
+    from vitlab.rundir import write_output
+
     if destination == "-":
         print(json.dumps(report, indent=2))
         return
     print(text)
     if destination:
-        path = Path(destination)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(strict_dumps(report, indent=2))
+        path = write_output(destination, strict_dumps(report, indent=2), force=True)  # checked by _check_json
         print(f"written: {path}")
 
 
@@ -51,9 +64,10 @@ def _refuse_overrides(name: str, overrides: list[str]) -> None:
 def _gradients(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("target", nargs="?", help="run directory: its config and its trained weights (instead of --config)")
     p.add_argument("--config", "-c", help="YAML file or packaged config name; the model is freshly initialised")
-    p.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': print it instead)")
+    _add_json_option(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        _check_json(args)
         import lightning.pytorch as pl
 
         from vitlab.config import build_config, to_dict
@@ -95,9 +109,10 @@ def _init_distance(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("target", help="run directory, its export/ folder, or a .ckpt file")
     p.add_argument("--seeds", type=int, default=5, help="fresh initialisations to compare with (default 5)")
     p.add_argument("--k", type=float, default=3.0, help="flag within k seed-spreads of a fresh init (default 3)")
-    p.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': print it instead)")
+    _add_json_option(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        _check_json(args)
         import torch
 
         from vitlab.diagnostics.probes import format_init_distance, init_distance
@@ -124,9 +139,10 @@ def _reversibility(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--slots", type=int, default=32, help="macro slots K_max (card: 32)")
     p.add_argument("--batch", type=int, default=16, help="random matrices averaged per row")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="PATH", help="write the table as JSON to PATH ('-': print it instead)")
+    _add_json_option(p, "table")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        _check_json(args)
         from vitlab.diagnostics.probes import format_reversibility_table, reversibility_table
 
         _refuse_overrides("reversibility", overrides)
@@ -146,6 +162,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     p.add_argument("--out", help="output folder (default: <run>/probes)")
     p.add_argument("--class-names", nargs="+", metavar="NAME", help="names of the classes, for data that carry none")
+    p.add_argument("--force", action="store_true", help="replace slot_k.json and segments.png in an --out folder")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         import itertools
@@ -156,9 +173,12 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
         from vitlab.diagnostics.segments import save_segment_maps
         from vitlab.errors import ConfigError
         from vitlab.evaluation.evaluate import load_evaluation_target
+        from vitlab.rundir import check_outputs, write_output
 
         if args.num_images < 0 or (args.max_batches is not None and args.max_batches < 1):
             p.error("--num-images must be >= 0 and --max-batches >= 1")
+        if args.out:  # the run's own probes/ is replaced; a folder the user names keeps its files unless --force
+            check_outputs([Path(args.out) / SLOT_K_FILE, Path(args.out) / SEGMENTS_FILE], force=args.force)
         data = data_overrides(args, overrides, "vitlab probe slot-k")
         target = load_evaluation_target(args.target, data, args.device)
         model, dm = target.model, target.datamodule
@@ -178,8 +198,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
         summary["source"] = str(target.source)
         summary["per_image"] = collected["slot_k"].tolist()
         out = Path(args.out) if args.out else target.out_dir.parent / "probes"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / SLOT_K_FILE).write_text(strict_dumps(summary, indent=2))
+        write_output(out / SLOT_K_FILE, strict_dumps(summary, indent=2), force=True)
         print(format_slot_usage(summary))
         print(f"written: {out / SLOT_K_FILE}")
         if args.num_images:

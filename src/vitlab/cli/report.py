@@ -18,6 +18,7 @@ from vitlab.cli.registry import Runner, command
 def _report(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; several give a comparison page")
     p.add_argument("--out", help="output file (default: RUN_DIR/report.html, or ./report.html for several runs)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file (or ./report.html)")
     p.add_argument(
         "--attention-images", type=int, default=4, help="test images whose attention maps are shown (0: none)"
     )
@@ -28,7 +29,7 @@ def _report(p: argparse.ArgumentParser) -> Runner:
 
         if overrides:
             raise ConfigError(f"vitlab report takes no config overrides, got {' '.join(overrides)}")
-        path = write_report(args.run_dirs, args.out, attention_images=args.attention_images)
+        path = write_report(args.run_dirs, args.out, attention_images=args.attention_images, force=args.force)
         print(f"report: {path}")
         return 0
 

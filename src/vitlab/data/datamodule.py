@@ -102,6 +102,25 @@ def _check_config(cfg: DataConfig) -> None:
         raise DataError("; ".join(problems))
 
 
+def _check_splits(
+    cfg: DataConfig, labels: Tensor, train: ImageSplit, val: ImageSplit, test: ImageSplit, carved_val: bool
+) -> None:
+    """At least two classes, and an image in every split (validation may be empty only by ``val_fraction=0``)."""
+    classes = torch.unique(labels).tolist()
+    if len(classes) < 2:
+        raise DataError(
+            f"data: every training image of {cfg.name} has the label {classes[0] if classes else '-'}; a classifier "
+            "needs images of at least two classes"
+        )
+    no_val = len(val) == 0 and not (carved_val and cfg.val_fraction == 0)
+    if len(train) == 0 or len(test) == 0 or no_val:
+        hint = " or raise data.val_fraction" if no_val and carved_val else ""
+        raise DataError(
+            f"data: {cfg.name} gives {len(train)} training, {len(val)} validation and {len(test)} test images; every "
+            f"split needs at least one image: add images{hint}"
+        )
+
+
 class VisionDataModule(pl.LightningDataModule):
     """Train/val/test loaders of one image-classification dataset, configured by :class:`DataConfig`.
 
@@ -179,6 +198,14 @@ class VisionDataModule(pl.LightningDataModule):
             self._mean_std = channel_mean_std(ImageSplit(source.train, train_indices), seed=cfg.seed)
         self._class_names = source.class_names
         self.train_set = ImageSplit(source.train, train_indices, build_train_transform(cfg.augment, self.img_size))
+        self._carved_val = source.val is None
+
+    def check_trainable(self) -> None:
+        """What a training run needs of the data, checked before its run folder is made: :func:`_check_splits`."""
+        self.setup()
+        _check_splits(
+            self.cfg, self.train_set.pool.labels, self.train_set, self.val_set, self.test_set, self._carved_val
+        )
 
     def train_dataloader(self) -> DataLoader:
         self.setup()

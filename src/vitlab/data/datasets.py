@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+import zipfile
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -219,6 +220,11 @@ def _download_hint(folder: Path, what: str) -> str:
 
 def _images_nchw(array: np.ndarray, where: str) -> Tensor:
     """uint8 images NHW (gray) or NHWC (RGB) -> ``uint8 [N, C, H, W]``."""
+    if array.ndim == 4 and array.shape[1] in (1, 3) and array.shape[3] not in (1, 3):
+        raise DataError(
+            f"{where} looks like NCHW images {list(array.shape)} (channels second); vitlab reads NHWC: write it as "
+            "x.transpose(0, 2, 3, 1)"
+        )
     if array.dtype != np.uint8 or array.ndim not in (3, 4):
         raise DataError(
             f"{where} must be uint8 images NHW (gray) or NHWC (RGB), got {array.dtype} {list(array.shape)}; "
@@ -226,6 +232,53 @@ def _images_nchw(array: np.ndarray, where: str) -> Tensor:
         )
     images = torch.from_numpy(np.ascontiguousarray(array))
     return images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
+
+
+def _class_indices(y: np.ndarray, where: str) -> Tensor:
+    """Labels ``[N]`` as int64 class indices: integers or booleans as they are, floats only when whole numbers."""
+    if y.ndim != 1:
+        raise DataError(
+            f"{where}: labels must be [N] class indices (or a 0/1 matrix [N, K]), got shape {list(y.shape)}"
+        )
+    if np.issubdtype(y.dtype, np.floating):
+        fractional = y[~np.isfinite(y) | (y != np.round(y))]
+        if len(fractional):
+            raise DataError(
+                f"{where}: the labels are floats that are not whole numbers (e.g. {float(fractional[0]):g}); labels "
+                "are class indices 0..K-1: for probabilities or one-hot rows write y.argmax(1), for class ids "
+                "y.astype(int)"
+            )
+    elif not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
+        raise DataError(f"{where}: labels must be integers (class indices 0..K-1), got dtype {y.dtype}")
+    labels = torch.from_numpy(y.astype(np.int64))
+    if len(labels) and labels.min() < 0:
+        raise DataError(f"{where}: negative label {int(labels.min())}; labels must be class indices 0..K-1")
+    return labels
+
+
+def _check_label_range(train: Tensor, test: Tensor, num_classes: int, named: bool, where: str) -> None:
+    """Classes 0..K-1 must all occur in the training labels unless the file names them (``class_names``), and the
+    test labels must be among them."""
+    if train.max() >= num_classes:
+        raise DataError(
+            f"{where}: y_train has label {int(train.max())} but class_names names {num_classes} classes; give a name "
+            "to every class"
+        )
+    present = torch.unique(train)
+    if not named and len(present) < num_classes:
+        shown = ", ".join(map(str, present[:5].tolist())) + (", ..." if len(present) > 5 else "")
+        raise DataError(
+            f"{where}: y_train uses {len(present)} of the labels 0..{num_classes - 1} ({shown}), which would make a "
+            f"{num_classes}-way head; remap them to 0..{len(present) - 1} with np.unique(y, return_inverse=True), or "
+            "store class_names in the file to keep the empty classes"
+        )
+    unseen = torch.unique(test[test >= num_classes]).tolist()
+    if unseen:
+        shown = ", ".join(map(str, unseen[:5])) + (", ..." if len(unseen) > 5 else "")
+        raise DataError(
+            f"{where}: y_test has {len(unseen)} label(s) outside the training classes 0..{num_classes - 1} "
+            f"({shown}); the model cannot predict a class it never saw: make the test labels training classes"
+        )
 
 
 def _attribute_column(names: list[str] | None, num_columns: int, target: str | int | None, where: str) -> int:
@@ -568,6 +621,19 @@ def _load_imagefolder(cfg: DataConfig, download: bool) -> DatasetSource:
             f"imagefolder: no readable image ({', '.join(IMG_EXTENSIONS)}) in the class folders of {train_dir}. "
             f"{layout}"
         )
+    counts = Counter(label for _, label in train_samples)
+    empty = [name for label, name in enumerate(class_names) if counts[label] == 0]
+    if empty:
+        raise DataError(
+            f"imagefolder: class folder{'s' * (len(empty) > 1)} {', '.join(str(train_dir / n) for n in empty)} "
+            f"{'hold' if len(empty) > 1 else 'holds'} no readable image; add images, or remove the folder (every "
+            "class folder is a class)"
+        )
+    if len(class_names) < 2:
+        raise DataError(
+            f"imagefolder: {train_dir} has one class folder ({class_names[0]}); a classifier needs at least two: "
+            f"put each class's images in its own folder under {train_dir}"
+        )
     if cfg.in_chans is not None:
         mode = "L" if cfg.in_chans == 1 else "RGB"
     else:
@@ -596,6 +662,15 @@ def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
     if cfg.path is None:
         raise DataError(f"npz: no file given. {fix}")
     path = _locate(cfg.path, cfg.root, "npz", fix)
+    if path.is_dir():
+        raise DataError(
+            f"npz: {path} is a folder, not an .npz file. {fix} (A folder of images is data.name=imagefolder.)"
+        )
+    if not zipfile.is_zipfile(path):
+        raise DataError(
+            f"npz: {path} is not an .npz file (the zip archive np.savez writes); write it with "
+            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
+        )
     with np.load(path) as file:
         missing = [key for key in NPZ_KEYS if key not in file.files]
         if missing:
@@ -607,6 +682,14 @@ def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
         attr_names = [str(name) for name in file["attr_names"]] if "attr_names" in file.files else None
         stored_names = [str(name) for name in file["class_names"]] if "class_names" in file.files else None
     images = {key: _images_nchw(arrays[key], f"npz {key}") for key in ("x_train", "x_test")}
+    for split in ("train", "test"):
+        if len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
+            raise DataError(
+                f"npz: {path} has {len(arrays[f'x_{split}'])} images in x_{split} but {len(arrays[f'y_{split}'])} "
+                f"labels in y_{split}; they must match one to one"
+            )
+        if len(arrays[f"x_{split}"]) == 0:
+            raise DataError(f"npz: x_{split} of {path} holds no image; a run needs training and test images")
     if arrays["y_train"].ndim == 2:
         y_train, class_names = _binary_attribute(arrays["y_train"], attr_names, cfg.target, f"npz {path}")
         y_test, _ = _binary_attribute(arrays["y_test"], attr_names, cfg.target, f"npz {path}")
@@ -615,10 +698,9 @@ def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
             raise DataError(
                 f"npz: data.target={cfg.target!r} given but y_train of {path} is single-label [N]; unset data.target"
             )
-        y_train, y_test = (torch.from_numpy(arrays[key].astype(np.int64)) for key in ("y_train", "y_test"))
-        if min(y_train.min(), y_test.min()) < 0:
-            raise DataError(f"npz: {path} has negative labels; labels must be class indices 0..K-1")
-        num_classes = int(max(y_train.max(), y_test.max())) + 1
+        y_train, y_test = (_class_indices(arrays[key], f"npz {key} of {path}") for key in ("y_train", "y_test"))
+        num_classes = len(stored_names) if stored_names else int(y_train.max()) + 1
+        _check_label_range(y_train, y_test, num_classes, stored_names is not None, f"npz {path}")
         class_names = stored_names or [str(label) for label in range(num_classes)]
     size = cfg.img_size or min(images["x_train"].shape[-2:])
     return DatasetSource(

@@ -24,7 +24,7 @@ import numpy as np
 from matplotlib.figure import Figure, SubFigure
 
 from vitlab.errors import RunFileError
-from vitlab.rundir import DYNAMICS_FILE, read_jsonl
+from vitlab.rundir import DYNAMICS_FILE, read_jsonl, save_figure
 
 _MAX_PANELS_PER_ROW = 6
 _KAPPA_FLOOR = 0.9  # kappa >= 1 (the all-ones eigenvector); a little room below keeps the kappa = 1 lines visible
@@ -293,7 +293,7 @@ def plot_drift_vs_lr(runs: dict[str, list[dict[str, Any]]], path: str | Path) ->
 def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
+    save_figure(fig, path, dpi=150)
     plt.close(fig)
     return path
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
+from vitlab.rundir import save_figure
+
 _QUALITATIVE = ("tab20", "tab20b", "tab20c")  # 60 distinct colours; more slots fall back to an evenly spaced hue
 
 
@@ -110,5 +112,5 @@ def save_segment_maps(
     """:func:`draw_segment_maps` written to a PNG at ``path`` (its folder is created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    draw_segment_maps(images, S, grid, titles=titles, alpha=alpha).savefig(path, dpi=dpi)
+    save_figure(draw_segment_maps(images, S, grid, titles=titles, alpha=alpha), path, dpi=dpi)
     return path

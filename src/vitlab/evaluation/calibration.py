@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
+from vitlab.rundir import save_figure
+
 
 def _check_classification(scores: torch.Tensor, labels: torch.Tensor) -> None:
     if scores.ndim != 2:
@@ -170,5 +172,5 @@ def reliability_diagram(
         figure.suptitle(title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
+    save_figure(figure, path, dpi=100)
     return path

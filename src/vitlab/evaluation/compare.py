@@ -78,16 +78,25 @@ def compare_runs(
         metric: the metric of the t-tests (a key of the summaries, e.g. ``test/acc`` or ``eval/tta/top1``).
         pairs: ``first`` (each group against the first, in the order the runs were given) or ``all`` pairs.
 
-    Returns ``{"group_by", "metric", "groups": {label: {"runs", "seeds", "metrics": {key: summarize(...)}}},
-    "tests": [...]}``; a group's ``values`` hold the raw per-run numbers, in run order.
+    Returns ``{"group_by", "metric", "datasets": {dataset: [runs]}, "warnings": [...], "groups": {label: {"runs",
+    "seeds", "metrics": {key: summarize(...)}}}, "tests": [...]}``; a group's ``values`` hold the raw per-run
+    numbers, in run order. A run given twice is an error; runs on different datasets are a warning.
     """
     if not run_dirs:
         raise ConfigError("compare needs at least one run directory")
     if pairs not in PAIRINGS:
         raise ConfigError(f"pairs must be one of {', '.join(PAIRINGS)}, got {pairs!r}")
+    seen: dict[Path, Path] = {}
+    for run_dir in map(Path, run_dirs):
+        first = seen.setdefault(run_dir.resolve(), run_dir)
+        if first is not run_dir:
+            spelled = f" (as {first} and {run_dir})" if str(first) != str(run_dir) else ""
+            raise ConfigError(f"run {run_dir} is given twice{spelled}; each run is one seed: pass every run once")
     groups: dict[str, dict[str, Any]] = {}
+    datasets: dict[str, list[str]] = {}
     for run_dir in map(Path, run_dirs):
         config = RunDir(run_dir).config_dict()
+        datasets.setdefault(dataset_label(config.get("data") or {}), []).append(str(run_dir))
         group = groups.setdefault(_group_label(config, group_by, run_dir), {"runs": [], "seeds": [], "values": {}})
         group["runs"].append(str(run_dir))
         group["seeds"].append((config.get("run") or {}).get("seed"))
@@ -102,12 +111,29 @@ def compare_runs(
     pairings = (
         [(labels[0], other) for other in labels[1:]] if pairs == "first" else list(itertools.combinations(labels, 2))
     )
+    warnings = []
+    if len(datasets) > 1:
+        counts = ", ".join(f"{label}: {len(runs)} run{'s' * (len(runs) > 1)}" for label, runs in datasets.items())
+        warnings.append(f"the runs were trained on different datasets ({counts}); their metrics are not comparable")
     return {
         "group_by": group_by,
         "metric": metric,
+        "datasets": datasets,
+        "warnings": warnings,
         "groups": groups,
         "tests": [_welch(groups, a, b, metric) for a, b in pairings],
     }
+
+
+def dataset_label(data: Mapping[str, Any]) -> str:
+    """A run's dataset in words: its name, the file or folder it was read from, and the class column if any
+    (``npz mnist.npz``, ``celeba (target Smiling)``)."""
+    label = str(data.get("name", "?"))
+    if data.get("path"):
+        label += f" {Path(str(data['path'])).name}"
+    if data.get("target") is not None:
+        label += f" (target {data['target']})"
+    return label
 
 
 def comparison_json(comparison: Mapping[str, Any]) -> str:
@@ -141,6 +167,7 @@ def comparison_markdown(comparison: Mapping[str, Any]) -> str:
     lines = [
         f"## Runs grouped by {comparison['group_by']}",
         "",
+        *(f"**Warning:** {warning}\n" for warning in comparison.get("warnings", [])),
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]

@@ -61,8 +61,8 @@ from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMe
 from torchvision.utils import make_grid
 
 from vitlab.data import ImageSplit, NormalizeCollate, VisionDataModule, denormalize, normalize
-from vitlab.jsonio import strict_dumps
 from vitlab.models.vitcae import ViTCAE
+from vitlab.rundir import GENERATE_METRICS_FILE, atomic_write_json, save_figure
 
 Batches = Iterable[tuple[Tensor, Tensor]]
 
@@ -267,7 +267,7 @@ def save_image_grid(
         figure.text(0.5, 1 - 4 / fig_h, title, ha="center", va="top", fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
+    save_figure(figure, path, dpi=100)
     return path
 
 
@@ -807,5 +807,5 @@ def run_generative_tasks(
             model, test_batches(), mean, std, out_dir / GRID_FILES["inpainting"], device=device, generator=generator
         )
         stage(None)
-    (out_dir / "metrics.json").write_text(strict_dumps(metrics, indent=2))
+    atomic_write_json(out_dir / GENERATE_METRICS_FILE, metrics)
     return metrics

@@ -22,7 +22,7 @@ from torch import nn
 from vitlab.data.transforms import resize_to_square
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.export_formats import ClassifierGraph
-from vitlab.rundir import EXPORT_CONFIG_FILE, locate_model, read_json
+from vitlab.rundir import EXPORT_CONFIG_FILE, locate_model, read_json, write_output
 
 #: file suffixes taken from a folder (a file named on the command line is tried whatever its suffix)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -142,15 +142,16 @@ def rows(predictions: Iterable[Prediction]) -> Iterator[dict[str, Any]]:
         yield row
 
 
-def write_rows(records: list[dict[str, Any]], path: Path) -> None:
-    """CSV (``.csv``) or JSON lines (any other suffix, e.g. ``.jsonl``) of the records."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_rows(records: list[dict[str, Any]], path: Path, *, force: bool = False) -> None:
+    """CSV (``.csv``) or JSON lines (any other suffix, e.g. ``.jsonl``) of the records, written whole or not at all
+    (:func:`vitlab.rundir.write_output`: an existing file is refused unless ``force``)."""
     if path.suffix.lower() == ".csv":
         buffer = io.StringIO()
         fields = list(dict.fromkeys(k for r in records for k in r))
         writer = csv.DictWriter(buffer, fieldnames=fields or ["path"])
         writer.writeheader()
         writer.writerows(records)
-        path.write_text(buffer.getvalue())
+        text = buffer.getvalue()
     else:
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        text = "".join(json.dumps(r) + "\n" for r in records)
+    write_output(path, text, force=force)

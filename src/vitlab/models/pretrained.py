@@ -211,6 +211,36 @@ def timm_hub_file(name: str) -> str:
     return cfg.url or "the weights file"
 
 
+def hub_offline() -> bool:
+    """True when the Hugging Face hub is switched off (``HF_HUB_OFFLINE=1``, read now or at huggingface_hub's
+    import)."""
+    import os
+
+    import huggingface_hub
+
+    return bool(huggingface_hub.constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+    )
+
+
+def timm_weights_cached(name: str) -> bool:
+    """True when ``NAME[.TAG]``'s weights file is in the local Hugging Face cache (timm then loads it offline)."""
+    import huggingface_hub
+    import timm
+
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except Exception:  # timm raises RuntimeError or KeyError for unknown names
+        return False
+    if cfg is None or not cfg.hf_hub_id:
+        return False
+    files = {cfg.hf_hub_filename, "model.safetensors", "pytorch_model.bin"} - {None}
+    return any(isinstance(huggingface_hub.try_to_load_from_cache(cfg.hf_hub_id, f), str) for f in files)
+
+
 def timm_weights(name: str) -> dict[str, torch.Tensor]:
     """``timm.create_model(name, pretrained=True)``'s state dict, checked with :func:`timm_vit_kwargs` (so a timm
     model of another family or with features vitlab's ViT lacks is refused by name)."""
@@ -222,6 +252,12 @@ def timm_weights(name: str) -> dict[str, torch.Tensor]:
             f"model.pretrained=timm:{name}: timm has no model {arch!r}; `timm.list_models('vit_*', pretrained=True)` "
             "lists the ViTs with weights"
         )
+    if hub_offline() and not timm_weights_cached(name):
+        raise PretrainedWeightsError(
+            f"model.pretrained=timm:{name}: HF_HUB_OFFLINE is set and the weights are not in the Hugging Face cache; "
+            f"fetch {timm_hub_file(name)} on a machine with the internet and pass "
+            "model.pretrained=/path/to/model.safetensors (or unset HF_HUB_OFFLINE where the internet is reachable)"
+        )
     try:
         model = timm.create_model(name, pretrained=True)
     except Exception as e:  # huggingface_hub / urllib errors when offline, RuntimeError for an unknown tag
@@ -229,7 +265,8 @@ def timm_weights(name: str) -> dict[str, torch.Tensor]:
         raise PretrainedWeightsError(
             f"model.pretrained=timm:{name}: timm could not download the weights ({type(e).__name__}: {first}); on a "
             f"machine without the internet, fetch {timm_hub_file(name)} elsewhere and pass "
-            "model.pretrained=/path/to/model.safetensors"
+            "model.pretrained=/path/to/model.safetensors (HF_HUB_OFFLINE=1 makes this error immediate, without "
+            "the download's retries)"
         ) from e
     timm_vit_kwargs(model)  # refuses what vitlab's ViT cannot express
     return model.state_dict()
@@ -346,10 +383,40 @@ def check_keys(state: dict[str, torch.Tensor], backbone: nn.Module, source: str,
         )
     features = sorted({hint for k in unexpected for key, hint in _FEATURE_HINTS.items() if key in k})
     why = f" The file's ViT has {', '.join(features)}, which vitlab's ViT does not." if features else ""
-    raise PretrainedWeightsError(
-        f"pretrained weights {source} do not fit {arch}: {'; '.join(problems)}.{why} Pass weights of a ViT of the "
-        "same width, depth and MLP ratio (image size, patch size, channels and classes may differ)"
+    matching = matching_presets(state, type(backbone))
+    fix = (
+        f"They have the shapes of {matching[0]}: set model.name={matching[0]}"
+        if matching
+        else "Pass weights of a ViT of the same width, depth and MLP ratio (image size, patch size, channels and "
+        "classes may differ)"
     )
+    raise PretrainedWeightsError(f"pretrained weights {source} do not fit {arch}: {'; '.join(problems)}.{why} {fix}")
+
+
+def matching_presets(state: dict[str, torch.Tensor], cls: type[nn.Module]) -> list[str]:
+    """The registered presets of ``cls`` whose width, depth and MLP width are those of the ViT weights ``state``
+    (read from ``cls_token: [1, 1, C]``, the ``blocks.<i>.`` keys and ``blocks.0.mlp.fc1.weight: [C_mlp, C]``),
+    the plain ``vit_*`` presets first."""
+    from vitlab.models.registry import constructor_args, get_preset, list_models
+
+    token, fc1 = state.get("cls_token"), state.get("blocks.0.mlp.fc1.weight")
+    if token is None or fc1 is None:
+        return []
+    width, hidden = int(token.shape[-1]), int(fc1.shape[0])
+    depth = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
+    found = []
+    for name in list_models():
+        preset = get_preset(name)
+        if preset.cls is not cls:
+            continue
+        defaults = {k: p.default for k, p in constructor_args(cls).items() if p.default is not p.empty}
+        kwargs = {**defaults, **preset.kwargs}
+        if (kwargs.get("embed_dim"), kwargs.get("depth")) == (width, depth) and round(
+            width * kwargs.get("mlp_ratio", 4.0)
+        ) == hidden:
+            found.append(name)
+    plain = [name for name in found if name.startswith("vit_") and "matched" not in name]
+    return plain + [name for name in found if name not in plain]
 
 
 def load_pretrained(model: nn.Module, source: str | Path, arch: str | None = None) -> LoadReport:

@@ -48,20 +48,36 @@ def _style_axis(ax: Any, title: str) -> None:
     ax.xaxis.get_major_locator().set_params(integer=True)
 
 
+def _epoch_axis(epochs: Sequence[float]) -> list[float]:
+    """Lightning's epoch index (``metrics.jsonl``: 0 = the first epoch) as the epochs completed, the numbering of the
+    console (``epoch 1/10``) and of ``dynamics.jsonl``: the first epoch's values at 1, its steps between 0 and 1."""
+    return [epoch + 1 for epoch in epochs]
+
+
+def _rate_axis(ax: Any) -> None:
+    """The learning-rate axis: plain numbers ("0.0005", not a "1e-3" multiplier), and a rate that never changes
+    drawn against zero, so the ticks do not all read the same value."""
+    values = [float(y) for line in ax.get_lines() for y in line.get_ydata()]
+    if values and max(values) > 0 and max(values) - min(values) <= 1e-6 * max(values):
+        ax.set_ylim(0, max(values) * 1.25)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.2g}"))
+
+
 def curves_figure(panels: Mapping[str, Mapping[str, Series]]) -> Figure:
     """One panel per term, train (solid) and validation (dashed) in each; other series in their own colours."""
     fig, axes = _grid_figure(len(panels), CURVE_COLUMNS, 3.1, 2.3)
     styles = {"train": {"color": "tab:blue", "ls": "-"}, "val": {"color": "tab:orange", "ls": "--"}}
     for ax, (panel, series) in zip(axes, panels.items(), strict=False):
         for index, (name, (epochs, values)) in enumerate(series.items()):
+            x = _epoch_axis(epochs)
             if name.endswith(PER_STEP):  # many points: a thin, light line under the epoch means
-                ax.plot(epochs, values, label=name, lw=0.8, alpha=0.45, color="tab:gray", zorder=1)
+                ax.plot(x, values, label=name, lw=0.8, alpha=0.45, color="tab:gray", zorder=1)
                 continue
             style = styles.get(name, {"color": matplotlib.colormaps["tab10"](2 + index % 8), "ls": "-"})
-            ax.plot(epochs, values, label=name, lw=1.4, marker="o" if len(epochs) < 25 else None, ms=3, **style)
+            ax.plot(x, values, label=name, lw=1.4, marker="o" if len(epochs) < 25 else None, ms=3, **style)
         _style_axis(ax, panel)
-        if panel == "learning rate":  # "0.0005" on the axis, not a "1e-3" multiplier on top of the title
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.2g}"))
+        if panel == "learning rate":
+            _rate_axis(ax)
         if len(series) > 1 or panel == "learning rate":
             ax.legend(fontsize=7, frameon=False)
     return fig
@@ -81,8 +97,11 @@ def comparison_curves_figure(runs: Sequence[tuple[str, Mapping[str, Mapping[str,
             for name, (epochs, values) in panels.get(panel, {}).items():
                 marker = "o" if len(epochs) < 25 else None
                 ls = "--" if name == "val" else "-"
-                ax.plot(epochs, values, color=colors(run_index % 10), ls=ls, lw=1.3, marker=marker, ms=2.5)
+                x = _epoch_axis(epochs)
+                ax.plot(x, values, color=colors(run_index % 10), ls=ls, lw=1.3, marker=marker, ms=2.5)
         _style_axis(ax, panel)
+        if panel == "learning rate":
+            _rate_axis(ax)
     handles = [Line2D([], [], color=colors(i % 10), lw=2, label=name) for i, (name, _) in enumerate(runs)]
     handles += [
         Line2D([], [], color="black", ls="-", label="train"),

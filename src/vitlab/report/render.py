@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from vitlab.report.collect import ATTENTION_IMAGES, PNG_SIGNATURE, Figures, Page, collect, fmt
-from vitlab.rundir import REPORT_FILE, atomic_write_text
+from vitlab.rundir import REPORT_FILE, check_outputs, write_output
 from vitlab.version import __version__
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -66,17 +66,29 @@ def render(page: Page) -> str:
     return environment().get_template("page.html.j2").render(page=page) + "\n"
 
 
+def report_path(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
+    """Where :func:`write_report` writes: ``out`` (a folder: its ``report.html``), else ``<run>/report.html`` for
+    one run, ``./report.html`` for several."""
+    default = Path(run_dirs[0]) / REPORT_FILE if len(run_dirs) == 1 else Path.cwd() / REPORT_FILE
+    path = Path(out) if out is not None else default
+    return path / REPORT_FILE if path.is_dir() else path
+
+
 def write_report(
-    run_dirs: Sequence[str | Path], out: str | Path | None = None, *, attention_images: int = ATTENTION_IMAGES
+    run_dirs: Sequence[str | Path],
+    out: str | Path | None = None,
+    *,
+    attention_images: int = ATTENTION_IMAGES,
+    force: bool = False,
 ) -> Path:
     """Write the HTML report of one run (default ``<run>/report.html``) or the comparison of several (default
     ``./report.html``); ``out`` names another file. ``attention_images``: test images whose attention maps (and
     CET-ViT segment maps) are computed, 0 for none. Returns the written path.
+
+    A run's own ``report.html`` is replaced; any other existing file is refused unless ``force``
+    (:func:`vitlab.rundir.check_outputs`), before anything is computed.
     """
+    path = report_path(run_dirs, out)
+    check_outputs([path], force=force or (out is None and len(run_dirs) == 1))
     page = collect(run_dirs, attention_images)
-    default = Path(run_dirs[0]) / REPORT_FILE if len(run_dirs) == 1 else Path.cwd() / REPORT_FILE
-    path = Path(out) if out is not None else default
-    if path.is_dir():
-        path = path / REPORT_FILE
-    atomic_write_text(path, render(page))
-    return path
+    return write_output(path, render(page), force=True)

@@ -414,6 +414,7 @@ class EpochLines(pl.Callback):
 _LIGHTNING_NOISE = (
     "💡 Tip",
     "TPU available",
+    "GPU available: False",  # a CPU-only machine; a GPU's line ("GPU available: True (cuda), used: ...") is kept
     "HPU available",
     "Loading `train_dataloader`",
     "`Trainer.fit` stopped: `max_epochs=",  # the run's plan, not news; other reasons to stop are kept

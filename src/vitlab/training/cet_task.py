@@ -40,6 +40,10 @@ class CETLossConfig:
 class CETViTTask(ClassificationTask):
     """CE (with label smoothing / Mixup targets) + ``lambda_ei(t) * L_EI`` + ``lambda_k * E[K]/K_max``.
 
+    ``train/loss`` and ``val/loss`` hold the whole objective at that epoch; ``test/loss`` is the cross-entropy
+    alone (``test/ce``), the same in ``vitlab fit`` and ``vitlab test``, and comparable with every other classifier;
+    the regulariser's terms are logged beside it (``test/ei``, ``test/k_expected``, ...).
+
     Logged every epoch: the EI terms, the mean slot-usage K, and with ``dynamic_k: gumbel`` the distribution of the
     chosen K over the epoch's images (``train/k_frac_<K>``).
     """
@@ -76,7 +80,10 @@ class CETViTTask(ClassificationTask):
             # the loss the estimator's choice gains against always taking the largest budget (negative = better)
             chosen = aux.k_logits.detach().argmax(-1)
             losses["k_gain"] = (per_candidate.gather(0, chosen[None]) - per_candidate[-1:]).mean()
-        losses["loss"] = losses["loss"] + reg
+        # The test loss is the cross-entropy alone, as for every classifier: the regulariser's weight follows the
+        # training epoch, which `vitlab test` (epoch 0) and the test at the end of `vitlab fit` do not share.
+        if stage != "test":
+            losses["loss"] = losses["loss"] + reg
         losses["ce"] = ce
         losses["ei"] = aux.ei_loss.detach()
         for key in ("reversibility", "norm_entropy", "degen"):

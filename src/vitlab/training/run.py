@@ -7,12 +7,14 @@ A run directory holds: ``config.yaml`` (resolved), ``env.json``, ``metrics.jsonl
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import inspect
 import os
 import signal
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +22,22 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vitlab.config import ConfigError, RunConfig, from_dict, to_dict
 from vitlab.data import VisionDataModule, build_datamodule
 from vitlab.diagnostics.controller import DynamicsController
-from vitlab.errors import VitlabError
+from vitlab.errors import RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.models.registry import constructor_args, create_model, get_preset
 from vitlab.rundir import (
     METRICS_FILE,
+    RESUMES_FILE,
     RUN_DIR_ENV,
     RUN_OUTPUTS,
     TENSORBOARD_DIR,
     TEST_METRICS_FILE,
+    RunClaim,
     RunDir,
     config_with_overrides,
     locate_checkpoint,
@@ -56,10 +61,6 @@ __all__ = ["RUN_OUTPUTS", "RunDirError", "RunInterrupted", "evaluate", "fit", "m
 
 
 # -------------------------------------------------------------------------------------------------------------------
-class RunDirError(VitlabError, OSError):
-    """The run directory cannot be used as asked (it holds another run, or it cannot be written)."""
-
-
 class RunInterrupted(VitlabError, KeyboardInterrupt):
     """Training was stopped by Ctrl+C (SIGINT); the message says how to continue."""
 
@@ -71,14 +72,10 @@ def _is_launching_process() -> bool:
     )
 
 
-def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
-    """The run directory, created and checked: ``run.dir`` if set, else ``<run.root>/<run.name>-<timestamp>``.
+def run_dir_path(cfg: RunConfig) -> Path:
+    """Where the run goes, without creating anything: ``run.dir`` if set, else ``<run.root>/<run.name>-<timestamp>``.
 
-    A folder that already holds a run is refused unless the run resumes it (``--resume``) or ``run.overwrite`` is
-    set (which removes that run's outputs, :data:`vitlab.rundir.RUN_OUTPUTS`, and nothing else); two runs never mix
-    their files.
-    An unwritable location is a :class:`RunDirError` that names it. DDP children started by Lightning inherit
-    ``VITLAB_RUN_DIR`` so every process writes to the same folder.
+    DDP children started by Lightning inherit ``VITLAB_RUN_DIR`` so every process writes to the same folder.
     """
     if cfg.run.dir:
         path = Path(cfg.run.dir).expanduser()
@@ -91,7 +88,19 @@ def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
             base, n = path, 1
             while path.exists():  # two runs started in the same second get their own folders
                 path, n = base.with_name(f"{base.name}-{n}"), n + 1
-    if _is_launching_process():
+    os.environ[RUN_DIR_ENV] = str(path.absolute())
+    return path
+
+
+def claim_run_dir(cfg: RunConfig, path: Path, *, resuming: bool = False) -> RunClaim:
+    """Claim ``path`` for this run (:class:`vitlab.rundir.RunClaim`: one writer per folder), then check it.
+
+    A folder that already holds a run is refused unless the run resumes it (``--resume``) or ``run.overwrite`` is
+    set (which removes that run's outputs, :data:`vitlab.rundir.RUN_OUTPUTS`, and nothing else); two runs never mix
+    their files. The check runs while the claim is held, so it cannot race another ``vitlab fit``.
+    """
+    claim = RunClaim(path).acquire()
+    try:
         if RunDir(path).holds_run() and not resuming:
             if not cfg.run.overwrite:
                 raise RunDirError(
@@ -99,18 +108,20 @@ def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
                     "choose another run.dir, or set run.overwrite=true to replace that run's files"
                 )
             RunDir(path).clear_outputs()
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RunDirError(
-                f"cannot create run directory {path} ({e.strerror}); set run.root= (or run.dir=) to a folder you can "
-                "write"
-            ) from e
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise RunDirError(
-                f"run directory {path} is not writable; set run.root= (or run.dir=) to a folder you can write"
-            )
-    os.environ[RUN_DIR_ENV] = str(path.resolve())
+    except BaseException:
+        claim.release()
+        raise
+    return claim
+
+
+def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
+    """The run directory, created and checked (:func:`run_dir_path`, :func:`claim_run_dir`); the claim is released
+    at once: :func:`fit` holds it for the whole run instead."""
+    path = run_dir_path(cfg)
+    if _is_launching_process():
+        claim = claim_run_dir(cfg, path, resuming=resuming)
+        claim.created = False  # the caller asked for the folder: keep it
+        claim.release()
     return path
 
 
@@ -173,7 +184,75 @@ def model_kwargs_for(cfg: RunConfig, info: dict[str, Any]) -> dict[str, Any]:
             f"model.img_size={kwargs['img_size']} but the data gives {info['img_size']}x{info['img_size']} images; "
             "set data.img_size to resize the data instead"
         )
+    if isinstance(kwargs.get("num_classes"), int) and kwargs["num_classes"] < info["num_classes"]:
+        raise ConfigError(
+            f"model.num_classes={kwargs['num_classes']} but the data has {info['num_classes']} classes (labels "
+            f"0..{info['num_classes'] - 1}); unset model.num_classes (it is taken from the data) or set it to "
+            f"{info['num_classes']}"
+        )
     return kwargs
+
+
+def check_first_batch_fits(name: str, kwargs: dict[str, Any], batch_size: int) -> None:
+    """Refuse an input whose first batch cannot fit in this machine's memory, before the model is built.
+
+    The estimate counts only what a ViT-like model surely holds: the position embedding ``[N, C]`` (with its
+    gradient and two AdamW moments), one batch of tokens ``[B, N, C]`` and the batch of images ``[B, C_in, S, S]``,
+    in float32, for ``N = (S / patch)^2`` tokens of width ``C = embed_dim``. Presets without those options are not
+    checked.
+    """
+    resolved = {**get_preset(name).kwargs, **kwargs}
+    size, patch, width = (resolved.get(key) for key in ("img_size", "patch_size", "embed_dim"))
+    width = width[0] if isinstance(width, list | tuple) and width else width
+    if not all(isinstance(v, int) and v > 0 for v in (size, patch, width)):
+        return
+    tokens = (size // patch) ** 2
+    needed = 4 * (tokens * width * (4 + batch_size) + batch_size * resolved.get("in_chans", 3) * size * size)
+    try:
+        available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    if needed > available:
+        raise ConfigError(
+            f"{size}x{size} images in {patch}x{patch} patches give {tokens:,} tokens of width {width} an image: the "
+            f"first batch of {batch_size} needs at least {needed / 2**30:,.0f} GiB, more than this machine's "
+            f"{available / 2**30:.0f} GiB; choose a smaller data.img_size or a larger model.patch_size"
+        )
+
+
+def check_resume_matches(cfg: RunConfig, kwargs: dict[str, Any], stored: dict[str, Any], ckpt: Path) -> None:
+    """``--resume``: the model this config builds must be the checkpoint's (same preset, same constructor
+    arguments); checked before any file is touched, so a wrong ``--config`` or ``model.*`` override cannot
+    damage the run."""
+    import json
+
+    def normal(value: Any) -> Any:
+        return json.loads(json.dumps(to_dict(value), sort_keys=True, default=str))
+
+    was, now = stored["config"]["model"]["name"], cfg.model["name"]
+    differences = [f"model.name (checkpoint {was}, now {now})"] if was != now else []
+    old, new = normal(stored["model_kwargs"]), normal(kwargs)
+    for key in sorted(set(old) | set(new)):
+        if was == now and old.get(key) != new.get(key):
+            differences.append(f"model.{key} (checkpoint {old.get(key)!r}, now {new.get(key)!r})")
+    if differences:
+        raise RunDirError(
+            f"--resume {ckpt}: the checkpoint does not match this config: {'; '.join(differences)}. Resume with the "
+            "run's own config (`vitlab fit --resume RUN`, without --config or model.* overrides), or start a new run "
+            "with another run.dir; nothing was written"
+        )
+
+
+def _changed_settings(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, list[Any]]:
+    """``{"trainer.max_epochs": [3, 5], ...}``: the dotted keys whose values differ between two config dicts."""
+    changed: dict[str, list[Any]] = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed |= _changed_settings(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changed[f"{prefix}{key}"] = [a, b]
+    return changed
 
 
 def model_line(preset: str, model: torch.nn.Module) -> str:
@@ -224,8 +303,9 @@ def build_task(cfg: RunConfig, model: torch.nn.Module, hparams: dict[str, Any]) 
     return factory(model, cfg=cfg, hparams=hparams)
 
 
-def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask) -> list[pl.Callback]:
-    monitor, mode = task.monitor
+def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask, validate: bool = True) -> list[pl.Callback]:
+    """The run's callbacks; without a validation set (``validate=False``) ``best.ckpt`` is the last epoch's."""
+    monitor, mode = task.monitor if validate else ("step", "max")
     ckpt_dir = RunDir(run_dir).checkpoints_dir
     callbacks: list[pl.Callback] = [
         ModelCheckpoint(
@@ -255,9 +335,11 @@ def console_progress_bar(cfg: RunConfig) -> bool:
     return cfg.trainer.enable_progress_bar and sys.stdout.isatty() and sys.stderr.isatty()
 
 
-def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
+def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback], validate: bool = True) -> pl.Trainer:
     kwargs = cfg.trainer.lightning_kwargs()
     kwargs["enable_progress_bar"] = console_progress_bar(cfg)
+    if not validate:
+        kwargs["limit_val_batches"] = 0
     quiet_lightning()
     trainer = pl.Trainer(
         **kwargs,
@@ -291,22 +373,30 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     """Train a model as ``cfg`` says; returns the run directory.
 
     ``resume``: a run directory or a ``.ckpt`` to continue from; ``callbacks``: extra Lightning callbacks.
+    Everything is checked before the run directory is claimed: the config, the data (counts, labels, splits), the
+    model (built once), the memory of a first batch and, when resuming, that the checkpoint is this config's model.
+    A resumed run keeps its ``config.yaml`` and ``env.json``; what the resume changed goes into ``resumes.jsonl``.
     """
-    ckpt_path = None
+    ckpt_path, stored = None, None
     if resume is not None:
         resumed_dir, ckpt_path = resolve_resume(resume)
-        read_checkpoint(ckpt_path)  # fail early, with a clear message, on a corrupt file
+        stored = checkpoint_hparams(read_checkpoint(ckpt_path))  # fail early, with a clear message, on a corrupt file
         if not cfg.run.dir:
             cfg.run.dir = str(resumed_dir)
 
     pl.seed_everything(cfg.run.seed, workers=True, verbose=False)
     absolute_data_paths(cfg)
-    run_dir = make_run_dir(cfg, resuming=ckpt_path is not None)
+    run_dir = run_dir_path(cfg)
     dm = build_datamodule(cfg.data)
+    shape = {"img_size": dm.img_size, "in_chans": dm.in_chans, "num_classes": dm.num_classes}
+    check_first_batch_fits(cfg.model["name"], model_kwargs_for(cfg, shape), cfg.data.batch_size)
     dm.prepare_data()
     dm.setup("fit")
+    dm.check_trainable()
     info = data_info(dm)
     kwargs = model_kwargs_for(cfg, info)
+    if stored is not None:
+        check_resume_matches(cfg, kwargs, stored, ckpt_path)
     try:
         pretrained = None if ckpt_path else cfg.model.get("pretrained")  # a resumed run has its weights
         model = create_model(cfg.model["name"], pretrained=pretrained, **kwargs)
@@ -316,23 +406,60 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         raise ConfigError(f"cannot build model {cfg.model['name']!r} with {kwargs}: {e}") from e
     hparams = {"config": to_dict(cfg), "model_kwargs": kwargs, "data_info": info}
     task = build_task(cfg, model, hparams)
-    finetune_callbacks = setup_finetuning(cfg, model, task.monitor)
-    trainer = make_trainer(cfg, run_dir, _callbacks(cfg, run_dir, task) + finetune_callbacks + list(callbacks or []))
+    validate = len(dm.val_set) > 0  # data.val_fraction=0: no validation loop, best.ckpt is the last epoch's
+    if not validate and (cfg.optim.schedule == "plateau" or cfg.finetune.early_stopping_patience is not None):
+        raise ConfigError(
+            "data.val_fraction=0 leaves no validation set, but optim.schedule=plateau and "
+            "finetune.early_stopping_patience follow the validation metrics; set data.val_fraction > 0"
+        )
+    all_callbacks = _callbacks(cfg, run_dir, task, validate)
+    all_callbacks += setup_finetuning(cfg, model, task.monitor) + list(callbacks or [])
+    with quiet_warnings():
+        try:
+            trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
+        except (ValueError, TypeError, MisconfigurationException) as e:  # Lightning's answer to a bad trainer.* value
+            if isinstance(e, VitlabError):
+                raise
+            first = str(e).split(". ")[0].rstrip(".")
+            raise ConfigError(f"the trainer.* settings are not valid for Lightning: {first}; fix that setting") from e
+    claim = claim_run_dir(cfg, run_dir, resuming=ckpt_path is not None) if _is_launching_process() else None
+    try:
+        _fit_claimed(cfg, run_dir, trainer, task, dm, info, ckpt_path)
+    finally:
+        if claim is not None:
+            claim.release()
+    return run_dir
 
+
+def _fit_claimed(
+    cfg: RunConfig,
+    run_dir: Path,
+    trainer: pl.Trainer,
+    task: BaseTask,
+    dm: VisionDataModule,
+    info: dict[str, Any],
+    ckpt_path: Path | None,
+) -> None:
+    """:func:`fit` once the run directory is this process's: write the run's records, train, test, export."""
     run = RunDir(run_dir)
     if trainer.is_global_zero:
-        run.write_config(cfg)
-        run.write_env()
+        if ckpt_path is not None and run.is_run():
+            import json
 
-    if trainer.is_global_zero:
-        print(model_line(cfg.model["name"], model), flush=True)
+            changed = _changed_settings(run.config_dict(), to_dict(cfg))
+            changed.pop("run.dir", None)
+            record = {"time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "checkpoint": str(ckpt_path)}
+            with open(run / RESUMES_FILE, "a") as f:
+                f.write(json.dumps({**record, "command": sys.argv, "changed": changed}, default=str) + "\n")
+        else:
+            run.write_config(cfg)
+            run.write_env()
+        print(model_line(cfg.model["name"], task.model), flush=True)
+        if not trainer.limit_val_batches:
+            print("no validation set (data.val_fraction=0): best.ckpt is the last epoch's", flush=True)
         if ckpt_path is not None:
             print(f"resuming from {ckpt_path}", flush=True)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        warnings.filterwarnings("ignore", message=".*number of training batches.*")
-        warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")  # Lightning's use of torch's pytree
-        warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # a resume
+    with quiet_warnings():
         try:
             trainer.fit(task, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
         except SystemExit:  # Lightning's answer to Ctrl+C: shut down cleanly, then sys.exit(1)
@@ -340,16 +467,13 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
                 raise
             signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT from then on
             raise RunInterrupted(
-                f"interrupted during epoch {trainer.current_epoch}; nothing was tested or exported. Continue the run "
-                f"from its last checkpoint with: vitlab fit --resume {run_dir}"
+                f"interrupted during epoch {trainer.current_epoch + 1}; nothing was tested or exported. Continue the "
+                f"run from its last checkpoint with: vitlab fit --resume {run_dir}"
             ) from None
         if cfg.run.test:
-            best = run.best_checkpoint
-            results = trainer.test(
-                task, datamodule=dm, ckpt_path=str(best) if best.exists() else None, verbose=False, weights_only=True
-            )
+            results = test_once(cfg, trainer, task, dm, run.best_checkpoint)
             if trainer.is_global_zero and results:
-                run.write_json(TEST_METRICS_FILE, results[0])
+                run.write_json(TEST_METRICS_FILE, results)
     if trainer.is_global_zero:
         if cfg.run.export:
             export_model(task.model, run.export_dir, {"data": info}, force=True)  # the run's own folder
@@ -358,7 +482,61 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
             from vitlab.report import write_report
 
             write_report([run_dir])
-    return run_dir
+
+
+@contextlib.contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """Lightning's warnings that say nothing about this run (:data:`QUIET_WARNINGS`), silenced for the block."""
+    with warnings.catch_warnings():
+        for message in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
+        yield
+
+
+#: Lightning's and torch's warnings that say nothing a user can act on in a vitlab run
+QUIET_WARNINGS = (
+    ".*does not have many workers.*",
+    ".*number of training batches.*",
+    ".*LeafSpec.*is deprecated.*",  # Lightning's use of torch's pytree
+    ".*Checkpoint directory .* exists and is not empty.*",  # a resume
+    ".*The dirpath has changed from.*",  # a resumed copy of a run, or a checkpoint tested outside its run
+    ".*callbacks used to create the checkpoint need to be provided.*",  # vitlab test: a checkpoint's own callbacks
+    ".*all_gather.*deprecated.*",  # Lightning's all_gather under DDP (torch.distributed's old API)
+    ".*_all_gather_base.*",
+    ".*recommended to use `Trainer\\(devices=1, num_nodes=1\\)`.*",  # vitlab tests on one process (test_once)
+    ".*`self.log\\(.*sync_dist=True.*",
+)
+
+
+def test_once(
+    cfg: RunConfig, trainer: pl.Trainer, task: BaseTask, dm: VisionDataModule, best: Path
+) -> dict[str, float]:
+    """The test metrics of the best checkpoint over the test set exactly once.
+
+    On one process, the run's own trainer tests. Under DDP, Lightning's ``DistributedSampler`` would pad uneven
+    shards by repeating images; so every rank leaves the process group, rank 0 tests alone on a one-device trainer,
+    and the other ranks return.
+    """
+    ckpt = str(best) if best.exists() else None
+    if trainer.world_size == 1:
+        results = trainer.test(task, datamodule=dm, ckpt_path=ckpt, verbose=False, weights_only=True)
+        return results[0] if results else {}
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # rank 0's metrics must not wait for the other ranks to sync
+    if not trainer.is_global_zero:
+        return {}
+    single = pl.Trainer(
+        accelerator=trainer.accelerator,
+        devices=1,
+        enable_checkpointing=False,
+        precision=cfg.trainer.precision,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_test_batches=cfg.trainer.limit_test_batches,
+    )
+    results = single.test(task, datamodule=dm, ckpt_path=ckpt, verbose=False, weights_only=True)
+    return results[0] if results else {}
 
 
 def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | None = None) -> dict[str, float]:
@@ -369,13 +547,17 @@ def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | Non
     dm = build_datamodule(cfg.data)
     model = create_model(cfg.model["name"], **hp["model_kwargs"])
     task = build_task(cfg, model, hp)
-    trainer = pl.Trainer(
-        accelerator=cfg.trainer.accelerator,
-        devices=1,
-        precision=cfg.trainer.precision,
-        logger=False,
-        enable_progress_bar=console_progress_bar(cfg),
-    )
-    run = trainer.validate if stage == "validate" else trainer.test
-    results = run(task, datamodule=dm, ckpt_path=str(ckpt), verbose=False, weights_only=True)
+    quiet_lightning()
+    with quiet_warnings():
+        trainer = pl.Trainer(
+            accelerator=cfg.trainer.accelerator,
+            devices=1,
+            precision=cfg.trainer.precision,
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=console_progress_bar(cfg),
+        )
+        run = trainer.validate if stage == "validate" else trainer.test
+        results = run(task, datamodule=dm, ckpt_path=str(ckpt), verbose=False, weights_only=True)
     return results[0] if results else {}

@@ -178,9 +178,10 @@ class BaseTask(pl.LightningModule):
         cfg = self.optim_cfg
         clip = "off" if cfg.grad_clip is None else f"{cfg.grad_clip:g}"
         raise NonFiniteLossError(
-            f"training loss is {value} at epoch {self.current_epoch}, step {step}: the run diverged and was stopped "
-            f"(nothing tested or exported). Lower optim.lr (now {cfg.lr:g}) or set optim.grad_clip (now {clip}), "
-            "then train again"
+            f"training loss is {value} at epoch {self.current_epoch + 1}, step {step}: the run diverged and was "
+            f"stopped (nothing tested or exported). Lower optim.lr (now {cfg.lr:g}) or set optim.grad_clip (now "
+            f"{clip}), then train again with run.overwrite=true (the run folder holds the stopped run) or another "
+            "run.dir"
         )
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:

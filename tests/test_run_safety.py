@@ -1,0 +1,181 @@
+"""A run folder is never damaged and a user's file never overwritten: ``--resume`` checks the checkpoint before it
+touches anything, one ``vitlab fit`` at a time writes a run folder, and every command that writes a file a user
+names refuses an existing one unless ``--force`` and writes whole files or none."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vitlab
+from run_fixtures import TINY, make_run, write_png
+from vitlab.cli.main import main
+from vitlab.errors import RunDirError
+from vitlab.rundir import LOCK_FILE, RESUMES_FILE, RunClaim, RunDir
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with the digest of its bytes and its modification time."""
+    return {
+        str(p.relative_to(folder)): f"{hashlib.sha1(p.read_bytes()).hexdigest()} {p.stat().st_mtime_ns}"
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    assert main(["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY]) == 0
+    return run_dir
+
+
+# -- --resume ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "argv",
+    [["--config", "vitcae/digits"], ["model.name=vit_pico"], ["model.embed_dim=32"]],
+    ids=["another-config", "another-preset", "another-width"],
+)
+def test_resume_with_another_model_is_refused_before_any_file_changes(trained, capsys, argv):
+    before = _snapshot(trained)
+    rc, out, err = _cli(capsys, "fit", *argv, "--resume", str(trained))
+    assert rc == 2 and "Traceback" not in err and "resuming from" not in out
+    assert "does not match this config" in err and "nothing was written" in err
+    assert _snapshot(trained) == before
+    assert not (trained / LOCK_FILE).exists()
+
+
+def test_resume_keeps_config_and_env_and_records_what_changed(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", *TINY, "run.export=false", "run.test=false"]
+    assert main([*args, "trainer.max_epochs=1"]) == 0
+    config, env = (run_dir / "config.yaml").read_bytes(), (run_dir / "env.json").read_bytes()
+    assert main(["fit", "--resume", str(run_dir), "trainer.max_epochs=2"]) == 0
+    assert (run_dir / "config.yaml").read_bytes() == config and (run_dir / "env.json").read_bytes() == env
+    (record,) = [json.loads(line) for line in (run_dir / RESUMES_FILE).read_text().splitlines()]
+    assert record["changed"] == {"trainer.max_epochs": [1, 2]} and record["checkpoint"].endswith("last.ckpt")
+    assert [m["epoch"] for m in RunDir(run_dir).metrics()] == [0, 1]
+
+
+# -- one writer per run folder -----------------------------------------------------------------------------------------
+def test_two_fits_started_together_on_one_run_folder_only_one_runs(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "vitlab.cli.main", "fit", "--config", "vit/digits", f"run.dir={run_dir}"]
+    cmd += ["trainer.max_epochs=3", *TINY]
+    source = str(Path(vitlab.__file__).parents[1])  # the vitlab under test, whatever the current folder
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]),
+    }
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in "ab"]
+    results = [(proc.wait(timeout=300), proc.stderr.read()) for proc in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for rc, err in results if rc == 2)
+    assert "Traceback" not in refused
+    assert "is being written by vitlab process" in refused or "already holds a run" in refused, refused
+    assert [m["epoch"] for m in RunDir(run_dir).metrics()] == [0, 1, 2]
+    assert not (run_dir / LOCK_FILE).exists()
+
+
+def test_a_live_claim_refuses_a_second_one_and_a_stale_one_is_taken_over(tmp_path, capsys):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with RunClaim(folder):
+        assert (folder / LOCK_FILE).read_text().split()[0] == str(os.getpid())
+        with pytest.raises(RunDirError, match=rf"is being written by vitlab process {os.getpid()}"):
+            RunClaim(folder).acquire()
+    assert not (folder / LOCK_FILE).exists() and folder.is_dir(), "a folder the claim did not create is kept"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    import socket
+
+    (folder / LOCK_FILE).write_text(f"{int(gone.stdout)} {socket.gethostname()}\n")  # a run killed with SIGKILL
+    with RunClaim(folder):
+        assert (folder / LOCK_FILE).read_text().split()[0] == str(os.getpid())
+    assert "removed the stale lock" in capsys.readouterr().err
+    fresh = tmp_path / "fresh"
+    RunClaim(fresh).acquire().release()
+    assert not fresh.exists(), "a folder the claim created and nothing was written to is removed"
+
+
+def test_a_fit_that_fails_before_training_leaves_no_folder(tmp_path, capsys):
+    rc, _, err = _cli(capsys, "fit", "--config", "vit/digits", f"run.root={tmp_path / 'runs'}", "trainer.strategy=ddpp")
+    assert rc == 2 and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+# -- one output rule ---------------------------------------------------------------------------------------------------
+def test_every_writing_command_keeps_an_existing_user_file(trained, tmp_path, capsys):
+    image = tmp_path / "images" / "a.png"
+    write_png(image, (8, 8))
+    other = make_run(tmp_path / "runs", "other", test_metrics={"test/acc": 0.5, "test/loss": 1.0})
+    vitcae = make_run(tmp_path / "runs", "vitcae", preset="vitcae_pico")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    files = {
+        name: mine / name
+        for name in ("report.html", "predictions.csv", "compare.md", "compare.json", "bench.json", "probe.json")
+    }
+    for name in ("generate", "evaluate", "probes"):
+        (mine / name).mkdir()
+    files["generate/metrics.json"] = mine / "generate" / "metrics.json"
+    files["evaluate/evaluation.json"] = mine / "evaluate" / "evaluation.json"
+    files["probes/slot_k.json"] = mine / "probes" / "slot_k.json"
+    for name, path in files.items():
+        path.write_text(f"the user's {name}")
+    before = _snapshot(mine)
+    os.chdir(mine)
+    commands = [
+        ["report", str(trained), str(other)],  # default ./report.html for several runs
+        ["report", str(trained), "--out", str(files["report.html"])],
+        ["predict", str(trained), str(image), "--out", str(files["predictions.csv"])],
+        ["compare", str(trained), str(other), "--out", str(files["compare.md"])],
+        ["generate", str(vitcae), "--out", str(mine / "generate")],
+        ["evaluate", str(trained), "--out", str(mine / "evaluate"), "--no-corruptions"],
+        ["probe", "slot-k", str(trained), "--out", str(mine / "probes")],
+        ["probe", "reversibility", "--json", str(files["probe.json"])],
+        ["probe", "init-distance", str(trained), "--json", str(files["probe.json"])],
+        ["bench", "vit_pico", "--out", str(files["bench.json"]), "--repeats", "1"],
+    ]
+    for argv in commands:
+        rc, _, err = _cli(capsys, *argv)
+        assert rc == 2 and "exists; pass --force" in err and "Traceback" not in err, (argv, err)
+        assert _snapshot(mine) == before, argv
+    rc, _, err = _cli(capsys, "predict", str(trained), str(image), "--out", str(files["predictions.csv"]), "--force")
+    assert rc == 0 and files["predictions.csv"].read_text().startswith("path,top1")
+
+
+def test_a_full_disk_is_one_line_and_leaves_the_old_file_whole(trained, tmp_path, monkeypatch, capsys):
+    image = tmp_path / "a.png"
+    write_png(image, (8, 8))
+    out = tmp_path / "predictions.csv"
+    out.write_text("the user's predictions")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    rc, _, err = _cli(capsys, "predict", str(trained), str(image), "--out", str(out), "--force")
+    assert rc == 2 and "Traceback" not in err
+    assert f"cannot write {out}: the disk is full" in err.splitlines()[0]
+    assert out.read_text() == "the user's predictions" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "a.png",
+        "predictions.csv",
+    ]
+    new = tmp_path / "new.csv"
+    rc, _, err = _cli(capsys, "predict", str(trained), str(image), "--out", str(new))
+    assert rc == 2 and not new.exists(), "no 0-byte file"
