@@ -195,7 +195,8 @@ def main() -> None:
     args = parser.parse_args()
     table = summarise(args.runs, args.grid)
     print(table, end="")
-    (args.runs / "table1_summary.md").write_text(table)
+    if not any(args.runs.glob("*-seed*.json")):  # a results folder holds data only; the table is printed
+        (args.runs / "table1_summary.md").write_text(table)
 
 
 if __name__ == "__main__":
