@@ -11,6 +11,7 @@ from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
 from torch import nn
 
 from vitlab.errors import ConfigError
+from vitlab.models.protocols import classifier_backbone
 from vitlab.models.registry import constructor_args, create_model, get_preset, resolved_kwargs
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.vitcae import ViTCAE
@@ -42,7 +43,7 @@ class NetworkSpec:
     def build(self) -> nn.Module:
         if self.source == "vitlab":
             model = create_model(self.name, **self.kwargs)
-            return model.encoder if isinstance(model, ViTCAE) else model
+            return classifier_backbone(model)
         if self.source == "timm_vit":
             return timm.models.VisionTransformer(**self.kwargs)
         return TimmSwinTransformer(**self.kwargs)

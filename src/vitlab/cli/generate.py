@@ -30,7 +30,7 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
         from vitlab.errors import ConfigError
         from vitlab.evaluation.generative import GRID_FILES, run_generative_tasks
         from vitlab.export import load_model
-        from vitlab.models.vitcae import ViTCAE
+        from vitlab.models.protocols import GenerativeModel
         from vitlab.rundir import GENERATE_DIR, GENERATE_METRICS_FILE, RunDir, check_outputs
 
         if args.max_images is not None and args.max_images < 2:
@@ -41,7 +41,7 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
         run_dir = Path(args.run_dir)
         cfg = RunDir(run_dir).config(overrides)
         model = load_model(run_dir, map_location=args.device)  # export/, else best.ckpt, else last.ckpt
-        if not isinstance(model, ViTCAE):
+        if not isinstance(model, GenerativeModel):
             raise ConfigError(
                 f"vitlab generate needs a ViTCAE run, but {run_dir} holds a {type(model).__name__} "
                 f"({cfg.model['name']}); train one with a vitcae_* model"

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from vitlab.cli.registry import COMMANDS, Runner, Setup, command
 
-#: modules whose import registers further sub-commands (each in its own file)
+#: modules whose import registers further sub-commands (each in its own file); the families add theirs
+#: (``Family.commands``, read from their declarations, which load no torch)
 COMMAND_MODULES: list[str] = [
     "vitlab.cli.evaluate",
-    "vitlab.cli.generate",
     "vitlab.cli.dynamics",
     "vitlab.cli.report",
     "vitlab.cli.bench",
@@ -177,9 +177,10 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     With ``argv``, only the command named in it gets its options (its setup may import what its options need,
     e.g. the export formats); ``vitlab --help`` then loads none of the library. Without ``argv``, every command.
     """
+    from vitlab.family import families
     from vitlab.version import __version__
 
-    for module in COMMAND_MODULES:
+    for module in [*COMMAND_MODULES, *(m for family in families() for m in family.commands)]:
         import_module(module)
 
     parser = argparse.ArgumentParser(

@@ -35,6 +35,7 @@ from vitlab.evaluation.stats import correlation_report, per_class_mean
 from vitlab.export import load_model, model_from_checkpoint
 from vitlab.losses.ei import reversibility
 from vitlab.models.cet_vit import slot_usage_k
+from vitlab.models.protocols import SlotAssigner
 from vitlab.rundir import (
     EVALUATION_DIR,
     EVALUATION_FILE,
@@ -85,7 +86,7 @@ def logits_and_assignment(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tens
     The auxiliary record may be an object with an ``S`` attribute or a mapping with an ``"S"`` key (the card's
     original code returns a dict); models without ``forward_with_aux`` give ``S = None``.
     """
-    if not hasattr(model, "forward_with_aux"):
+    if not isinstance(model, SlotAssigner):
         return classifier_logits(model, x), None
     logits, aux = model.forward_with_aux(x)
     assignment = aux.get("S") if isinstance(aux, Mapping) else getattr(aux, "S", None)

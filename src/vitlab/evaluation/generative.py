@@ -61,6 +61,7 @@ from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMe
 from torchvision.utils import make_grid
 
 from vitlab.data import ImageSplit, NormalizeCollate, VisionDataModule, denormalize, normalize
+from vitlab.models.protocols import GenerativeModel
 from vitlab.models.vitcae import ViTCAE
 from vitlab.rundir import GENERATE_METRICS_FILE, atomic_write_json, save_figure
 
@@ -731,7 +732,7 @@ def run_generative_tasks(
     ``progress``: print one line per stage with its time (the judge's training and the encodings take minutes on
     large sets).
     """
-    if not isinstance(model, ViTCAE):
+    if not isinstance(model, GenerativeModel):
         raise TypeError(f"the generative tasks need a ViTCAE, got {type(model).__name__}")
     if max_images is not None and max_images < 2:
         raise ValueError(f"max_images must be at least 2 (or None for all images), got {max_images}")

@@ -905,5 +905,7 @@ _DESCRIPTIONS = {
     "cet_vit_tiny": "small CET-ViT (~2.3M params)",
     "cet_vit_base": "CET-ViT v4 Base sized to the model card (33.5M params on 32x32, 100 classes; card: 33.12M)",
 }
+#: preset name -> constructor arguments (the family declaration names this table)
+PRESETS = _CET_VIT_SIZES
 for _name, _kw in _CET_VIT_SIZES.items():
     register_preset(_name, CETViT, _DESCRIPTIONS[_name], **_kw)

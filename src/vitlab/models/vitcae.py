@@ -395,6 +395,8 @@ _VITCAE_SIZES = {
         decoder_heads=16,
     ),
 }
+#: preset name -> constructor arguments (the family declaration names this table)
+PRESETS = _VITCAE_SIZES
 for _name, _kw in _VITCAE_SIZES.items():
     _shape = f"encoder width {_kw['embed_dim']}, depth {_kw['depth']}; decoder width {_kw['decoder_dim']}"
     _input = " (8x8 one-channel images such as digits, patch 2)" if _name == "vitcae_pico" else ""

@@ -29,6 +29,7 @@ from vitlab.data import VisionDataModule, build_datamodule
 from vitlab.diagnostics.controller import DynamicsController
 from vitlab.errors import RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
+from vitlab.family import family_of_class
 from vitlab.models.registry import constructor_args, create_model, get_preset
 from vitlab.rundir import (
     METRICS_FILE,
@@ -267,7 +268,6 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     constructor defaults, the preset's values, what the data fills in and the config's own; the defaults of the
     ``loss`` and ``dynamics`` sections too."""
     from vitlab.data import DataError, dataset_info
-    from vitlab.training import TASKS
 
     preset = get_preset(cfg.model["name"])
     try:
@@ -285,7 +285,7 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     }
     out = to_dict(cfg)
     out["model"] = to_dict({"name": preset.name, **defaults, **preset.kwargs, **filled})
-    loss_config = TASKS.get(preset.cls.__name__, ClassificationTask).loss_config
+    loss_config = task_class_for(preset.cls).loss_config
     if loss_config is not None:
         out["loss"] = to_dict(from_dict(loss_config, cfg.loss, "loss"))
     if cfg.dynamics is not None:
@@ -296,11 +296,14 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
 
 
 def build_task(cfg: RunConfig, model: torch.nn.Module, hparams: dict[str, Any]) -> BaseTask:
-    """The Lightning task for a model: each model family names its task through ``TASKS``."""
-    from vitlab.training import TASKS
+    """The Lightning task for a model: its family's task (``vitlab.family``), a classifier's for any other model."""
+    return task_class_for(type(model))(model, cfg=cfg, hparams=hparams)
 
-    factory = TASKS.get(type(model).__name__, ClassificationTask)
-    return factory(model, cfg=cfg, hparams=hparams)
+
+def task_class_for(model_class: type) -> type[BaseTask]:
+    """The task class of a model class: the one its family declares, else :class:`ClassificationTask`."""
+    family = family_of_class(model_class)
+    return ClassificationTask if family is None else family.task_class()
 
 
 def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask, validate: bool = True) -> list[pl.Callback]:
