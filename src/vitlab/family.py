@@ -39,7 +39,7 @@ class Family:
     ``config_types``: config section -> dataclass (``"module:Class"``) that types and checks the section.
     ``presets``: its table of model presets (``"module:TABLE"``, preset name -> constructor arguments).
     ``commands``: modules whose import registers the family's extra ``vitlab`` sub-commands.
-    ``report_sections``: the run-report sections the family adds (names the report templates know).
+    ``report_sections``: the run-report sections the family adds (``"module:function"``, ``run -> Section | None``).
     """
 
     name: str
@@ -48,7 +48,7 @@ class Family:
     config_types: Mapping[str, str | type] = field(default_factory=dict)
     presets: str | Mapping[str, Any] = ""
     commands: tuple[str, ...] = ()
-    report_sections: tuple[str, ...] = ()
+    report_sections: tuple[str | Any, ...] = ()
 
     def model_classes(self) -> tuple[type, ...]:
         return tuple(resolve(ref) for ref in self.models)

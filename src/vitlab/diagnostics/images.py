@@ -20,7 +20,7 @@ from vitlab.config import DataConfig
 from vitlab.data import build_datamodule, normalize
 from vitlab.evaluation.evaluate import logits_and_assignment
 from vitlab.layers.capture import attention_modules, capture_attention
-from vitlab.models.cet_vit import slot_usage_k
+from vitlab.layers.slots import slot_usage_k
 from vitlab.models.protocols import SlotAssigner
 
 

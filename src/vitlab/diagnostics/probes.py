@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.evaluation.stats import per_class_mean
+from vitlab.layers.slots import slot_usage_k, topk_softmax
 from vitlab.losses.ei import ei_terms
-from vitlab.models.cet_vit import slot_usage_k, topk_softmax
 from vitlab.models.protocols import SlotAssigner
 
 #: with this relative floor on the spread across fresh initialisations, a tensor every seed initialises to the same

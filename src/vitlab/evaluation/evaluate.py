@@ -33,8 +33,8 @@ from vitlab.evaluation.calibration import calibration_split_eval, expected_calib
 from vitlab.evaluation.corruptions import CORRUPTIONS, apply_corruption
 from vitlab.evaluation.stats import correlation_report, per_class_mean
 from vitlab.export import load_model, model_from_checkpoint
+from vitlab.layers.slots import slot_usage_k
 from vitlab.losses.ei import reversibility
-from vitlab.models.cet_vit import slot_usage_k
 from vitlab.models.protocols import SlotAssigner
 from vitlab.rundir import (
     EVALUATION_DIR,

@@ -23,11 +23,9 @@ class SlotAssigner(Protocol):
 @runtime_checkable
 class GenerativeModel(Protocol):
     """A conditional generative model over images (ViTCAE): a posterior from ``encode(x: [B, C, H, W])``, the
-    conditional ``prior(z_cls)`` of the patch latents, ``decode(z_cls, z_pt) -> x_hat: [B, C, H, W]``, and the
-    classification ``head``. ``encoder`` is the ViT whose features the classifier reads."""
-
-    encoder: nn.Module
-    head: nn.Module
+    conditional ``prior(z_cls)`` of the patch latents, ``decode(z_cls, z_pt) -> x_hat: [B, C, H, W]``. It also has
+    the ``encoder`` (the ViT whose features the classifier reads) and the classification ``head``; the protocol
+    names methods only, so a preset's class can be tested with ``issubclass``."""
 
     def encode(self, x: torch.Tensor) -> Any: ...
 

@@ -35,8 +35,20 @@ def register_preset(name: str, cls: type[nn.Module], description: str = "", **kw
     _REGISTRY[name] = Preset(name, cls, dict(kwargs), description)
 
 
+#: the core's model modules; each registers the presets of its own table when imported
+CORE_MODEL_MODULES = ("vitlab.models.vit", "vitlab.models.swin", "vitlab.models.sizing")
+
+
 def _ensure_loaded() -> None:
-    import vitlab.models  # noqa: F401  (importing the package registers every preset)
+    """Import the core's model modules and every family's model classes, which register their presets."""
+    from importlib import import_module
+
+    from vitlab.family import families
+
+    for module in CORE_MODEL_MODULES:
+        import_module(module)
+    for family in families():
+        family.model_classes()
 
 
 def list_models(pattern: str = "*") -> list[str]:

@@ -56,13 +56,6 @@ HIGHER_IS_BETTER = ("acc", "accuracy", "top1", "top5", "psnr", "ssim", "psnr_gai
 LOWER_IS_BETTER = ("loss", "nll", "ece", "mse")
 #: final metrics left out of the comparison table (per-severity corruption numbers, the validation halves)
 DETAIL_METRICS = ("eval/corruptions/", "eval/calibration/")
-#: the ViTCAE grids of ``generate/`` (the files of ``vitlab.evaluation.generative.GRID_FILES``) and their captions
-GRID_CAPTIONS = {
-    "reconstruction": "Reconstruction: test images and their reconstructions.",
-    "conditional": "Class-conditional samples, one row per class.",
-    "interpolation": "Interpolation of the class latent between two test images of different classes.",
-    "inpainting": "Inpainting of randomly masked patches.",
-}
 DYNAMICS_CAPTIONS = {
     "dynamics.png": "Drift d of each head's CLS attention between epochs (top) and consensus clusters (bottom).",
     "temperature.png": "Temperature tau of every head over the epochs.",
@@ -469,20 +462,6 @@ def evaluation_section(run: RunRecord) -> Section | None:
     return Section("evaluation", "Evaluation", blocks)
 
 
-def generate_section(run: RunRecord) -> Section | None:
-    from vitlab.evaluation.generative import GRID_FILES
-
-    figures = []
-    for task, file in GRID_FILES.items():
-        png = run.png(Path(GENERATE_DIR) / file)
-        if png:
-            figures.append(Figure(GRID_CAPTIONS.get(task, task), png=png, wide=task == "reconstruction"))
-    if not figures and not run.generate_metrics:
-        return None
-    blocks: list[Any] = [Facts(dict(run.generate_metrics))] if run.generate_metrics else []
-    return Section("generate", "Generative tasks", [*blocks, Figures(figures)])
-
-
 def dynamics_section(run: RunRecord) -> Section | None:
     """``dynamics.jsonl``: the figures of ``dynamics/`` (drawn when the run has none) and the final head table."""
     from vitlab.diagnostics.plots import head_table, read_dynamics
@@ -595,6 +574,13 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
     return attention, blocks, parameters
 
 
+def family_sections(run: RunRecord) -> list[Section | None]:
+    """The sections the families add (``Family.report_sections``: callables ``run -> Section | None``)."""
+    from vitlab.family import families, resolve
+
+    return [resolve(ref)(run) for family in families() for ref in family.report_sections]
+
+
 def collect_run(run_dir: str | Path | RunRecord, attention_images: int = ATTENTION_IMAGES) -> Page:
     """The page of one run."""
     run = run_dir if isinstance(run_dir, RunRecord) else RunRecord.load(run_dir)
@@ -607,7 +593,7 @@ def collect_run(run_dir: str | Path | RunRecord, attention_images: int = ATTENTI
         curves_section(run),
         test_metrics_section(run),
         evaluation_section(run),
-        generate_section(run),
+        *family_sections(run),
         dynamics_section(run),
         attention,
         segments,

@@ -9,11 +9,11 @@ from vitlab.family import Family, register_family
 FAMILY = register_family(
     Family(
         name="cet_vit",
-        models=("vitlab.models.cet_vit:CETViT",),
-        task="vitlab.training.cet_task:CETViTTask",
-        config_types={"loss": "vitlab.training.cet_task:CETLossConfig"},
-        presets="vitlab.models.cet_vit:PRESETS",
+        models=("vitlab.families.cet_vit.model:CETViT",),
+        task="vitlab.families.cet_vit.task:CETViTTask",
+        config_types={"loss": "vitlab.families.cet_vit.task:CETLossConfig"},
+        presets="vitlab.families.cet_vit.model:PRESETS",
         commands=(),
-        report_sections=("segments",),
+        report_sections=(),
     )
 )

@@ -9,11 +9,11 @@ from vitlab.family import Family, register_family
 FAMILY = register_family(
     Family(
         name="vitcae",
-        models=("vitlab.models.vitcae:ViTCAE",),
-        task="vitlab.training.vitcae_task:ViTCAETask",
-        config_types={"loss": "vitlab.losses.vitcae:ViTCAELossConfig"},
-        presets="vitlab.models.vitcae:PRESETS",
-        commands=("vitlab.cli.generate",),
-        report_sections=("generate",),
+        models=("vitlab.families.vitcae.model:ViTCAE",),
+        task="vitlab.families.vitcae.task:ViTCAETask",
+        config_types={"loss": "vitlab.families.vitcae.losses:ViTCAELossConfig"},
+        presets="vitlab.families.vitcae.model:PRESETS",
+        commands=("vitlab.families.vitcae.commands",),
+        report_sections=("vitlab.families.vitcae.report:generate_section",),
     )
 )
