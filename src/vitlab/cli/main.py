@@ -47,18 +47,21 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
         import yaml
 
         from vitlab.config import build_config
-        from vitlab.export import checkpoint_hparams, read_checkpoint
         from vitlab.rundir import RunDir, config_with_overrides
-        from vitlab.training.run import fit, resolve_resume, resolved_config
 
         if args.resume and not args.config:
+            from vitlab.export import checkpoint_hparams, read_checkpoint
+            from vitlab.training.run import resolve_resume
+
             run_dir, ckpt = resolve_resume(args.resume)
             if RunDir(run_dir).is_run():
                 cfg = RunDir(run_dir).config(overrides)
             else:  # a checkpoint outside its run directory carries the run's config itself
                 cfg = config_with_overrides(checkpoint_hparams(read_checkpoint(ckpt))["config"], overrides)
         else:
-            cfg = build_config(args.config, overrides)
+            cfg = build_config(args.config, overrides)  # every section checked: a typo costs no torch, no folder
+        from vitlab.training.run import fit, resolved_config
+
         if args.print_config:
             print(yaml.safe_dump(resolved_config(cfg), sort_keys=False), end="")
             return 0

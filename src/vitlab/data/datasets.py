@@ -33,30 +33,14 @@ from torchvision.datasets.mnist import read_image_file, read_label_file
 from torchvision.datasets.utils import download_and_extract_archive, extract_archive
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from vitlab.data.config import DataConfig
+from vitlab.data.config import DATASETS as DATASETS  # the names live with the config, which loads no torch
+from vitlab.data.config import DataConfig, DataError, check_dataset_name
 from vitlab.data.transforms import resize_to_square
-from vitlab.errors import VitlabError
 
-DATASETS = [
-    "digits",
-    "mnist",
-    "fashion-mnist",
-    "cifar10",
-    "cifar100",
-    "svhn",
-    "celeba",
-    "tiny-imagenet",
-    "imagefolder",
-    "npz",
-]
 DOWNLOADABLE = ["mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "celeba", "tiny-imagenet"]
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 CELEBA_DEFAULT_TARGET = "Male"
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
-
-
-class DataError(VitlabError, ValueError):
-    """A data configuration problem the user can fix; the message says how."""
 
 
 class DatasetNotFoundError(DataError, FileNotFoundError):
@@ -143,16 +127,6 @@ class DatasetSource:
     val: ImagePool | None
     test: ImagePool | None
     class_names: list[str]
-
-
-def check_dataset_name(name: str) -> str:
-    """The canonical dataset name (case-insensitive, ``_`` accepted for ``-``), or an error naming the known ones."""
-    canonical = name.lower().replace("_", "-")
-    if canonical in DATASETS:
-        return canonical
-    close = difflib.get_close_matches(canonical, DATASETS, n=1)
-    suggestion = f" Did you mean {close[0]!r}?" if close else ""
-    raise DataError(f"unknown dataset {name!r}.{suggestion} Known datasets: {', '.join(DATASETS)} (set data.name=).")
 
 
 def dataset_info(cfg: DataConfig) -> DatasetInfo:

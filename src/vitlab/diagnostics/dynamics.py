@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from ot.lp.emd_wrap import emd_c
 
+from vitlab.config.dynamics import CONVERGENCE_RULES, DRIFT_UNITS, TAU_CLAUSES
+
 # Attention maps come out of float32 / bf16 softmaxes; a row may miss unit mass by a few ulps times N.
 _MASS_TOLERANCE = 1e-3
 # ot.emd2's defaults: its iteration cap, and the C solver's code for an optimal solution
@@ -26,9 +28,6 @@ _EMD_OPTIMAL = 1
 _THREADED_MIN_PATCHES = 25
 
 
-DRIFT_UNITS = ("image", "patch")
-CONVERGENCE_RULES = ("noise", "relative", "absolute")
-TAU_CLAUSES = ("none", "own")
 DRIFT_KINDS = ("directed", "random_walk", "jitter")
 
 

@@ -22,7 +22,7 @@ import yaml
 from vitlab.data.config import AugmentConfig, DataConfig
 from vitlab.errors import ConfigError
 
-CONFIG_ROOT = Path(__file__).parent / "configs"
+CONFIG_ROOT = Path(__file__).parent.parent / "configs"
 
 
 @dataclass
@@ -412,7 +412,10 @@ def _warn_about_a_new_preset(model: Any, override: Any) -> None:
 
 
 def build_config(config: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type."""
+    """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type of every section
+    (:func:`vitlab.config.checks.check_sections`), all before torch is imported."""
+    from vitlab.config.checks import check_sections
+
     data: dict[str, Any] = load_yaml(config) if config else {}
     if overrides:
         parsed = parse_overrides(overrides)
@@ -421,6 +424,7 @@ def build_config(config: str | Path | None = None, overrides: list[str] | None =
     cfg = from_dict(RunConfig, data)
     if "name" not in cfg.model:
         raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
+    check_sections(cfg)
     return cfg
 
 
