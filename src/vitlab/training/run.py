@@ -24,9 +24,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from vitlab.atomic import append_line
 from vitlab.config import ConfigError, RunConfig, from_dict, to_dict
 from vitlab.data import VisionDataModule, build_datamodule
-from vitlab.diagnostics.controller import DynamicsController
+from vitlab.dynamics import DynamicsController
 from vitlab.errors import RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
@@ -289,7 +290,7 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     if loss_config is not None:
         out["loss"] = to_dict(from_dict(loss_config, cfg.loss, "loss"))
     if cfg.dynamics is not None:
-        from vitlab.diagnostics.controller import DynamicsConfig
+        from vitlab.config.dynamics import DynamicsConfig
 
         out["dynamics"] = to_dict(from_dict(DynamicsConfig, cfg.dynamics, "dynamics"))
     return out
@@ -452,8 +453,9 @@ def _fit_claimed(
             changed = _changed_settings(run.config_dict(), to_dict(cfg))
             changed.pop("run.dir", None)
             record = {"time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "checkpoint": str(ckpt_path)}
-            with open(run / RESUMES_FILE, "a") as f:
-                f.write(json.dumps({**record, "command": sys.argv, "changed": changed}, default=str) + "\n")
+            append_line(
+                run / RESUMES_FILE, json.dumps({**record, "command": sys.argv, "changed": changed}, default=str)
+            )
         else:
             run.write_config(cfg)
             run.write_env()
