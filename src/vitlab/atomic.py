@@ -5,7 +5,8 @@ A reader never sees a partial file: :func:`atomic_write_bytes` (and its text, JS
 the target and renames; :func:`staged_file` does the same for a writer that needs a path (``torch.save``, ONNX);
 :func:`append_line` writes a JSON line with one ``write`` on an append-only descriptor, so concurrent appenders
 never interleave and a crash can cut at most the last line (which ``read_jsonl`` reports). Nothing else in
-``src/`` opens a file for writing.
+``src/`` opens a file for writing, but for the run directory's claim (``rundir.RunClaim``: a lock file created
+with ``O_EXCL``, which is the point of it) and the kernel file ``/proc/self/clear_refs`` of the memory benchmark.
 """
 
 from __future__ import annotations
