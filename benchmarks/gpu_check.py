@@ -113,7 +113,15 @@ def dry_plan() -> Plan:
 def run_cuda_tests(out: Path) -> dict[str, Any]:
     """``pytest tests/device/test_cuda.py`` in a fresh process; counts from its JUnit XML."""
     xml = out / "cuda_tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_cuda.py")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        str(ROOT / "tests" / "device" / "test_cuda.py"),
+    ]
     started = time.perf_counter()
     child = subprocess.run([*cmd, f"--junitxml={xml}"], capture_output=True, text=True, cwd=ROOT, check=False)
     counts = {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0, "errors": 0}

@@ -20,7 +20,8 @@ from torch import nn
 
 from vitlab.atomic import atomic_write_text
 from vitlab.errors import CheckpointError, ConfigError, VitlabError
-from vitlab.models.registry import create_model, get_preset
+from vitlab.models.builder import create_model
+from vitlab.models.registry import get_preset
 from vitlab.rundir import EXPORT_CONFIG_FILE, EXPORT_WEIGHTS_FILE, locate_model, umask_mode
 
 EXPORT_FORMAT = "vitlab-export/1"

@@ -10,8 +10,9 @@ from torch import nn
 from vitlab.cli.registry import COMMANDS, command
 from vitlab.evaluation.evaluate import logits_and_assignment
 from vitlab.family import Family, families, family_of, family_of_class, register_family, unregister_family
+from vitlab.models.builder import create_model
 from vitlab.models.protocols import GenerativeModel, SlotAssigner
-from vitlab.models.registry import _REGISTRY, create_model, register_preset
+from vitlab.models.registry import _REGISTRY, register_preset
 from vitlab.training.run import task_class_for
 from vitlab.training.tasks import ClassificationTask
 

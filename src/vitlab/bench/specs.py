@@ -11,8 +11,9 @@ from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
 from torch import nn
 
 from vitlab.errors import ConfigError
+from vitlab.models.builder import create_model
 from vitlab.models.protocols import GenerativeModel, classifier_backbone
-from vitlab.models.registry import constructor_args, create_model, get_preset, resolved_kwargs
+from vitlab.models.registry import constructor_args, get_preset, resolved_kwargs
 from vitlab.models.vit import VisionTransformer
 
 Precision = Literal["32-true", "bf16-mixed"]

@@ -75,7 +75,7 @@ def _gradients(p: argparse.ArgumentParser) -> Runner:
         from vitlab.diagnostics.probes import format_gradient_flow, gradient_flow
         from vitlab.errors import ConfigError
         from vitlab.export import load_model
-        from vitlab.models.registry import create_model
+        from vitlab.models.builder import create_model
         from vitlab.rundir import RunDir
         from vitlab.training.run import build_task, data_info, model_kwargs_for
 
@@ -117,7 +117,7 @@ def _init_distance(p: argparse.ArgumentParser) -> Runner:
 
         from vitlab.diagnostics.probes import format_init_distance, init_distance
         from vitlab.export import load_model
-        from vitlab.models.registry import create_model
+        from vitlab.models.builder import create_model
 
         _refuse_overrides("init-distance", overrides)
         model = load_model(args.target)

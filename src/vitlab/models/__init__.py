@@ -4,8 +4,9 @@
 from typing import TYPE_CHECKING
 
 from vitlab.lazy import lazy_exports
-from vitlab.models.pretrained import from_timm, load_pretrained
-from vitlab.models.registry import create_model, list_models
+from vitlab.models.builder import create_model, from_timm
+from vitlab.models.pretrained import load_pretrained
+from vitlab.models.registry import list_models
 from vitlab.models.sizing import count_params, flops_per_image, match_width
 from vitlab.models.swin import SwinTransformer
 from vitlab.models.vit import VisionTransformer

@@ -31,7 +31,8 @@ from vitlab.dynamics import DynamicsController
 from vitlab.errors import RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
-from vitlab.models.registry import constructor_args, create_model, get_preset
+from vitlab.models.builder import create_model
+from vitlab.models.registry import constructor_args, get_preset
 from vitlab.rundir import (
     METRICS_FILE,
     RESUMES_FILE,
