@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
+from vitlab.config.coerce import from_dict
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.data.config import check_dataset_name
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
@@ -26,8 +27,6 @@ MODEL_KEYS = ("name", "pretrained")
 
 def check_sections(cfg: RunConfig) -> None:
     """Raise a :class:`~vitlab.errors.VitlabError` naming the first section of ``cfg`` with an unknown key or name."""
-    from vitlab.config import from_dict
-
     check_dataset_name(cfg.data.name)
     model_class = check_model_section(cfg.model)
     family = family_of_class_name(model_class) if model_class else None
