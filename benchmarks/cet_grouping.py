@@ -21,7 +21,7 @@ import yaml
 
 from vitlab.evaluation.evaluate import load_evaluation_target
 from vitlab.evaluation.grouping import grouping_ablation
-from vitlab.models.registry import create_model
+from vitlab.models.builder import create_model
 
 
 def main() -> None:

@@ -5,7 +5,7 @@
 On a CUDA machine, in this order, within ``--budget-s`` seconds (an item that would not finish in time is listed
 as skipped; the script itself stays under 8 minutes):
 
-1. ``tests/test_cuda.py`` (pytest, JUnit XML): passed, failed, skipped, expected failures;
+1. ``tests/device/test_cuda.py`` (pytest, JUnit XML): passed, failed, skipped, expected failures;
 2. ``configs/cet_vit/cifar100.yaml`` as written (bf16-mixed, batch 128) for 200 steps, 2 epochs of 100, on
    synthetic data of CIFAR's shape (uint8 32x32x3, 100 classes): images per second from the StepTimer's CUDA events
    in the second epoch (the first holds the warm-up), the projected time of the card's 300 epochs of 50,000
@@ -111,9 +111,17 @@ def dry_plan() -> Plan:
 
 # -------------------------------------------------------------------------------------------------------------------
 def run_cuda_tests(out: Path) -> dict[str, Any]:
-    """``pytest tests/test_cuda.py`` in a fresh process; counts from its JUnit XML."""
+    """``pytest tests/device/test_cuda.py`` in a fresh process; counts from its JUnit XML."""
     xml = out / "cuda_tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_cuda.py")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        str(ROOT / "tests" / "device" / "test_cuda.py"),
+    ]
     started = time.perf_counter()
     child = subprocess.run([*cmd, f"--junitxml={xml}"], capture_output=True, text=True, cwd=ROOT, check=False)
     counts = {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0, "errors": 0}

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from vitlab.models.registry import create_model, list_models
+from vitlab.models.builder import create_model
+from vitlab.models.registry import list_models
 
 HEAVY = ("torch", "lightning", "torchvision", "timm", "sklearn")
 

@@ -18,8 +18,10 @@ from safetensors.torch import load_model as st_load_model
 from safetensors.torch import save_model as st_save_model
 from torch import nn
 
+from vitlab.atomic import atomic_write_text
 from vitlab.errors import CheckpointError, ConfigError, VitlabError
-from vitlab.models.registry import create_model, get_preset
+from vitlab.models.builder import create_model
+from vitlab.models.registry import get_preset
 from vitlab.rundir import EXPORT_CONFIG_FILE, EXPORT_WEIGHTS_FILE, locate_model, umask_mode
 
 EXPORT_FORMAT = "vitlab-export/1"
@@ -139,7 +141,7 @@ def export_model(
     stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.export-"))
     try:
         st_save_model(model, str(stage / EXPORT_WEIGHTS_FILE))
-        (stage / EXPORT_CONFIG_FILE).write_text(json.dumps(meta, indent=2, default=str))
+        atomic_write_text(stage / EXPORT_CONFIG_FILE, json.dumps(meta, indent=2, default=str))
         for name in EXPORT_FILES:
             with open(stage / name, "rb") as f:  # on the disk before the rename makes them the export
                 os.fsync(f.fileno())

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vitlab.atomic import staged_file
 from vitlab.errors import VitlabError
 
 FORMATS = ("safetensors", "onnx", "torch-export")
@@ -76,21 +75,9 @@ def _trace(model: nn.Module) -> tuple[ClassifierGraph, torch.Tensor, dict[int, o
     return graph, example_input(model), {0: batch}
 
 
-@contextlib.contextmanager
-def _staged(path: Path) -> Iterator[Path]:
+def _staged(path: Path) -> contextlib.AbstractContextManager[Path]:
     """A temporary file beside ``path`` that becomes ``path`` only when the block succeeds (checks included)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide a deployed file from other users
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    return staged_file(path, suffix=path.suffix)
 
 
 @contextlib.contextmanager

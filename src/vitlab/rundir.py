@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import errno
 import importlib.metadata
 import json
 import math
@@ -32,15 +31,38 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitlab.errors import CheckpointError, ConfigError, OutputError, RunDirError
-from vitlab.jsonio import strict_dumps
+# the writing itself is vitlab.atomic's (every write goes through it); its names are also this module's
+from vitlab.atomic import (
+    atomic_write_bytes as atomic_write_bytes,
+)
+from vitlab.atomic import (
+    atomic_write_json as atomic_write_json,
+)
+from vitlab.atomic import (
+    atomic_write_text as atomic_write_text,
+)
+from vitlab.atomic import (
+    check_outputs as check_outputs,
+)
+from vitlab.atomic import (
+    environment_error as environment_error,
+)
+from vitlab.atomic import (
+    save_figure as save_figure,
+)
+from vitlab.atomic import (
+    umask_mode as umask_mode,
+)
+from vitlab.atomic import (
+    write_output as write_output,
+)
+from vitlab.errors import CheckpointError, ConfigError, RunDirError
 from vitlab.version import __version__
 
 if TYPE_CHECKING:
@@ -101,102 +123,6 @@ EVALUATION_SECTIONS = ("test", "calibration", "test_calibrated", "tta", "corrupt
 # -------------------------------------------------------------------------------------------------------------------
 # Writing and reading files
 # -------------------------------------------------------------------------------------------------------------------
-def umask_mode(directory: bool = False) -> int:
-    """The mode a plain ``open()`` / ``mkdir()`` would give (mkstemp's 0600 would hide outputs from colleagues)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return (0o777 if directory else 0o666) & ~umask
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a reader never sees a partial file (temp file in the same folder + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, umask_mode())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        if e.filename is None:  # a full disk names no file: name the one that was being written
-            raise OSError(e.errno, e.strerror, str(path)) from e
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    """Strict JSON (NaN as null), indented, written atomically."""
-    atomic_write_text(path, strict_dumps(obj, indent=2))
-
-
-#: errors of the file system that are the environment's, not a bug: said in one line
-_ENVIRONMENT_ERRNOS = {
-    errno.ENOSPC: "the disk is full",
-    errno.EDQUOT: "the disk quota is exceeded",
-    errno.EROFS: "the file system is read-only",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "permission denied",
-}
-
-
-def environment_error(e: OSError, path: str | Path) -> OutputError | None:
-    """``e`` as a one-line :class:`OutputError` naming ``path`` when it is the environment's (a full disk, a quota,
-    a read-only folder, no permission); None for any other error."""
-    reason = _ENVIRONMENT_ERRNOS.get(e.errno or 0)
-    if reason is None:
-        return None
-    fix = "free space, or write elsewhere" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "write elsewhere"
-    return OutputError(f"cannot write {path}: {reason} (no file is left half-written); {fix}")
-
-
-def check_outputs(paths: Sequence[str | Path], *, force: bool, flag: str = "--force") -> None:
-    """Refuse before any work is done when a file a command would write exists (unless ``force``) or is a folder.
-
-    The one output rule of every command that writes a file a user names: ``report``, ``predict``, ``compare``,
-    ``generate``, ``evaluate``, ``probe``, ``bench``.
-    """
-    for path in map(Path, paths):
-        if path.is_dir():
-            raise OutputError(f"{path} is a folder; name a file to write (or another folder with --out)")
-        if path.exists() and not force:
-            raise OutputError(f"{path} exists; pass {flag} to replace it, or choose another --out")
-
-
-def write_output(path: str | Path, data: str | bytes, *, force: bool = False) -> Path:
-    """Write a file a user named: refused if it exists (unless ``force``), written atomically (a temporary file in
-    the same folder, then a rename), and a full disk or a read-only folder is a one-line :class:`OutputError`
-    that leaves any existing file as it was."""
-    path = Path(path)
-    check_outputs([path], force=force)
-    try:
-        atomic_write_bytes(path, data.encode() if isinstance(data, str) else data)
-    except OSError as e:
-        error = environment_error(e, path)
-        if error is None:
-            raise
-        raise error from e
-    return path
-
-
-def save_figure(figure: Any, path: str | Path, **savefig_kwargs: Any) -> Path:
-    """A matplotlib figure written atomically (rendered in memory, then :func:`atomic_write_bytes`)."""
-    import io
-
-    path = Path(path)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format=path.suffix.lstrip(".") or "png", **savefig_kwargs)
-    atomic_write_bytes(path, buffer.getvalue())
-    return path
 
 
 def read_json(path: str | Path) -> Any:

@@ -11,9 +11,10 @@ from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
 from torch import nn
 
 from vitlab.errors import ConfigError
-from vitlab.models.registry import constructor_args, create_model, get_preset, resolved_kwargs
+from vitlab.models.builder import create_model
+from vitlab.models.protocols import GenerativeModel, classifier_backbone
+from vitlab.models.registry import constructor_args, get_preset, resolved_kwargs
 from vitlab.models.vit import VisionTransformer
-from vitlab.models.vitcae import ViTCAE
 
 Precision = Literal["32-true", "bf16-mixed"]
 PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed")
@@ -42,14 +43,14 @@ class NetworkSpec:
     def build(self) -> nn.Module:
         if self.source == "vitlab":
             model = create_model(self.name, **self.kwargs)
-            return model.encoder if isinstance(model, ViTCAE) else model
+            return classifier_backbone(model)
         if self.source == "timm_vit":
             return timm.models.VisionTransformer(**self.kwargs)
         return TimmSwinTransformer(**self.kwargs)
 
     def describe(self) -> str:
         if self.source == "vitlab":
-            part = " (encoder)" if issubclass(get_preset(self.name).cls, ViTCAE) else ""
+            part = " (encoder)" if issubclass(get_preset(self.name).cls, GenerativeModel) else ""
             return f"vitlab {self.name}{part}"
         return self.name
 
@@ -96,10 +97,10 @@ def timm_counterpart(model: str, overrides: dict[str, Any] | None = None) -> Net
     cls = get_preset(model).cls
     defaults = {name: p.default for name, p in constructor_args(cls).items()}
     kwargs = defaults | resolved_kwargs(model, **(overrides or {}))
-    if issubclass(cls, (VisionTransformer, ViTCAE)):
+    if issubclass(cls, (VisionTransformer, GenerativeModel)):
         vit = {key: kwargs[key] for key in _VIT_KEYS}
         vit |= dict(pos_drop_rate=kwargs["drop_rate"], proj_drop_rate=kwargs["drop_rate"])
-        if issubclass(cls, ViTCAE):
+        if issubclass(cls, GenerativeModel):
             vit |= dict(num_classes=0, global_pool="token")
         else:
             vit["global_pool"] = kwargs["global_pool"]

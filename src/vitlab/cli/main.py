@@ -23,10 +23,10 @@ from pathlib import Path
 
 from vitlab.cli.registry import COMMANDS, Runner, Setup, command
 
-#: modules whose import registers further sub-commands (each in its own file)
+#: modules whose import registers further sub-commands (each in its own file); the families add theirs
+#: (``Family.commands``, read from their declarations, which load no torch)
 COMMAND_MODULES: list[str] = [
     "vitlab.cli.evaluate",
-    "vitlab.cli.generate",
     "vitlab.cli.dynamics",
     "vitlab.cli.report",
     "vitlab.cli.bench",
@@ -47,18 +47,21 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
         import yaml
 
         from vitlab.config import build_config
-        from vitlab.export import checkpoint_hparams, read_checkpoint
         from vitlab.rundir import RunDir, config_with_overrides
-        from vitlab.training.run import fit, resolve_resume, resolved_config
 
         if args.resume and not args.config:
+            from vitlab.export import checkpoint_hparams, read_checkpoint
+            from vitlab.training.run import resolve_resume
+
             run_dir, ckpt = resolve_resume(args.resume)
             if RunDir(run_dir).is_run():
                 cfg = RunDir(run_dir).config(overrides)
             else:  # a checkpoint outside its run directory carries the run's config itself
                 cfg = config_with_overrides(checkpoint_hparams(read_checkpoint(ckpt))["config"], overrides)
         else:
-            cfg = build_config(args.config, overrides)
+            cfg = build_config(args.config, overrides)  # every section checked: a typo costs no torch, no folder
+        from vitlab.training.run import fit, resolved_config
+
         if args.print_config:
             print(yaml.safe_dump(resolved_config(cfg), sort_keys=False), end="")
             return 0
@@ -177,9 +180,10 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     With ``argv``, only the command named in it gets its options (its setup may import what its options need,
     e.g. the export formats); ``vitlab --help`` then loads none of the library. Without ``argv``, every command.
     """
+    from vitlab.family import families
     from vitlab.version import __version__
 
-    for module in COMMAND_MODULES:
+    for module in [*COMMAND_MODULES, *(m for family in families() for m in family.commands)]:
         import_module(module)
 
     parser = argparse.ArgumentParser(

@@ -75,7 +75,7 @@ def _gradients(p: argparse.ArgumentParser) -> Runner:
         from vitlab.diagnostics.probes import format_gradient_flow, gradient_flow
         from vitlab.errors import ConfigError
         from vitlab.export import load_model
-        from vitlab.models.registry import create_model
+        from vitlab.models.builder import create_model
         from vitlab.rundir import RunDir
         from vitlab.training.run import build_task, data_info, model_kwargs_for
 
@@ -117,7 +117,7 @@ def _init_distance(p: argparse.ArgumentParser) -> Runner:
 
         from vitlab.diagnostics.probes import format_init_distance, init_distance
         from vitlab.export import load_model
-        from vitlab.models.registry import create_model
+        from vitlab.models.builder import create_model
 
         _refuse_overrides("init-distance", overrides)
         model = load_model(args.target)
@@ -173,6 +173,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
         from vitlab.diagnostics.segments import save_segment_maps
         from vitlab.errors import ConfigError
         from vitlab.evaluation.evaluate import load_evaluation_target
+        from vitlab.models.protocols import SlotAssigner
         from vitlab.rundir import check_outputs, write_output
 
         if args.num_images < 0 or (args.max_batches is not None and args.max_batches < 1):
@@ -182,7 +183,7 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
         data = data_overrides(args, overrides, "vitlab probe slot-k")
         target = load_evaluation_target(args.target, data, args.device)
         model, dm = target.model, target.datamodule
-        if not hasattr(model, "forward_with_aux"):
+        if not isinstance(model, SlotAssigner):
             raise ConfigError(f"{args.target} holds a {type(model).__name__}, which has no slot assignment S")
         names = args.class_names or dm.class_names
         if len(names) != dm.num_classes:

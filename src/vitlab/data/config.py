@@ -2,7 +2,37 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
+
+from vitlab.errors import VitlabError
+
+DATASETS = [
+    "digits",
+    "mnist",
+    "fashion-mnist",
+    "cifar10",
+    "cifar100",
+    "svhn",
+    "celeba",
+    "tiny-imagenet",
+    "imagefolder",
+    "npz",
+]
+
+
+class DataError(VitlabError, ValueError):
+    """A data configuration problem the user can fix; the message says how."""
+
+
+def check_dataset_name(name: str) -> str:
+    """The canonical dataset name (case-insensitive, ``_`` accepted for ``-``), or an error naming the known ones."""
+    canonical = name.lower().replace("_", "-")
+    if canonical in DATASETS:
+        return canonical
+    close = difflib.get_close_matches(canonical, DATASETS, n=1)
+    suggestion = f" Did you mean {close[0]!r}?" if close else ""
+    raise DataError(f"unknown dataset {name!r}.{suggestion} Known datasets: {', '.join(DATASETS)} (set data.name=).")
 
 
 @dataclass

@@ -8,7 +8,6 @@ size ``S``. In-memory sets (digits, MNIST-like, CIFAR, SVHN, npz) keep all image
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
 import os
@@ -17,7 +16,7 @@ import sys
 import tempfile
 import zipfile
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -26,133 +25,32 @@ import torch
 import torchvision.datasets as tvd
 from PIL import Image
 from sklearn.datasets import load_digits
-from torch import Tensor
-from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.datasets.mnist import read_image_file, read_label_file
 from torchvision.datasets.utils import download_and_extract_archive, extract_archive
-from torchvision.transforms.v2.functional import pil_to_tensor
 
-from vitlab.data.config import DataConfig
-from vitlab.data.transforms import resize_to_square
-from vitlab.errors import VitlabError
-
-DATASETS = [
-    "digits",
-    "mnist",
-    "fashion-mnist",
-    "cifar10",
-    "cifar100",
-    "svhn",
-    "celeba",
-    "tiny-imagenet",
-    "imagefolder",
-    "npz",
-]
-DOWNLOADABLE = ["mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "celeba", "tiny-imagenet"]
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-CELEBA_DEFAULT_TARGET = "Male"
-TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
-
-
-class DataError(VitlabError, ValueError):
-    """A data configuration problem the user can fix; the message says how."""
-
-
-class DatasetNotFoundError(DataError, FileNotFoundError):
-    """Dataset files are missing; the message names where they were looked for and how to get them."""
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What a model needs to know about a dataset. ``img_size`` is the final square size (after ``cfg.img_size``);
-    ``mean``/``std`` are None where they are computed from the training images at setup."""
-
-    num_classes: int
-    in_chans: int
-    img_size: int
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-
-
-# Native sizes and normalisation constants of the named sets. Digits: over all 1,797 images after x*16 -> uint8.
-# CelebA: the official training partition; its aligned images are 178x218, centre-cropped to 178x178.
-_KNOWN_INFO = {
-    "digits": DatasetInfo(10, 1, 8, (0.3061,), (0.3769,)),
-    "mnist": DatasetInfo(10, 1, 28, (0.1307,), (0.3081,)),
-    "fashion-mnist": DatasetInfo(10, 1, 28, (0.2860,), (0.3530,)),
-    "cifar10": DatasetInfo(10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": DatasetInfo(100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-    "svhn": DatasetInfo(10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
-    "celeba": DatasetInfo(2, 3, 178, (0.5068, 0.4262, 0.3835), (0.3103, 0.2903, 0.2896)),
-    "tiny-imagenet": DatasetInfo(200, 3, 64),
-}
-
-
-class TensorImagePool(Dataset):
-    """In-memory images ``uint8 [N, C, H, W]`` with labels ``int64 [N]``, served at square size ``size``."""
-
-    def __init__(self, images: Tensor, labels: Tensor, *, size: int) -> None:
-        if images.dtype != torch.uint8 or images.ndim != 4:
-            raise DataError(f"images must be uint8 [N, C, H, W], got {images.dtype} {list(images.shape)}")
-        self.images = images
-        self.labels = labels.to(torch.int64)
-        self.size = size
-        self.in_chans = images.shape[1]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        return resize_to_square(self.images[index], self.size), int(self.labels[index])
-
-
-class ImageFilePool(Dataset):
-    """Image files decoded on access to ``mode`` (``"L"``: 1 channel, ``"RGB"``: 3) and served at square size
-    ``size``; labels ``int64 [N]``."""
-
-    def __init__(self, paths: list[Path], labels: Tensor, *, mode: str, size: int) -> None:
-        self.paths = paths
-        self.labels = labels.to(torch.int64)
-        self.mode = mode
-        self.size = size
-        self.in_chans = 1 if mode == "L" else 3
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        try:
-            with Image.open(self.paths[index]) as image:
-                pixels = pil_to_tensor(image.convert(self.mode))
-        except Exception as e:  # PIL's many error types; the user needs the file's name, not PIL's traceback
-            raise DataError(
-                f"cannot read image {self.paths[index]} ({type(e).__name__}: {e}); remove or replace it"
-            ) from e
-        return resize_to_square(pixels, self.size), int(self.labels[index])
-
-
-ImagePool = TensorImagePool | ImageFilePool
-
-
-@dataclass
-class DatasetSource:
-    """The splits a dataset ships; a split that is None is carved off ``train`` by the data module."""
-
-    train: ImagePool
-    val: ImagePool | None
-    test: ImagePool | None
-    class_names: list[str]
-
-
-def check_dataset_name(name: str) -> str:
-    """The canonical dataset name (case-insensitive, ``_`` accepted for ``-``), or an error naming the known ones."""
-    canonical = name.lower().replace("_", "-")
-    if canonical in DATASETS:
-        return canonical
-    close = difflib.get_close_matches(canonical, DATASETS, n=1)
-    suggestion = f" Did you mean {close[0]!r}?" if close else ""
-    raise DataError(f"unknown dataset {name!r}.{suggestion} Known datasets: {', '.join(DATASETS)} (set data.name=).")
+from vitlab.data.config import DATASETS, DataConfig, DataError, check_dataset_name
+from vitlab.data.sources import (
+    _KNOWN_INFO,
+    CELEBA_DEFAULT_TARGET,
+    DOWNLOADABLE,
+    NPZ_KEYS,
+    TINY_IMAGENET_URL,
+    DatasetInfo,
+    DatasetNotFoundError,
+    DatasetSource,
+    ImageFilePool,
+    ImagePool,
+    TensorImagePool,
+    _binary_attribute,
+    _check_label_range,
+    _class_indices,
+    _download_hint,
+    _images_nchw,
+    _locate,
+    _native_size,
+    _require,
+)
 
 
 def dataset_info(cfg: DataConfig) -> DatasetInfo:
@@ -184,130 +82,6 @@ def download_dataset(cfg: DataConfig) -> None:
     """Download ``cfg``'s dataset into ``cfg.root`` if it is one torchvision (or its host) can download."""
     if check_dataset_name(cfg.name) in DOWNLOADABLE:
         load_dataset(cfg, download=True)
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Helpers shared by the loaders.
-
-
-def _native_size(cfg: DataConfig, name: str) -> int:
-    return cfg.img_size or _KNOWN_INFO[name].img_size
-
-
-def _require(paths: list[Path], dataset: str, fix: str) -> None:
-    missing = [str(path) for path in paths if not path.exists()]
-    if missing:
-        raise DatasetNotFoundError(f"{dataset}: files not found: {', '.join(missing)}. {fix}")
-
-
-def _locate(path: str | None, root: str, dataset: str, fix: str) -> Path:
-    """The user's ``path`` as given, else under ``root`` when relative; ``root`` itself when ``path`` is None."""
-    root_path = Path(root).expanduser()
-    if path is None:
-        candidates = [root_path]
-    else:
-        given = Path(path).expanduser()
-        candidates = [given] if given.is_absolute() else [given, root_path / given]
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate
-    raise DatasetNotFoundError(f"{dataset}: nothing at {' or '.join(map(str, candidates))}. {fix}")
-
-
-def _download_hint(folder: Path, what: str) -> str:
-    return f"Put {what} in {folder}, or set data.download=true to download them there."
-
-
-def _images_nchw(array: np.ndarray, where: str) -> Tensor:
-    """uint8 images NHW (gray) or NHWC (RGB) -> ``uint8 [N, C, H, W]``."""
-    if array.ndim == 4 and array.shape[1] in (1, 3) and array.shape[3] not in (1, 3):
-        raise DataError(
-            f"{where} looks like NCHW images {list(array.shape)} (channels second); vitlab reads NHWC: write it as "
-            "x.transpose(0, 2, 3, 1)"
-        )
-    if array.dtype != np.uint8 or array.ndim not in (3, 4):
-        raise DataError(
-            f"{where} must be uint8 images NHW (gray) or NHWC (RGB), got {array.dtype} {list(array.shape)}; "
-            "convert with (x * 255).round().clip(0, 255).astype(np.uint8) if it holds floats in [0, 1]."
-        )
-    images = torch.from_numpy(np.ascontiguousarray(array))
-    return images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
-
-
-def _class_indices(y: np.ndarray, where: str) -> Tensor:
-    """Labels ``[N]`` as int64 class indices: integers or booleans as they are, floats only when whole numbers."""
-    if y.ndim != 1:
-        raise DataError(
-            f"{where}: labels must be [N] class indices (or a 0/1 matrix [N, K]), got shape {list(y.shape)}"
-        )
-    if np.issubdtype(y.dtype, np.floating):
-        fractional = y[~np.isfinite(y) | (y != np.round(y))]
-        if len(fractional):
-            raise DataError(
-                f"{where}: the labels are floats that are not whole numbers (e.g. {float(fractional[0]):g}); labels "
-                "are class indices 0..K-1: for probabilities or one-hot rows write y.argmax(1), for class ids "
-                "y.astype(int)"
-            )
-    elif not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
-        raise DataError(f"{where}: labels must be integers (class indices 0..K-1), got dtype {y.dtype}")
-    labels = torch.from_numpy(y.astype(np.int64))
-    if len(labels) and labels.min() < 0:
-        raise DataError(f"{where}: negative label {int(labels.min())}; labels must be class indices 0..K-1")
-    return labels
-
-
-def _check_label_range(train: Tensor, test: Tensor, num_classes: int, named: bool, where: str) -> None:
-    """Classes 0..K-1 must all occur in the training labels unless the file names them (``class_names``), and the
-    test labels must be among them."""
-    if train.max() >= num_classes:
-        raise DataError(
-            f"{where}: y_train has label {int(train.max())} but class_names names {num_classes} classes; give a name "
-            "to every class"
-        )
-    present = torch.unique(train)
-    if not named and len(present) < num_classes:
-        shown = ", ".join(map(str, present[:5].tolist())) + (", ..." if len(present) > 5 else "")
-        raise DataError(
-            f"{where}: y_train uses {len(present)} of the labels 0..{num_classes - 1} ({shown}), which would make a "
-            f"{num_classes}-way head; remap them to 0..{len(present) - 1} with np.unique(y, return_inverse=True), or "
-            "store class_names in the file to keep the empty classes"
-        )
-    unseen = torch.unique(test[test >= num_classes]).tolist()
-    if unseen:
-        shown = ", ".join(map(str, unseen[:5])) + (", ..." if len(unseen) > 5 else "")
-        raise DataError(
-            f"{where}: y_test has {len(unseen)} label(s) outside the training classes 0..{num_classes - 1} "
-            f"({shown}); the model cannot predict a class it never saw: make the test labels training classes"
-        )
-
-
-def _attribute_column(names: list[str] | None, num_columns: int, target: str | int | None, where: str) -> int:
-    """Index of the column of a multi-label ``y: [N, K]`` that is the class, chosen by name or by index."""
-    available = f"one of: {', '.join(names)}" if names else f"an index in 0..{num_columns - 1}"
-    if target is None:
-        raise DataError(
-            f"{where}: y is multi-label with {num_columns} columns; choose the class with data.target=, {available}"
-        )
-    if isinstance(target, int):
-        if not 0 <= target < num_columns:
-            raise DataError(f"{where}: data.target={target} is out of range; use {available}")
-        return target
-    if not names:
-        raise DataError(f"{where}: data.target={target!r} is a name but the file has no attr_names; use {available}")
-    if target not in names:
-        close = difflib.get_close_matches(target, names, n=1)
-        suggestion = f" Did you mean {close[0]!r}?" if close else ""
-        raise DataError(f"{where}: unknown column data.target={target!r}.{suggestion} Available: {', '.join(names)}")
-    return names.index(target)
-
-
-def _binary_attribute(
-    y: np.ndarray, names: list[str] | None, target: str | int | None, where: str
-) -> tuple[Tensor, list[str]]:
-    """``y: [N, K]`` 0/1 (or -1/1) attributes -> int64 labels ``[N]`` of the chosen column and its class names."""
-    column = _attribute_column(names, y.shape[1], target, where)
-    name = names[column] if names else f"attribute {column}"
-    return torch.from_numpy(y[:, column] > 0).to(torch.int64), [f"not {name}", name]
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -723,3 +497,24 @@ _LOADERS = {
     "imagefolder": _load_imagefolder,
     "npz": _load_npz,
 }
+
+
+__all__ = [
+    "CELEBA_DEFAULT_TARGET",
+    "DATASETS",
+    "DOWNLOADABLE",
+    "NPZ_KEYS",
+    "TINY_IMAGENET_URL",
+    "DataError",
+    "DatasetInfo",
+    "DatasetNotFoundError",
+    "DatasetSource",
+    "ImageFilePool",
+    "ImagePool",
+    "TensorImagePool",
+    "cache_dir",
+    "check_dataset_name",
+    "dataset_info",
+    "download_dataset",
+    "load_dataset",
+]

@@ -9,11 +9,14 @@ from __future__ import annotations
 import functools
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from ot.lp.emd_wrap import emd_c
+
+from vitlab.config.dynamics import CONVERGENCE_RULES, DRIFT_UNITS, TAU_CLAUSES
 
 # Attention maps come out of float32 / bf16 softmaxes; a row may miss unit mass by a few ulps times N.
 _MASS_TOLERANCE = 1e-3
@@ -26,9 +29,6 @@ _EMD_OPTIMAL = 1
 _THREADED_MIN_PATCHES = 25
 
 
-DRIFT_UNITS = ("image", "patch")
-CONVERGENCE_RULES = ("noise", "relative", "absolute")
-TAU_CLAUSES = ("none", "own")
 DRIFT_KINDS = ("directed", "random_walk", "jitter")
 
 
@@ -301,6 +301,61 @@ def calibrate_rho(
     return float(min(levels))
 
 
+@dataclass(frozen=True)
+class AbsoluteRule:
+    """The paper's rule: a head is below its threshold when its drift is below ``eps_d`` (the drift's units)."""
+
+    needs_directedness: ClassVar[bool] = False
+
+    def threshold(self, tracker: ConvergenceTracker) -> torch.Tensor:
+        return torch.full((tracker.num_layers, tracker.num_heads), tracker.eps_d, dtype=torch.float64)
+
+    def below(
+        self, tracker: ConvergenceTracker, drift: torch.Tensor, directedness: torch.Tensor | None
+    ) -> torch.Tensor:
+        return drift < self.threshold(tracker)
+
+
+@dataclass(frozen=True)
+class RelativeRule(AbsoluteRule):
+    """Scale-free: the threshold is ``rel_d`` times the head's peak drift so far."""
+
+    def threshold(self, tracker: ConvergenceTracker) -> torch.Tensor:
+        return tracker.rel_d * tracker.peak
+
+
+@dataclass(frozen=True)
+class NoiseRule:
+    """The head's movement no longer accumulates: its directedness is below ``rho`` (no drift threshold: NaN)."""
+
+    needs_directedness: ClassVar[bool] = True
+
+    def threshold(self, tracker: ConvergenceTracker) -> torch.Tensor:
+        return torch.full((tracker.num_layers, tracker.num_heads), math.nan, dtype=torch.float64)
+
+    def below(
+        self, tracker: ConvergenceTracker, drift: torch.Tensor, directedness: torch.Tensor | None
+    ) -> torch.Tensor:
+        return tracker._as_grid(directedness, "directedness") < tracker.rho
+
+
+@dataclass(frozen=True)
+class TauClause:
+    """The paper's second clause, ``|tau_t - tau_{t-1}| < eps_tau`` (``own``), or none (``none``)."""
+
+    required: bool
+
+    def stable(
+        self, below: torch.Tensor, tau: torch.Tensor, previous_tau: torch.Tensor, eps_tau: float
+    ) -> torch.Tensor:
+        return below & ((tau - previous_tau).abs() < eps_tau) if self.required else below
+
+
+#: ``dynamics.convergence`` -> its rule; ``dynamics.tau_clause`` -> its clause
+CONVERGENCE_STRATEGIES = {"absolute": AbsoluteRule(), "relative": RelativeRule(), "noise": NoiseRule()}
+TAU_CLAUSE_STRATEGIES = {"own": TauClause(required=True), "none": TauClause(required=False)}
+
+
 class ConvergenceTracker:
     """ViTCAE's convergence rule and scale-free variants. A head is *stable* in an epoch when its drift is below
     its threshold (and, with ``tau_clause="own"``, ``|tau_t - tau_{t-1}| < eps_tau``, the paper's second clause);
@@ -377,25 +432,19 @@ class ConvergenceTracker:
     def threshold(self) -> torch.Tensor:
         """The drift below which each head counts as stable now, ``[L, H]`` float64 (``noise``: NaN, the rule tests
         the directedness)."""
-        if self.rule == "noise":
-            return torch.full((self.num_layers, self.num_heads), math.nan, dtype=torch.float64)
-        if self.rule == "relative":
-            return self.rel_d * self.peak
-        return torch.full((self.num_layers, self.num_heads), self.eps_d, dtype=torch.float64)
+        return CONVERGENCE_STRATEGIES[self.rule].threshold(self)
 
     def update(self, drift: torch.Tensor, tau: torch.Tensor, directedness: torch.Tensor | None = None) -> torch.Tensor:
         """Record one epoch. ``drift, tau: [L, H]``; ``directedness: [L, H]`` for ``rule="noise"`` (``None``: not
         known yet, nothing is stable). Returns ``converged: [L, H]`` bool (a copy)."""
         drift, tau = self._as_grid(drift, "drift"), self._as_grid(tau, "tau")
         self.observe(drift)
-        if self.previous_tau is None or (self.rule == "noise" and directedness is None):
+        rule = CONVERGENCE_STRATEGIES[self.rule]
+        if self.previous_tau is None or (rule.needs_directedness and directedness is None):
             stable = torch.zeros(drift.shape, dtype=torch.bool)
         else:
-            if self.rule == "noise":
-                below = self._as_grid(directedness, "directedness") < self.rho
-            else:
-                below = drift < self.threshold()
-            stable = below if self.tau_clause == "none" else below & ((tau - self.previous_tau).abs() < self.eps_tau)
+            below = rule.below(self, drift, directedness)
+            stable = TAU_CLAUSE_STRATEGIES[self.tau_clause].stable(below, tau, self.previous_tau, self.eps_tau)
         self.streak = torch.where(stable, self.streak + 1, torch.zeros_like(self.streak))
         self.converged |= self.streak >= self.patience
         self.previous_tau = tau

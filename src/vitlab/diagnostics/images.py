@@ -20,7 +20,8 @@ from vitlab.config import DataConfig
 from vitlab.data import build_datamodule, normalize
 from vitlab.evaluation.evaluate import logits_and_assignment
 from vitlab.layers.capture import attention_modules, capture_attention
-from vitlab.models.cet_vit import slot_usage_k
+from vitlab.layers.slots import slot_usage_k
+from vitlab.models.protocols import SlotAssigner
 
 
 @dataclass
@@ -99,7 +100,7 @@ class SlotAssignment:
 def slot_assignment(model: nn.Module, inputs: torch.Tensor) -> SlotAssignment | None:
     """For a model with a token-to-slot assignment over its patch grid (CET-ViT), ``S`` of ``inputs``; else None."""
     grid = patch_grid(model)
-    if grid is None or not hasattr(model, "forward_with_aux"):
+    if grid is None or not isinstance(model, SlotAssigner):
         return None
     with torch.no_grad():
         _, S = logits_and_assignment(model, inputs)

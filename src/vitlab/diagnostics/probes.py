@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.evaluation.stats import per_class_mean
+from vitlab.layers.slots import slot_usage_k, topk_softmax
 from vitlab.losses.ei import ei_terms
-from vitlab.models.cet_vit import slot_usage_k, topk_softmax
+from vitlab.models.protocols import SlotAssigner
 
 #: with this relative floor on the spread across fresh initialisations, a tensor every seed initialises to the same
 #: constants (LayerNorm weights 1, biases 0) counts as moved as soon as training changes it at all
@@ -358,7 +359,7 @@ def collect_assignments(
     yields ``(x: [B, C, H, W], y: [B])``. Returns ``slot_k: [M]`` (long, :func:`slot_usage_k`), ``labels: [M]``,
     ``predictions: [M]`` and the first ``keep_images`` inputs ``x: [keep, C, H, W]`` with their ``S: [keep, N, K]``.
     """
-    if not hasattr(model, "forward_with_aux") or getattr(model, "grouping", "card") == "none":
+    if not isinstance(model, SlotAssigner) or getattr(model, "grouping", "card") == "none":
         raise TypeError(
             f"slot-usage K needs a model with a token-to-slot assignment S (CET-ViT's forward_with_aux); "
             f"{type(model).__name__} has none (CET-ViT with grouping: none has no S either)"

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from vitlab.errors import CheckpointError
+from vitlab.models.registry import constructor_args, get_preset, list_models
 from vitlab.models.vit import VisionTransformer
 
 log = logging.getLogger(__name__)
@@ -397,8 +398,6 @@ def matching_presets(state: dict[str, torch.Tensor], cls: type[nn.Module]) -> li
     """The registered presets of ``cls`` whose width, depth and MLP width are those of the ViT weights ``state``
     (read from ``cls_token: [1, 1, C]``, the ``blocks.<i>.`` keys and ``blocks.0.mlp.fc1.weight: [C_mlp, C]``),
     the plain ``vit_*`` presets first."""
-    from vitlab.models.registry import constructor_args, get_preset, list_models
-
     token, fc1 = state.get("cls_token"), state.get("blocks.0.mlp.fc1.weight")
     if token is None or fc1 is None:
         return []
@@ -551,33 +550,3 @@ def timm_vit_kwargs(model: nn.Module) -> dict[str, Any]:
         qkv_bias=first.attn.qkv.bias is not None,
         global_pool=model.global_pool,
     )
-
-
-def from_timm(model: nn.Module, **overrides: Any) -> VisionTransformer:
-    """A timm ``VisionTransformer`` (with its weights) as a vitlab ViT, so ``capture_attention``, the drift, the
-    consensus clusters and the dynamics controller work on it. Eval mode; the logits equal timm's.
-
-    ``overrides``: further constructor options that add no weights, e.g. ``temperature=True`` (per-head
-    temperatures at tau = 1, for the controller), ``drop_path_rate=0.1``. The result records a preset
-    (``vit_base``'s class with the full constructor arguments), so :func:`vitlab.export.export_model` writes it.
-    Raises :class:`PretrainedWeightsError` for a timm model with features vitlab's ViT lacks (registers, qk-norm,
-    LayerScale, ...).
-    """
-    from vitlab.models.registry import create_model, list_models, resolved_kwargs
-
-    kwargs = {**timm_vit_kwargs(model), **overrides}
-    preset = next(
-        (
-            name
-            for name in list_models("vit_*")
-            if all(resolved_kwargs(name).get(k) == kwargs[k] for k in ("embed_dim", "depth", "num_heads", "mlp_ratio"))
-        ),
-        "vit_base",
-    )
-    ours = create_model(preset, **kwargs)
-    state = dict(model.state_dict())
-    report = LoadReport(f"timm {type(model).__name__}")
-    state = fit_to_backbone(state, ours, report)
-    check_keys(state, ours, report.source, preset)
-    ours.load_state_dict(state, strict=True)
-    return ours.eval()

@@ -1,4 +1,5 @@
-"""A registry of named model presets: ``create_model(name, **overrides)``, ``list_models(pattern)``.
+"""A registry of named model presets: names, classes and their keyword arguments (``list_models(pattern)``,
+``get_preset``, ``resolved_kwargs``); :mod:`vitlab.models.builder` creates a model from a preset and loads weights.
 
 A preset is a model class plus the keyword arguments that define it. The full resolved keyword arguments are
 kept on the model as ``model.init_kwargs`` (with ``model.preset``) so an exported model can be rebuilt offline.
@@ -35,8 +36,20 @@ def register_preset(name: str, cls: type[nn.Module], description: str = "", **kw
     _REGISTRY[name] = Preset(name, cls, dict(kwargs), description)
 
 
+#: the core's model modules; each registers the presets of its own table when imported
+CORE_MODEL_MODULES = ("vitlab.models.vit", "vitlab.models.swin", "vitlab.models.sizing")
+
+
 def _ensure_loaded() -> None:
-    import vitlab.models  # noqa: F401  (importing the package registers every preset)
+    """Import the core's model modules and every family's model classes, which register their presets."""
+    from importlib import import_module
+
+    from vitlab.family import families
+
+    for module in CORE_MODEL_MODULES:
+        import_module(module)
+    for family in families():
+        family.model_classes()
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -76,23 +89,3 @@ def resolved_kwargs(name: str, **overrides: Any) -> dict[str, Any]:
     preset = get_preset(name)
     _check_kwargs(preset.cls, overrides, name)
     return {**preset.kwargs, **overrides}
-
-
-def create_model(name: str, pretrained: str | None = None, **overrides: Any) -> nn.Module:
-    """Build the preset ``name`` with keyword ``overrides`` (e.g. ``img_size=8, num_classes=10``).
-
-    ``pretrained``: weights for the model's ViT backbone, a file, a vitlab export or run directory, or
-    ``timm:NAME[.TAG]`` (:func:`vitlab.models.pretrained.load_pretrained`: position and patch embeddings resampled,
-    head reset, any other mismatch an error). It is kept as ``model.pretrained``, not in ``init_kwargs``.
-    """
-    preset = get_preset(name)
-    kwargs = resolved_kwargs(name, **overrides)
-    model = preset.cls(**kwargs)
-    model.preset = name
-    model.init_kwargs = kwargs
-    if pretrained:
-        from vitlab.models.pretrained import load_pretrained
-
-        load_pretrained(model, pretrained, arch=name)
-        model.pretrained = str(pretrained)
-    return model

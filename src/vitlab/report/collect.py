@@ -22,13 +22,33 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from vitlab.config import RunConfig, to_dict
 from vitlab.errors import ConfigError, VitlabError
+from vitlab.report.curves import (
+    PER_STEP,
+    Series,
+    add_step_series,
+    curve_panels,
+    panel_rank,
+)
+from vitlab.report.page import (
+    Details,
+    Facts,
+    Figure,
+    Figures,
+    Heading,
+    Page,
+    Plot,
+    Pre,
+    Section,
+    Table,
+    Text,
+)
 from vitlab.rundir import (
     CONFIG_FILE,
     DYNAMICS_DIR,
@@ -56,149 +76,12 @@ HIGHER_IS_BETTER = ("acc", "accuracy", "top1", "top5", "psnr", "ssim", "psnr_gai
 LOWER_IS_BETTER = ("loss", "nll", "ece", "mse")
 #: final metrics left out of the comparison table (per-severity corruption numbers, the validation halves)
 DETAIL_METRICS = ("eval/corruptions/", "eval/calibration/")
-#: the ViTCAE grids of ``generate/`` (the files of ``vitlab.evaluation.generative.GRID_FILES``) and their captions
-GRID_CAPTIONS = {
-    "reconstruction": "Reconstruction: test images and their reconstructions.",
-    "conditional": "Class-conditional samples, one row per class.",
-    "interpolation": "Interpolation of the class latent between two test images of different classes.",
-    "inpainting": "Inpainting of randomly masked patches.",
-}
 DYNAMICS_CAPTIONS = {
     "dynamics.png": "Drift d of each head's CLS attention between epochs (top) and consensus clusters (bottom).",
     "temperature.png": "Temperature tau of every head over the epochs.",
     "frozen.png": "Epoch at which each head was frozen.",
     "comparison.png": "Baseline (left) and this run (right).",
 }
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# The data of a page
-# -------------------------------------------------------------------------------------------------------------------
-@dataclass
-class Plot:
-    """A figure to draw: ``kind`` names a drawing of :data:`vitlab.report.figures.DRAWINGS`, ``data`` its input."""
-
-    kind: str
-    data: dict[str, Any]
-
-
-@dataclass
-class Figure:
-    """One image: ``png`` (bytes of a file in the run) or ``plot`` (drawn when the page is rendered)."""
-
-    caption: str = ""
-    png: bytes | None = None
-    plot: Plot | None = None
-    wide: bool = True  # full width, or in a two-column grid with the other narrow figures of its block
-
-
-@dataclass
-class Text:
-    """Text: a paragraph, a ``heading`` of a part of a section, or ``pre``-formatted (a file's content)."""
-
-    kind: ClassVar[str] = "text"
-
-    text: str
-    style: str = "paragraph"  # paragraph | heading | pre
-
-
-def Heading(text: str) -> Text:  # a block constructor, read like the classes beside it
-    return Text(text, "heading")
-
-
-def Pre(text: str) -> Text:
-    return Text(text, "pre")
-
-
-@dataclass
-class Facts:
-    """Name/value pairs; ``one_column`` for text values (the environment)."""
-
-    kind: ClassVar[str] = "facts"
-
-    values: dict[str, Any]
-    one_column: bool = False
-
-
-@dataclass
-class Table:
-    """``rows`` of cells under ``header``; ``bold`` holds ``(row, column)`` cells (the best value of a metric)."""
-
-    kind: ClassVar[str] = "table"
-
-    header: list[str]
-    rows: list[tuple[Any, ...]]
-    bold: set[tuple[int, int]] = field(default_factory=set)
-
-
-@dataclass
-class Figures:
-    kind: ClassVar[str] = "figures"
-
-    figures: list[Figure]
-
-
-@dataclass
-class Details:
-    """A folded part: ``summary`` shown, ``blocks`` when opened."""
-
-    kind: ClassVar[str] = "details"
-
-    summary: str
-    blocks: list[Any]
-    open: bool = False
-
-
-@dataclass
-class Section:
-    id: str
-    title: str
-    blocks: list[Any]
-
-    def find(self, kind: type) -> list[Any]:
-        """Every block of type ``kind`` in the section, folded ones included, in order."""
-        found = []
-        for block in self.blocks:
-            if isinstance(block, kind):
-                found.append(block)
-            if isinstance(block, Details):
-                found += Section("", "", block.blocks).find(kind)
-        return found
-
-    @property
-    def figures(self) -> list[Figure]:
-        return [figure for block in self.find(Figures) for figure in block.figures]
-
-    @property
-    def text(self) -> str:
-        """All the section's text, folded-part titles, table cells, fact names and values and figure captions, one
-        string (for searching)."""
-        parts = [b.text for b in self.find(Text)]
-        parts += [details.summary for details in self.find(Details)]
-        for facts in self.find(Facts):
-            parts += [f"{k} {v}" for k, v in facts.values.items()]
-        for table in self.find(Table):
-            parts += [" ".join(map(str, table.header))] + [" ".join(map(str, row)) for row in table.rows]
-        parts += [figure.caption for figure in self.figures]
-        return "\n".join(parts)
-
-
-@dataclass
-class Page:
-    title: str
-    subtitle: str
-    sections: list[Section]
-    cards: list[tuple[str, Any]] = field(default_factory=list)
-
-    @property
-    def section_ids(self) -> list[str]:
-        return [section.id for section in self.sections]
-
-    def section(self, section_id: str) -> Section:
-        for section in self.sections:
-            if section.id == section_id:
-                return section
-        raise KeyError(f"the page has no section {section_id!r}; it has {', '.join(self.section_ids)}")
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -260,83 +143,6 @@ class RunRecord:
     @property
     def model_name(self) -> str:
         return str(self.config.model.get("name", "?"))
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Curves from metrics.jsonl
-# -------------------------------------------------------------------------------------------------------------------
-Series = tuple[list[float], list[float]]  # (epochs, values)
-PER_STEP = " (per step)"
-
-
-def curve_panels(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Series]]:
-    """Group the per-epoch rows of ``metrics.jsonl`` into panels of series: ``{panel: {series: (epochs, values)}}``.
-
-    ``train/<term>`` and ``val/<term>`` share the panel ``<term>`` (series ``train`` and ``val``); learning-rate keys
-    (``train/lr`` from vitlab's tasks; ``lr``, ``lr-AdamW``, ``lr-AdamW/pg1`` from Lightning's
-    ``LearningRateMonitor``) share the panel ``learning rate``;
-    any other key (``dynamics/mean_drift``) is a panel of its own. Panels come in the order loss, acc, learning rate,
-    then the other train/val terms, then the rest, each group sorted by name; in a panel, train comes before val.
-    ``epoch`` and ``step`` are the axis, not panels; values that are not finite numbers are left out.
-    """
-    panels: dict[str, dict[str, Series]] = {}
-    for row in rows:
-        epoch = row.get("epoch")
-        if epoch is None:
-            continue
-        for key, value in row.items():
-            numeric = isinstance(value, int | float) and not isinstance(value, bool)
-            if key in ("epoch", "step") or not numeric or not math.isfinite(value):
-                continue
-            stage, _, term = key.partition("/")
-            if key == "train/lr":  # logged by vitlab's tasks
-                panel, series = "learning rate", "lr"
-            elif stage in ("train", "val") and term:
-                panel, series = term, stage
-            elif key == "lr" or key.startswith("lr-"):
-                panel, series = "learning rate", key
-            else:
-                panel, series = key, key
-            epochs, values = panels.setdefault(panel, {}).setdefault(series, ([], []))
-            epochs.append(float(epoch))
-            values.append(float(value))
-
-    train_val_first = {"train": 0, "val": 1}
-    return {
-        panel: {
-            name: panels[panel][name] for name in sorted(panels[panel], key=lambda s: (train_val_first.get(s, 2), s))
-        }
-        for panel in sorted(panels, key=lambda p: panel_rank(p, panels[p]))
-    }
-
-
-def add_step_series(
-    panels: dict[str, dict[str, Series]], steps: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]
-) -> dict[str, dict[str, Series]]:
-    """Add the per-step training loss and learning rate of ``steps.jsonl`` to the ``loss`` and ``learning rate``
-    panels (series ``train (per step)``, ``lr (per step)``), on the epoch axis: the last step of epoch ``e`` (the
-    ``step`` of its ``metrics.jsonl`` row) lands at ``e``, where the epoch's mean is drawn."""
-    ends = {int(row["epoch"]): int(row["step"]) for row in rows if row.get("step") is not None}
-    for key, panel, series in (("loss", "loss", "train" + PER_STEP), ("lr", "learning rate", "lr" + PER_STEP)):
-        xs, ys = [], []
-        for record in steps:
-            epoch, step, value = record.get("epoch"), record.get("step"), record.get(key)
-            if epoch not in ends or step is None or not isinstance(value, int | float) or not math.isfinite(value):
-                continue
-            start = ends.get(epoch - 1, -1)
-            xs.append(epoch - 1 + (step - start) / max(1, ends[epoch] - start))
-            ys.append(float(value))
-        if xs:
-            panels.setdefault(panel, {})[series] = (xs, ys)
-    return panels
-
-
-def panel_rank(panel: str, series: Iterable[str]) -> tuple[int, str]:
-    """Sort key of a panel: loss, acc, learning rate, then train/val terms, then other keys, each by name."""
-    first = {"loss": 0, "acc": 1, "learning rate": 2}
-    if panel in first:
-        return first[panel], panel
-    return (3 if {"train", "val"} & set(series) else 4), panel
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -469,20 +275,6 @@ def evaluation_section(run: RunRecord) -> Section | None:
     return Section("evaluation", "Evaluation", blocks)
 
 
-def generate_section(run: RunRecord) -> Section | None:
-    from vitlab.evaluation.generative import GRID_FILES
-
-    figures = []
-    for task, file in GRID_FILES.items():
-        png = run.png(Path(GENERATE_DIR) / file)
-        if png:
-            figures.append(Figure(GRID_CAPTIONS.get(task, task), png=png, wide=task == "reconstruction"))
-    if not figures and not run.generate_metrics:
-        return None
-    blocks: list[Any] = [Facts(dict(run.generate_metrics))] if run.generate_metrics else []
-    return Section("generate", "Generative tasks", [*blocks, Figures(figures)])
-
-
 def dynamics_section(run: RunRecord) -> Section | None:
     """``dynamics.jsonl``: the figures of ``dynamics/`` (drawn when the run has none) and the final head table."""
     from vitlab.diagnostics.plots import head_table, read_dynamics
@@ -595,6 +387,13 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
     return attention, blocks, parameters
 
 
+def family_sections(run: RunRecord) -> list[Section | None]:
+    """The sections the families add (``Family.report_sections``: callables ``run -> Section | None``)."""
+    from vitlab.family import families, resolve
+
+    return [resolve(ref)(run) for family in families() for ref in family.report_sections]
+
+
 def collect_run(run_dir: str | Path | RunRecord, attention_images: int = ATTENTION_IMAGES) -> Page:
     """The page of one run."""
     run = run_dir if isinstance(run_dir, RunRecord) else RunRecord.load(run_dir)
@@ -607,7 +406,7 @@ def collect_run(run_dir: str | Path | RunRecord, attention_images: int = ATTENTI
         curves_section(run),
         test_metrics_section(run),
         evaluation_section(run),
-        generate_section(run),
+        *family_sections(run),
         dynamics_section(run),
         attention,
         segments,
@@ -740,3 +539,42 @@ def fmt(value: Any) -> str:
             return "–"
         return f"{value:.0f}" if value.is_integer() and abs(value) < 1e6 else f"{value:.4g}"
     return str(value)
+
+
+__all__ = [
+    "PER_STEP",
+    "Details",
+    "Facts",
+    "Figure",
+    "Figures",
+    "Heading",
+    "Page",
+    "Plot",
+    "Pre",
+    "RunRecord",
+    "Section",
+    "Series",
+    "Table",
+    "Text",
+    "add_step_series",
+    "assignment_blocks",
+    "better_direction",
+    "collect",
+    "collect_comparison",
+    "collect_run",
+    "config_differences",
+    "config_section",
+    "curve_panels",
+    "curves_section",
+    "dynamics_section",
+    "evaluation_section",
+    "family_sections",
+    "fmt",
+    "image_sections",
+    "metrics_table",
+    "other_outputs_section",
+    "panel_rank",
+    "run_cards",
+    "summary_metrics",
+    "test_metrics_section",
+]

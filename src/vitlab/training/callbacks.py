@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,25 +18,17 @@ from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
+from vitlab.atomic import append_line, staged_file
 from vitlab.jsonio import strict_dumps
-from vitlab.rundir import DDP_CHECK_FILE, STEPS_FILE, TIMING_FILE, atomic_write_text, umask_mode
+from vitlab.rundir import DDP_CHECK_FILE, STEPS_FILE, TIMING_FILE, atomic_write_text
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints are written to a temporary file and renamed: a killed run never leaves a truncated ``.ckpt``."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
+        with staged_file(path) as tmp:
             torch.save(checkpoint, tmp)
-            os.chmod(tmp, umask_mode())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
 
 STEP_PREFIX = "train_step/"  # per-step values (the task logs them on_step); they go to steps.jsonl
@@ -78,9 +68,10 @@ class JSONLinesLogger(Logger):
         epoch = metrics.get("epoch")
         per_step = {k[len(STEP_PREFIX) :]: float(v) for k, v in metrics.items() if k.startswith(STEP_PREFIX)}
         if per_step:
-            self.steps_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.steps_path, "a") as f:
-                f.write(strict_dumps({"step": step, "epoch": None if epoch is None else int(epoch), **per_step}) + "\n")
+            append_line(
+                self.steps_path,
+                strict_dumps({"step": step, "epoch": None if epoch is None else int(epoch), **per_step}),
+            )
         values = {
             k: float(v)
             for k, v in metrics.items()
@@ -99,9 +90,7 @@ class JSONLinesLogger(Logger):
         if self._epoch is None or not self._buffer:
             return
         record = {"epoch": self._epoch, **self._buffer}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(strict_dumps(record) + "\n")
+        append_line(self.path, strict_dumps(record))
         self._buffer = {}
 
     @rank_zero_only

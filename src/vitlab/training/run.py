@@ -24,12 +24,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from vitlab.atomic import append_line
 from vitlab.config import ConfigError, RunConfig, from_dict, to_dict
 from vitlab.data import VisionDataModule, build_datamodule
-from vitlab.diagnostics.controller import DynamicsController
+from vitlab.dynamics import DynamicsController
 from vitlab.errors import RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
-from vitlab.models.registry import constructor_args, create_model, get_preset
+from vitlab.family import family_of_class
+from vitlab.models.builder import create_model
+from vitlab.models.registry import constructor_args, get_preset
 from vitlab.rundir import (
     METRICS_FILE,
     RESUMES_FILE,
@@ -267,7 +270,6 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     constructor defaults, the preset's values, what the data fills in and the config's own; the defaults of the
     ``loss`` and ``dynamics`` sections too."""
     from vitlab.data import DataError, dataset_info
-    from vitlab.training import TASKS
 
     preset = get_preset(cfg.model["name"])
     try:
@@ -285,22 +287,25 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     }
     out = to_dict(cfg)
     out["model"] = to_dict({"name": preset.name, **defaults, **preset.kwargs, **filled})
-    loss_config = TASKS.get(preset.cls.__name__, ClassificationTask).loss_config
+    loss_config = task_class_for(preset.cls).loss_config
     if loss_config is not None:
         out["loss"] = to_dict(from_dict(loss_config, cfg.loss, "loss"))
     if cfg.dynamics is not None:
-        from vitlab.diagnostics.controller import DynamicsConfig
+        from vitlab.config.dynamics import DynamicsConfig
 
         out["dynamics"] = to_dict(from_dict(DynamicsConfig, cfg.dynamics, "dynamics"))
     return out
 
 
 def build_task(cfg: RunConfig, model: torch.nn.Module, hparams: dict[str, Any]) -> BaseTask:
-    """The Lightning task for a model: each model family names its task through ``TASKS``."""
-    from vitlab.training import TASKS
+    """The Lightning task for a model: its family's task (``vitlab.family``), a classifier's for any other model."""
+    return task_class_for(type(model))(model, cfg=cfg, hparams=hparams)
 
-    factory = TASKS.get(type(model).__name__, ClassificationTask)
-    return factory(model, cfg=cfg, hparams=hparams)
+
+def task_class_for(model_class: type) -> type[BaseTask]:
+    """The task class of a model class: the one its family declares, else :class:`ClassificationTask`."""
+    family = family_of_class(model_class)
+    return ClassificationTask if family is None else family.task_class()
 
 
 def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask, validate: bool = True) -> list[pl.Callback]:
@@ -449,8 +454,9 @@ def _fit_claimed(
             changed = _changed_settings(run.config_dict(), to_dict(cfg))
             changed.pop("run.dir", None)
             record = {"time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "checkpoint": str(ckpt_path)}
-            with open(run / RESUMES_FILE, "a") as f:
-                f.write(json.dumps({**record, "command": sys.argv, "changed": changed}, default=str) + "\n")
+            append_line(
+                run / RESUMES_FILE, json.dumps({**record, "command": sys.argv, "changed": changed}, default=str)
+            )
         else:
             run.write_config(cfg)
             run.write_env()

@@ -40,7 +40,7 @@ def _param(name: str, *rest) -> pytest.param:
 CASES = [(name, {}) for name in vitlab.list_models()] + [("cet_vit_pico", {"dynamic_k": "gumbel"})]
 IDS = [name + "".join(f"-{v}" for v in extra.values()) for name, extra in CASES]
 CASES = [_param(name, extra) for name, extra in CASES]
-#: every model built on the one shared Attention (timm's Swin has its own WindowAttention: tests/test_swin.py)
+#: every model built on the one shared Attention (timm's Swin has its own WindowAttention: tests/models/test_swin.py)
 SHARED_ATTENTION = [name for name in vitlab.list_models() if not issubclass(get_preset(name).cls, SwinTransformer)]
 
 

@@ -25,7 +25,7 @@ from vitlab.diagnostics.probes import (
 from vitlab.diagnostics.segments import colour_segments, draw_segment_maps, overlay, segment_map, slot_palette
 from vitlab.export import export_model
 from vitlab.losses.ei import reversibility
-from vitlab.models.registry import create_model
+from vitlab.models.builder import create_model
 from vitlab.training.run import build_task
 from vitlab.training.tasks import ClassificationTask
 

@@ -9,12 +9,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_report import dynamics_records, make_run
 
 from run_fixtures import write_png
-from test_report import dynamics_records, make_run
 from vitlab.report import write_report
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 WINDOW = (1280, 900)
 #: written into a copy of the report: the report itself holds no script
 CHECK_SCRIPT = """<script>

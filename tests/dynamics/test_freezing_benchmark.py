@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "freezing.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "freezing.py"
 
 
 @pytest.fixture(scope="module")

@@ -166,7 +166,7 @@ def test_frozen_heads_backward_routes_agree_with_the_saved_attention(route, trai
     """The frozen heads' dV = P^T dO four ways: one flash call over all heads (the CPU default), two calls with P
     from the flash kernel's log-sum-exps, two calls with P recomputed (the public-API path of other devices and
     dtypes), and P kept by the eager path; with proportional attention's bias."""
-    import vitlab.layers.attention as attention
+    import vitlab.layers.frozen_heads as attention
 
     calls = []
     single = attention._FrozenHeadsInOneCall.apply
@@ -191,7 +191,7 @@ def test_single_call_gradients_equal_plain_autograd_with_the_frozen_rows_cut(fro
     """_FrozenHeadsInOneCall against plain autograd: SDPA over all heads, the frozen heads' q and k detached (their
     attention a constant) and their rows of W and b detached (with ``train_v`` their v rows stay attached); the
     frozen rows' weight gradient is exactly 0."""
-    from vitlab.layers.attention import _FrozenHeadsInOneCall
+    from vitlab.layers.frozen_heads import _FrozenHeadsInOneCall
 
     torch.manual_seed(1)
     B, N, H, d = 2, 7, 4, 8

@@ -1,5 +1,6 @@
-"""Nothing lost, nothing silently wrong: one test per finding of the new-user trial (issue 16), each written to
-fail on the code before the fix. Numbers in the test names follow the issue's list."""
+"""Nothing lost, nothing silently wrong for a new user: exports that keep files, diverging runs, NaN in metrics,
+hidden folders, gray images, reused run folders, truncated images, one-line errors; each test fails on code
+without the behaviour it names."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def trained(tmp_path_factory) -> Path:
 
 
 # -- 1. export never deletes a user's files -------------------------------------------------------------------------
-def test_1_export_refuses_a_folder_with_files_and_keeps_them(trained, tmp_path, capsys):
+def test_export_refuses_a_folder_with_files_and_keeps_them(trained, tmp_path, capsys):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("my notes")
@@ -69,7 +70,7 @@ def test_1_export_refuses_a_folder_with_files_and_keeps_them(trained, tmp_path, 
     torch.testing.assert_close(vitlab.load_model(out)(x), vitlab.load_model(trained / "export")(x))
 
 
-def test_1_export_to_the_current_folder(trained, tmp_path, monkeypatch, capsys):
+def test_export_to_the_current_folder(trained, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "keep.py").write_text("print('mine')")
     rc, _, err = _cli(capsys, "export", str(trained), "--out", ".")
@@ -85,7 +86,7 @@ def test_1_export_to_the_current_folder(trained, tmp_path, monkeypatch, capsys):
 
 
 # -- 2. a non-finite loss stops the run; metrics files are strict JSON ----------------------------------------------
-def test_2_a_diverging_run_stops_with_a_hint_and_exports_nothing(tmp_path, capsys):
+def test_a_diverging_run_stops_with_a_hint_and_exports_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
     rc, _, err = _cli(capsys, "fit", "--config", "vit/digits", "optim.lr=1e3", f"run.dir={run_dir}", *TINY)
     assert rc == 2 and "Traceback" not in err
@@ -95,7 +96,7 @@ def test_2_a_diverging_run_stops_with_a_hint_and_exports_nothing(tmp_path, capsy
     assert not (run_dir / "export").exists() and not (run_dir / "test_metrics.json").exists()
 
 
-def test_2_metrics_files_write_nan_as_null(tmp_path):
+def test_metrics_files_write_nan_as_null(tmp_path):
     logger = JSONLinesLogger(tmp_path / "metrics.jsonl")
     logger.log_metrics({"epoch": 0, "val/loss": float("nan"), "train_step/loss": float("inf")}, step=3)
     logger.finalize("success")
@@ -109,7 +110,7 @@ def test_2_metrics_files_write_nan_as_null(tmp_path):
 
 
 # -- 3. hidden files and folders are not data -----------------------------------------------------------------------
-def test_3_hidden_folders_are_neither_classes_nor_images(tmp_path):
+def test_hidden_folders_are_neither_classes_nor_images(tmp_path):
     write_imagefolder(tmp_path / "pets", {"": 4}, classes=("airplane", "cat", "dog"))
     write_png(tmp_path / "pets" / ".ipynb_checkpoints" / "0.png", np.zeros((10, 12, 3), np.uint8))
     write_png(tmp_path / "pets" / "airplane" / ".thumbs" / "0.png", np.zeros((10, 12, 3), np.uint8))
@@ -122,7 +123,7 @@ def test_3_hidden_folders_are_neither_classes_nor_images(tmp_path):
 
 
 # -- 4. the channels are those of most images (or the config's), and every image is converted -----------------------
-def test_4_one_gray_image_does_not_decide_the_channels(tmp_path):
+def test_one_gray_image_does_not_decide_the_channels(tmp_path):
     write_imagefolder(tmp_path / "rgb", {"": 4}, classes=("a", "b"))
     write_png(tmp_path / "rgb" / "a" / "0.png", np.full((10, 12), 7, np.uint8))  # sorts first, gray
     dm = build_datamodule(DataConfig(name="imagefolder", path=str(tmp_path / "rgb")))
@@ -138,7 +139,7 @@ def test_4_one_gray_image_does_not_decide_the_channels(tmp_path):
 
 
 # -- 5. a run directory that holds a run is refused -----------------------------------------------------------------
-def test_5_reusing_a_run_directory_is_refused_unless_overwrite(tmp_path, capsys):
+def test_reusing_a_run_directory_is_refused_unless_overwrite(tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY, "run.export=false"]
     assert main(args) == 0
@@ -157,7 +158,7 @@ def test_5_reusing_a_run_directory_is_refused_unless_overwrite(tmp_path, capsys)
 
 
 # -- 6. an unreadable image is named and skipped (or an error under strict_images) ----------------------------------
-def test_6_a_truncated_image_is_named_and_skipped(tmp_path, capsys):
+def test_a_truncated_image_is_named_and_skipped(tmp_path, capsys):
     write_imagefolder(tmp_path / "pets", {"": 5})
     bad = tmp_path / "pets" / "dog" / "3.png"
     bad.write_bytes(bad.read_bytes()[:40])
@@ -171,12 +172,12 @@ def test_6_a_truncated_image_is_named_and_skipped(tmp_path, capsys):
 
 
 # -- 7. no traceback for user errors ---------------------------------------------------------------------------------
-def test_7_dynamics_on_a_run_without_dynamics_is_one_line(trained, capsys):
+def test_dynamics_on_a_run_without_dynamics_is_one_line(trained, capsys):
     rc, _, err = _cli(capsys, "dynamics", str(trained))
     assert rc == 2 and "without the dynamics controller" in err and "Traceback" not in err
 
 
-def test_7_an_unwritable_run_root_is_one_line(tmp_path, monkeypatch, capsys):
+def test_an_unwritable_run_root_is_one_line(tmp_path, monkeypatch, capsys):
     locked = tmp_path / "locked"
     locked.mkdir()
     if os.geteuid() == 0:  # root writes anywhere: answer as the file system answers other users
@@ -195,7 +196,7 @@ def test_7_an_unwritable_run_root_is_one_line(tmp_path, monkeypatch, capsys):
     assert f"cannot create run directory {locked}" in err and "run.root=" in err
 
 
-def test_7_a_read_only_dataset_folder_unpacks_into_the_cache(tmp_path, monkeypatch):
+def test_a_read_only_dataset_folder_unpacks_into_the_cache(tmp_path, monkeypatch):
     write_mnist(tmp_path, "FashionMNIST", n_train=20, n_test=10, gz=True)
     raw = tmp_path / "FashionMNIST" / "raw"
     before = sorted(p.name for p in raw.iterdir())
@@ -209,7 +210,7 @@ def test_7_a_read_only_dataset_folder_unpacks_into_the_cache(tmp_path, monkeypat
 
 
 # -- 8. fashion-mnist honours data.path, and its error says how to fix it --------------------------------------------
-def test_8_fashion_mnist_reads_data_path(tmp_path):
+def test_fashion_mnist_reads_data_path(tmp_path):
     arrays = write_mnist(tmp_path / "mine", "", n_train=20, n_test=10)  # the IDX files directly in mine/raw
     dm = build_datamodule(DataConfig(name="fashion-mnist", path=str(tmp_path / "mine" / "raw")))
     dm.setup()
@@ -221,7 +222,7 @@ def test_8_fashion_mnist_reads_data_path(tmp_path):
 
 
 # -- 9. config.yaml stores absolute data paths ----------------------------------------------------------------------
-def test_9_relative_data_paths_are_stored_absolute(tmp_path, monkeypatch):
+def test_relative_data_paths_are_stored_absolute(tmp_path, monkeypatch):
     work = tmp_path / "work"
     write_imagefolder(work / "pets", {"": 5}, size=(8, 8), gray=True)
     monkeypatch.chdir(work)
@@ -235,12 +236,12 @@ def test_9_relative_data_paths_are_stored_absolute(tmp_path, monkeypatch):
 
 
 # -- 10. resume, truncated checkpoints and Ctrl+C say what happened and what to do ----------------------------------
-def test_10_resume_of_a_missing_run_names_it(capsys):
+def test_resume_of_a_missing_run_names_it(capsys):
     rc, _, err = _cli(capsys, "fit", "--resume", "runs/nope")
     assert rc == 2 and "runs/nope" in err and " . " not in err
 
 
-def test_10_truncated_checkpoint_message_is_whole(trained, tmp_path, capsys):
+def test_truncated_checkpoint_message_is_whole(trained, tmp_path, capsys):
     bad = tmp_path / "bad.ckpt"
     data = (trained / "checkpoints" / "last.ckpt").read_bytes()
     bad.write_bytes(data[: len(data) // 3])
@@ -250,7 +251,7 @@ def test_10_truncated_checkpoint_message_is_whole(trained, tmp_path, capsys):
     assert "high likelihood that your checkpoint file is)" not in line
 
 
-def test_10_resume_of_a_copied_run_continues_the_copy_and_leaves_the_original_alone(tmp_path, capsys):
+def test_resume_of_a_copied_run_continues_the_copy_and_leaves_the_original_alone(tmp_path, capsys):
     import shutil
 
     original, copy = tmp_path / "run", tmp_path / "copy"
@@ -262,7 +263,7 @@ def test_10_resume_of_a_copied_run_continues_the_copy_and_leaves_the_original_al
     assert [m["epoch"] for m in RunDir(copy).metrics() if "val/loss" in m][-1] == 1  # epochs count from 0
 
 
-def test_10_ctrl_c_exits_130_and_says_how_to_resume(tmp_path):
+def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "vitlab.cli.main", "fit", "--config", "vit/digits", f"run.dir={run_dir}"]
     cmd += ["trainer.max_epochs=200", *TINY]
@@ -288,7 +289,7 @@ def test_10_ctrl_c_exits_130_and_says_how_to_resume(tmp_path):
 
 
 # -- 11. exports are readable by other users (umask permitting) -----------------------------------------------------
-def test_11_exported_files_follow_the_umask(tmp_path):
+def test_exported_files_follow_the_umask(tmp_path):
     old = os.umask(0o022)
     try:
         model = vitlab.create_model("vit_pico", img_size=8, in_chans=1, num_classes=10)
@@ -302,7 +303,7 @@ def test_11_exported_files_follow_the_umask(tmp_path):
 
 
 # -- 12. logs to a file read one line per epoch, with no noise ------------------------------------------------------
-def test_12_piped_log_is_one_line_per_epoch(tmp_path, capfd):
+def test_piped_log_is_one_line_per_epoch(tmp_path, capfd):
     run_dir = tmp_path / "run"
     assert main(["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=3", *TINY[1:]]) == 0
     out, err = capfd.readouterr()
@@ -313,7 +314,7 @@ def test_12_piped_log_is_one_line_per_epoch(tmp_path, capfd):
         assert noise not in log, noise
 
 
-def test_12_generate_reports_its_progress(tmp_path, capsys):
+def test_generate_reports_its_progress(tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = ["fit", "--config", "vitcae/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY[:-2]]
     assert main([*args, "run.report=false"]) == 0
@@ -323,7 +324,7 @@ def test_12_generate_reports_its_progress(tmp_path, capsys):
 
 
 # -- 13. --print-config resolves every default; per-step loss and lr reach TensorBoard, steps.jsonl, the report -----
-def test_13_print_config_shows_the_resolved_model(capsys):
+def test_print_config_shows_the_resolved_model(capsys):
     rc, out, _ = _cli(capsys, "fit", "--config", "vit/digits", "--print-config")
     import yaml
 
@@ -332,7 +333,7 @@ def test_13_print_config_shows_the_resolved_model(capsys):
     assert (model["img_size"], model["in_chans"], model["num_classes"]) == (8, 1, 10)
 
 
-def test_13_per_step_loss_and_lr_are_logged(tmp_path):
+def test_per_step_loss_and_lr_are_logged(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from vitlab.report.collect import RunRecord, add_step_series, curve_panels

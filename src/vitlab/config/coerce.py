@@ -1,0 +1,104 @@
+"""Building dataclasses from nested dicts, with errors that name the key (``from_dict``), and back (``to_dict``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any
+
+from vitlab.errors import ConfigError
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check/convert ``value`` to the annotated type ``tp`` (a small subset of typing: what our configs use)."""
+    if _is_dataclass_type(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return from_dict(tp, value, where)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        if type(value) in args:  # an exact match wins: `limit_train_batches: 1` is one batch, not 1.0 = 100%
+            return value
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where}: {value!r} does not fit {tp}")
+    if tp is Any:
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise ConfigError(f"{where} must be a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return dict(value)
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return list(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        # YAML 1.1 reads "1e-3" (no dot) as a string; researchers write learning rates that way.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if tp in (int, str, float):
+        if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+            return value
+        raise ConfigError(f"{where} must be of type {tp.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type, values: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``values``; an unknown key raises :class:`ConfigError` with suggestions."""
+    types_ = _field_types(cls)
+    kwargs = {}
+    for key, value in values.items():
+        path = f"{where}.{key}" if where else key
+        if key not in types_:
+            close = difflib.get_close_matches(key, list(types_), n=3)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            section = f"section '{where}'" if where else "the top level"
+            raise ConfigError(
+                f"unknown config key '{path}'.{hint} Valid keys in {section}: {', '.join(sorted(types_))}"
+            )
+        kwargs[key] = _coerce(value, types_[key], path)
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain nested dicts/lists (YAML- and JSON-safe) from a config dataclass."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, list | tuple):
+        return [to_dict(v) for v in cfg]
+    return cfg

@@ -1,0 +1,186 @@
+"""The ``dynamics`` section of a run config (the attention-dynamics controller, ``vitlab.dynamics``), plain data:
+``vitlab.config.build_config`` checks it before anything imports torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vitlab.errors import ConfigError
+
+DRIFT_UNITS = ("image", "patch")
+CONVERGENCE_RULES = ("noise", "relative", "absolute")
+TAU_CLAUSES = ("none", "own")
+MODES = ("schedule", "learn", "fixed")
+PROBE_TAUS = ("model", "unit")
+KAPPA_DTYPES = ("float64", "float32")
+FREEZE_SCOPES = ("qkv", "pattern")
+
+
+@dataclass
+class DynamicsConfig:
+    """The ``dynamics`` section of a run config. Thresholds are in the units of the measurements: ``d`` in image
+    sides by default (``drift_units``), tau dimensionless. ``docs/dynamics.md`` gives the measured drift curves
+    behind the defaults.
+
+    Attributes:
+        mode: ``schedule`` (eq. 20 sets tau each epoch; tau also learns by gradient within the epoch), ``learn``
+            (gradient only) or ``fixed`` (tau = 1 and kept out of training: the uncontrolled baseline).
+        alpha: the ``alpha > 0`` of eq. 20, per unit of drift. Default 4 in image sides: the paper's ``alpha = 1``
+            per patch width on a 4x4 grid (digits and MNIST here); with ``drift_units: patch`` the same strength on
+            a grid of side ``g`` is ``alpha = 4 / g``.
+        drift_units: ``image`` (default): the ground cost of the drift is the distance between patch centres in
+            image sides, so a head whose attention moves by the same fraction of the image has the same drift on a
+            4x4 and an 8x8 grid; ``patch``: in patch widths (the paper's grid; its drift grows with the grid side).
+        probe_size: validation images in the fixed probe batch.
+        probe_seed: seed of the random subset of the validation set that forms the probe; ``None`` takes the first
+            ``probe_size`` images in the validation loader's order.
+        probe_batch_size: probe images per forward pass (bounds the memory of the materialised attention).
+        probe_tau: the temperature of the probe pass whose drift drives eq. 20 and the convergence decision.
+            ``unit`` (default): tau = 1 during the probe, so the drift and the clusters follow the head's Q/K weights
+            alone and the controlled and uncontrolled arms are measured alike (a schedule value tau = 0.67 alone
+            lowered the measured drift of the same weights by 15%); ``model``: each head's own tau (the paper's
+            literal reading: the drift then includes the change of tau that the schedule itself made).
+        log_model_tau: with ``probe_tau: unit`` in ``schedule``/``learn`` mode, also probe at each head's own tau
+            and write that drift beside the decision's (``drift_model_tau``; one more probe pass and one more set
+            of transport problems per epoch, no clusters). It decides nothing, and cost a third of the
+            controller's time (docs/dynamics.md, "What the controller costs with the noise rule"), so it is off
+            by default; the Table I recipe (benchmarks/table1.sh) turns it on.
+        eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
+        convergence: ``noise`` (default): a head is stable when its movement no longer accumulates (``rho``);
+            ``relative``: a head is stable in an epoch when its drift is below ``rel_d`` times
+            its own peak drift so far, a rule with no units (the same on any grid) that a constant rescaling of the
+            whole drift curve (another constant learning rate) does not change; ``absolute``: below ``eps_d`` (the
+            paper's rule) ...
+        rho: the directedness below which the ``noise`` rule (the default) counts a head as stable: the drift from
+            epoch t-2 to t over the sum of the two one-epoch drifts (1: attention keeps moving one way; 0.71: a random
+            walk; 0.5: jitter around one pattern), a ratio free of the grid and of a constant learning rate's scale.
+            ``auto`` (default): calibrated for this run's patch grid and probe image count so that a simulated random
+            walk is stable in at most 5% of its epochs and directed motion never is
+            (:func:`vitlab.diagnostics.dynamics.calibrate_rho`); a number sets it (the earlier default was 0.75,
+            which a random walk averaged over 256 probe images is below in almost every epoch) ...
+        rel_d: the fraction of the peak drift of the ``relative`` rule ...
+        eps_d: the threshold of the ``absolute`` rule, in ``drift_units`` (default 0.0125 image sides = the
+            earlier 0.05 patch widths on a 4x4 grid) ...
+        tau_clause: ``none`` (default): the decision reads the drift alone, so both arms of a comparison are judged
+            by the same function of the same measurement; ``own``: also require ``|tau_t - tau_{t-1}| < eps_tau`` (the
+            paper's second clause; it cannot fail where tau is fixed, so it judges the controlled arm alone).
+            The paper's rule is ``convergence: absolute, tau_clause: own``; the rule before the calibration was
+            ``convergence: noise, rho: 0.75, tau_clause: own``.
+        eps_tau: ... with ``tau_clause: own``, its tau moved by less than ``eps_tau`` ...
+        patience: ... for this many consecutive epochs; it is then converged.
+        burn_in: epochs before the convergence test starts (the streaks count from epoch ``burn_in + 1``, so no head
+            converges before epoch ``burn_in + patience``). Right after initialisation attention is nearly uniform
+            and barely moves because nothing has been learned yet, not because it has settled.
+        freeze: freeze converged heads (eq. 26).
+        freeze_scope: what freezing fixes. ``qkv`` (eq. 26 as printed): the head's rows of ``W_q``, ``W_k``,
+            ``W_v`` and its tau. ``pattern``: only what the drift measured and found settled, the attention pattern
+            (``W_q``, ``W_k``, tau); its rows of ``W_v`` keep training (``docs/dynamics.md``, "Freezing only the
+            pattern", for the measurement behind it).
+        target: module-name prefix of the controlled attention modules; ``""`` controls every shared ``Attention``.
+            ``None``: the model's ``dynamics_target`` attribute if it has one, else the modules with a temperature
+            if there are any (ViTCAE's encoder, not its decoder), else every module.
+        kappa_images: probe images (the first ones) whose attention matrices are eigen-decomposed for ``kappa``;
+            an eigen-decomposition costs O(N^3) per head and image, the drift only O(N^2).
+        kappa_every: count the clusters every this many epochs (and at epoch 0); between, a record repeats the last
+            count and names its epoch in ``kappa_epoch``. ``1``: every epoch (the paper's figures).
+        kappa_dtype: ``float64`` (default) or ``float32`` eigenvalues for ``kappa``; float32 gave the same counts on
+            the measured probes (``docs/dynamics.md``), but a modulus within float32 rounding of ``1 - eps`` can count
+            differently.
+        probe_min: ``None`` (default): every epoch measures the drift of every head on all ``probe_size`` images, as
+            the paper does. An integer turns on the adaptive probe: the probe pass and the drift run on the first
+            ``probe_min`` images, and are extended to all ``probe_size`` images only for heads whose decision is
+            uncertain: under the threshold rules a drift within ``probe_z`` standard errors of the threshold, under
+            the noise rule a directedness within ``probe_z`` standard errors of ``rho`` (delta method,
+            :func:`~vitlab.diagnostics.dynamics.directedness_standard_error`). An approximation of eq. 20's ``d``
+            for the other heads (standard error about ``d / sqrt(probe_min)``).
+        probe_z: the standard errors of the adaptive probe (see ``probe_min``).
+        drift_workers: threads that solve the drift's transport problems; ``None`` (default): as many as torch uses
+            (``torch.get_num_threads()``, so ``OMP_NUM_THREADS=1`` keeps the controller on one core). The values do
+            not depend on it; on a GPU machine the problems run on the otherwise idle CPU cores.
+    """
+
+    mode: str = "schedule"
+    alpha: float = 4.0
+    drift_units: str = "image"
+    probe_size: int = 256
+    probe_seed: int | None = 0
+    probe_batch_size: int = 32
+    probe_tau: str = "unit"
+    log_model_tau: bool = False
+    eps: float = 0.1
+    convergence: str = "noise"
+    rho: float | str = "auto"
+    tau_clause: str = "none"
+    rel_d: float = 0.2
+    eps_d: float = 0.0125
+    eps_tau: float = 0.05
+    patience: int = 3
+    burn_in: int = 5
+    freeze: bool = True
+    freeze_scope: str = "qkv"
+    target: str | None = None
+    kappa_images: int = 32
+    kappa_every: int = 1
+    kappa_dtype: str = "float64"
+    probe_min: int | None = None
+    probe_z: float = 3.0
+    drift_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.mode not in MODES:
+            problems.append(f"dynamics.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.freeze_scope not in FREEZE_SCOPES:
+            problems.append(
+                f"dynamics.freeze_scope must be one of {', '.join(FREEZE_SCOPES)}, got {self.freeze_scope!r}"
+            )
+        if self.probe_tau not in PROBE_TAUS:
+            problems.append(f"dynamics.probe_tau must be one of {', '.join(PROBE_TAUS)}, got {self.probe_tau!r}")
+        if self.drift_units not in DRIFT_UNITS:
+            problems.append(f"dynamics.drift_units must be one of {', '.join(DRIFT_UNITS)}, got {self.drift_units!r}")
+        if self.convergence not in CONVERGENCE_RULES:
+            problems.append(
+                f"dynamics.convergence must be one of {', '.join(CONVERGENCE_RULES)}, got {self.convergence!r}"
+            )
+        if isinstance(self.rho, str):
+            if self.rho != "auto":
+                problems.append(f"dynamics.rho must be 'auto' or a directedness in (0, 1], got {self.rho!r}")
+        elif isinstance(self.rho, bool) or not isinstance(self.rho, int | float) or not 0 < self.rho <= 1:
+            problems.append(f"dynamics.rho must be 'auto' or a directedness in (0, 1], got {self.rho!r}")
+        if self.tau_clause not in TAU_CLAUSES:
+            problems.append(f"dynamics.tau_clause must be one of {', '.join(TAU_CLAUSES)}, got {self.tau_clause!r}")
+        if not 0 < self.rel_d < 1:
+            problems.append(f"dynamics.rel_d must be in (0, 1) (a fraction of the peak drift), got {self.rel_d}")
+        if not self.alpha > 0:
+            problems.append(f"dynamics.alpha must be > 0 (eq. 20), got {self.alpha}")
+        if self.probe_size < 1 or self.probe_batch_size < 1:
+            problems.append("dynamics.probe_size and dynamics.probe_batch_size must be >= 1")
+        if not 1 <= self.kappa_images <= self.probe_size:
+            problems.append(
+                f"dynamics.kappa_images must be in [1, probe_size={self.probe_size}], got {self.kappa_images}"
+            )
+        if self.kappa_every < 1:
+            problems.append(f"dynamics.kappa_every must be >= 1 epoch, got {self.kappa_every}")
+        if self.kappa_dtype not in KAPPA_DTYPES:
+            problems.append(f"dynamics.kappa_dtype must be one of {', '.join(KAPPA_DTYPES)}, got {self.kappa_dtype!r}")
+        if self.probe_min is not None and not self.kappa_images <= self.probe_min <= self.probe_size:
+            problems.append(
+                f"dynamics.probe_min must be in [kappa_images={self.kappa_images}, probe_size={self.probe_size}] "
+                f"or null (every image every epoch), got {self.probe_min}"
+            )
+        if not self.probe_z > 0:
+            problems.append(f"dynamics.probe_z must be > 0 standard errors, got {self.probe_z}")
+        if self.drift_workers is not None and self.drift_workers < 1:
+            problems.append(
+                f"dynamics.drift_workers must be >= 1 thread or null (as many as torch uses), got {self.drift_workers}"
+            )
+        if not 0 < self.eps < 1:
+            problems.append(f"dynamics.eps must be in (0, 1), got {self.eps}")
+        if not (self.eps_d > 0 and self.eps_tau > 0):
+            problems.append(f"dynamics.eps_d and dynamics.eps_tau must be > 0, got {self.eps_d} and {self.eps_tau}")
+        if self.patience < 1:
+            problems.append(f"dynamics.patience must be >= 1 epoch, got {self.patience}")
+        if self.burn_in < 0:
+            problems.append(f"dynamics.burn_in must be >= 0 epochs, got {self.burn_in}")
+        if problems:
+            raise ConfigError("; ".join(problems))

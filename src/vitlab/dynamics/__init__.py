@@ -1,0 +1,29 @@
+"""The attention-dynamics controller (ViTCAE paper, eq. 20 and 26): an intervention on any model built from the
+shared ``Attention``: it schedules the heads' temperatures and freezes the converged ones.
+
+By job: the ``dynamics`` config section (:mod:`vitlab.config.dynamics`), the probe (:mod:`.probe`), the policy
+(:mod:`.policy`: measurement, schedule, convergence, checkpoint state), freezing (:mod:`.freezing`) and the
+Lightning callback (:mod:`.callback`, which writes ``dynamics.jsonl``). The measurements themselves are pure
+functions in :mod:`vitlab.diagnostics.dynamics`.
+"""
+
+from vitlab.config.dynamics import MODES, DynamicsConfig
+from vitlab.dynamics.callback import PLOTS_DIR, DynamicsController
+from vitlab.dynamics.freezing import FrozenHeadGuard
+from vitlab.dynamics.policy import DynamicsPolicy
+from vitlab.dynamics.probe import ProbeMeasurement, controlled_modules, select_probe, unit_temperature
+from vitlab.rundir import DYNAMICS_FILE
+
+__all__ = [
+    "DYNAMICS_FILE",
+    "MODES",
+    "PLOTS_DIR",
+    "DynamicsConfig",
+    "DynamicsController",
+    "DynamicsPolicy",
+    "FrozenHeadGuard",
+    "ProbeMeasurement",
+    "controlled_modules",
+    "select_probe",
+    "unit_temperature",
+]

@@ -1,0 +1,146 @@
+"""Freezing converged heads (ViTCAE eq. 26) for the optimizers that train them: :class:`FrozenHeadGuard`.
+
+The attention side (a frozen head's pattern is a constant of the backward pass) is the shared Attention's
+``set_frozen_heads`` with the autograd functions of :mod:`vitlab.layers.frozen_heads`; this module keeps the
+frozen rows bit-identical through every optimizer step (AdamW's weight decay and moments included).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vitlab.layers.attention import Attention
+
+
+class FrozenHeadGuard:
+    """Eq. 26 for a list of ``Attention`` modules (one per layer): frozen heads stay bit-identical.
+
+    :meth:`freeze` marks heads with ``Attention.set_frozen_heads`` (their attention is then computed without autograd,
+    so their rows of the QKV projection and their tau get zero gradient) and snapshots those rows and tau. Zero
+    gradient is not enough: AdamW still moves a parameter through its momentum and its weight decay. So after every
+    step of an optimizer passed to :meth:`attach`, :meth:`restore` copies the snapshots back.
+
+    ``set_frozen_heads`` moves the frozen heads to the first slots of each module's parameters; the guard applies
+    the same permutation to the state of every attached optimizer (AdamW's moments, SGD's momentum: every tensor
+    shaped like its parameter), so training continues exactly as it would have without the move. Attach the
+    optimizers before freezing.
+
+    A module with ``train_frozen_values`` (``dynamics.freeze_scope: pattern``) keeps training its frozen heads' rows
+    of ``W_v``: the guard then snapshots and restores only their ``W_q``, ``W_k`` rows and tau (the pattern).
+
+    A parameter tensor that is frozen whole (``W_qkv`` and ``b_qkv`` of a layer whose every head is frozen with
+    ``freeze_scope: qkv``, ``log_tau`` of a layer whose every head is frozen) has its gradient set to None just
+    before each attached optimizer's update (after the step's closure, when it gets one), so the optimizer skips it
+    instead of computing an update that :meth:`restore` undoes (PyTorch's optimizers skip parameters without a
+    gradient). Its moments then stay as they were when the last of its heads froze, and nothing reads them while it
+    is frozen. The parameters end bit-identical to updating and restoring (``docs/dynamics.md``, "Freezing").
+    """
+
+    def __init__(self, modules: list[Attention]) -> None:
+        self.modules = modules
+        self._snapshots: list[tuple[int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._hooks: list[Any] = []
+        self._frozen_whole: list[torch.Tensor] = []  # parameters every slot of which is frozen
+
+    def freeze(self, frozen: torch.Tensor) -> None:
+        """Freeze exactly the heads marked in ``frozen: [L, H]`` bool and snapshot their current parameters."""
+        if frozen.shape != (len(self.modules), self.modules[0].num_heads):
+            raise ValueError(f"frozen must be [L, H] = [{len(self.modules)}, {self.modules[0].num_heads}]")
+        self._snapshots, self._frozen_whole = [], []
+        with torch.no_grad():
+            for module, mask in zip(self.modules, frozen, strict=True):
+                perm = module.set_frozen_heads(mask)
+                if perm is not None:
+                    self._permute_optimizer_state(module, perm)
+                count = module.num_frozen  # the frozen heads now fill the first `count` slots
+                parts = self.frozen_parts(module)
+                weight, bias, log_tau = self._views(module)
+                self._snapshots.append(
+                    (
+                        count,
+                        parts,
+                        weight[:parts, :count].clone(),
+                        None if bias is None else bias[:parts, :count].clone(),
+                        None if log_tau is None else log_tau[:count].clone(),
+                    )
+                )
+                if count == module.num_heads:
+                    whole = [module.log_tau] if module.log_tau is not None else []
+                    if parts == 3:
+                        whole += [p for p in (module.qkv.weight, module.qkv.bias) if p is not None]
+                    self._frozen_whole += whole
+
+    def _permute_optimizer_state(self, module: Attention, perm: torch.Tensor) -> None:
+        for optimizer in self._optimizers:
+            for name, parameter in module.head_parameters():
+                for value in optimizer.state.get(parameter, {}).values():
+                    if torch.is_tensor(value) and value.shape == parameter.shape:
+                        value.copy_(module.permute_heads_of(name, value, perm))
+
+    @staticmethod
+    def frozen_parts(module: Attention) -> int:
+        """How many of q, k, v (in that order) a frozen head keeps fixed: 3 (eq. 26), or 2 when only its pattern is
+        frozen (``Attention.train_frozen_values``)."""
+        return 2 if module.train_frozen_values else 3
+
+    @staticmethod
+    def _views(module: Attention) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Per-slot views of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]``."""
+        heads, head_dim = module.num_heads, module.head_dim
+        weight = module.qkv.weight.data.view(3, heads, head_dim, -1)
+        bias = None if module.qkv.bias is None else module.qkv.bias.data.view(3, heads, head_dim)
+        return weight, bias, None if module.log_tau is None else module.log_tau.data
+
+    def restore(self) -> None:
+        """Copy the snapshots of the frozen heads back into the parameters (nothing before :meth:`freeze`)."""
+        with torch.no_grad():
+            for module, snapshot in zip(self.modules, self._snapshots, strict=False):
+                count, parts, weight_rows, bias_rows, log_tau = snapshot
+                if not count:
+                    continue
+                weight, bias, module_log_tau = self._views(module)
+                weight[:parts, :count] = weight_rows
+                if bias is not None:
+                    bias[:parts, :count] = bias_rows
+                if module_log_tau is not None:
+                    module_log_tau[:count] = log_tau
+
+    def drop_frozen_gradients(self) -> None:
+        """Set the gradient of every parameter frozen whole to None, so that an optimizer step skips it."""
+        for parameter in self._frozen_whole:
+            parameter.grad = None
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The step pre-hook: drop the frozen-whole gradients now, or, when the step gets a closure (Lightning runs
+        the backward, gradient clipping included, inside ``optimizer.step(closure)``), right after the closure, so
+        that the clipping norm is the one every other run computes and the update is the only thing skipped."""
+        # args: what step() was called with, the optimizer itself first
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self.drop_frozen_gradients()
+            return None
+
+        def then_drop() -> Any:
+            loss = closure()
+            self.drop_frozen_gradients()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": then_drop}
+        return (args[0], then_drop, *args[2:]), kwargs
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Restore the frozen heads after every ``optimizer.step()`` (and let it skip the parameters frozen whole);
+        permute its state when heads move."""
+        self._optimizers.append(optimizer)
+        self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
+        self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.restore()))
+
+    def detach(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self._optimizers = []

@@ -1,0 +1,592 @@
+"""CET-ViT: a hierarchical ViT that routes micro tokens into macro slots by sparse top-k assignment.
+
+Source: the CET-ViT v4 model card ("Architecture", Disclosure 1, "EI loss, as actually implemented"); where the
+card is silent, the project decides (docs/cet_vit.md). Pipeline (card: "Architecture")::
+
+    PatchEmbed (P x P)                          -> micro tokens on a G x G grid
+    MicroEncoder: Swin stages, full resolution  -> h_micro [B, N, C]        (no patch merging: V-CEO needs all N)
+    V-CEO: S = topk_softmax(Linear(LN(h_micro)))  [B, N, K_max]           (the operative mechanism, k = 3)
+    fusion_proj: Linear C -> D                   (bridges the micro width to the fusion width)
+    h_macro = S^T h_micro / slot mass             [B, K_max, D]          (``pool="sum"``: the card's plain sum)
+    MacroEncoder: shared Blocks over h_macro + slot embedding
+    CrossScaleAttention: micro <- macro and macro <- micro, each with a residual
+    DeepEncoder: shared Blocks over the fused micro tokens
+    head: Linear(LN(concat(mean(micro), mean(macro))))
+
+Pooling the projected tokens equals projecting the pooled ones (a linear map commutes with a weighted mean), so
+one projection serves both the micro stream and the macro tokens.
+
+``dynamic_k="gumbel"`` adds the Dynamic-K estimator that the card's Disclosure 1 found dead, rebuilt so that it
+trains (the project's decision; docs/cet_vit.md, "Dynamic K"; :func:`dynamic_k_assignment`).
+
+Training interface: ``forward(x)`` returns the logits only, so CET-ViT obeys the same contract as every other
+model (evaluation, TTA, calibration, attention capture call ``model(x)``). A training task calls
+``forward_with_aux(x) -> (logits, CETViTAux)`` and adds ``aux.regularization(lambda_ei, lambda_k)``, i.e.
+``lambda_ei * ei_loss + lambda_k * k_cost``, to the cross-entropy; ``lambda_ei`` follows
+:func:`vitlab.losses.ei.ei_weight`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import init_weights_vit_timm
+from torch import nn
+
+from vitlab.families.cet_vit.parts import (
+    VCEO,
+    CrossScaleAttention,
+    DynamicKEstimator,
+    FusionHead,
+    MacroEncoder,
+    MicroEncoder,
+    PreNormCrossAttention,
+)
+from vitlab.layers import Block, PatchEmbed, trunc_normal_
+from vitlab.layers.slots import (
+    ASSIGNMENT_ABLATIONS,
+    POOLS,
+    ablate_assignment,
+    dense_straight_through,
+    dynamic_k_assignment,
+    exact_k_targets,
+    occupied_slots,
+    pool_slots,
+    slot_usage_k,
+    topk_margin,
+    topk_softmax,
+)
+from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS, EIVariant, ei_terms
+from vitlab.models.registry import register_preset
+from vitlab.models.vit import check_patch_grid
+
+DYNAMIC_K_MODES = ("none", "gumbel", "exact")
+POS_EMBEDS = ("none", "learned")
+SELECT_GRADS = ("hard", "dense_st")
+GROUPINGS = ("card", "none")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The model
+# ------------------------------------------------------------------------------------------------------------------
+@dataclass
+class CETViTAux:
+    """What ``CETViT.forward_with_aux`` returns next to the logits.
+
+    Attributes:
+        S: ``[B, N, K_max]`` the sparse assignment.
+        h_macro: ``[B, K_max, D]`` the pooled macro tokens (input of the MacroEncoder).
+        slot_usage_k: ``[B]`` post-hoc active-slot count (:func:`slot_usage_k`).
+        ei: the EI terms of :func:`vitlab.losses.ei.ei_terms` (``[B]`` each) and the scalar ``ei_loss``; empty when
+            ``forward_with_aux(compute_ei=False)`` skipped them (no SVD), and then ``ei_loss`` is 0.
+        k_cost: scalar ``E[K] / K_max`` of the straight-through estimator (0 without one and with ``exact``, whose
+            cost enters the target instead).
+        k_chosen: ``[B]`` the slot budget used per image, or None without an estimator.
+        k_probs: ``[B, C]`` the estimator's distribution over ``k_candidates``, or None.
+        k_expected: ``[B]`` ``E[K]`` per image under ``k_probs``, or None.
+        k_logits: ``[B, C]`` the estimator's logits (``exact`` trains them by cross-entropy), or None.
+        candidate_logits: ``[C, B, classes]`` with ``dynamic_k: exact`` in training: the logits of every image under
+            every candidate budget, without gradient and without dropout (:meth:`CETViT.candidate_logits`), or None.
+        occupied: ``[B, K_max]`` bool, slots with assignment mass, when ``mask_empty_slots``; else None.
+        vceo_margin: ``[B]`` the mean over tokens of the V-CEO's top-k margin, the k-th largest assignment logit minus
+            the (k+1)-th (how far each token's choice is from changing; issue 13's "V-CEO logit margins"), without
+            gradient; None with ``grouping: none`` and with a dense choice (``topk = K_max``).
+
+    With ``grouping: none`` (no V-CEO) ``S``, ``h_macro`` and ``slot_usage_k`` are None and ``ei`` is empty.
+    """
+
+    S: torch.Tensor | None
+    h_macro: torch.Tensor | None
+    slot_usage_k: torch.Tensor | None
+    ei: dict[str, torch.Tensor]
+    k_cost: torch.Tensor
+    k_chosen: torch.Tensor | None = None
+    k_probs: torch.Tensor | None = None
+    k_expected: torch.Tensor | None = None
+    k_logits: torch.Tensor | None = None
+    candidate_logits: torch.Tensor | None = None
+    occupied: torch.Tensor | None = None
+    vceo_margin: torch.Tensor | None = None
+
+    @property
+    def ei_loss(self) -> torch.Tensor:
+        return self.ei["ei_loss"] if "ei_loss" in self.ei else self.k_cost.new_zeros(())
+
+    def regularization(self, lambda_ei: float, lambda_k: float) -> torch.Tensor:
+        """``lambda_ei * ei_loss + lambda_k * k_cost``: the term a training task adds to the cross-entropy."""
+        return lambda_ei * self.ei_loss + lambda_k * self.k_cost
+
+
+@dataclass
+class _Encoded:
+    """Intermediate results of one CET-ViT pass (``CETViT._encode``)."""
+
+    tokens: torch.Tensor  # [B, N + K, D]
+    S: torch.Tensor
+    h_macro: torch.Tensor
+    occupied: torch.Tensor | None
+    micro: torch.Tensor  # [B, N, D] the projected micro tokens entering the part after the V-CEO
+    assign_logits: torch.Tensor  # [B, N, K_max]
+    choice: torch.Tensor | None = None
+    k_logits: torch.Tensor | None = None
+
+
+class CETViT(nn.Module):
+    """CET-ViT classifier (CET-ViT v4 model card: "Architecture"). ``x: [B, C, H, W] -> logits [B, num_classes]``.
+
+    Args:
+        img_size, patch_size, in_chans, num_classes: input and output.
+        embed_dims, depths, num_heads: per MicroEncoder stage (width, Swin blocks, heads).
+        window_size: Swin window (shrinks to the grid when larger).
+        pos_embed: ``none`` (the card, which is silent) or ``learned``: an absolute position embedding added after
+            the PatchEmbed (docs/cet_vit.md, "Architecture as built"), so the stages after the windowed micro
+            encoder know where a token was.
+        num_slots: ``K_max`` macro slots. ``topk``: non-zeros per row of S (``topk = num_slots`` is dense).
+        slot_ratio: when > 0, ``K_max = max(topk + 1, N // slot_ratio)`` sized to the token count ``N`` instead of
+            ``num_slots`` (the card's 256 tokens into 32 slots is ``slot_ratio=8``).
+        mask_empty_slots: remove slots without assignment mass from mean(macro), the cross-attention keys and the
+            MacroEncoder's keys (otherwise they enter as their slot embedding alone, as in the card).
+        select_grad: ``hard`` (the card's top-k: gradient to ``k`` logits per token) or ``dense_st`` (same forward,
+            the dense softmax's gradient to all ``K_max`` logits, :func:`dense_straight_through`).
+        pool: ``mean`` (default) or ``sum`` (the card's plain ``S^T h_micro``), see :func:`pool_slots`.
+        fusion_dim, fusion_heads: width and heads of the MacroEncoder, CrossScaleAttention and DeepEncoder.
+        macro_depth, deep_depth: global blocks in the MacroEncoder and the DeepEncoder.
+        dynamic_k: ``none``, ``gumbel`` (the straight-through estimator, docs/cet_vit.md, "Dynamic K") or ``exact`` (the
+            estimator learns from the exact per-candidate losses, :func:`exact_k_targets`).
+        k_candidates, k_hidden_dim, k_tau: the estimator's budgets, hidden width and Gumbel temperature.
+        ei: EI variant reported in ``aux.ei["ei_loss"]``: ``full``, ``two_term``, ``entropy_only`` or ``none``.
+        ei_degen_slots: the pairs of the EI degeneracy term: ``occupied`` (default, the slots with assignment mass)
+            or ``all`` (the card's mean over every pair, an empty slot counting as cosine 0); an empty slot is never
+            normalised either way (:func:`vitlab.losses.ei.macro_degeneracy`).
+        fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
+        drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
+            dropout, and stochastic depth (linear over all blocks in forward order).
+        grouping: ``card`` (the card's pipeline) or ``none``, an ablation switch (docs/cet_vit.md, "Which element
+            costs the accuracy"): PatchEmbed, the MicroEncoder and ``fc(LN(mean(h_micro)))`` only; no V-CEO,
+            MacroEncoder, CrossScaleAttention or DeepEncoder are built, and there is no S and no EI term.
+
+    ``assignment_ablation`` (an attribute, not a constructor option): ``none``, or ``random`` / ``uniform`` to
+    replace S at test time (:func:`ablate_assignment`; :func:`vitlab.evaluation.grouping.grouping_ablation`).
+    """
+
+    def __init__(
+        self,
+        *,
+        img_size: int = 32,
+        patch_size: int = 2,
+        in_chans: int = 3,
+        num_classes: int = 100,
+        embed_dims: Sequence[int] = (96, 192, 384, 768),
+        depths: Sequence[int] = (2, 2, 8, 2),
+        num_heads: Sequence[int] = (3, 6, 12, 24),
+        window_size: int = 4,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        pos_embed: str = "none",
+        num_slots: int = 32,
+        topk: int = 3,
+        slot_ratio: int = 0,
+        mask_empty_slots: bool = False,
+        select_grad: str = "hard",
+        pool: str = "mean",
+        fusion_dim: int = 192,
+        fusion_heads: int = 6,
+        macro_depth: int = 6,
+        deep_depth: int = 1,
+        dynamic_k: str = "none",
+        k_candidates: Sequence[int] = (4, 8, 16, 32),
+        k_hidden_dim: int = 64,
+        k_tau: float = 1.0,
+        ei: EIVariant = "full",
+        ei_degen_slots: str = "occupied",
+        fused_window_attention: bool = False,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        grouping: str = "card",
+    ) -> None:
+        super().__init__()
+        embed_dims, depths, num_heads = tuple(embed_dims), tuple(depths), tuple(num_heads)
+        k_candidates = tuple(k_candidates)
+        grid = check_patch_grid(img_size, patch_size)
+        if slot_ratio < 0:
+            raise ValueError(f"slot_ratio must be 0 (use num_slots) or a positive tokens per slot, got {slot_ratio}")
+        if slot_ratio > 0:
+            num_slots = max(topk + 1, grid * grid // slot_ratio)
+        _check_options(
+            embed_dims, depths, num_heads, num_slots, topk, pool, fusion_dim, fusion_heads, dynamic_k, k_candidates, ei
+        )
+        for name, value, allowed in (
+            ("pos_embed", pos_embed, POS_EMBEDS),
+            ("select_grad", select_grad, SELECT_GRADS),
+            ("grouping", grouping, GROUPINGS),
+            ("ei_degen_slots", ei_degen_slots, DEGEN_SLOTS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if grouping == "none" and dynamic_k != "none":
+            raise ValueError("grouping: none has no V-CEO to budget; use dynamic_k: none with it")
+        self.grouping = grouping
+        self.num_classes = num_classes
+        self.num_slots = num_slots
+        self.pool = pool
+        self.ei_variant = ei
+        self.ei_degen_slots = ei_degen_slots
+        self.mask_empty_slots = mask_empty_slots
+        self.dynamic_k = dynamic_k
+        self.assignment_ablation = "none"
+        self.grid_size = (grid, grid)
+        if grouping == "none":
+            macro_depth = deep_depth = 0
+        micro_end = sum(depths)
+        macro_end = micro_end + macro_depth
+        num_blocks = macro_end + deep_depth
+        # Plain Python (not torch.linspace) so the model can be built on the meta device.
+        dpr = [drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]
+        micro_dpr, macro_dpr, deep_dpr = dpr[:micro_end], dpr[micro_end:macro_end], dpr[macro_end:]
+        blocks = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=drop_rate, attn_drop=attn_drop_rate)
+
+        self.patch_embed = PatchEmbed(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dims[0],
+            norm_layer=nn.LayerNorm,
+            output_fmt="NHWC",
+        )
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, grid, grid, embed_dims[0]))
+            trunc_normal_(self.pos_embed, std=0.02)
+        else:
+            self.pos_embed = None
+        self.micro_encoder = MicroEncoder(
+            grid=grid,
+            embed_dims=embed_dims,
+            depths=depths,
+            num_heads=num_heads,
+            window_size=window_size,
+            drop_path=micro_dpr,
+            fused_attention=fused_window_attention,
+            **blocks,
+        )
+        micro_dim = embed_dims[-1]
+        if grouping == "none":
+            self.k_estimator = None
+            self.head = FusionHead(micro_dim, num_classes=num_classes, drop=drop_rate, streams=1)
+            self.apply(init_weights_vit_timm)
+            return
+        self.v_ceo = VCEO(micro_dim, num_slots=num_slots, topk=topk, select_grad=select_grad)
+        if dynamic_k != "none":
+            self.k_estimator = DynamicKEstimator(
+                micro_dim, k_candidates=k_candidates, hidden_dim=k_hidden_dim, tau=k_tau, mode=dynamic_k
+            )
+        else:
+            self.k_estimator = None
+        self.fusion_proj = nn.Linear(micro_dim, fusion_dim) if micro_dim != fusion_dim else nn.Identity()
+        self.macro_encoder = MacroEncoder(
+            fusion_dim, num_slots=num_slots, depth=macro_depth, num_heads=fusion_heads, drop_path=macro_dpr, **blocks
+        )
+        self.cross_scale = CrossScaleAttention(
+            fusion_dim, num_heads=fusion_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate
+        )
+        self.deep_encoder = nn.ModuleList(
+            Block(fusion_dim, num_heads=fusion_heads, drop_path=deep_dpr[i], **blocks) for i in range(deep_depth)
+        )
+        self.head = FusionHead(fusion_dim, num_classes=num_classes, drop=drop_rate)
+        self.apply(init_weights_vit_timm)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Relative position bias tables, the slot and position embeddings (timm's Swin and ViT convention)."""
+        return {
+            name
+            for name, _ in self.named_parameters()
+            if name.endswith(("relative_position_bias_table", "slot_embed", "pos_embed"))
+        }
+
+    def micro_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W] -> h_micro [B, N, C_last]``: PatchEmbed (+ position embedding) and the MicroEncoder."""
+        tokens = self.patch_embed(x)  # [B, G, G, C_0]
+        if self.pos_embed is not None:
+            tokens = tokens + self.pos_embed
+        return self.micro_encoder(tokens).flatten(1, 2)
+
+    def _after_vceo(
+        self, micro: torch.Tensor, S: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The part after the V-CEO: ``micro [B, N, D]``, ``S`` -> (tokens ``[B, N + K, D]``, h_macro, occupied)."""
+        occupied = occupied_slots(S) if self.mask_empty_slots else None
+        h_macro = pool_slots(S, micro, self.pool)  # [B, K, D]
+        micro, macro = self.cross_scale(micro, self.macro_encoder(h_macro, occupied), occupied)
+        for block in self.deep_encoder:
+            micro = block(micro)
+        return torch.cat([micro, macro], dim=1), h_macro, occupied
+
+    def _encode(self, x: torch.Tensor, force_choice: torch.Tensor | None = None) -> _Encoded:
+        """One pass; ``force_choice: [B, C]`` one-hot overrides the Dynamic-K estimator's choice."""
+        h_micro = self.micro_tokens(x)  # [B, N, C]
+        if self.grouping == "none":
+            return _Encoded(h_micro, None, None, None, h_micro, None)
+        logits = self.v_ceo.logits(h_micro)
+        choice = k_logits = None
+        if self.k_estimator is None:
+            S = self.v_ceo.assignment(logits)
+        else:
+            choice, k_logits = self.k_estimator(h_micro)
+            if force_choice is not None:
+                choice = force_choice.to(logits.dtype)
+            S = self.v_ceo.assignment(logits, choice, self.k_estimator.k_candidates)
+        S = ablate_assignment(S, self.assignment_ablation, self.v_ceo.topk)
+        micro = self.fusion_proj(h_micro)  # [B, N, D]
+        tokens, h_macro, occupied = self._after_vceo(micro, S)
+        return _Encoded(tokens, S, h_macro, occupied, micro, logits, choice, k_logits)
+
+    @torch.no_grad()
+    def candidate_logits(self, encoded: _Encoded) -> torch.Tensor:
+        """``[C, B, classes]``: every image's logits with its assignment restricted to each candidate budget.
+
+        The part after the V-CEO runs once per candidate from the same micro tokens, without gradient and with
+        dropout and stochastic depth off (their noise would swamp loss differences of a few hundredths of a nat).
+        """
+        if self.k_estimator is None:
+            raise ValueError("candidate_logits needs a Dynamic-K estimator (dynamic_k: gumbel or exact)")
+        candidates = self.k_estimator.k_candidates
+        after = [self.macro_encoder, self.cross_scale, self.deep_encoder, self.head]
+        modes = [m.training for part in after for m in part.modules()]
+        for part in after:
+            part.eval()
+        try:
+            B = encoded.micro.shape[0]
+            out = []
+            for c in range(len(candidates)):
+                choice = F.one_hot(torch.full((B,), c, device=encoded.micro.device), len(candidates))
+                S = self.v_ceo.assignment(encoded.assign_logits, choice.to(encoded.micro.dtype), candidates)
+                tokens, _, occupied = self._after_vceo(encoded.micro, S)
+                out.append(self.forward_head(tokens, occupied=occupied))
+            return torch.stack(out)
+        finally:
+            for m, mode in zip((m for part in after for m in part.modules()), modes, strict=True):
+                m.training = mode
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W] -> [B, N + K_max, D]``: the fused micro tokens followed by the macro tokens
+        (``grouping: none``: ``[B, N, C]``, the micro tokens)."""
+        return self._encode(x).tokens
+
+    def forward_head(
+        self, x: torch.Tensor, pre_logits: bool = False, occupied: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[B, N + K_max, D] -> [B, num_classes]`` (or the normalised ``[B, 2D]`` with ``pre_logits``).
+
+        ``occupied: [B, K_max]`` bool restricts mean(macro) to the occupied slots (``mask_empty_slots``).
+        ``grouping: none``: ``[B, N, C] -> fc(LN(mean(micro)))``.
+        """
+        if self.grouping == "none":
+            return self.head(x.mean(1), pre_logits=pre_logits)
+        micro, macro = x[:, : -self.num_slots], x[:, -self.num_slots :]
+        if occupied is None:
+            macro_mean = macro.mean(1)
+        else:
+            weight = occupied.to(macro.dtype).unsqueeze(-1)
+            macro_mean = (macro * weight).sum(1) / weight.sum(1).clamp_min(1.0)
+        return self.head(torch.cat([micro.mean(1), macro_mean], dim=-1), pre_logits=pre_logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        encoded = self._encode(x)
+        return self.forward_head(encoded.tokens, occupied=encoded.occupied)
+
+    def forward_with_aux(
+        self, x: torch.Tensor, *, compute_ei: bool = True, force_choice: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, CETViTAux]:
+        """Logits ``[B, num_classes]`` and the :class:`CETViTAux` record (S, h_macro, EI terms, Dynamic-K).
+
+        ``compute_ei=False`` skips the EI terms and their SVD (a task passes it when the EI weight is 0 or
+        ``ei: none``). ``force_choice: [B, C]`` one-hot fixes each image's Dynamic-K budget.
+        """
+        enc = self._encode(x, force_choice)
+        logits = self.forward_head(enc.tokens, occupied=enc.occupied)
+        if self.grouping == "none":
+            return logits, CETViTAux(S=None, h_macro=None, slot_usage_k=None, ei={}, k_cost=logits.new_zeros(()))
+        want_ei = compute_ei and self.ei_variant != "none"
+        aux = CETViTAux(
+            S=enc.S,
+            h_macro=enc.h_macro,
+            slot_usage_k=slot_usage_k(enc.S.detach()),
+            ei=ei_terms(enc.S, enc.h_macro, variant=self.ei_variant, degen_slots=self.ei_degen_slots)
+            if want_ei
+            else {},
+            k_cost=logits.new_zeros(()),
+            occupied=enc.occupied,
+            vceo_margin=(
+                topk_margin(enc.assign_logits.detach(), self.v_ceo.topk) if self.v_ceo.topk < self.num_slots else None
+            ),
+        )
+        if self.k_estimator is not None:
+            k_values = self.k_estimator.k_values
+            aux.k_logits = enc.k_logits
+            aux.k_probs = enc.k_logits.softmax(-1)
+            aux.k_expected = aux.k_probs @ k_values
+            aux.k_chosen = k_values[enc.choice.argmax(-1)].long()
+            if self.dynamic_k == "gumbel":
+                aux.k_cost = aux.k_expected.mean() / self.num_slots
+            elif self.training and torch.is_grad_enabled():
+                aux.candidate_logits = self.candidate_logits(enc)
+        return logits, aux
+
+
+def _check_options(
+    embed_dims: tuple[int, ...],
+    depths: tuple[int, ...],
+    num_heads: tuple[int, ...],
+    num_slots: int,
+    topk: int,
+    pool: str,
+    fusion_dim: int,
+    fusion_heads: int,
+    dynamic_k: str,
+    k_candidates: tuple[int, ...],
+    ei: str,
+) -> None:
+    """Clear errors for inconsistent CET-ViT options."""
+    if not (len(embed_dims) == len(depths) == len(num_heads) >= 1):
+        raise ValueError(
+            f"embed_dims, depths and num_heads give one entry per MicroEncoder stage and must have the same length, "
+            f"got {len(embed_dims)}, {len(depths)}, {len(num_heads)}"
+        )
+    for dim, heads in zip(embed_dims, num_heads, strict=True):
+        if dim % heads != 0:
+            raise ValueError(f"stage width {dim} is not divisible by its {heads} heads; fix embed_dims or num_heads")
+    if fusion_dim % fusion_heads != 0:
+        raise ValueError(f"fusion_dim {fusion_dim} is not divisible by fusion_heads={fusion_heads}")
+    if num_slots < 2 or not 1 <= topk <= num_slots:
+        raise ValueError(f"need num_slots >= 2 and 1 <= topk <= num_slots, got num_slots={num_slots}, topk={topk}")
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+    if ei not in EI_VARIANTS:
+        raise ValueError(f"ei must be one of {', '.join(EI_VARIANTS)}, got {ei!r}")
+    if dynamic_k not in DYNAMIC_K_MODES:
+        raise ValueError(f"dynamic_k must be one of {', '.join(DYNAMIC_K_MODES)}, got {dynamic_k!r}")
+    if dynamic_k != "none" and (
+        list(k_candidates) != sorted(set(k_candidates)) or not all(topk <= c <= num_slots for c in k_candidates)
+    ):
+        raise ValueError(
+            f"k_candidates must be increasing slot budgets between topk={topk} and num_slots={num_slots}, "
+            f"got {list(k_candidates)}"
+        )
+
+
+def param_breakdown(model: CETViT) -> dict[str, int]:
+    """Parameter count per part of a CET-ViT (its direct children: ``patch_embed``, ``micro_encoder``, ``v_ceo``,
+    ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``).
+    The counts add up to the model's total.
+    """
+    return {name: sum(p.numel() for p in part.parameters()) for name, part in model.named_children()}
+
+
+_CET_VIT_SIZES = {
+    "cet_vit_pico": dict(
+        embed_dims=(32, 32, 64, 64),
+        depths=(1, 1, 1, 1),
+        num_heads=(2, 2, 4, 4),
+        num_slots=16,
+        k_candidates=(4, 8, 16),
+        fusion_dim=64,
+        fusion_heads=4,
+        macro_depth=1,
+        deep_depth=1,
+        mlp_ratio=2.0,
+    ),
+    "cet_vit_nano": dict(
+        embed_dims=(48, 48, 96, 96),
+        depths=(1, 1, 2, 1),
+        num_heads=(3, 3, 6, 6),
+        fusion_dim=96,
+        fusion_heads=3,
+        macro_depth=2,
+        deep_depth=1,
+    ),
+    # cet_vit_nano's parameters (within 1% at patch 4) moved into the micro encoder: one width-96 Swin stage of 6
+    # blocks (3 shifted) at the full token grid, and a width-64 part after the V-CEO (docs/cet_vit.md, "Which element
+    # costs the accuracy").
+    "cet_vit_nano_wide": dict(
+        embed_dims=(96,),
+        depths=(6,),
+        num_heads=(6,),
+        fusion_dim=64,
+        fusion_heads=2,
+        macro_depth=1,
+        deep_depth=1,
+    ),
+    # cet_vit_nano's size with a micro encoder shaped like the matched ViT's blocks: 3 blocks of width 128, 4 heads of
+    # 32, MLP ratio 2, and global attention (a window of 16 shrinks to the grid: 8x8 at patch 4, 16x16 at patch 2),
+    # then the card's V-CEO (8:1 slots, empty ones masked), MacroEncoder, CrossScaleAttention and DeepEncoder at the
+    # same width (docs/cet_vit.md, "The micro encoder's shape is the cost").
+    "cet_vit_nano_global": dict(
+        embed_dims=(128,),
+        depths=(3,),
+        num_heads=(4,),
+        window_size=16,
+        mlp_ratio=2.0,
+        pos_embed="learned",
+        slot_ratio=8,
+        mask_empty_slots=True,
+        fusion_dim=128,
+        fusion_heads=4,
+        macro_depth=1,
+        deep_depth=1,
+    ),
+    "cet_vit_tiny": dict(
+        embed_dims=(64, 64, 128, 192),
+        depths=(2, 2, 2, 2),
+        num_heads=(2, 2, 4, 6),
+        fusion_dim=128,
+        fusion_heads=4,
+        macro_depth=2,
+        deep_depth=1,
+    ),
+    "cet_vit_base": dict(),
+}
+_DESCRIPTIONS = {
+    "cet_vit_pico": "CET-ViT for CPU smoke runs (~0.2M params, 16 slots)",
+    "cet_vit_nano": "CET-ViT for CPU training in minutes (~0.8M params)",
+    "cet_vit_nano_wide": "cet_vit_nano's size with 81% of it in a width-96 micro encoder (ablation, ~0.82M params)",
+    "cet_vit_nano_global": "cet_vit_nano's size, a global ViT-shaped micro encoder (width 128, MLP 2), 8:1 slots",
+    "cet_vit_tiny": "small CET-ViT (~2.3M params)",
+    "cet_vit_base": "CET-ViT v4 Base sized to the model card (33.5M params on 32x32, 100 classes; card: 33.12M)",
+}
+#: preset name -> constructor arguments (the family declaration names this table)
+PRESETS = _CET_VIT_SIZES
+for _name, _kw in _CET_VIT_SIZES.items():
+    register_preset(_name, CETViT, _DESCRIPTIONS[_name], **_kw)
+
+__all__ = [
+    "ASSIGNMENT_ABLATIONS",
+    "DYNAMIC_K_MODES",
+    "GROUPINGS",
+    "POOLS",
+    "POS_EMBEDS",
+    "PRESETS",
+    "SELECT_GRADS",
+    "VCEO",
+    "CETViT",
+    "CETViTAux",
+    "CrossScaleAttention",
+    "DynamicKEstimator",
+    "FusionHead",
+    "MacroEncoder",
+    "MicroEncoder",
+    "PreNormCrossAttention",
+    "ablate_assignment",
+    "dense_straight_through",
+    "dynamic_k_assignment",
+    "exact_k_targets",
+    "occupied_slots",
+    "param_breakdown",
+    "pool_slots",
+    "slot_usage_k",
+    "topk_margin",
+    "topk_softmax",
+]

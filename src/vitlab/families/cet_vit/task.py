@@ -1,0 +1,89 @@
+"""Lightning task for CET-ViT: cross-entropy + the ramped EI regulariser + the Dynamic-K cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitlab.config import RunConfig, from_dict
+from vitlab.errors import ConfigError
+from vitlab.families.cet_vit.config import CETLossConfig
+from vitlab.families.cet_vit.model import exact_k_targets
+from vitlab.losses.ei import EI_SCHEDULES, ei_weight
+from vitlab.training.tasks import ClassificationTask
+
+
+class CETViTTask(ClassificationTask):
+    """CE (with label smoothing / Mixup targets) + ``lambda_ei(t) * L_EI`` + ``lambda_k * E[K]/K_max``.
+
+    ``train/loss`` and ``val/loss`` hold the whole objective at that epoch; ``test/loss`` is the cross-entropy
+    alone (``test/ce``), the same in ``vitlab fit`` and ``vitlab test``, and comparable with every other classifier;
+    the regulariser's terms are logged beside it (``test/ei``, ``test/k_expected``, ...).
+
+    Logged every epoch: the EI terms, the mean slot-usage K, and with ``dynamic_k: gumbel`` the distribution of the
+    chosen K over the epoch's images (``train/k_frac_<K>``).
+    """
+
+    loss_config = CETLossConfig
+
+    def __init__(self, model: nn.Module, *, cfg: RunConfig, hparams: dict[str, Any]) -> None:
+        super().__init__(model, cfg=cfg, hparams=hparams)
+        self.loss_cfg = from_dict(self.loss_config, cfg.loss, "loss")
+        if self.loss_cfg.ei_schedule not in EI_SCHEDULES:
+            raise ConfigError(
+                f"loss.ei_schedule must be one of {', '.join(EI_SCHEDULES)}, got {self.loss_cfg.ei_schedule!r}"
+            )
+        estimator = getattr(model, "k_estimator", None)
+        candidates = list(getattr(estimator, "k_candidates", ()))
+        self.register_buffer("k_counts", torch.zeros(len(candidates)), persistent=False)
+        self.k_candidates = candidates
+
+    def compute_losses(self, batch: Any, stage: str) -> dict[str, torch.Tensor]:
+        x, y = batch
+        lc = self.loss_cfg
+        weight = ei_weight(self.current_epoch, lc.lambda_ei, lc.ei_start, lc.ei_end, lc.ei_schedule)
+        # No SVD in training when the EI term cannot reach the loss; evaluation still reports the terms.
+        logits, aux = self.model.forward_with_aux(x, compute_ei=stage != "train" or weight > 0)
+        losses = self.classification_losses(logits, y, stage)
+        reg = aux.regularization(weight, lc.lambda_k)
+        ce = losses["loss"].detach()
+        if aux.candidate_logits is not None:  # dynamic_k: exact
+            per_candidate = torch.stack([F.cross_entropy(c, y, reduction="none") for c in aux.candidate_logits])
+            targets = exact_k_targets(per_candidate, self.k_candidates, self.model.num_slots, lc.lambda_k)
+            k_fit = F.cross_entropy(aux.k_logits, targets)
+            reg = reg + lc.k_fit_weight * k_fit
+            losses["k_fit"] = k_fit.detach()
+            # the loss the estimator's choice gains against always taking the largest budget (negative = better)
+            chosen = aux.k_logits.detach().argmax(-1)
+            losses["k_gain"] = (per_candidate.gather(0, chosen[None]) - per_candidate[-1:]).mean()
+        # The test loss is the cross-entropy alone, as for every classifier: the regulariser's weight follows the
+        # training epoch, which `vitlab test` (epoch 0) and the test at the end of `vitlab fit` do not share.
+        if stage != "test":
+            losses["loss"] = losses["loss"] + reg
+        losses["ce"] = ce
+        losses["ei"] = aux.ei_loss.detach()
+        for key in ("reversibility", "norm_entropy", "degen"):
+            if key in aux.ei:
+                losses[key] = aux.ei[key].detach().mean()
+        if aux.slot_usage_k is not None:  # None with grouping: none (no V-CEO)
+            losses["slot_k"] = aux.slot_usage_k.detach().float().mean()
+        if aux.vceo_margin is not None:
+            losses["vceo_margin"] = aux.vceo_margin.mean()
+        if aux.k_chosen is not None:
+            losses["k_expected"] = aux.k_expected.detach().mean()
+            if stage == "train":
+                chosen = aux.k_chosen.detach()
+                for i, k in enumerate(self.k_candidates):
+                    self.k_counts[i] += (chosen == k).sum()
+        return losses
+
+    def on_train_epoch_end(self) -> None:
+        super().on_train_epoch_end()
+        total = self.k_counts.sum()
+        if self.k_candidates and total > 0:
+            for k, count in zip(self.k_candidates, self.k_counts / total, strict=True):
+                self.log(f"train/k_frac_{k}", count)
+        self.k_counts.zero_()

@@ -1,0 +1,544 @@
+"""ViTCAE's four generative tasks and the linear probe (ViTCAE paper, "four distinct tasks"; docs/vitcae.md).
+
+The paper judges its autoencoder on "four distinct tasks" without listing them; the four below are the project's
+reading (docs/vitcae.md, "The generative tasks"). Each one here writes a PNG grid and its numbers:
+
+1. Reconstruction: MSE, PSNR and SSIM over the test set, in [0, 1] pixel space after undoing the normalisation.
+   PSNR is ``10 log10(1 / MSE)`` of the MSE pooled over every pixel of the set (torchmetrics, ``data_range=1``);
+   SSIM is the mean per-image SSIM with the window of :func:`ssim_window` (a smaller one for tiny images).
+2. Class-conditional generation: a Gaussian per class fitted to ``mu_cls`` of the training set, with a full
+   covariance shrunk by Ledoit-Wolf (the latent dimensions are correlated, and shrinkage keeps the estimate
+   positive definite when a class has fewer images than ``d_z``); ``z_cls`` sampled from it, ``z_pt`` from the
+   conditional prior ``p(z_pt | z_cls)``, decoded. Class consistency is the accuracy, on the samples, of a judge
+   trained independently of the ViTCAE: a small CNN (:class:`ConvJudge`) on the pixels of the training images.
+   The same ``z_cls`` are also decoded with the prior mean ``mu_hat_pt(z_cls)`` and with the estimator ``g(z_cls)``
+   as patch latents (``prior_mean_judge_accuracy``, ``estimator_judge_accuracy``): the samples' ``z_pt`` noise has
+   the prior's std, which is measured (``prior_std_rms`` against ``prior_mean_rms``) and can be larger than the
+   patch means themselves. Upper bounds beside them: the judge on real test images (``judge_test_accuracy``) and
+   on their reconstructions (``reconstruction/judge_accuracy``). The ViTCAE's own classifier is reported too: on
+   the re-encoded samples (``self_agreement``) and on the sampled ``z_cls`` themselves (``latent_agreement``).
+3. Interpolation: a straight line between two test images' ``mu_cls``, patch latents from the prior mean
+   ``mu_hat_pt(z_cls)``, decoded; pairs of images of different classes. At the ends: PSNR of the decoded end
+   points against their images (what the prior-mean patch latents lose) and the judge's accuracy there. On the
+   path (the interpolation itself): ``path_latent_error``, how far the re-encoded frames' ``mu_cls`` lie from the
+   points of the line they were decoded from, relative to the line's length (0: the decoder follows the line);
+   ``path_endpoint_classes``, the share of the inner frames the judge gives to one of the two end classes; and
+   ``path_max_step_share``, the largest pixel change between neighbouring frames over the sum of them (``1 /
+   (steps - 1)`` for an even morph, 1 for a single jump).
+4. Inpainting: a seeded random fraction of the patches set to 0 in normalised space (the per-channel dataset
+   mean), encoded and decoded; PSNR on the masked pixels against the mean-fill baseline, which is exactly what the
+   masked input holds there. The autoencoder reproduces its input, mean fill included, so two fills that use the
+   generative model are measured too: ``prior_fill`` replaces the masked patches' latents by the conditional prior
+   mean ``mu_hat_pt(z_cls)`` before decoding (the known pixels are pasted back), and ``iterated`` repeats
+   encode -> prior fill -> decode -> paste ``INPAINTING_ITERATIONS`` times.
+
+Linear probe (the project's decision where the ViTCAE paper is silent; docs/vitcae.md, "Class conditioning"): a
+logistic regression on frozen ``mu_cls`` of the training set, accuracy on the test set. Training latents and pixels
+come from the training images without augmentation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from torchmetrics import MeanSquaredError
+from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
+
+from vitlab.data import ImageSplit, NormalizeCollate, VisionDataModule, denormalize, normalize
+from vitlab.families.vitcae.model import ViTCAE
+from vitlab.families.vitcae.pieces import (
+    CHUNK,
+    GRID_CELL_PIXELS,
+    GRID_FILES,
+    GRID_MAX_CLASSES,
+    GRID_SAMPLES_PER_CLASS,
+    INPAINTING_GRID_IMAGES,
+    INPAINTING_ITERATIONS,
+    INPAINTING_MASK_RATIO,
+    INTERPOLATION_GRID_PAIRS,
+    INTERPOLATION_PAIRS,
+    INTERPOLATION_STEPS,
+    JUDGE_EPOCHS,
+    JUDGE_MIN_STEPS,
+    PIXEL_JUDGE_MAX_IMAGES,
+    RECONSTRUCTION_GRID_IMAGES,
+    SAMPLES_PER_CLASS,
+    SKLEARN_MAX_ITER,
+    Batches,
+    ClassGaussians,
+    ConvJudge,
+    EncodedSplit,
+    choose_interpolation_pairs,
+    encode_split,
+    fit_class_gaussians,
+    fit_pixel_judge,
+    interpolate_latents,
+    judge_accuracy,
+    linear_probe_accuracy,
+    patch_mask_to_pixels,
+    random_patch_mask,
+    sample_class_latents,
+    sample_conditional_patches,
+    save_image_grid,
+    ssim_window,
+    take_images,
+)
+from vitlab.models.protocols import GenerativeModel
+from vitlab.rundir import GENERATE_METRICS_FILE, atomic_write_json
+
+# -------------------------------------------------------------------------------------------------------------------
+# The four tasks.
+
+
+@torch.no_grad()
+def reconstruction_task(
+    model: ViTCAE,
+    batches: Batches,
+    mean: Sequence[float],
+    std: Sequence[float],
+    path: str | Path,
+    *,
+    device: torch.device,
+    grid_images: int = RECONSTRUCTION_GRID_IMAGES,
+    judge: ConvJudge | None = None,
+    judge_images: int = PIXEL_JUDGE_MAX_IMAGES,
+) -> dict[str, float]:
+    """Task 1: reconstruct every image of ``batches``; MSE, PSNR, SSIM in [0, 1]; a grid of inputs over outputs.
+    With ``judge``: its accuracy on the first ``judge_images`` reconstructions (an upper bound for samples)."""
+    height, width = (side * model.patch_size for side in model.grid_size)
+    mse = MeanSquaredError().to(device)
+    psnr = PeakSignalNoiseRatio(data_range=1.0).to(device)
+    ssim = StructuralSimilarityIndexMeasure(data_range=1.0, **ssim_window(height, width)).to(device)
+    shown_inputs, shown_outputs = [], []
+    judged, judged_labels = [], []
+    shown = judged_count = 0
+    for x, y in batches:
+        x = x.to(device)
+        target = denormalize(x, mean, std)
+        output = denormalize(model(x).recon, mean, std)
+        if judge is not None and judged_count < judge_images:
+            judged.append(output[: judge_images - judged_count].clamp(0, 1).cpu())
+            judged_labels.append(y[: len(judged[-1])].cpu().long())
+            judged_count += len(judged[-1])
+        mse.update(output, target)
+        psnr.update(output, target)
+        ssim.update(output, target)
+        if shown < grid_images:
+            shown_inputs.append(target[: grid_images - shown].cpu())
+            shown_outputs.append(output[: grid_images - shown].cpu())
+            shown += len(shown_inputs[-1])
+    inputs, outputs = torch.cat(shown_inputs), torch.cat(shown_outputs)
+    save_image_grid(
+        torch.stack([inputs, outputs]),
+        path,
+        row_labels=["input", "reconstruction"],
+        title="Reconstruction (test images)",
+    )
+    metrics = {
+        "reconstruction/mse": float(mse.compute()),
+        "reconstruction/psnr": float(psnr.compute()),
+        "reconstruction/ssim": float(ssim.compute()),
+    }
+    if judge is not None:
+        metrics["reconstruction/judge_accuracy"] = judge_accuracy(judge, torch.cat(judged), torch.cat(judged_labels))
+    return metrics
+
+
+@torch.no_grad()
+def conditional_generation_task(
+    model: ViTCAE,
+    gaussians: ClassGaussians,
+    judge: ConvJudge,
+    mean: Sequence[float],
+    std: Sequence[float],
+    path: str | Path,
+    *,
+    device: torch.device,
+    class_names: Sequence[str],
+    generator: torch.Generator | None = None,
+    samples_per_class: int = SAMPLES_PER_CLASS,
+    grid_per_class: int = GRID_SAMPLES_PER_CLASS,
+) -> dict[str, float]:
+    """Task 2: sample ``z_cls`` from each class Gaussian, ``z_pt`` from ``p(z_pt | z_cls)``, decode.
+
+    Class consistency: the independent CNN judge's accuracy on the samples (in [0, 1], as an image file would hold
+    them), the ViTCAE classifier's accuracy on the re-encoded samples and on the sampled ``z_cls``. Grid: one row per
+    class.
+    """
+    z_cls, labels = sample_class_latents(gaussians, samples_per_class, generator)
+    z_cls = z_cls.to(device)
+    samples, self_logits, prior_means, estimates = [], [], [], []
+    std_sq = mean_sq = 0.0
+    for z_chunk in z_cls.split(CHUNK):
+        decoded = denormalize(model.decode(z_chunk, sample_conditional_patches(model, z_chunk, generator)), mean, std)
+        samples.append(decoded)
+        self_logits.append(model.head(model.encode(normalize(decoded, mean, std)).mu_cls))
+        prior_mu, prior_logvar = model.prior(z_chunk)
+        prior_means.append(denormalize(model.decode(z_chunk, prior_mu), mean, std).cpu())
+        estimates.append(denormalize(model.decode(z_chunk, model.estimate_patches(z_chunk)), mean, std).cpu())
+        std_sq += float(prior_logvar.exp().sum())
+        mean_sq += float(prior_mu.pow(2).sum())
+    samples, self_logits = torch.cat(samples), torch.cat(self_logits)
+    entries = len(z_cls) * model.num_patches * model.patch_latent_dim
+    labels_on_device = labels.to(device)
+    metrics = {
+        "conditional/judge_accuracy": judge_accuracy(judge, samples, labels),
+        "conditional/prior_mean_judge_accuracy": judge_accuracy(judge, torch.cat(prior_means).clamp(0, 1), labels),
+        "conditional/estimator_judge_accuracy": judge_accuracy(judge, torch.cat(estimates).clamp(0, 1), labels),
+        "conditional/prior_std_rms": (std_sq / entries) ** 0.5,
+        "conditional/prior_mean_rms": (mean_sq / entries) ** 0.5,
+        "conditional/self_agreement": float((self_logits.argmax(-1) == labels_on_device).float().mean()),
+        "conditional/latent_agreement": float((model.head(z_cls).argmax(-1) == labels_on_device).float().mean()),
+        "conditional/num_classes": float(len(gaussians.classes)),
+    }
+    rows = min(len(gaussians.classes), GRID_MAX_CLASSES)
+    per_class = samples.cpu().view(len(gaussians.classes), samples_per_class, *samples.shape[1:])
+    save_image_grid(
+        per_class[:rows, :grid_per_class],
+        path,
+        row_labels=[class_names[k] for k in gaussians.classes[:rows].tolist()],
+        title="Class-conditional samples: z_cls ~ N(m_k, S_k), z_pt ~ p(z_pt | z_cls)",
+    )
+    return metrics
+
+
+@torch.no_grad()
+def interpolation_task(
+    model: ViTCAE,
+    test: EncodedSplit,
+    judge: ConvJudge,
+    mean: Sequence[float],
+    std: Sequence[float],
+    path: str | Path,
+    *,
+    device: torch.device,
+    class_names: Sequence[str],
+    generator: torch.Generator | None = None,
+    num_pairs: int = INTERPOLATION_PAIRS,
+    steps: int = INTERPOLATION_STEPS,
+    grid_pairs: int = INTERPOLATION_GRID_PAIRS,
+) -> dict[str, float]:
+    """Task 3: decode along straight lines between the ``mu_cls`` of two test images of different classes.
+
+    Patch latents are the prior means ``mu_hat_pt(z_cls)``. Pairs are drawn among ``test.images``. Numbers: PSNR of
+    the decoded end points against their images, the judge's accuracy on the end points. Grid: one row per pair,
+    image A, the ``steps`` decodings, image B.
+    """
+    num_kept = len(test.images)
+    start, end = choose_interpolation_pairs(test.labels[:num_kept], num_pairs, generator)
+    path_latents = interpolate_latents(test.mu_cls[start], test.mu_cls[end], steps).to(device)  # [P, T, d_z]
+    z_cls = path_latents.flatten(0, 1)
+    frames = denormalize(model.decode(z_cls, model.prior(z_cls)[0]), mean, std).cpu()
+    frames = frames.view(num_pairs, steps, *frames.shape[1:])  # [P, T, C, H, W]
+    ends = torch.cat([frames[:, 0], frames[:, -1]])
+    end_images = torch.cat([test.images[start], test.images[end]])
+    end_labels = torch.cat([test.labels[start], test.labels[end]])
+    endpoint_psnr = PeakSignalNoiseRatio(data_range=1.0)(ends, end_images)
+    on_path = path_measures(model, frames, path_latents.cpu(), judge, test.labels[start], test.labels[end], mean, std)
+    rows = min(num_pairs, grid_pairs)
+    grid = torch.cat([test.images[start[:rows]].unsqueeze(1), frames[:rows], test.images[end[:rows]].unsqueeze(1)], 1)
+    save_image_grid(
+        grid,
+        path,
+        row_labels=[
+            f"{class_names[a]} -> {class_names[b]}"
+            for a, b in zip(test.labels[start[:rows]].tolist(), test.labels[end[:rows]].tolist(), strict=True)
+        ],
+        col_labels=["image A", *(f"t={t:.2f}" for t in torch.linspace(0, 1, steps).tolist()), "image B"],
+        title="Interpolation of z_cls (patch latents = prior mean)",
+    )
+    return {
+        "interpolation/endpoint_psnr": float(endpoint_psnr),
+        "interpolation/endpoint_judge_accuracy": judge_accuracy(judge, ends, end_labels),
+        **on_path,
+    }
+
+
+@torch.no_grad()
+def path_measures(
+    model: ViTCAE,
+    frames: Tensor,
+    path_latents: Tensor,
+    judge: ConvJudge,
+    start_labels: Tensor,
+    end_labels: Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> dict[str, float]:
+    """The interpolation measured on its path (task 3). ``frames: [P, T, C, H, W]`` in [0, 1] decoded from
+    ``path_latents: [P, T, d_z]``; the end classes ``[P]``. See the module docstring for the three numbers."""
+    pairs, steps = frames.shape[:2]
+    device = next(model.parameters()).device
+    flat = frames.flatten(0, 1)
+    encoded = torch.cat([model.encode(normalize(c.to(device), mean, std)).mu_cls.cpu() for c in flat.split(CHUNK)])
+    encoded = encoded.view(pairs, steps, -1)
+    length = (path_latents[:, -1] - path_latents[:, 0]).norm(dim=-1).clamp_min(1e-12)  # [P]
+    inner = slice(1, steps - 1)
+    latent_error = (encoded[:, inner] - path_latents[:, inner]).norm(dim=-1) / length.unsqueeze(1)
+    predicted = judge.predict(flat).view(pairs, steps)[:, inner]
+    at_an_end = (predicted == start_labels.unsqueeze(1)) | (predicted == end_labels.unsqueeze(1))
+    step_sizes = (frames[:, 1:] - frames[:, :-1]).flatten(2).pow(2).mean(-1).sqrt()  # [P, T - 1]
+    share = step_sizes.max(dim=1).values / step_sizes.sum(dim=1).clamp_min(1e-12)
+    return {
+        "interpolation/path_latent_error": float(latent_error.mean()),
+        "interpolation/path_endpoint_classes": float(at_an_end.float().mean()),
+        "interpolation/path_max_step_share": float(share.mean()),
+    }
+
+
+@torch.no_grad()
+def inpainting_task(
+    model: nn.Module,
+    batches: Batches,
+    mean: Sequence[float],
+    std: Sequence[float],
+    path: str | Path,
+    *,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+    mask_ratio: float = INPAINTING_MASK_RATIO,
+    grid_images: int = INPAINTING_GRID_IMAGES,
+) -> dict[str, float]:
+    """Task 4: mask ``mask_ratio`` of the patches of every image (pixels set to 0 = the dataset mean in normalised
+    space), encode, decode. PSNR on the masked pixels in [0, 1] for the output and for the mean-fill baseline (the
+    masked input itself). ``model`` needs ``grid_size``, ``patch_size``, ``num_patches`` and ``model(x).recon``.
+    Grid: original, masked, inpainted.
+    """
+    generative = hasattr(model, "prior") and hasattr(model, "decode") and hasattr(model, "encode")
+    fills = ["plain", "prior_fill", "iterated"] if generative else ["plain"]
+    psnr = {name: PeakSignalNoiseRatio(data_range=1.0).to(device) for name in fills}
+    baseline_psnr = PeakSignalNoiseRatio(data_range=1.0).to(device)
+    shown: list[list[Tensor]] = [[] for _ in range(2 + len(fills))]
+    for x, _ in batches:
+        x = x.to(device)
+        patch_mask = random_patch_mask(len(x), model.num_patches, mask_ratio, generator)
+        pixel_mask = patch_mask_to_pixels(patch_mask, model.grid_size, model.patch_size).to(device)
+        masked = x.masked_fill(pixel_mask, 0.0)
+        target = denormalize(x, mean, std)
+        mean_fill = denormalize(masked, mean, std)
+        outputs = {"plain": model(masked).recon}
+        if generative:
+            outputs["prior_fill"] = prior_fill(model, masked, patch_mask.to(device), pixel_mask)
+            current = outputs["prior_fill"]
+            for _ in range(INPAINTING_ITERATIONS - 1):
+                current = prior_fill(model, current, patch_mask.to(device), pixel_mask)
+            outputs["iterated"] = current
+        selected = pixel_mask.expand_as(x)
+        for name in fills:
+            psnr[name].update(denormalize(outputs[name], mean, std)[selected], target[selected])
+        baseline_psnr.update(mean_fill[selected], target[selected])
+        room = grid_images - sum(len(images) for images in shown[0])
+        if room > 0:
+            rows = (target, mean_fill, *(denormalize(outputs[name], mean, std) for name in fills))
+            for row, images in zip(shown, rows, strict=True):
+                row.append(images[:room].cpu())
+    save_image_grid(
+        torch.stack([torch.cat(row) for row in shown]),
+        path,
+        row_labels=["original", "masked", *(f"inpainted ({name})" for name in fills)],
+        title=f"Inpainting: {mask_ratio:.0%} of the patches masked (filled with the dataset mean)",
+    )
+    values, baseline = {name: float(metric.compute()) for name, metric in psnr.items()}, float(baseline_psnr.compute())
+    metrics = {
+        "inpainting/psnr": values["plain"],
+        "inpainting/mean_fill_psnr": baseline,
+        "inpainting/psnr_gain": values["plain"] - baseline,
+        "inpainting/mask_ratio": mask_ratio,
+    }
+    for name in fills[1:]:
+        metrics[f"inpainting/{name}_psnr"] = values[name]
+        metrics[f"inpainting/{name}_psnr_gain"] = values[name] - baseline
+    return metrics
+
+
+@torch.no_grad()
+def prior_fill(model: ViTCAE, x: Tensor, patch_mask: Tensor, pixel_mask: Tensor) -> Tensor:
+    """One inpainting pass that uses the generative model: encode ``x`` (normalised, ``[B, C, H, W]``), replace
+    the latents of the masked patches (``patch_mask: [B, N]``) by the conditional prior mean ``mu_hat_pt(mu_cls)``,
+    decode, and paste the unmasked pixels of ``x`` back (``pixel_mask: [B, 1, H, W]``, True = masked)."""
+    post = model.encode(x)
+    prior_mu, _ = model.prior(post.mu_cls)
+    z_pt = torch.where(patch_mask.unsqueeze(-1), prior_mu, post.mu_pt)
+    decoded = model.decode(post.mu_cls, z_pt)
+    return torch.where(pixel_mask, decoded, x)
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Everything at once.
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _clean_loader(dm: VisionDataModule, split: ImageSplit) -> DataLoader:
+    """The images of ``split`` without augmentation, normalised, with integer labels, in their stored order."""
+    collate = NormalizeCollate(dm.mean, dm.std, num_classes=dm.num_classes)
+    return DataLoader(
+        ImageSplit(split.pool, split.indices),
+        batch_size=dm.cfg.eval_batch_size or dm.cfg.batch_size,
+        collate_fn=collate,
+    )
+
+
+def run_generative_tasks(
+    model: ViTCAE,
+    datamodule: VisionDataModule,
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    max_images: int | None = None,
+    progress: bool = True,
+) -> dict[str, float]:
+    """Run the four generative tasks and the linear probe; write their grids and ``metrics.json`` into ``out_dir``.
+
+    ``model`` is moved to ``device`` and run in eval mode (its training flag is restored afterwards). Training
+    latents and pixels come from the un-augmented training images. ``max_images`` caps the images used from each
+    of the training and test sets (for quick runs); None uses all. Every random draw (class samples, prior noise,
+    pairs, masks, sklearn) follows ``seed``. Returns the metrics, also written to ``out_dir / "metrics.json"``:
+    ``images/{train,test}``, ``classifier/accuracy`` (the ViTCAE's own head), ``linear_probe/accuracy``,
+    ``reconstruction/{mse,psnr,ssim,judge_accuracy}``, ``conditional/{judge_accuracy,prior_mean_judge_accuracy,
+    estimator_judge_accuracy,judge_test_accuracy,prior_std_rms,prior_mean_rms,self_agreement,latent_agreement,
+    num_classes}``, ``interpolation/{endpoint_psnr,endpoint_judge_accuracy,path_latent_error,
+    path_endpoint_classes,path_max_step_share}``, ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}`` and
+    ``inpainting/{prior_fill,iterated}_{psnr,psnr_gain}``. The grids are the files of ``GRID_FILES``.
+    ``progress``: print one line per stage with its time (the judge's training and the encodings take minutes on
+    large sets).
+    """
+    if not isinstance(model, GenerativeModel):
+        raise TypeError(f"the generative tasks need a ViTCAE, got {type(model).__name__}")
+    if max_images is not None and max_images < 2:
+        raise ValueError(f"max_images must be at least 2 (or None for all images), got {max_images}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device)
+    datamodule.setup()
+    mean, std, class_names = datamodule.mean, datamodule.std, datamodule.class_names
+    train_loader = _clean_loader(datamodule, datamodule.train_set)
+    test_loader = _clean_loader(datamodule, datamodule.test_set)
+
+    def test_batches() -> Iterator[tuple[Tensor, Tensor]]:
+        return take_images(test_loader, max_images)
+
+    clock = {"name": None, "t0": time.perf_counter()}
+
+    def stage(name: str | None) -> None:
+        """Close the running stage (its time) and open the next one."""
+        if progress and clock["name"] is not None:
+            print(f"generate: {clock['name']} done in {time.perf_counter() - clock['t0']:.1f} s", flush=True)
+        clock["name"], clock["t0"] = name, time.perf_counter()
+
+    generator = torch.Generator().manual_seed(seed)
+    model.to(device)
+    with _eval_mode(model), torch.no_grad():
+        stage("encoding the training images")
+        train = encode_split(
+            model, take_images(train_loader, max_images), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES
+        )
+        stage("encoding the test images")
+        test = encode_split(model, test_batches(), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES)
+        stage("training the CNN judge")
+        judge = fit_pixel_judge(train.images, train.labels[: len(train.images)], seed, device=device)
+        stage("classifier and linear probe")
+        classifier = model.head(test.mu_cls.to(device)).argmax(-1).cpu()
+        metrics = {
+            "images/train": float(len(train.labels)),
+            "images/test": float(len(test.labels)),
+            "classifier/accuracy": float((classifier == test.labels).float().mean()),
+            "linear_probe/accuracy": linear_probe_accuracy(train, test, seed),
+            "conditional/judge_test_accuracy": judge_accuracy(judge, test.images, test.labels[: len(test.images)]),
+        }
+        stage("reconstruction")
+        metrics |= reconstruction_task(
+            model, test_batches(), mean, std, out_dir / GRID_FILES["reconstruction"], device=device, judge=judge
+        )
+        stage("conditional generation")
+        metrics |= conditional_generation_task(
+            model,
+            fit_class_gaussians(train.mu_cls, train.labels),
+            judge,
+            mean,
+            std,
+            out_dir / GRID_FILES["conditional"],
+            device=device,
+            class_names=class_names,
+            generator=generator,
+        )
+        stage("interpolation")
+        metrics |= interpolation_task(
+            model,
+            test,
+            judge,
+            mean,
+            std,
+            out_dir / GRID_FILES["interpolation"],
+            device=device,
+            class_names=class_names,
+            generator=generator,
+        )
+        stage("inpainting")
+        metrics |= inpainting_task(
+            model, test_batches(), mean, std, out_dir / GRID_FILES["inpainting"], device=device, generator=generator
+        )
+        stage(None)
+    atomic_write_json(out_dir / GENERATE_METRICS_FILE, metrics)
+    return metrics
+
+
+__all__ = [
+    "CHUNK",
+    "GRID_CELL_PIXELS",
+    "GRID_FILES",
+    "GRID_MAX_CLASSES",
+    "GRID_SAMPLES_PER_CLASS",
+    "INPAINTING_GRID_IMAGES",
+    "INPAINTING_ITERATIONS",
+    "INPAINTING_MASK_RATIO",
+    "INTERPOLATION_GRID_PAIRS",
+    "INTERPOLATION_PAIRS",
+    "INTERPOLATION_STEPS",
+    "JUDGE_EPOCHS",
+    "JUDGE_MIN_STEPS",
+    "PIXEL_JUDGE_MAX_IMAGES",
+    "RECONSTRUCTION_GRID_IMAGES",
+    "SAMPLES_PER_CLASS",
+    "SKLEARN_MAX_ITER",
+    "Batches",
+    "ClassGaussians",
+    "ConvJudge",
+    "EncodedSplit",
+    "choose_interpolation_pairs",
+    "conditional_generation_task",
+    "encode_split",
+    "fit_class_gaussians",
+    "fit_pixel_judge",
+    "inpainting_task",
+    "interpolate_latents",
+    "interpolation_task",
+    "judge_accuracy",
+    "linear_probe_accuracy",
+    "patch_mask_to_pixels",
+    "path_measures",
+    "prior_fill",
+    "random_patch_mask",
+    "reconstruction_task",
+    "run_generative_tasks",
+    "sample_class_latents",
+    "sample_conditional_patches",
+    "save_image_grid",
+    "ssim_window",
+    "take_images",
+]

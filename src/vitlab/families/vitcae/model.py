@@ -1,0 +1,403 @@
+"""ViTCAE: ViT-based class-conditioned autoencoder (Jebraeeli, Krim, Cansever, arXiv 2509.16554).
+
+Reads top to bottom as the paper's pipeline (ViTCAE paper, eq. 17-19, the "conditional Gaussian prior" and the
+decoder paragraphs; where the paper is silent, docs/vitcae.md decides):
+
+1. Encoder (eq. 17, 19): a :class:`~vitlab.models.vit.VisionTransformer` without a head whose attention has a
+   learnable per-head temperature. Its attention modules sit at ``encoder.blocks.{i}.attn``, so the shared
+   capture and head-freezing tools work on ``model.encoder`` directly.
+2. Latents: Gaussian posteriors ``q(z_cls | x)`` on the CLS token and ``q(z_pt | x)`` on the patch tokens; a
+   conditional prior ``p(z_pt | z_cls) = N(f(z_cls))``; a deterministic patch estimator ``g(z_cls)``; a linear
+   classifier on ``mu_cls``.
+3. Decoder: patch latents projected to the decoder width; every block runs self-attention, cross-attention from
+   the patch tokens to ``M`` conditioning tokens made from ``z_cls``, and a FiLM-modulated FFN; a linear head to
+   pixels, unpatchified into an image in the same (normalised) space as the input.
+
+``forward`` returns a :class:`ViTCAEOutput` with everything the losses of :mod:`vitlab.losses.vitcae` need.
+As a classifier the model follows the timm contract: ``forward_head(forward_features(x))`` gives the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+from timm.layers import DropPath, Mlp
+from timm.models.vision_transformer import init_weights_vit_timm
+from torch import nn
+
+from vitlab.families.vitcae.losses import reparameterize
+from vitlab.layers import Attention, CrossAttention, trunc_normal_
+from vitlab.layers.attention import TemperatureForm
+from vitlab.models.registry import register_preset
+from vitlab.models.vit import VisionTransformer, check_patch_grid
+
+
+@dataclass
+class ViTCAEPosterior:
+    """Parameters of the Gaussian posteriors ``q(z_cls | x)``, ``q(z_pt | x)`` (ViTCAE paper, eq. 24).
+
+    ``mu_cls, logvar_cls: [B, d_z]``; ``mu_pt, logvar_pt: [B, N, d_p]``.
+    """
+
+    mu_cls: torch.Tensor
+    logvar_cls: torch.Tensor
+    mu_pt: torch.Tensor
+    logvar_pt: torch.Tensor
+
+
+@dataclass
+class ViTCAEOutput:
+    """Everything one forward pass of :class:`ViTCAE` produces.
+
+    Attributes:
+        recon: reconstruction ``x'``, ``[B, C, H, W]``, in the input's (normalised) space.
+        logits: class logits from ``mu_cls``, ``[B, num_classes]``.
+        z_cls, mu_cls, logvar_cls: global latent sample and its posterior, ``[B, d_z]``.
+        z_pt, mu_pt, logvar_pt: patch latent sample and its posterior, ``[B, N, d_p]``.
+        prior_mu_pt, prior_logvar_pt: conditional prior ``p(z_pt | z_cls)``, ``[B, N, d_p]``.
+        pt_estimate: deterministic estimate ``Z_tilde_pt = g(z_cls)``, ``[B, N, d_p]``.
+
+    In training mode ``z_cls`` and ``z_pt`` are reparameterised samples; in eval mode they are the means.
+    """
+
+    recon: torch.Tensor
+    logits: torch.Tensor
+    z_cls: torch.Tensor
+    mu_cls: torch.Tensor
+    logvar_cls: torch.Tensor
+    z_pt: torch.Tensor
+    mu_pt: torch.Tensor
+    logvar_pt: torch.Tensor
+    prior_mu_pt: torch.Tensor
+    prior_logvar_pt: torch.Tensor
+    pt_estimate: torch.Tensor
+
+
+def unpatchify(tokens: torch.Tensor, grid_size: tuple[int, int], patch_size: int) -> torch.Tensor:
+    """Pixel tokens ``[B, N, P*P*C]`` (row-major patch grid, ``(P, P, C)`` inside a token) -> ``[B, C, H, W]``."""
+    grid_h, grid_w = grid_size
+    if tokens.shape[1] != grid_h * grid_w or tokens.shape[2] % (patch_size * patch_size) != 0:
+        raise ValueError(
+            f"cannot unpatchify tokens of shape {list(tokens.shape)} onto a {grid_h}x{grid_w} grid of "
+            f"{patch_size}x{patch_size} patches; expected [B, {grid_h * grid_w}, {patch_size}*{patch_size}*C]"
+        )
+    return rearrange(tokens, "b (h w) (p q c) -> b c (h p) (w q)", h=grid_h, w=grid_w, p=patch_size, q=patch_size)
+
+
+class FiLM(nn.Module):
+    """Feature-wise linear modulation ``h -> gamma(c) * h + beta(c)`` (Perez et al. 2018; ViTCAE paper,
+    decoder paragraph).
+
+    ``h: [B, N, C]``, ``cond: [B, d_c]``. The linear maps start with zero weights and biases 1 (gamma) and 0
+    (beta), so the module is the identity at initialisation whatever the condition.
+    """
+
+    def __init__(self, cond_dim: int, dim: int) -> None:
+        super().__init__()
+        self.gamma = nn.Linear(cond_dim, dim)
+        self.beta = nn.Linear(cond_dim, dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.gamma.weight)
+        nn.init.ones_(self.gamma.bias)
+        nn.init.zeros_(self.beta.weight)
+        nn.init.zeros_(self.beta.bias)
+
+    def forward(self, h: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        return self.gamma(cond).unsqueeze(1) * h + self.beta(cond).unsqueeze(1)
+
+
+class DecoderBlock(nn.Module):
+    """One ViTCAE decoder block (ViTCAE paper, decoder paragraph; docs/vitcae.md). ``x: [B, N, C]`` patch tokens
+    -> ``[B, N, C]``.
+
+    Pre-norm residual steps: self-attention (the shared :class:`~vitlab.layers.attention.Attention`);
+    cross-attention to the conditioning tokens ``cond_tokens: [B, M, C]``; FFN modulated by FiLM of
+    ``z_cls: [B, d_z]``, i.e. ``x + gamma(z_cls) * FFN(LN(x)) + beta(z_cls)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        cond_dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm_cross = nn.LayerNorm(dim, eps=1e-6)
+        self.cross_attn = CrossAttention(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop
+        )
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.film = FiLM(cond_dim, dim)
+        self.drop_path3 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cond_tokens: torch.Tensor, z_cls: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        x = x + self.drop_path2(self.cross_attn(self.norm_cross(x), cond_tokens))
+        return x + self.drop_path3(self.film(self.mlp(self.norm2(x)), z_cls))
+
+
+class ViTCAE(nn.Module):
+    """ViT-based class-conditioned autoencoder. ``x: [B, C, H, W] -> ViTCAEOutput``.
+
+    Args:
+        img_size, patch_size, in_chans: input geometry; ``N = (img_size / patch_size)^2`` patch tokens.
+        num_classes: classes of the linear classifier on ``mu_cls``.
+        embed_dim, depth, num_heads, mlp_ratio, qkv_bias: encoder width D, blocks L, heads, FFN ratio, QKV bias.
+        latent_dim: ``d_z``, width of the global latent ``z_cls``.
+        patch_latent_dim: ``d_p``, width of each patch latent in ``z_pt``.
+        decoder_dim, decoder_depth, decoder_heads: decoder width, blocks and heads.
+        num_cond_tokens: ``M``, conditioning tokens made from ``z_cls`` for the decoder's cross-attention.
+        temperature: learnable per-head encoder temperature (eq. 19); ``False`` builds the plain attention.
+        temperature_form: ``inverse`` (logits * tau, the default) or ``divide`` (eq. 19 as printed).
+        drop_rate, attn_drop_rate, drop_path_rate: dropout on features, on attention weights, stochastic depth;
+            used by encoder and decoder alike.
+    """
+
+    #: the attention the dynamics controller steers (eq. 20, 26): the encoder's, never the decoder's
+    dynamics_target = "encoder."
+
+    def __init__(
+        self,
+        *,
+        img_size: int = 32,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        num_classes: int = 10,
+        embed_dim: int = 192,
+        depth: int = 12,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        latent_dim: int = 64,
+        patch_latent_dim: int = 16,
+        decoder_dim: int = 192,
+        decoder_depth: int = 4,
+        decoder_heads: int = 3,
+        num_cond_tokens: int = 4,
+        temperature: bool = True,
+        temperature_form: TemperatureForm = "inverse",
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"ViTCAE is class-conditioned and needs num_classes >= 1, got {num_classes}")
+        if num_cond_tokens < 1:
+            raise ValueError(f"num_cond_tokens (M) must be at least 1, got {num_cond_tokens}")
+        grid = check_patch_grid(img_size, patch_size)
+        self.grid_size = (grid, grid)
+        self.num_patches = grid * grid
+        self.patch_size = patch_size
+        self.in_chans = in_chans
+        self.num_classes = num_classes
+        self.latent_dim = latent_dim
+        self.patch_latent_dim = patch_latent_dim
+        self.num_cond_tokens = num_cond_tokens
+        self.decoder_dim = decoder_dim
+
+        # 1. Encoder (eq. 17, 19).
+        self.encoder = VisionTransformer(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            num_classes=0,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
+            temperature=temperature,
+            temperature_form=temperature_form,
+        )
+
+        # 2. Posteriors, conditional prior f, estimator g, classifier.
+        self.mu_cls = nn.Linear(embed_dim, latent_dim)
+        self.logvar_cls = nn.Linear(embed_dim, latent_dim)
+        self.mu_pt = nn.Linear(embed_dim, patch_latent_dim)
+        self.logvar_pt = nn.Linear(embed_dim, patch_latent_dim)
+        self.prior_net = Mlp(
+            in_features=latent_dim, hidden_features=embed_dim, out_features=self.num_patches * 2 * patch_latent_dim
+        )
+        self.estimator_net = Mlp(
+            in_features=latent_dim, hidden_features=embed_dim, out_features=self.num_patches * patch_latent_dim
+        )
+        self.head = nn.Linear(latent_dim, num_classes)
+
+        # 3. Decoder.
+        self.decoder_embed = nn.Linear(patch_latent_dim, decoder_dim)
+        self.decoder_pos_embed = nn.Parameter(torch.zeros(1, self.num_patches, decoder_dim))
+        self.cond_embed = nn.Linear(latent_dim, num_cond_tokens * decoder_dim)
+        dpr = [drop_path_rate * i / max(decoder_depth - 1, 1) for i in range(decoder_depth)]  # meta-device safe
+        self.decoder_blocks = nn.ModuleList(
+            DecoderBlock(
+                decoder_dim,
+                cond_dim=latent_dim,
+                num_heads=decoder_heads,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                proj_drop=drop_rate,
+                attn_drop=attn_drop_rate,
+                drop_path=dpr[i],
+            )
+            for i in range(decoder_depth)
+        )
+        self.decoder_norm = nn.LayerNorm(decoder_dim, eps=1e-6)
+        self.decoder_head = nn.Linear(decoder_dim, patch_size * patch_size * in_chans)
+
+        trunc_normal_(self.decoder_pos_embed, std=0.02)
+        for name, module in self.named_children():
+            if name != "encoder":  # the encoder initialises itself
+                module.apply(init_weights_vit_timm)  # timm's ViT init; FiLM's reset_parameters restores its identity
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {"decoder_pos_embed"}
+
+    # --- classifier contract ----------------------------------------------------------------------------------
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Encoder features ``[B, C, H, W] -> [B, 1 + N, D]`` (CLS first) after the final LayerNorm."""
+        return self.encoder.forward_features(x)
+
+    def forward_intermediates(
+        self, x: torch.Tensor, indices: list[int] | None = None, norm: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The encoder's final features and its block outputs ``[B, 1 + N, D]`` (see ``VisionTransformer``)."""
+        return self.encoder.forward_intermediates(x, indices=indices, norm=norm)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Features ``[B, 1 + N, D]`` -> logits ``[B, num_classes]`` from ``mu_cls`` (``mu_cls [B, d_z]`` with
+        ``pre_logits``)."""
+        mu_cls = self.mu_cls(x[:, 0])
+        return mu_cls if pre_logits else self.head(mu_cls)
+
+    # --- the autoencoder --------------------------------------------------------------------------------------
+    def encode(self, x: torch.Tensor) -> ViTCAEPosterior:
+        """``x: [B, C, H, W]`` -> posterior parameters of ``z_cls`` (``[B, d_z]``) and ``z_pt`` (``[B, N, d_p]``)."""
+        h = self.forward_features(x)
+        h_cls, h_pt = h[:, 0], h[:, 1:]
+        return ViTCAEPosterior(self.mu_cls(h_cls), self.logvar_cls(h_cls), self.mu_pt(h_pt), self.logvar_pt(h_pt))
+
+    def prior(self, z_cls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Conditional prior ``p(z_pt | z_cls) = N(mu_hat, diag exp(logvar_hat))`` from the MLP ``f``.
+
+        ``z_cls: [B, d_z]`` -> ``(mu_hat_pt, logvar_hat_pt)``, each ``[B, N, d_p]``.
+        """
+        params = self.prior_net(z_cls).view(-1, self.num_patches, 2, self.patch_latent_dim)
+        return params[:, :, 0], params[:, :, 1]
+
+    def estimate_patches(self, z_cls: torch.Tensor) -> torch.Tensor:
+        """Deterministic patch estimate ``Z_tilde_pt = g(z_cls)``: ``[B, d_z] -> [B, N, d_p]`` (eq. 23, L_PT)."""
+        return self.estimator_net(z_cls).view(-1, self.num_patches, self.patch_latent_dim)
+
+    def decode(self, z_cls: torch.Tensor, z_pt: torch.Tensor) -> torch.Tensor:
+        """``z_cls: [B, d_z]``, ``z_pt: [B, N, d_p]`` -> image ``[B, C, H, W]`` (ViTCAE paper, decoder paragraph)."""
+        if z_pt.shape[1:] != (self.num_patches, self.patch_latent_dim):
+            raise ValueError(
+                f"z_pt must have shape [B, {self.num_patches}, {self.patch_latent_dim}], got {list(z_pt.shape)}"
+            )
+        cond_tokens = self.cond_embed(z_cls).view(-1, self.num_cond_tokens, self.decoder_dim)
+        h = self.decoder_embed(z_pt) + self.decoder_pos_embed
+        for block in self.decoder_blocks:
+            h = block(h, cond_tokens, z_cls)
+        pixels = self.decoder_head(self.decoder_norm(h))
+        return unpatchify(pixels, self.grid_size, self.patch_size)
+
+    def forward(self, x: torch.Tensor) -> ViTCAEOutput:
+        """Encode, sample (training) or take the means (eval), decode and classify. ``x: [B, C, H, W]``."""
+        post = self.encode(x)
+        if self.training:
+            z_cls = reparameterize(post.mu_cls, post.logvar_cls)
+            z_pt = reparameterize(post.mu_pt, post.logvar_pt)
+        else:
+            z_cls, z_pt = post.mu_cls, post.mu_pt
+        prior_mu_pt, prior_logvar_pt = self.prior(z_cls)
+        return ViTCAEOutput(
+            recon=self.decode(z_cls, z_pt),
+            logits=self.head(post.mu_cls),
+            z_cls=z_cls,
+            mu_cls=post.mu_cls,
+            logvar_cls=post.logvar_cls,
+            z_pt=z_pt,
+            mu_pt=post.mu_pt,
+            logvar_pt=post.logvar_pt,
+            prior_mu_pt=prior_mu_pt,
+            prior_logvar_pt=prior_logvar_pt,
+            pt_estimate=self.estimate_patches(z_cls),
+        )
+
+
+_VITCAE_SIZES = {
+    "vitcae_pico": dict(
+        img_size=8,
+        patch_size=2,
+        in_chans=1,
+        embed_dim=64,
+        depth=4,
+        num_heads=4,
+        mlp_ratio=2.0,
+        latent_dim=16,
+        patch_latent_dim=8,
+        decoder_dim=64,
+        decoder_depth=2,
+        decoder_heads=4,
+    ),
+    "vitcae_nano": dict(
+        embed_dim=128,
+        depth=6,
+        num_heads=4,
+        mlp_ratio=2.0,
+        latent_dim=32,
+        patch_latent_dim=16,
+        decoder_dim=128,
+        decoder_depth=3,
+        decoder_heads=4,
+    ),
+    "vitcae_tiny": dict(
+        embed_dim=192, depth=12, num_heads=3, latent_dim=64, patch_latent_dim=16, decoder_dim=192, decoder_depth=4
+    ),
+    "vitcae_small": dict(
+        embed_dim=384,
+        depth=12,
+        num_heads=6,
+        latent_dim=128,
+        patch_latent_dim=32,
+        decoder_dim=256,
+        decoder_depth=4,
+        decoder_heads=8,
+    ),
+    "vitcae_base": dict(
+        embed_dim=768,
+        depth=12,
+        num_heads=12,
+        latent_dim=256,
+        patch_latent_dim=64,
+        decoder_dim=512,
+        decoder_depth=8,
+        decoder_heads=16,
+    ),
+}
+#: preset name -> constructor arguments (the family declaration names this table)
+PRESETS = _VITCAE_SIZES
+for _name, _kw in _VITCAE_SIZES.items():
+    _shape = f"encoder width {_kw['embed_dim']}, depth {_kw['depth']}; decoder width {_kw['decoder_dim']}"
+    _input = " (8x8 one-channel images such as digits, patch 2)" if _name == "vitcae_pico" else ""
+    register_preset(_name, ViTCAE, f"ViTCAE, {_shape}{_input}", **_kw)

@@ -1,0 +1,110 @@
+"""Research systems as families: each declares itself once as a :class:`Family`; the core looks them up here.
+
+A family (ViTCAE, CET-ViT, a new paper) is one package that names its model classes, its Lightning task, the
+config sections it contributes, its extra sub-commands and report sections. The declaration holds names only
+(``"module:attribute"`` strings; a family outside vitlab may give the objects), so reading it loads no deep-learning
+library: ``vitlab --help`` lists a family's commands without importing torch. The core never imports a family: the
+built-in ones are found through :data:`BUILTIN_FAMILIES` (module names, imported on first use) and any other one
+registers itself with :func:`register_family`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any
+
+#: modules whose import declares the built-in families (each calls ``register_family`` once)
+BUILTIN_FAMILIES: tuple[str, ...] = ("vitlab.families.vitcae", "vitlab.families.cet_vit")
+
+_FAMILIES: dict[str, Family] = {}
+_loaded = False
+
+
+def resolve(ref: Any) -> Any:
+    """The object a ``"package.module:attribute"`` reference names; an object that is no string is itself."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, attr = ref.partition(":")
+    return getattr(import_module(module), attr) if attr else import_module(module)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One research system, declared once.
+
+    ``models``: its model classes (``"module:Class"``); a model that is an instance of one belongs to the family.
+    ``task``: its Lightning task (``"module:Class"``, a ``BaseTask`` subclass) for those models.
+    ``config_types``: config section -> dataclass (``"module:Class"``) that types and checks the section.
+    ``presets``: its table of model presets (``"module:TABLE"``, preset name -> constructor arguments).
+    ``commands``: modules whose import registers the family's extra ``vitlab`` sub-commands.
+    ``report_sections``: the run-report sections the family adds (``"module:function"``, ``run -> Section | None``).
+    """
+
+    name: str
+    models: tuple[str | type, ...]
+    task: str | type
+    config_types: Mapping[str, str | type] = field(default_factory=dict)
+    presets: str | Mapping[str, Any] = ""
+    commands: tuple[str, ...] = ()
+    report_sections: tuple[str | Any, ...] = ()
+
+    def model_classes(self) -> tuple[type, ...]:
+        return tuple(resolve(ref) for ref in self.models)
+
+    def task_class(self) -> type:
+        return resolve(self.task)
+
+    def preset_names(self) -> tuple[str, ...]:
+        return tuple(resolve(self.presets)) if self.presets else ()
+
+    def config_type(self, section: str) -> type | None:
+        ref = self.config_types.get(section)
+        return None if ref is None else resolve(ref)
+
+
+def register_family(family: Family) -> Family:
+    """Declare ``family``; a second family of the same name is refused."""
+    if family.name in _FAMILIES and _FAMILIES[family.name] != family:
+        raise ValueError(f"family {family.name!r} is registered twice")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Forget the family ``name`` (tests that register a toy family clean up with this)."""
+    _FAMILIES.pop(name, None)
+
+
+def families() -> Iterator[Family]:
+    """Every declared family, the built-in ones first."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in BUILTIN_FAMILIES:
+            import_module(module)
+    yield from list(_FAMILIES.values())
+
+
+def get_family(name: str) -> Family:
+    for family in families():
+        if family.name == name:
+            return family
+    raise KeyError(f"no family {name!r}; declared: {[f.name for f in families()]}")
+
+
+def family_of(model: object) -> Family | None:
+    """The family whose model classes ``model`` is an instance of, or None (a plain classifier)."""
+    for family in families():
+        if isinstance(model, family.model_classes()):
+            return family
+    return None
+
+
+def family_of_class(cls: type) -> Family | None:
+    """The family of the model class ``cls`` (a preset's class), or None."""
+    for family in families():
+        if issubclass(cls, family.model_classes()):
+            return family
+    return None

@@ -1,0 +1,39 @@
+"""What the core asks of a model, as ``typing.Protocol``s: a capability, never a class name.
+
+Evaluation, probes, the report and the commands test ``isinstance(model, SlotAssigner)`` (and the like) instead of
+``hasattr`` or ``isinstance(model, CETViT)``, so a new family's model gets the same treatment by having the methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@runtime_checkable
+class SlotAssigner(Protocol):
+    """A model with a token-to-slot assignment (CET-ViT): ``forward_with_aux(x: [B, C, H, W]) -> (logits: [B, K],
+    aux)`` where ``aux.S: [B, N, K_max]`` (or ``aux["S"]``) assigns each patch token to a slot."""
+
+    def forward_with_aux(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]: ...
+
+
+@runtime_checkable
+class GenerativeModel(Protocol):
+    """A conditional generative model over images (ViTCAE): a posterior from ``encode(x: [B, C, H, W])``, the
+    conditional ``prior(z_cls)`` of the patch latents, ``decode(z_cls, z_pt) -> x_hat: [B, C, H, W]``. It also has
+    the ``encoder`` (the ViT whose features the classifier reads) and the classification ``head``; the protocol
+    names methods only, so a preset's class can be tested with ``issubclass``."""
+
+    def encode(self, x: torch.Tensor) -> Any: ...
+
+    def prior(self, z_cls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def decode(self, z_cls: torch.Tensor, z_pt: torch.Tensor) -> torch.Tensor: ...
+
+
+def classifier_backbone(model: nn.Module) -> nn.Module:
+    """The image encoder a benchmark times: a generative model's ``encoder``, any other model itself."""
+    return model.encoder if isinstance(model, GenerativeModel) else model

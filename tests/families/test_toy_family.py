@@ -1,0 +1,89 @@
+"""A third family joins without an edit to the core: a toy model, its task, a command and a config section,
+declared once with ``register_family`` and then found by the training, the evaluation and the command line."""
+
+import argparse
+
+import pytest
+import torch
+from torch import nn
+
+from vitlab.cli.registry import COMMANDS, command
+from vitlab.evaluation.evaluate import logits_and_assignment
+from vitlab.family import Family, families, family_of, family_of_class, register_family, unregister_family
+from vitlab.models.builder import create_model
+from vitlab.models.protocols import GenerativeModel, SlotAssigner
+from vitlab.models.registry import _REGISTRY, register_preset
+from vitlab.training.run import task_class_for
+from vitlab.training.tasks import ClassificationTask
+
+
+class ToySlotModel(nn.Module):
+    """Logits from a mean over pixels, and a one-slot assignment S: [B, N, 1] for its 4 patches."""
+
+    def __init__(self, num_classes: int = 3, img_size: int = 8, in_chans: int = 1):
+        super().__init__()
+        self.head = nn.Linear(in_chans, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.mean(dim=(2, 3)))
+
+    def forward_with_aux(self, x: torch.Tensor, compute_ei: bool = True):
+        return self(x), {"S": torch.ones(x.shape[0], 4, 1)}
+
+
+class ToyTask(ClassificationTask):
+    pass
+
+
+def _toy_command(p: argparse.ArgumentParser):
+    return lambda args, overrides: 0
+
+
+@pytest.fixture
+def toy_family():
+    family = register_family(
+        Family(
+            name="toy",
+            models=(ToySlotModel,),
+            task=ToyTask,
+            config_types={"loss": dict},
+            presets={"toy_pico": {}},
+            commands=(),
+            report_sections=(),
+        )
+    )
+    register_preset("toy_pico", ToySlotModel, "a toy family's model")
+    command("toy-command", "the toy family's command")(_toy_command)
+    yield family
+    unregister_family("toy")
+    _REGISTRY.pop("toy_pico")
+    COMMANDS.pop("toy-command")
+
+
+def test_the_built_in_families_declare_themselves():
+    names = {family.name for family in families()}
+    assert {"vitcae", "cet_vit"} <= names
+    assert family_of(create_model("vitcae_pico")).name == "vitcae"
+    assert family_of(create_model("vit_nano")) is None
+
+
+def test_a_toy_family_is_found_by_the_core(toy_family):
+    model = create_model("toy_pico")
+    assert family_of(model) is toy_family
+    assert family_of_class(ToySlotModel) is toy_family
+    assert task_class_for(ToySlotModel) is ToyTask
+    assert isinstance(model, SlotAssigner) and not isinstance(model, GenerativeModel)
+    logits, S = logits_and_assignment(model, torch.zeros(2, 1, 8, 8))
+    assert logits.shape == (2, 3) and S.shape == (2, 4, 1)
+    assert toy_family.preset_names() == ("toy_pico",)
+    assert toy_family.config_type("loss") is dict
+
+    from vitlab.cli.main import build_parser
+
+    _, runners = build_parser(["toy-command"])
+    assert "toy-command" in runners
+
+
+def test_a_family_name_is_declared_once(toy_family):
+    with pytest.raises(ValueError, match="registered twice"):
+        register_family(Family(name="toy", models=(), task=ToyTask))
