@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from table1_summary import _freeze_epochs as first_converged
 from table1_summary import paper_rule_replay
 
 
@@ -55,17 +56,6 @@ def tau_clause_replay(records: list[dict[str, Any]], eps_tau: float = 0.05, alph
         "blocked_by_own_tau_clause": blocked_own,
         "blocked_by_schedule_tau_clause": blocked_schedule,
     }
-
-
-def first_converged(records: list[dict[str, Any]]) -> list[int]:
-    """The epoch each head first counted as converged, sorted."""
-    first: dict[tuple[int, int], int] = {}
-    for record in records:
-        for layer, row in enumerate(record.get("converged", [])):
-            for head, done in enumerate(row):
-                if done:
-                    first.setdefault((layer, head), record["epoch"])
-    return sorted(first.values())
 
 
 def run_result(run: Path) -> dict[str, Any]:

@@ -37,6 +37,14 @@ from vitlab.report.curves import (
     panel_rank,
 )
 from vitlab.report.page import (
+    ATTENTION_IMAGES,
+    DETAIL_METRICS,
+    DYNAMICS_CAPTIONS,
+    HIGHER_IS_BETTER,
+    LOWER_IS_BETTER,
+    MAX_JSON_BYTES,
+    PNG_SIGNATURE,
+    SKIPPED_DIRS,
     Details,
     Facts,
     Figure,
@@ -66,22 +74,6 @@ from vitlab.rundir import (
     locate_model,
     read_json,
 )
-
-ATTENTION_IMAGES = 4  # test images whose attention maps and segment maps are shown
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-MAX_JSON_BYTES = 100_000  # discovered JSON files up to this size are shown in full
-SKIPPED_DIRS = frozenset({"tb", "checkpoints", "export", "lightning_logs"})
-#: metrics whose best value is the largest (bold in the comparison table); ``LOWER_IS_BETTER`` the smallest
-HIGHER_IS_BETTER = ("acc", "accuracy", "top1", "top5", "psnr", "ssim", "psnr_gain", "mean_corrupted")
-LOWER_IS_BETTER = ("loss", "nll", "ece", "mse")
-#: final metrics left out of the comparison table (per-severity corruption numbers, the validation halves)
-DETAIL_METRICS = ("eval/corruptions/", "eval/calibration/")
-DYNAMICS_CAPTIONS = {
-    "dynamics.png": "Drift d of each head's CLS attention between epochs (top) and consensus clusters (bottom).",
-    "temperature.png": "Temperature tau of every head over the epochs.",
-    "frozen.png": "Epoch at which each head was frozen.",
-    "comparison.png": "Baseline (left) and this run (right).",
-}
 
 
 # -------------------------------------------------------------------------------------------------------------------
