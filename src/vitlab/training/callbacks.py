@@ -271,7 +271,7 @@ class StepTimer(pl.Callback):
 
 
 class PartStats(pl.Callback):
-    """Per-part training curves (issue 13: where a model falls behind): every ``every`` optimisation steps, each
+    """Per-part training curves (where in the model training falls behind): every ``every`` optimisation steps, each
     top-level part's gradient norm and the size of the step the optimiser takes on it.
 
     A part is a direct child module of the task's model that owns parameters (CET-ViT: ``patch_embed``,

@@ -92,7 +92,7 @@ class CETViTAux:
             every candidate budget, without gradient and without dropout (:meth:`CETViT.candidate_logits`), or None.
         occupied: ``[B, K_max]`` bool, slots with assignment mass, when ``mask_empty_slots``; else None.
         vceo_margin: ``[B]`` the mean over tokens of the V-CEO's top-k margin, the k-th largest assignment logit minus
-            the (k+1)-th (how far each token's choice is from changing; issue 13's "V-CEO logit margins"), without
+            the (k+1)-th (how far each token's choice is from changing), without
             gradient; None with ``grouping: none`` and with a dense choice (``topk = K_max``).
 
     With ``grouping: none`` (no V-CEO) ``S``, ``h_macro`` and ``slot_usage_k`` are None and ``ei`` is empty.
