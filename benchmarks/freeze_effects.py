@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,42 +84,94 @@ def after_freezing(records: list[dict], rho: float, run_length: int) -> dict[str
     }
 
 
+def measure(arms: dict[str, str], seeds: list[int], epochs: list[int], rho: float | None, run_length: int) -> dict:
+    """The per-seed values behind both tables, with each run's command, git revision and CPU (its ``env.json``).
+    ``rho=None`` takes each run's own threshold from its ``dynamics.jsonl`` (``rho: auto`` calibrates it per run)."""
+    result: dict = {"epochs": epochs, "run_length": run_length, "rho": rho, "arms": {}}
+    for name, pattern in arms.items():
+        per_seed = []
+        for seed in seeds:
+            run = Path(pattern.format(seed=seed))
+            records = dynamics(run)
+            if not records:
+                raise SystemExit(f"error: {run} has no dynamics.jsonl; pass finished ViTCAE run folders")
+            run_rho = rho if rho is not None else next((r["rho"] for r in records if r.get("rho") is not None), 0.75)
+            accuracy = train_accuracy(run)
+            fixed = fixed_heads(records).sum(axis=(1, 2))
+            env = json.loads((run / "env.json").read_text()) if (run / "env.json").is_file() else {}
+            test = json.loads((run / "test_metrics.json").read_text()) if (run / "test_metrics.json").is_file() else {}
+            per_seed.append(
+                {
+                    "seed": seed,
+                    "run": str(run),
+                    "command": env.get("command"),
+                    "git": env.get("git"),
+                    "cpu": env.get("hardware", {}).get("cpu_model"),
+                    "rho": run_rho,
+                    "test_acc": test.get("test/acc"),
+                    "train_acc": [accuracy.get(e) for e in epochs],
+                    "fixed_heads": [int(fixed[e]) if e < len(fixed) else None for e in epochs],
+                    "after_freezing": after_freezing(records, run_rho, run_length),
+                }
+            )
+        result["arms"][name] = per_seed
+    return result
+
+
+def render(result: dict) -> str:
+    """Both Markdown tables from :func:`measure`'s values."""
+    epochs, k = result["epochs"], result["run_length"]
+    lines = [
+        f"| arm | train accuracy after epochs {', '.join(map(str, epochs))} (%, mean of seeds) | "
+        "frozen (or converged) heads, per seed |",
+        "|---|---|---|",
+    ]
+    for name, seeds in result["arms"].items():
+        means = [
+            np.mean([math.nan if s["train_acc"][i] is None else s["train_acc"][i] for s in seeds]) * 100
+            for i in range(len(epochs))
+        ]
+        counts = " ; ".join(", ".join("-" if c is None else str(c) for c in s["fixed_heads"]) for s in seeds)
+        lines.append(f"| {name} | {' / '.join(f'{m:.1f}' for m in means)} | {counts} |")
+    lines += [
+        "",
+        "| arm | seed | rho | heads frozen (or converged) | drift, 3 epochs up to it | drift after it | "
+        f"post-freeze epochs with directedness >= rho | heads with {k} such epochs in a row |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, seeds in result["arms"].items():
+        for s in seeds:
+            row = s["after_freezing"]
+            lines.append(
+                f"| {name} | {s['seed']} | {s['rho']:.3f} | {row['heads']} | {row['drift_before']:.4f} | "
+                f"{row['drift_after']:.4f} | {100 * row['directed_share']:.0f}% | {row['directed_runs']} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("arms", nargs="+", help="NAME=PATTERN, {seed} in PATTERN replaced by each seed")
+    parser.add_argument("arms", nargs="*", help="NAME=PATTERN, {seed} in PATTERN replaced by each seed")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", nargs="+", type=int, default=[10, 20, 30, 40, 50])
-    parser.add_argument("--rho", type=float, default=0.75, help="the noise rule's directedness threshold")
-    parser.add_argument("--run-length", type=int, default=3, help="k directed post-freeze epochs in a row")
-    args = parser.parse_args()
-    arms = dict(arm.split("=", 1) for arm in args.arms)
-
-    epochs = ", ".join(str(e) for e in args.epochs)
-    print(f"| arm | train accuracy after epochs {epochs} (%, mean of seeds) | frozen (or converged) heads, per seed |")
-    print("|---|---|---|")
-    for name, pattern in arms.items():
-        runs = [Path(pattern.format(seed=seed)) for seed in args.seeds]
-        accuracy = [train_accuracy(run) for run in runs]
-        means = [np.mean([a.get(e, math.nan) for a in accuracy]) * 100 for e in args.epochs]
-        counts = []
-        for run in runs:
-            fixed = fixed_heads(dynamics(run)).sum(axis=(1, 2))
-            counts.append(", ".join(str(int(fixed[e])) if e < len(fixed) else "-" for e in args.epochs))
-        print(f"| {name} | {' / '.join(f'{m:.1f}' for m in means)} | {' ; '.join(counts)} |")
-
-    print()
-    print(
-        f"| arm | seed | heads frozen (or converged) | drift, 3 epochs up to it | drift after it | "
-        f"post-freeze epochs with directedness >= {args.rho} | heads with {args.run_length} such epochs in a row |"
+    parser.add_argument(
+        "--rho", type=float, default=None, help="directedness threshold (default: each run's own, from its records)"
     )
-    print("|---|---|---|---|---|---|---|")
-    for name, pattern in arms.items():
-        for seed in args.seeds:
-            row = after_freezing(dynamics(Path(pattern.format(seed=seed))), args.rho, args.run_length)
-            print(
-                f"| {name} | {seed} | {row['heads']} | {row['drift_before']:.4f} | {row['drift_after']:.4f} | "
-                f"{100 * row['directed_share']:.0f}% | {row['directed_runs']} |"
-            )
+    parser.add_argument("--run-length", type=int, default=3, help="k directed post-freeze epochs in a row")
+    parser.add_argument("--out", type=Path, help="write the per-seed values (JSON) here, then print the tables")
+    parser.add_argument("--from", dest="source", type=Path, help="print the tables of a JSON written by --out")
+    args = parser.parse_args()
+    if args.source is not None:
+        print(render(json.loads(args.source.read_text())))
+        return
+    if not args.arms:
+        parser.error("give NAME=PATTERN arms, or --from FILE.json")
+    result = measure(dict(arm.split("=", 1) for arm in args.arms), args.seeds, args.epochs, args.rho, args.run_length)
+    result["command"] = ["python", "benchmarks/freeze_effects.py", *sys.argv[1:]]
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(render(result))
 
 
 if __name__ == "__main__":
