@@ -1,0 +1,149 @@
+"""The pre-registered budget curve (docs/card_claim.md): its analysis, its driver's resume logic and the GPU
+protocol's CPU dry run."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def card_claim():
+    return _load("card_claim")
+
+
+def _runs(slope, sd, rng, budgets=((8, 2), (24, 2), (48, 3)), cet="cet_card", base="vit"):
+    """Synthetic per-run records: the baseline at 40 + 3 log2(e/8), CET-ViT below it by 8 - slope log2(e/8)."""
+    runs = []
+    for epochs, seeds in budgets:
+        for seed in range(seeds):
+            x = np.log2(epochs / 8)
+            for model, mean in ((base, 40 + 3 * x), (cet, 32 + (3 + slope) * x)):
+                acc = (mean + sd * rng.standard_normal()) / 100
+                runs.append({"model": model, "epochs": epochs, "seed": seed, "tokens": 64, "test_acc": acc})
+    return runs
+
+
+def test_the_slope_of_the_gap_is_recovered_and_judged_by_the_preregistered_rule(card_claim):
+    rng = np.random.default_rng(0)
+    closing = card_claim.slope_test(_runs(2.0, 0.3, rng), "cet_card", "vit")
+    assert closing["dof"] == 9 and closing["runs"] == 14 and closing["budgets"] == [8, 24, 48]
+    low, high = closing["ci95"]
+    assert low < 2.0 < high and low > 0 and closing["verdict"] == "holds"
+    widening = card_claim.slope_test(_runs(-2.0, 0.3, rng), "cet_card", "vit")
+    assert widening["ci95"][1] < 0 and widening["verdict"] == "does not hold"
+    noisy = card_claim.slope_test(_runs(0.5, 3.0, rng), "cet_card", "vit")
+    assert noisy["verdict"] == "not resolved at this power"
+    # the power statement grows with the noise: about 3.1 standard errors at 9 degrees of freedom
+    assert noisy["detectable_slope_80pct"] == pytest.approx(3.1 * noisy["se"], rel=0.05)
+
+
+def test_one_budget_cannot_test_a_slope(card_claim):
+    runs = _runs(2.0, 0.3, np.random.default_rng(1), budgets=((8, 3),))
+    assert card_claim.slope_test(runs, "cet_card", "vit") is None
+
+
+def test_the_summary_has_every_run_and_every_hypothesis(card_claim, tmp_path):
+    rng = np.random.default_rng(2)
+    runs = _runs(1.0, 0.5, rng) + _runs(0.0, 0.5, rng, cet="cet_global") + _runs(0.0, 0.5, rng, base="swin")
+    for i, run in enumerate(runs):
+        (tmp_path / f"{i}.json").write_text(json.dumps(run))
+    summary = card_claim.summarise(tmp_path)
+    assert len(summary["runs"]) == len(runs)
+    assert set(summary["hypotheses"]) == {"H1a", "H1b", "H2"}
+    assert all("verdict" in h for h in summary["hypotheses"].values())
+    cell = next(r for r in summary["per_budget"] if r["epochs"] == 48)
+    assert len(cell["models"]["cet_card"]) == 6 and "cet_card-vit" in cell["gaps"]
+    table = card_claim.render(summary)
+    assert "| H1a:" in table and "| 64 | 48 | cet_card-swin |" in table
+    written = card_claim.figures(summary, tmp_path / "figs")
+    assert [p.name for p in written] == ["card_claim_accuracy.png", "card_claim_gaps.png"]
+    assert all(p.stat().st_size > 1000 for p in written)
+
+
+def _stub(path, body):
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path):
+    calls = tmp_path / "calls.txt"
+    # a vitlab stand-in: `fit --resume DIR` or `fit ... run.dir=DIR ...` finishes DIR; every call is logged
+    vitlab = _stub(
+        tmp_path / "vitlab",
+        f'echo "$*" >> {calls}\n'
+        'if [ "$2" = --resume ]; then d=$3; else\n'
+        'for a in "$@"; do case $a in run.dir=*) d=${a#run.dir=};; esac; done; fi\n'
+        'mkdir -p "$d" && echo "{}" > "$d/test_metrics.json"\n',
+    )
+    python = _stub(
+        tmp_path / "python",
+        'if [ "$1" = -c ]; then exec ' + sys.executable + ' "$@"; fi\n'
+        'for a in "$@"; do [ "$prev" = --out ] && echo "{}" > "$a"; prev=$a; done\n',
+    )
+    data = tmp_path / "cifar10.npz"
+    data.write_bytes(b"stand-in")
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    (runs / "vit-e24-t64-seed1" / "checkpoints").mkdir(parents=True)
+    (runs / "vit-e24-t64-seed1" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    env = {**os.environ, "VITLAB": str(vitlab), "PYTHON": str(python), "RESULTS": str(results), "JOBS": "2"}
+    command = ["bash", str(ROOT / "benchmarks" / "card_claim.sh"), str(data), str(runs)]
+    first = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    names = sorted(p.stem for p in results.glob("*.json"))
+    assert len(names) == 5 * (2 + 2 + 3) + 2 * 2
+    assert "cet_card-e8-t256-seed1" in names and "tome-e48-t64-seed2" in names and "swin-e24-t64-seed2" not in names
+    log = calls.read_text().splitlines()
+    assert len(log) == len(names)
+    assert sum("--resume" in line for line in log) == 1
+    fresh = next(line for line in log if "run.dir=" + str(runs / "cet_card-e48-t64-seed0") in line)
+    assert "trainer.max_epochs=48" in fresh and "loss.ei_start=8.0" in fresh and "loss.ei_end=32.0" in fresh
+    again = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0 and len(calls.read_text().splitlines()) == len(names)  # nothing re-trained
+    missing = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "card_claim.sh"), str(tmp_path / "none.npz"), str(runs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 2 and "is not a file" in missing.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script trains the GPU protocol")
+def test_the_gpu_protocol_dry_runs_on_the_cpu(tmp_path):
+    gpu = _load("card_claim_gpu")
+    assert gpu.main(["--dry-run", "--out", str(tmp_path), "--seeds", "0"]) == 0
+    report = json.loads((tmp_path / "card_claim_gpu.json").read_text())
+    assert report["dry_run"] and report["plan"]["epochs_run"] == 1
+    assert {r["model"] for r in report["runs"]} == {"cet_card", "vit"}
+    assert all(0 <= r["test_acc"] <= 1 and len(r["val_curve"]) == 1 for r in report["runs"])
+    assert all(t["step_s"] > 0 for t in report["plan"]["timing"].values())
+    with pytest.raises(SystemExit, match="never overwritten"):
+        gpu.main(["--dry-run", "--out", str(tmp_path), "--seeds", "0"])
+
+
+def test_the_gpu_protocol_records_when_no_gpu_was_there(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    gpu = _load("card_claim_gpu")
+    assert gpu.main(["--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "card_claim_gpu.json").read_text())
+    assert report["gpu"] is None and "no CUDA" in report["note"]
