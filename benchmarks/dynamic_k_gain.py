@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from vitlab.atomic import atomic_write_json
 from vitlab.evaluation.evaluate import load_evaluation_target
 
 
@@ -82,7 +84,11 @@ def main() -> None:
             }
         )
     predictions = r["logits"].gather(0, chosen[None, :, None].expand(1, n, r["logits"].shape[-1]))[0].argmax(-1)
+    from vitlab.rundir import environment
+
     out = {
+        "command": ["python", "benchmarks/dynamic_k_gain.py", *sys.argv[1:]],
+        "environment": environment(),
         "run": str(args.run),
         "images": n,
         "k_candidates": candidates,
@@ -93,7 +99,7 @@ def main() -> None:
         "acc_chosen": float((predictions == r["labels"]).float().mean()),
         "acc_largest": float((r["logits"][-1].argmax(-1) == r["labels"]).float().mean()),
     }
-    args.out.write_text(json.dumps(out, indent=2))
+    atomic_write_json(args.out, out)
     print(json.dumps(out, indent=2))
 
 
