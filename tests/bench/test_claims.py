@@ -1,0 +1,55 @@
+"""benchmarks/claims.py: the README's claims recomputed from the per-seed results files, checked in CI."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def claims():
+    spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["claims"] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_and_the_results_page_show_the_recomputed_numbers(claims):
+    results = claims.evaluate()
+    assert claims.check(results, ROOT / "README.md", ROOT / "docs" / "results.md") == []
+    assert all(r["verdict"] for r in results.values())
+
+
+def test_an_edited_readme_number_fails_the_check(claims, tmp_path):
+    results = claims.evaluate()
+    readme = (ROOT / "README.md").read_text()
+    expected = results["vitcae-table1-digits"]["readme"][0]
+    assert expected in readme
+    edited = tmp_path / "README.md"
+    edited.write_text(readme.replace(expected, expected.replace("87.93", "88.93")))
+    problems = claims.check(results, edited, ROOT / "docs" / "results.md")
+    assert len(problems) == 1 and problems[0].startswith("vitcae-table1-digits")
+
+
+def test_a_stale_results_page_fails_the_check(claims, tmp_path):
+    page = tmp_path / "results.md"
+    page.write_text((ROOT / "docs" / "results.md").read_text().replace("does not hold", "holds", 1))
+    problems = claims.check(claims.evaluate(), ROOT / "README.md", page)
+    assert problems == [f"{page} is not the recomputed page; run python benchmarks/claims.py --write {page}"]
+
+
+def test_the_verdict_rule(claims):
+    D = claims.Difference
+    assert claims.verdict("raises", D([3.0, 3.2, 3.1], [1.0, 1.1, 0.9])) == "holds"
+    assert claims.verdict("raises", D([1.0, 1.1, 0.9], [3.0, 3.2, 3.1])) == "does not hold"
+    assert claims.verdict("raises", D([1.0, 3.0, 2.0], [2.0, 1.0, 3.0])) == "not resolved"
+    assert claims.verdict("keeps", D([2.0, 2.1, 1.9], [2.2, 2.3, 2.1])) == "holds"  # within the 1-point margin
+    assert claims.verdict("keeps", D([1.0, 1.1, 0.9], [3.0, 3.2, 3.1])) == "does not hold"
+    assert claims.verdict("keeps", D([1.0, 3.0, 2.0], [2.0, 1.0, 3.0])) == "not resolved"
+    assert claims.verdict("raises", D([2.0], [1.0])) == "not tested (1 seed)"
+    low, high = D([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]).interval()
+    assert low == pytest.approx(1 - 2.7764 * (2 / 3) ** 0.5, abs=1e-3) and high == pytest.approx(2 - low, abs=1e-9)
