@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from model_fixtures import tiny_vit
 from vitlab.cli.main import main
 from vitlab.config import build_config
 from vitlab.diagnostics import DynamicsConfig, DynamicsController, FrozenHeadGuard, ProbeMeasurement
@@ -24,12 +25,6 @@ from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 
 NUM_HEADS, HEAD_DIM, WIDTH = 4, 16, 64  # vit_pico
-
-
-def tiny_vit(**overrides) -> torch.nn.Module:
-    torch.manual_seed(0)
-    kwargs = dict(img_size=8, patch_size=2, in_chans=1, num_classes=3, depth=2, temperature=True)
-    return create_model("vit_pico", **{**kwargs, **overrides})
 
 
 def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, seed: int) -> None:

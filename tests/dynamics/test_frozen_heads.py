@@ -303,3 +303,31 @@ def test_an_export_and_a_checkpoint_of_a_model_with_frozen_heads_load_as_plain_m
     assert all(type(m) is Attention for m in loaded.modules() if isinstance(m, Attention))
     x = torch.randn(2, 1, 8, 8)
     torch.testing.assert_close(loaded(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_task_resumes_a_checkpoint_whose_attention_saved_a_head_order():
+    """A checkpoint saved while every Attention held ``frozen_heads`` and ``head_order`` (vitlab before freezing
+    moved out of the shared Attention): the task's ``on_load_checkpoint`` drops them for plain modules and keeps
+    them for the modules the controller made FrozenHeadAttention."""
+    from vitlab.config import RunConfig
+    from vitlab.models import create_model
+    from vitlab.training.tasks import ClassificationTask
+
+    def task():
+        torch.manual_seed(0)
+        model = create_model("vit_pico", img_size=8, patch_size=2, in_chans=1, num_classes=3, depth=2)
+        return ClassificationTask(model, cfg=RunConfig(), hparams={"data_info": {"num_classes": 3}})
+
+    saved = task()
+    for block in saved.model.blocks:
+        FrozenHeadAttention.install(block.attn)
+    checkpoint = {"state_dict": saved.state_dict()}
+    assert "model.blocks.1.attn.head_order" in checkpoint["state_dict"]
+    plain, controlled = task(), task()
+    FrozenHeadAttention.install(controlled.model.blocks[1].attn)
+    for target in (plain, controlled):
+        loaded = {"state_dict": dict(checkpoint["state_dict"])}
+        target.on_load_checkpoint(loaded)
+        target.load_state_dict(loaded["state_dict"])  # strict
+    assert "model.blocks.1.attn.head_order" in controlled.state_dict()
+    assert "model.blocks.0.attn.head_order" not in controlled.state_dict()
