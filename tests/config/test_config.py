@@ -78,3 +78,18 @@ def test_a_new_preset_on_the_command_line_warns_which_model_keys_of_the_config_i
         build_config(
             "compare/cifar10_p4", ["model.name=cet_vit_nano", "model.drop_rate=0.0"]
         )  # the same preset: merged
+
+
+def test_the_dynamics_and_the_family_loss_sections_are_typed_and_round_trip_through_yaml():
+    import yaml
+
+    from vitlab.config import DynamicsConfig
+    from vitlab.rundir import config_with_overrides
+
+    cfg = build_config("vitcae/digits", ["dynamics.mode=schedule", "dynamics.alpha=2"])
+    assert isinstance(cfg.dynamics, DynamicsConfig) and cfg.dynamics.alpha == 2.0 and cfg.dynamics.mode == "schedule"
+    assert type(cfg.loss).__name__ == "ViTCAELossConfig" and cfg.loss.warmup_epochs == 10
+    again = config_with_overrides(yaml.safe_load(dump_yaml(cfg)))  # what a run's config.yaml reads back as
+    assert again == cfg
+    plain = build_config("vit/digits")
+    assert plain.dynamics is None and plain.loss == {}  # a model of no family: its task has no loss options

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from vitlab.config.coerce import from_dict, to_dict
+from vitlab.config.dynamics import DynamicsConfig
 from vitlab.data.config import AugmentConfig, DataConfig
 from vitlab.errors import ConfigError
 
@@ -171,16 +172,19 @@ class FinetuneConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one ``vitlab fit`` needs. ``model`` is ``{name: <preset>, **constructor overrides}``;
-    ``loss`` holds the task's loss weights (validated by the task's own dataclass), ``callbacks`` extra callbacks."""
+    """Everything one ``vitlab fit`` needs, one typed section each. ``model`` is ``{name: <preset>, **constructor
+    overrides}`` (checked against the preset's constructor, :mod:`vitlab.model_catalogue`); ``loss`` is the loss
+    dataclass of the model's family (``Family.config_types["loss"]``, typed by :func:`build_config` and
+    :func:`typed_sections`; a plain mapping for a model of no family, whose task has no loss options);
+    ``dynamics`` the attention-dynamics controller's section, or None for no controller."""
 
     model: dict[str, Any] = field(default_factory=lambda: {"name": "vit_pico"})
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     run: RunSection = field(default_factory=RunSection)
-    loss: dict[str, Any] = field(default_factory=dict)
-    dynamics: dict[str, Any] | None = None
+    loss: Any = field(default_factory=dict)
+    dynamics: DynamicsConfig | None = None
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
@@ -313,7 +317,7 @@ def _warn_about_a_new_preset(model: Any, override: Any) -> None:
 
 def build_config(config: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type of every section
-    (:func:`vitlab.config.checks.check_sections`), all before torch is imported."""
+    and type the family's (:func:`vitlab.config.checks.check_sections`), all before torch is imported."""
     from vitlab.config.checks import check_sections
 
     data: dict[str, Any] = load_yaml(config) if config else {}
@@ -324,8 +328,15 @@ def build_config(config: str | Path | None = None, overrides: list[str] | None =
     cfg = from_dict(RunConfig, data)
     if "name" not in cfg.model:
         raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
-    check_sections(cfg)
-    return cfg
+    return check_sections(cfg)
+
+
+def typed_sections(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the sections a family types (``loss``) built as the family's dataclasses; nothing else is
+    checked. For a config read back from a run or a checkpoint (plain data); :func:`build_config` does it too."""
+    from vitlab.config.checks import family_sections
+
+    return family_sections(cfg)
 
 
 def dump_yaml(cfg: Any) -> str:
@@ -336,6 +347,7 @@ __all__ = [
     "AugmentConfig",
     "ConfigError",
     "DataConfig",
+    "DynamicsConfig",
     "FinetuneConfig",
     "OptimConfig",
     "RunConfig",
@@ -347,4 +359,5 @@ __all__ = [
     "load_yaml",
     "parse_overrides",
     "to_dict",
+    "typed_sections",
 ]

@@ -1,8 +1,9 @@
 """Every section of a run config checked before anything runs: no torch imported, no folder created.
 
-``build_config`` calls :func:`check_sections` after the dataclasses of the top-level sections are built: the
-dataset's name (``data``), the preset and its options (``model``, against :mod:`vitlab.model_catalogue`), the
-family's ``loss`` dataclass (``vitlab.family``), and the ``dynamics`` section (:class:`DynamicsConfig`). The model's
+``build_config`` calls :func:`check_sections` after the dataclasses of the sections are built (``dynamics`` is
+:class:`~vitlab.config.dynamics.DynamicsConfig`): the dataset's name (``data``), the preset and its options
+(``model``, against :mod:`vitlab.model_catalogue`), and the family's ``loss`` dataclass (``vitlab.family``), which
+becomes the ``loss`` section. The model's
 option values and the data's files are checked where they are used; a typo in a key or a name is caught here.
 """
 
@@ -12,7 +13,6 @@ import difflib
 from typing import TYPE_CHECKING
 
 from vitlab.config.coerce import from_dict
-from vitlab.config.dynamics import DynamicsConfig
 from vitlab.data.config import check_dataset_name
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
 from vitlab.family import BUILTIN_FAMILIES, Family, families
@@ -25,19 +25,26 @@ if TYPE_CHECKING:
 MODEL_KEYS = ("name", "pretrained")
 
 
-def check_sections(cfg: RunConfig) -> None:
-    """Raise a :class:`~vitlab.errors.VitlabError` naming the first section of ``cfg`` with an unknown key or name."""
+def check_sections(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its family's sections typed (:func:`family_sections`); raise a
+    :class:`~vitlab.errors.VitlabError` naming the first section with an unknown key or name."""
     check_dataset_name(cfg.data.name)
-    model_class = check_model_section(cfg.model)
+    return family_sections(cfg, check_model_section(cfg.model))
+
+
+def family_sections(cfg: RunConfig, model_class: str | None = None) -> RunConfig:
+    """``cfg`` with the sections the family of its model types (``Family.config_types``; today ``loss``) built as
+    the family's dataclasses, in place. ``model_class``: the preset's class name (looked up when not given)."""
+    if model_class is None:
+        model_class = PRESET_CLASSES.get(cfg.model.get("name"))
     family = family_of_class_name(model_class) if model_class else None
     loss_type = family.config_type("loss") if family else None
     if loss_type is not None:
         try:
-            from_dict(loss_type, cfg.loss, "loss")
+            cfg.loss = from_dict(loss_type, cfg.loss, "loss")
         except ValueError as error:  # a family dataclass's own check
             raise ConfigError(str(error)) from None
-    if cfg.dynamics is not None:
-        from_dict(DynamicsConfig, cfg.dynamics, "dynamics")
+    return cfg
 
 
 def check_model_section(model: dict) -> str | None:

@@ -268,7 +268,7 @@ def model_line(preset: str, model: torch.nn.Module) -> str:
 def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     """Every value a run of ``cfg`` uses, as plain data (what ``vitlab fit --print-config`` shows): the model's
     constructor defaults, the preset's values, what the data fills in and the config's own; the defaults of the
-    ``loss`` and ``dynamics`` sections too."""
+    ``loss`` and ``dynamics`` sections too (typed, so ``to_dict`` gives every field)."""
     from vitlab.data import DataError, dataset_info
 
     preset = get_preset(cfg.model["name"])
@@ -290,10 +290,6 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     loss_config = task_class_for(preset.cls).loss_config
     if loss_config is not None:
         out["loss"] = to_dict(from_dict(loss_config, cfg.loss, "loss"))
-    if cfg.dynamics is not None:
-        from vitlab.config.dynamics import DynamicsConfig
-
-        out["dynamics"] = to_dict(from_dict(DynamicsConfig, cfg.dynamics, "dynamics"))
     return out
 
 
