@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from vitlab.layers.attention import Attention, attention_probs
 from vitlab.layers.heads import permute_heads
@@ -425,13 +426,8 @@ class FrozenHeadAttention(Attention):
             self.set_frozen_heads(self.frozen_heads.clone())
 
     def attend_heads(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        qkv_bias: torch.Tensor | None,
-        bias: torch.Tensor | None,
-        return_keys: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, x: Tensor, weight: Tensor, qkv_bias: Tensor | None, bias: Tensor | None, return_keys: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """:meth:`Attention.attend_heads` with the first ``num_frozen`` head slots frozen (eq. 26); ``captured`` by
         original head."""
         # Without autograd a frozen head computes exactly what an active one does: the plain path.
