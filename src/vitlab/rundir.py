@@ -579,8 +579,8 @@ def config_with_overrides(
     values: Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any] | None = None
 ) -> RunConfig:
     """A :class:`~vitlab.config.RunConfig` from plain data (a run's ``config.yaml``, a checkpoint's stored config)
-    with dotted ``overrides`` (``["optim.lr=1e-3"]``) or a nested mapping merged in; the family's sections typed."""
-    from vitlab.config import RunConfig, deep_merge, from_dict, parse_overrides, typed_sections
+    with dotted ``overrides`` (``["optim.lr=1e-3"]``) or a nested mapping merged in."""
+    from vitlab.config import RunConfig, deep_merge, from_dict, parse_overrides
 
     if overrides is None:
         update: Mapping[str, Any] = {}
@@ -588,7 +588,7 @@ def config_with_overrides(
         update = overrides
     else:
         update = parse_overrides(list(overrides))
-    return typed_sections(from_dict(RunConfig, deep_merge(dict(values), dict(update))))
+    return from_dict(RunConfig, deep_merge(dict(values), dict(update)))
 
 
 def run_config(run_dir: str | Path, overrides: Sequence[str] | Mapping[str, Any] | None = None) -> RunConfig:

@@ -172,18 +172,17 @@ class FinetuneConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one ``vitlab fit`` needs, one typed section each. ``model`` is ``{name: <preset>, **constructor
-    overrides}`` (checked against the preset's constructor, :mod:`vitlab.model_catalogue`); ``loss`` is the loss
-    dataclass of the model's family (``Family.config_types["loss"]``, typed by :func:`build_config` and
-    :func:`typed_sections`; a plain mapping for a model of no family, whose task has no loss options);
-    ``dynamics`` the attention-dynamics controller's section, or None for no controller."""
+    """Everything one ``vitlab fit`` needs. ``model`` is ``{name: <preset>, **constructor overrides}`` (checked
+    against the preset's constructor, :mod:`vitlab.model_catalogue`); ``loss`` holds the task's loss weights
+    (validated against the family's dataclass, and built as it by the task); ``dynamics`` the attention-dynamics
+    controller's section, or None for no controller."""
 
     model: dict[str, Any] = field(default_factory=lambda: {"name": "vit_pico"})
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     run: RunSection = field(default_factory=RunSection)
-    loss: Any = field(default_factory=dict)
+    loss: dict[str, Any] = field(default_factory=dict)
     dynamics: DynamicsConfig | None = None
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
@@ -317,7 +316,7 @@ def _warn_about_a_new_preset(model: Any, override: Any) -> None:
 
 def build_config(config: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type of every section
-    and type the family's (:func:`vitlab.config.checks.check_sections`), all before torch is imported."""
+    (:func:`vitlab.config.checks.check_sections`), all before torch is imported."""
     from vitlab.config.checks import check_sections
 
     data: dict[str, Any] = load_yaml(config) if config else {}
@@ -328,15 +327,8 @@ def build_config(config: str | Path | None = None, overrides: list[str] | None =
     cfg = from_dict(RunConfig, data)
     if "name" not in cfg.model:
         raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
-    return check_sections(cfg)
-
-
-def typed_sections(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with the sections a family types (``loss``) built as the family's dataclasses; nothing else is
-    checked. For a config read back from a run or a checkpoint (plain data); :func:`build_config` does it too."""
-    from vitlab.config.checks import family_sections
-
-    return family_sections(cfg)
+    check_sections(cfg)
+    return cfg
 
 
 def dump_yaml(cfg: Any) -> str:
@@ -359,5 +351,4 @@ __all__ = [
     "load_yaml",
     "parse_overrides",
     "to_dict",
-    "typed_sections",
 ]

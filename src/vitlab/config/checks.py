@@ -2,8 +2,7 @@
 
 ``build_config`` calls :func:`check_sections` after the dataclasses of the sections are built (``dynamics`` is
 :class:`~vitlab.config.dynamics.DynamicsConfig`): the dataset's name (``data``), the preset and its options
-(``model``, against :mod:`vitlab.model_catalogue`), and the family's ``loss`` dataclass (``vitlab.family``), which
-becomes the ``loss`` section. The model's
+(``model``, against :mod:`vitlab.model_catalogue`), and the family's ``loss`` dataclass (``vitlab.family``). The model's
 option values and the data's files are checked where they are used; a typo in a key or a name is caught here.
 """
 
@@ -25,26 +24,17 @@ if TYPE_CHECKING:
 MODEL_KEYS = ("name", "pretrained")
 
 
-def check_sections(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with its family's sections typed (:func:`family_sections`); raise a
-    :class:`~vitlab.errors.VitlabError` naming the first section with an unknown key or name."""
+def check_sections(cfg: RunConfig) -> None:
+    """Raise a :class:`~vitlab.errors.VitlabError` naming the first section of ``cfg`` with an unknown key or name."""
     check_dataset_name(cfg.data.name)
-    return family_sections(cfg, check_model_section(cfg.model))
-
-
-def family_sections(cfg: RunConfig, model_class: str | None = None) -> RunConfig:
-    """``cfg`` with the sections the family of its model types (``Family.config_types``; today ``loss``) built as
-    the family's dataclasses, in place. ``model_class``: the preset's class name (looked up when not given)."""
-    if model_class is None:
-        model_class = PRESET_CLASSES.get(cfg.model.get("name"))
+    model_class = check_model_section(cfg.model)
     family = family_of_class_name(model_class) if model_class else None
     loss_type = family.config_type("loss") if family else None
     if loss_type is not None:
         try:
-            cfg.loss = from_dict(loss_type, cfg.loss, "loss")
+            from_dict(loss_type, cfg.loss, "loss")
         except ValueError as error:  # a family dataclass's own check
             raise ConfigError(str(error)) from None
-    return cfg
 
 
 def check_model_section(model: dict) -> str | None:

@@ -83,11 +83,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def from_dict(cls: type, values: Any, where: str = "") -> Any:
-    """Build dataclass ``cls`` from the mapping ``values``; an unknown key raises :class:`ConfigError` with
-    suggestions. ``values`` that already is a ``cls`` (a typed config section) is returned as it is."""
-    if isinstance(values, cls):
-        return values
+def from_dict(cls: type, values: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``values``; an unknown key raises :class:`ConfigError` with suggestions."""
     types_ = _field_types(cls)
     kwargs = {}
     for key, value in values.items():
