@@ -96,7 +96,14 @@ def model_from_checkpoint(
 
     ``overrides``: constructor options to change that leave the weights alone, e.g. ``{"tome_r": 8}``.
     """
-    ckpt = read_checkpoint(path)
+    return model_from_loaded_checkpoint(read_checkpoint(path), overrides)
+
+
+def model_from_loaded_checkpoint(
+    ckpt: dict[str, Any], overrides: dict[str, Any] | None = None
+) -> tuple[nn.Module, dict[str, Any]]:
+    """:func:`model_from_checkpoint` of a checkpoint already read (:func:`read_checkpoint`), for a caller that also
+    reads the rest of it. Returns ``(model, hparams)``."""
     hp = checkpoint_hparams(ckpt)
     name = hp["config"]["model"]["name"]
     model = create_model(name, **_rebuild_kwargs(name, hp["model_kwargs"], overrides))
