@@ -33,6 +33,7 @@ from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
 from vitlab.models.builder import create_model
 from vitlab.models.registry import constructor_args, get_preset
+from vitlab.models.sizing import parameter_count
 from vitlab.rundir import (
     METRICS_FILE,
     RESUMES_FILE,
@@ -260,8 +261,7 @@ def _changed_settings(old: dict[str, Any], new: dict[str, Any], prefix: str = ""
 
 def model_line(preset: str, model: torch.nn.Module) -> str:
     """``model vit_nano (VisionTransformer): 0.80 M parameters, 0.80 M trainable``."""
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total, trainable = parameter_count(model), parameter_count(model, trainable=True)
     return f"model {preset} ({type(model).__name__}): {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"
 
 
