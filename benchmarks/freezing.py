@@ -9,7 +9,7 @@ The FLOP count (:func:`step_flops`) counts every matrix product of the model, fo
 softmax (5 N^2 per head forward, 4 N^2 backward); its matrix-product part is checked against
 ``torch.utils.flop_counter`` on the eager attention path (that counter does not see the CPU SDPA kernel).
 
-With ``--compare-split`` every frozen fraction is also timed on the two-call path (``Attention.split_frozen``:
+With ``--compare-split`` every frozen fraction is also timed on the two-call path (``FrozenHeadAttention.split_frozen``:
 the frozen and the active heads attend in two calls whose outputs are concatenated, what the CPU path was before
 the single flash call), interleaved with the default path in the same process, so the two compare within one run.
 

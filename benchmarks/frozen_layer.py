@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from vitlab.dynamics import FrozenHeadAttention
 from vitlab.layers import Attention
 
 SIZES = ((1, 5), (8, 65), (32, 65), (8, 257))
@@ -40,7 +41,7 @@ def backward_minimum(sizes: tuple[int, int], rounds: int, steps: int) -> dict[in
         layer = copy.deepcopy(base)
         mask = torch.zeros(4, dtype=torch.bool)
         mask[:frozen] = True
-        layer.set_frozen_heads(mask)
+        FrozenHeadAttention.install(layer).set_frozen_heads(mask)
         layers[frozen] = layer
     x = torch.randn(batch, tokens, 256, requires_grad=True)
     grad = torch.randn(batch, tokens, 256)

@@ -32,6 +32,7 @@ from torch import nn
 
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
+from vitlab.models.protocols import HeadFreezing
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def _eager_reason(block: nn.Module) -> str | None:
         if isinstance(module, Attention):
             if module.capture:
                 return "an attention capture is on (its matrices are kept on the module)"
-            if module.num_frozen:  # host-side count Attention keeps for its hot path (no device sync)
+            if isinstance(module, HeadFreezing) and module.num_frozen:  # a host-side count: no device sync
                 return "heads are frozen (each frozen set would be a new graph)"
     return None
 

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model as st_load_model
+from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_model as st_save_model
 from torch import nn
 
 from vitlab.atomic import atomic_write_text
 from vitlab.errors import CheckpointError, ConfigError, VitlabError
+from vitlab.layers.heads import state_in_original_order
 from vitlab.models.builder import create_model
 from vitlab.models.registry import get_preset
 from vitlab.rundir import EXPORT_CONFIG_FILE, EXPORT_WEIGHTS_FILE, locate_model, umask_mode
@@ -90,14 +91,24 @@ def model_from_checkpoint(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild the trained model of a checkpoint. Returns ``(model, hparams)``.
 
+    Heads that training reordered (frozen heads, ViTCAE eq. 26) are put back in original order
+    (:func:`vitlab.layers.heads.state_in_original_order`): the rebuilt model is a plain one.
+
     ``overrides``: constructor options to change that leave the weights alone, e.g. ``{"tome_r": 8}``.
     """
-    ckpt = read_checkpoint(path)
+    return model_from_loaded_checkpoint(read_checkpoint(path), overrides)
+
+
+def model_from_loaded_checkpoint(
+    ckpt: dict[str, Any], overrides: dict[str, Any] | None = None
+) -> tuple[nn.Module, dict[str, Any]]:
+    """:func:`model_from_checkpoint` of a checkpoint already read (:func:`read_checkpoint`), for a caller that also
+    reads the rest of it. Returns ``(model, hparams)``."""
     hp = checkpoint_hparams(ckpt)
     name = hp["config"]["model"]["name"]
     model = create_model(name, **_rebuild_kwargs(name, hp["model_kwargs"], overrides))
     state = {k[len("model.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    model.load_state_dict(state)
+    model.load_state_dict(state_in_original_order(model, state))
     return model, hp
 
 
@@ -170,6 +181,7 @@ def load_model(
     """Rebuild a model offline from an exported folder, a run directory, or a ``.ckpt`` file; eval mode.
 
     The exported weights are read by safetensors (no pickle); checkpoints by ``torch.load(weights_only=True)``.
+    Heads that training reordered (frozen heads) are put back in original order, as in :func:`model_from_checkpoint`.
     ``overrides``: constructor options to change that leave the weights alone, e.g. ``{"tome_r": 8}`` to merge
     tokens at inference in a ViT trained without merging (an option that changes the weights is a ``ConfigError``).
     """
@@ -187,7 +199,8 @@ def load_model(
         model = create_model(meta["model"], **_rebuild_kwargs(meta["model"], meta["kwargs"], overrides))
         weights = path / EXPORT_WEIGHTS_FILE
         try:
-            st_load_model(model, str(weights), strict=True, device=str(map_location))
+            state = st_load_file(str(weights), device=str(map_location))
+            model.load_state_dict(state_in_original_order(model, state), strict=True)
         except FileNotFoundError as e:
             raise CheckpointError(f"{weights} is missing; export the model again") from e
         except Exception as e:

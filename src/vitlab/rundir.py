@@ -4,8 +4,9 @@ Every command reads or writes the folder ``vitlab fit`` makes; this module owns 
 (constants), the rule that finds the model in a run directory, an export folder or a checkpoint
 (:func:`locate_model`), the one JSON-lines reader (:func:`read_jsonl`), atomic writes, the final metrics of a run in
 one schema (:meth:`RunDir.final_metrics`), the resolved config with overrides (:meth:`RunDir.config`) and the
-environment record (:func:`environment`). It sits at the bottom of the package: it imports only ``config``,
-``errors`` and ``jsonio``; training writes through it, evaluation, compare, the report and the plots read through it.
+``env.json`` it writes (the probing itself is :mod:`vitlab.environment`). It sits near the bottom of the package: it
+imports only ``atomic``, ``environment``, ``config`` and ``errors``; training writes through it, evaluation, compare,
+the report and the plots read through it.
 
 Layout::
 
@@ -21,15 +22,11 @@ refused unless ``--force``, and a file is written whole or not at all.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
-import importlib.metadata
 import json
 import math
 import os
-import platform
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -62,8 +59,8 @@ from vitlab.atomic import (
 from vitlab.atomic import (
     write_output as write_output,
 )
+from vitlab.environment import environment as environment
 from vitlab.errors import CheckpointError, ConfigError, RunDirError
-from vitlab.version import __version__
 
 if TYPE_CHECKING:
     from vitlab.config import RunConfig
@@ -159,56 +156,6 @@ def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]
     for record in records:
         merged.setdefault(record[key], {}).update(record)
     return [merged[k] for k in sorted(merged)]
-
-
-def _cpu_model() -> str | None:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return None
-
-
-def _version(package: str) -> str | None:
-    """An installed package's version, read from its metadata (importing Lightning or torchvision takes seconds)."""
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def environment() -> dict[str, Any]:
-    """Versions, git revision and hardware: a run's ``env.json``, and the ``environment`` of a benchmark record."""
-    import torch
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
-            return out.stdout.strip() if out.returncode == 0 else None
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-
-    return {
-        "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "command": sys.argv,
-        "versions": {
-            "python": platform.python_version(),
-            "vitlab": __version__,
-            "torch": torch.__version__,
-            **{name: _version(name) for name in ("torchvision", "timm", "lightning")},
-        },
-        "git": {"revision": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))},
-        "hardware": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_model": _cpu_model() or platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "torch_threads": torch.get_num_threads(),
-            "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        },
-    }
 
 
 # -------------------------------------------------------------------------------------------------------------------

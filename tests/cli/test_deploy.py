@@ -10,7 +10,10 @@ import torch
 from PIL import Image
 
 import vitlab
+import vitlab.export
+from run_fixtures import make_run, write_checkpoint
 from vitlab.cli.main import main
+from vitlab.evaluation.predict import load_predictor
 from vitlab.export import export_model
 from vitlab.export_formats import ClassifierGraph, ExportFormatError, write_format
 
@@ -137,3 +140,15 @@ def test_list_configs_and_seed_shortcut(capsys):
     assert "seed: 7" in capsys.readouterr().out
     assert main(["fit", "--config", "vit/digits", "--seed", "11", "--print-config"]) == 0
     assert "seed: 11" in capsys.readouterr().out
+
+
+def test_predict_reads_a_checkpoint_once(tmp_path, monkeypatch):
+    run = make_run(tmp_path)
+    expected = write_checkpoint(run)
+    reads = []
+    real = vitlab.export.torch.load
+    monkeypatch.setattr(vitlab.export.torch, "load", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    model, info = load_predictor(run / "checkpoints" / "best.ckpt")
+    assert len(reads) == 1 and not model.training and info["num_classes"] == expected.head.out_features
+    x = torch.randn(2, info["in_chans"], info["img_size"], info["img_size"])
+    assert torch.equal(model(x), expected.eval()(x))

@@ -263,6 +263,7 @@ def test_resume_of_a_copied_run_continues_the_copy_and_leaves_the_original_alone
     assert [m["epoch"] for m in RunDir(copy).metrics() if "val/loss" in m][-1] == 1  # epochs count from 0
 
 
+@pytest.mark.slow  # fits in subprocesses
 def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "vitlab.cli.main", "fit", "--config", "vit/digits", f"run.dir={run_dir}"]

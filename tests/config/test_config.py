@@ -78,3 +78,24 @@ def test_a_new_preset_on_the_command_line_warns_which_model_keys_of_the_config_i
         build_config(
             "compare/cifar10_p4", ["model.name=cet_vit_nano", "model.drop_rate=0.0"]
         )  # the same preset: merged
+
+
+def test_the_dynamics_section_is_typed_and_round_trips_through_yaml():
+    import yaml
+
+    from vitlab.config import DynamicsConfig
+    from vitlab.rundir import config_with_overrides
+
+    cfg = build_config("vitcae/digits", ["dynamics.mode=schedule", "dynamics.alpha=2", "loss.mmd_scales=[0.5,1,2]"])
+    assert isinstance(cfg.dynamics, DynamicsConfig) and cfg.dynamics.alpha == 2.0 and cfg.dynamics.mode == "schedule"
+    again = config_with_overrides(yaml.safe_load(dump_yaml(cfg)))  # what a run's config.yaml reads back as
+    assert again == cfg and again.dynamics == cfg.dynamics
+    assert build_config("vit/digits").dynamics is None  # no controller
+
+
+def test_a_list_of_any_length_fits_a_variadic_tuple_field():
+    """``loss.mmd_scales`` (ViTCAE's IMQ kernel scales, ``tuple[float, ...]``) takes a list of any length."""
+    for scales in ("[1.0]", "[0.5,1,2]"):
+        build_config("vitcae/digits", [f"loss.mmd_scales={scales}"])
+    with pytest.raises(ConfigError, match=r"loss.mmd_scales\[1\]"):
+        build_config("vitcae/digits", ["loss.mmd_scales=[1.0,abc]"])

@@ -12,6 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # the whole check script in a subprocess
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script runs the full check, not the dry run")
 def test_gpu_check_without_cuda_says_so_and_dry_runs_every_part(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}

@@ -10,12 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from model_fixtures import tiny_vit
 from vitlab.cli.main import main
 from vitlab.config import build_config
 from vitlab.diagnostics import DynamicsConfig, DynamicsController, FrozenHeadGuard, ProbeMeasurement
 from vitlab.diagnostics.controller import controlled_modules, select_probe
 from vitlab.diagnostics.dynamics import directedness_standard_error
 from vitlab.diagnostics.plots import frozen_at_epoch, head_table, read_dynamics
+from vitlab.dynamics import FrozenHeadAttention
 from vitlab.errors import ConfigError
 from vitlab.layers import Attention, capture_attention
 from vitlab.models import create_model
@@ -23,12 +25,6 @@ from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 
 NUM_HEADS, HEAD_DIM, WIDTH = 4, 16, 64  # vit_pico
-
-
-def tiny_vit(**overrides) -> torch.nn.Module:
-    torch.manual_seed(0)
-    kwargs = dict(img_size=8, patch_size=2, in_chans=1, num_classes=3, depth=2, temperature=True)
-    return create_model("vit_pico", **{**kwargs, **overrides})
 
 
 def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, seed: int) -> None:
@@ -58,7 +54,7 @@ def test_frozen_heads_stay_bit_identical_through_adamw_with_weight_decay(train_v
     """Eq. 26: a frozen head's q, k, v rows and tau stay bit-identical through AdamW with weight decay and get exactly
     zero gradient. ``freeze_scope: pattern`` (``train_values``): only its q, k rows and tau; its v rows train."""
     model = tiny_vit()
-    modules = [m for _, m in controlled_modules(model, None)]
+    modules = [FrozenHeadAttention.install(m) for _, m in controlled_modules(model, None)]
     for module in modules:
         module.train_frozen_values = train_values
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
@@ -92,7 +88,7 @@ def test_freezing_moves_the_optimizer_state_with_the_heads():
     """The heads move to contiguous slots when they freeze; AdamW's moments must move with them, or every later step
     would apply one head's momentum to another's rows."""
     model = tiny_vit()
-    modules = [m for _, m in controlled_modules(model, None)]
+    modules = [FrozenHeadAttention.install(m) for _, m in controlled_modules(model, None)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     train_steps(model, optimizer, 3, seed=0)
 
@@ -121,7 +117,7 @@ def test_the_optimizer_skips_parameters_frozen_whole_and_nothing_else_changes(sc
 
     def run(skip: bool):
         model = tiny_vit()
-        modules = [m for _, m in controlled_modules(model, None)]
+        modules = [FrozenHeadAttention.install(m) for _, m in controlled_modules(model, None)]
         for module in modules:
             module.train_frozen_values = scope == "pattern"
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
@@ -150,7 +146,7 @@ def test_the_optimizer_skips_parameters_frozen_whole_and_nothing_else_changes(sc
 def test_without_the_guard_adamw_moves_zero_gradient_rows():
     """Why the guard exists: momentum and weight decay move a frozen head even though its gradient is zero."""
     model = tiny_vit()
-    modules = [m for _, m in controlled_modules(model, None)]
+    modules = [FrozenHeadAttention.install(m) for _, m in controlled_modules(model, None)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     train_steps(model, optimizer, 3, seed=0)
     FrozenHeadGuard(modules).freeze(FROZEN)  # frozen, but not attached to the optimizer
@@ -164,7 +160,7 @@ def test_without_the_guard_adamw_moves_zero_gradient_rows():
 @pytest.mark.parametrize("train_values", [False, True])
 def test_frozen_head_forward_is_unchanged_and_its_attention_stays_fixed_through_training(train_values):
     torch.manual_seed(0)
-    attn = Attention(WIDTH, num_heads=NUM_HEADS, temperature=True)
+    attn = FrozenHeadAttention(WIDTH, num_heads=NUM_HEADS, temperature=True)
     attn.train_frozen_values = train_values  # freeze_scope: pattern; the pattern stays fixed all the same
     with torch.no_grad():
         attn.log_tau.copy_(torch.tensor([0.3, -0.2, 0.1, 0.0]))

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from model_fixtures import tiny_vit
 from vitlab.diagnostics import DynamicsConfig, DynamicsController
 from vitlab.diagnostics.controller import controlled_modules
 from vitlab.diagnostics.dynamics import ConvergenceTracker, attention_drift, patch_grid_cost
@@ -117,11 +118,6 @@ def test_relative_rule_peak_counts_drift_seen_before_the_decisions_start():
     restored = ConvergenceTracker(1, 1, eps_d=0.05, eps_tau=0.05, patience=1)
     restored.load_state_dict(tracker.state_dict())
     assert restored.rule == "relative" and restored.peak.item() == pytest.approx(2.0)
-
-
-def tiny_vit() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return create_model("vit_pico", img_size=8, patch_size=2, in_chans=1, num_classes=3, depth=2, temperature=True)
 
 
 def test_probing_at_unit_tau_gives_the_same_drift_for_both_arms_on_identical_weights():

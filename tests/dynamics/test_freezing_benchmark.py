@@ -34,6 +34,7 @@ def test_bootstrap_interval_brackets_the_median_and_narrows_with_more_rounds(fre
     assert many[2] - many[1] < few[2] - few[1]
 
 
+@pytest.mark.slow  # the benchmark script, end to end
 def test_a_tiny_run_counts_the_predicted_flops_and_pairs_every_row_with_the_base(freezing):
     args = argparse.Namespace(dim=32, heads=4, depth=2, batch=2, warmup=1, repeats=3, clock="wall", compare_split=True)
     case = freezing.benchmark(4, args)

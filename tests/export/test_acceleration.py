@@ -15,6 +15,7 @@ import torch
 
 from vitlab.acceleration import adamw, adamw_implementation, compile_network, compiled_blocks, is_compiled
 from vitlab.config import OptimConfig, build_config
+from vitlab.dynamics import FrozenHeadAttention
 from vitlab.errors import ConfigError
 from vitlab.layers.capture import capture_attention
 from vitlab.models import create_model
@@ -119,7 +120,7 @@ def test_frozen_heads_run_eager_in_their_block_only(caplog):
     eager, compiled = _pair("vit_pico")
     mask = torch.tensor([True, False, True, False])
     for model in (eager, compiled):
-        model.blocks[1].attn.set_frozen_heads(mask)
+        FrozenHeadAttention.install(model.blocks[1].attn).set_frozen_heads(mask)
     with caplog.at_level(logging.WARNING, logger="vitlab.acceleration"):
         _assert_same_step(eager, compiled, torch.randn(4, 1, 8, 8))
         compiled(torch.randn(4, 1, 8, 8))

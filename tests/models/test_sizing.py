@@ -10,7 +10,7 @@ from torch import nn
 import vitlab
 from vitlab.cli.main import main
 from vitlab.config import build_config, to_dict
-from vitlab.models import count_params, create_model, flops_per_image, match_width
+from vitlab.models import count_params, create_model, flops_per_image, match_width, parameter_count
 from vitlab.models.cet_vit import param_breakdown
 from vitlab.models.sizing import MATCH_INPUTS, TOME_R, matched_presets, width_step
 
@@ -211,3 +211,12 @@ def test_every_model_of_the_p4_protocol_trains_at_patch_4_with_its_dropouts_and_
     total = count_params(_meta(name, img_size=32, in_chans=3, num_classes=10, **model_cfg))["total"]
     target = count_params(_meta("vit_matched_cet_vit_nano", img_size=32, in_chans=3, num_classes=10, patch_size=4))
     assert abs(total / target["total"] - 1) <= 0.02, f"{config}: {name} {total:,} vs {target['total']:,}"
+
+
+def test_parameter_count_is_the_breakdown_total_and_trainable_leaves_out_frozen_tensors():
+    model = create_model("vit_pico", img_size=8, patch_size=2, in_chans=1, num_classes=3, depth=2)
+    total = parameter_count(model)
+    assert total == count_params(model)["total"] == sum(p.numel() for p in model.parameters())
+    model.patch_embed.requires_grad_(False)
+    frozen = sum(p.numel() for p in model.patch_embed.parameters())
+    assert frozen > 0 and parameter_count(model, trainable=True) == total - frozen

@@ -47,6 +47,7 @@ def run_chromium(chromium: str, profile: Path, *args: str) -> subprocess.Complet
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
 
 
+@pytest.mark.slow  # a headless browser in a subprocess
 def test_report_renders_in_headless_chromium(tmp_path):
     chromium = find_chromium()
     run = make_run(tmp_path)

@@ -71,6 +71,7 @@ def test_resume_keeps_config_and_env_and_records_what_changed(tmp_path):
 
 
 # -- one writer per run folder -----------------------------------------------------------------------------------------
+@pytest.mark.slow  # fits in subprocesses
 def test_two_fits_started_together_on_one_run_folder_only_one_runs(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "vitlab.cli.main", "fit", "--config", "vit/digits", f"run.dir={run_dir}"]

@@ -11,8 +11,8 @@ from vitlab.acceleration import check_compile_mode
 from vitlab.bench.memory import peak_memory
 from vitlab.bench.specs import PHASES, NetworkSpec, check_settings, timm_counterpart
 from vitlab.bench.timing import Runner, measure_networks, round_ratio, torch_threads
+from vitlab.environment import environment as run_environment
 from vitlab.errors import ConfigError
-from vitlab.rundir import environment as run_environment
 
 
 # -------------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from torch import nn
 from vitlab.acceleration import adamw, compile_network
 from vitlab.bench.flops import training_flops_per_image
 from vitlab.bench.specs import CLOCKS, PHASES, check_settings
-from vitlab.models.sizing import input_shape_of
+from vitlab.models.sizing import input_shape_of, parameter_count
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def measure_networks(
     result["networks"] = {}
     for name, network in networks.items():
         entry: dict[str, Any] = {
-            "parameters": sum(p.numel() for p in network.parameters()),
+            "parameters": parameter_count(network),
             "flops_per_image": flops[name],
             "runner": {**asdict(runners[name]), "description": runners[name].describe()},
         }

@@ -32,7 +32,8 @@ COMMAND_MODULES: list[str] = [
     "vitlab.cli.bench",
     "vitlab.cli.probe",
     "vitlab.cli.params",
-    "vitlab.cli.deploy",
+    "vitlab.cli.predict",
+    "vitlab.cli.configs",
 ]
 
 
@@ -120,7 +121,7 @@ def _export(p: argparse.ArgumentParser) -> Runner:
     p.add_argument(
         "--force", action="store_true", help="write into a folder that holds files: replace only the export's own files"
     )
-    from vitlab.cli.deploy import add_format_option, write_extra_format
+    from vitlab.cli.formats import add_format_option, write_extra_format
 
     add_format_option(p)
 
@@ -163,7 +164,7 @@ def _list_models(p: argparse.ArgumentParser) -> Runner:
 def _info(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.config import CONFIG_ROOT
-        from vitlab.rundir import environment
+        from vitlab.environment import environment
 
         env = environment()
         env["configs"] = sorted(str(c.relative_to(CONFIG_ROOT).with_suffix("")) for c in CONFIG_ROOT.rglob("*.yaml"))
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, runners = build_parser(argv)
     args, rest = parser.parse_known_args(argv)
-    from vitlab.cli.deploy import seed_overrides
+    from vitlab.cli.options import seed_overrides
 
     rest = seed_overrides(args.global_seed, rest)
     unknown = [a for a in rest if a.startswith("-") and "." not in a.split("=")[0]]

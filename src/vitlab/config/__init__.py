@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from vitlab.config.coerce import from_dict, to_dict
+from vitlab.config.dynamics import DynamicsConfig
 from vitlab.data.config import AugmentConfig, DataConfig
 from vitlab.errors import ConfigError
 
@@ -171,8 +172,10 @@ class FinetuneConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one ``vitlab fit`` needs. ``model`` is ``{name: <preset>, **constructor overrides}``;
-    ``loss`` holds the task's loss weights (validated by the task's own dataclass), ``callbacks`` extra callbacks."""
+    """Everything one ``vitlab fit`` needs. ``model`` is ``{name: <preset>, **constructor overrides}`` (checked
+    against the preset's constructor, :mod:`vitlab.model_catalogue`); ``loss`` holds the task's loss weights
+    (validated against the family's dataclass, and built as it by the task); ``dynamics`` the attention-dynamics
+    controller's section, or None for no controller."""
 
     model: dict[str, Any] = field(default_factory=lambda: {"name": "vit_pico"})
     data: DataConfig = field(default_factory=DataConfig)
@@ -180,7 +183,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     run: RunSection = field(default_factory=RunSection)
     loss: dict[str, Any] = field(default_factory=dict)
-    dynamics: dict[str, Any] | None = None
+    dynamics: DynamicsConfig | None = None
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
@@ -336,6 +339,7 @@ __all__ = [
     "AugmentConfig",
     "ConfigError",
     "DataConfig",
+    "DynamicsConfig",
     "FinetuneConfig",
     "OptimConfig",
     "RunConfig",

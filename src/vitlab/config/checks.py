@@ -1,8 +1,8 @@
 """Every section of a run config checked before anything runs: no torch imported, no folder created.
 
-``build_config`` calls :func:`check_sections` after the dataclasses of the top-level sections are built: the
-dataset's name (``data``), the preset and its options (``model``, against :mod:`vitlab.model_catalogue`), the
-family's ``loss`` dataclass (``vitlab.family``), and the ``dynamics`` section (:class:`DynamicsConfig`). The model's
+``build_config`` calls :func:`check_sections` after the dataclasses of the sections are built (``dynamics`` is
+:class:`~vitlab.config.dynamics.DynamicsConfig`): the dataset's name (``data``), the preset and its options
+(``model``, against :mod:`vitlab.model_catalogue`), and the family's ``loss`` dataclass (``vitlab.family``). The model's
 option values and the data's files are checked where they are used; a typo in a key or a name is caught here.
 """
 
@@ -12,7 +12,6 @@ import difflib
 from typing import TYPE_CHECKING
 
 from vitlab.config.coerce import from_dict
-from vitlab.config.dynamics import DynamicsConfig
 from vitlab.data.config import check_dataset_name
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
 from vitlab.family import BUILTIN_FAMILIES, Family, families
@@ -36,8 +35,6 @@ def check_sections(cfg: RunConfig) -> None:
             from_dict(loss_type, cfg.loss, "loss")
         except ValueError as error:  # a family dataclass's own check
             raise ConfigError(str(error)) from None
-    if cfg.dynamics is not None:
-        from_dict(DynamicsConfig, cfg.dynamics, "dynamics")
 
 
 def check_model_section(model: dict) -> str | None:

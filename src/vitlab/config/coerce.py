@@ -34,6 +34,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return None
         if type(value) in args:  # an exact match wins: `limit_train_batches: 1` is one batch, not 1.0 = 100%
             return value
+        options = [arg for arg in args if arg is not type(None)]
+        if len(options) == 1:  # `X | None`: X's own error names the problem
+            return _coerce(value, options[0], where)
         errors = []
         for arg in args:
             if arg is type(None):
@@ -45,6 +48,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {value!r} does not fit {tp}")
     if tp is Any:
         return value
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ConfigError(f"{where} must be a list of {len(args)} values, got {value!r}")

@@ -1,8 +1,9 @@
 """Freezing converged heads (ViTCAE eq. 26) for the optimizers that train them: :class:`FrozenHeadGuard`.
 
-The attention side (a frozen head's pattern is a constant of the backward pass) is the shared Attention's
-``set_frozen_heads`` with the autograd functions of :mod:`vitlab.layers.frozen_heads`; this module keeps the
-frozen rows bit-identical through every optimizer step (AdamW's weight decay and moments included).
+The attention side (a frozen head's pattern is a constant of the backward pass) is
+:class:`~vitlab.dynamics.frozen_heads.FrozenHeadAttention`, which the guard installs on the modules it guards;
+this module keeps the frozen rows bit-identical through every optimizer step (AdamW's weight decay and moments
+included).
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from typing import Any
 
 import torch
 
+from vitlab.dynamics.frozen_heads import FrozenHeadAttention
 from vitlab.layers.attention import Attention
 
 
 class FrozenHeadGuard:
     """Eq. 26 for a list of ``Attention`` modules (one per layer): frozen heads stay bit-identical.
 
-    :meth:`freeze` marks heads with ``Attention.set_frozen_heads`` (their attention is then computed without autograd,
+    The modules become :class:`FrozenHeadAttention` in place (:meth:`FrozenHeadAttention.install`: same weights,
+    no head frozen) when the guard is made; :attr:`modules` holds them. :meth:`freeze` marks heads with
+    ``FrozenHeadAttention.set_frozen_heads`` (their attention is then computed without autograd,
     so their rows of the QKV projection and their tau get zero gradient) and snapshots those rows and tau. Zero
     gradient is not enough: AdamW still moves a parameter through its momentum and its weight decay. So after every
     step of an optimizer passed to :meth:`attach`, :meth:`restore` copies the snapshots back.
@@ -39,7 +43,7 @@ class FrozenHeadGuard:
     """
 
     def __init__(self, modules: list[Attention]) -> None:
-        self.modules = modules
+        self.modules = [FrozenHeadAttention.install(module) for module in modules]
         self._snapshots: list[tuple[int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[Any] = []
@@ -73,7 +77,7 @@ class FrozenHeadGuard:
                         whole += [p for p in (module.qkv.weight, module.qkv.bias) if p is not None]
                     self._frozen_whole += whole
 
-    def _permute_optimizer_state(self, module: Attention, perm: torch.Tensor) -> None:
+    def _permute_optimizer_state(self, module: FrozenHeadAttention, perm: torch.Tensor) -> None:
         for optimizer in self._optimizers:
             for name, parameter in module.head_parameters():
                 for value in optimizer.state.get(parameter, {}).values():
@@ -81,13 +85,13 @@ class FrozenHeadGuard:
                         value.copy_(module.permute_heads_of(name, value, perm))
 
     @staticmethod
-    def frozen_parts(module: Attention) -> int:
+    def frozen_parts(module: FrozenHeadAttention) -> int:
         """How many of q, k, v (in that order) a frozen head keeps fixed: 3 (eq. 26), or 2 when only its pattern is
-        frozen (``Attention.train_frozen_values``)."""
+        frozen (``FrozenHeadAttention.train_frozen_values``)."""
         return 2 if module.train_frozen_values else 3
 
     @staticmethod
-    def _views(module: Attention) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def _views(module: FrozenHeadAttention) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Per-slot views of the QKV weight ``[3, H, d, C]``, bias ``[3, H, d]`` and ``log_tau [H]``."""
         heads, head_dim = module.num_heads, module.head_dim
         weight = module.qkv.weight.data.view(3, heads, head_dim, -1)

@@ -108,9 +108,9 @@ class DynamicsPolicy:
         self.grid = (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
-        for module in self.modules:
+        self.guard = FrozenHeadGuard(self.modules)  # the modules become FrozenHeadAttention, in place
+        for module in self.guard.modules:
             module.train_frozen_values = cfg.freeze_scope == "pattern"
-        self.guard = FrozenHeadGuard(self.modules)
         if cfg.mode == "fixed":
             for module in self.modules:
                 if module.log_tau is not None:

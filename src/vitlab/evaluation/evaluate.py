@@ -14,7 +14,6 @@ corruptions act on real pixels, then is normalised with the statistics the model
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from vitlab.evaluation.terminal import (
     format_evaluation,
 )
 from vitlab.export import load_model, model_from_checkpoint
+from vitlab.jsonio import finite_or_none
 from vitlab.layers.slots import slot_usage_k
 from vitlab.losses.ei import reversibility
 from vitlab.models.protocols import SlotAssigner
@@ -176,11 +176,6 @@ def classification_metrics(
         "nll": -probs.gather(1, labels[:, None]).clamp_min(1e-12).log().mean().item(),
         "ece": expected_calibration_error(probs, labels, n_bins=n_bins),
     }
-
-
-def _finite(value: float) -> float | None:
-    """JSON has no NaN: missing values (a class without test images) are written as null."""
-    return None if math.isnan(value) else value
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -500,7 +495,7 @@ def evaluate_run(
                 "index": k,
                 "class": class_names[k],
                 "n": int(class_counts[k]),
-                "accuracy": _finite(class_accuracy[k].item()),
+                "accuracy": finite_or_none(class_accuracy[k].item()),
             }
             for k in range(dm.num_classes)
         ],
@@ -545,9 +540,9 @@ def _assignment_report(
             "index": k,
             "class": class_names[k],
             "n": int(counts[k]),
-            "reversibility": _finite(class_rev[k].item()),
-            "slot_usage_k": _finite(class_k[k].item()),
-            "accuracy": _finite(class_accuracy[k].item()),
+            "reversibility": finite_or_none(class_rev[k].item()),
+            "slot_usage_k": finite_or_none(class_k[k].item()),
+            "accuracy": finite_or_none(class_accuracy[k].item()),
         }
         for k in range(num_classes)
     ]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitlab.data.transforms import resize_to_square
+from vitlab.data.transforms import normalize, resize_to_square
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.export_formats import ClassifierGraph
 from vitlab.rundir import EXPORT_CONFIG_FILE, locate_model, read_json, write_output
@@ -42,7 +42,7 @@ class Prediction:
 def load_predictor(target: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """The model (eval mode) and the data description (``img_size, in_chans, mean, std, class_names``) of a run
     directory, an export folder or a ``.ckpt`` file."""
-    from vitlab.export import checkpoint_hparams, load_model, read_checkpoint
+    from vitlab.export import load_model, model_from_loaded_checkpoint, read_checkpoint
 
     source = locate_model(target).source
     if source.is_dir():
@@ -53,8 +53,8 @@ def load_predictor(target: str | Path) -> tuple[nn.Module, dict[str, Any]]:
                 f"{source / EXPORT_CONFIG_FILE} has no data description; export it with `vitlab export`"
             )
         return load_model(source), info
-    info = checkpoint_hparams(read_checkpoint(source))["data_info"]
-    return load_model(source), info
+    model, hparams = model_from_loaded_checkpoint(read_checkpoint(source))  # the file is read once
+    return model.eval(), hparams["data_info"]
 
 
 def image_files(inputs: Iterable[str | Path]) -> Iterator[Path]:
@@ -83,10 +83,9 @@ def read_image(path: Path, info: dict[str, Any]) -> torch.Tensor:
 
 
 def normalise(images: torch.Tensor, info: dict[str, Any]) -> torch.Tensor:
-    """``uint8 [B, C, H, W]`` -> the run's normalised float input (as ``NormalizeCollate`` makes it)."""
-    mean = torch.tensor(info["mean"], dtype=torch.float32).view(1, -1, 1, 1)
-    std = torch.tensor(info["std"], dtype=torch.float32).view(1, -1, 1, 1)
-    return (images.float() / 255 - mean) / std
+    """``uint8 [B, C, H, W]`` -> the run's normalised float input, as ``NormalizeCollate`` makes it (the one
+    normalisation, :func:`vitlab.data.transforms.normalize`, with the run's mean and std)."""
+    return normalize(images.float().div_(255), info["mean"], info["std"])
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ from vitlab.lazy import lazy_exports
 from vitlab.models.builder import create_model, from_timm
 from vitlab.models.pretrained import load_pretrained
 from vitlab.models.registry import list_models
-from vitlab.models.sizing import count_params, flops_per_image, match_width
+from vitlab.models.sizing import count_params, flops_per_image, match_width, parameter_count
 from vitlab.models.swin import SwinTransformer
 from vitlab.models.vit import VisionTransformer
 
@@ -31,4 +31,5 @@ __all__ = [
     "list_models",
     "load_pretrained",
     "match_width",
+    "parameter_count",
 ]

@@ -17,11 +17,12 @@ timm fits them (Dosovitskiy et al. 2021, sec. 3.2, "Fine-tuning and higher resol
   pseudo-inverse resize) and adapted to a new number of input channels (``timm.models.adapt_input_conv``);
 - the classifier head left at its fresh initialisation when ``num_classes`` differs.
 
-vitlab's own extras that a plain ViT's weights lack keep their initial value, which leaves the network's function
-unchanged: the per-head temperature ``log_tau`` (0, i.e. tau = 1), the ``frozen_heads`` buffers (no head
-frozen) and the ``head_order`` buffers (heads in their original order). Any other key the backbone lacks or the
-file has in excess, and any shape that no rule above fits, is a :class:`PretrainedWeightsError` that lists them;
-nothing is loaded partially.
+vitlab's own extra that a plain ViT's weights lack keeps its initial value, which leaves the network's function
+unchanged: the per-head temperature ``log_tau`` (0, i.e. tau = 1). Weights of a vitlab run whose heads were frozen
+(ViTCAE eq. 26) have their heads put back in original order and their ``frozen_heads`` and ``head_order`` buffers
+dropped (:func:`vitlab.layers.heads.state_in_original_order`). Any other key the backbone lacks or the file has in
+excess, and any shape that no rule above fits, is a :class:`PretrainedWeightsError` that lists them; nothing is
+loaded partially.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from vitlab.errors import CheckpointError
+from vitlab.layers.heads import state_in_original_order
 from vitlab.models.registry import constructor_args, get_preset, list_models
 from vitlab.models.vit import VisionTransformer
 
@@ -46,7 +48,7 @@ TIMM_PREFIX = "timm:"
 #: file suffixes read with ``torch.load(weights_only=True)``
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 #: backbone keys that may be absent from pretrained weights: their initial values leave the function unchanged
-OPTIONAL_KEYS = ("frozen_heads", "head_order", "log_tau")
+OPTIONAL_KEYS = ("log_tau",)
 #: prefixes under which checkpoints commonly keep a ViT (Lightning task, ViTCAE encoder, DDP, MAE/DINO style)
 _ANCHOR = "patch_embed.proj.weight"
 #: what an unexpected key says about the model it came from, for the error message
@@ -311,11 +313,11 @@ def _grid(num_tokens: int, prefix: int, source: str) -> list[int]:
 def fit_to_backbone(
     state: dict[str, torch.Tensor], backbone: VisionTransformer, report: LoadReport
 ) -> dict[str, torch.Tensor]:
-    """Resample the position and patch embeddings and drop a head of another size, in place of ``state`` (a copy)."""
+    """Resample the position and patch embeddings and drop a head of another size, in a copy of ``state``."""
     from timm.layers import resample_abs_pos_embed, resample_patch_embed
     from timm.models import adapt_input_conv
 
-    state = dict(state)
+    state = state_in_original_order(backbone, state)  # a copy; heads a frozen run reordered back in order
     target = backbone.state_dict()
     pos = state.get("pos_embed")
     if pos is not None and pos.ndim == 3 and pos.shape != target["pos_embed"].shape:

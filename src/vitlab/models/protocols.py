@@ -34,6 +34,17 @@ class GenerativeModel(Protocol):
     def decode(self, z_cls: torch.Tensor, z_pt: torch.Tensor) -> torch.Tensor: ...
 
 
+@runtime_checkable
+class HeadFreezing(Protocol):
+    """An attention whose heads can be frozen (ViTCAE eq. 26; :class:`vitlab.dynamics.FrozenHeadAttention`):
+    ``set_frozen_heads(frozen: [H] bool)`` and ``num_frozen``, the count of frozen heads kept on the host, so that
+    reading it never waits for the device."""
+
+    num_frozen: int
+
+    def set_frozen_heads(self, frozen: torch.Tensor) -> torch.Tensor | None: ...
+
+
 def classifier_backbone(model: nn.Module) -> nn.Module:
     """The image encoder a benchmark times: a generative model's ``encoder``, any other model itself."""
     return model.encoder if isinstance(model, GenerativeModel) else model

@@ -29,6 +29,12 @@ from vitlab.models.vit import VisionTransformer
 # ------------------------------------------------------------------------------------------------------------------
 # Counting
 # ------------------------------------------------------------------------------------------------------------------
+def parameter_count(module: nn.Module, *, trainable: bool = False) -> int:
+    """The number of parameters of ``module`` (shared ones once); ``trainable``: only those with ``requires_grad``.
+    The one count of the project: the fit's model line, the report, the benchmarks and the sizing rules use it."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable)
+
+
 def count_params(model: nn.Module) -> dict[str, int]:
     """``{"total": n, <part>: n, ...}``: the parameter count, and per top-level part in definition order.
 
@@ -94,7 +100,7 @@ def width_step(num_heads: int | Sequence[int]) -> int:
 
 def _param_count(cls: type[nn.Module], kwargs: dict[str, Any]) -> int:
     with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-        return sum(p.numel() for p in cls(**kwargs).parameters())
+        return parameter_count(cls(**kwargs))
 
 
 def match_width(

@@ -344,6 +344,7 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
         return None, [], None
     from vitlab.diagnostics.images import attention_maps, load_test_images, slot_assignment
     from vitlab.export import load_model
+    from vitlab.models.sizing import parameter_count
 
     try:
         model = load_model(source).eval()
@@ -352,7 +353,7 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
     except (VitlabError, OSError) as e:
         warnings.warn(f"report: attention and segment maps of {run.path} left out: {e}", stacklevel=2)
         return None, [], None
-    parameters = sum(p.numel() for p in model.parameters())
+    parameters = parameter_count(model)
     pixels = images.pixels.numpy()
     attention = None
     layer_maps = attention_maps(model, images.inputs)

@@ -33,6 +33,7 @@ from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
 from vitlab.models.builder import create_model
 from vitlab.models.registry import constructor_args, get_preset
+from vitlab.models.sizing import parameter_count
 from vitlab.rundir import (
     METRICS_FILE,
     RESUMES_FILE,
@@ -260,15 +261,14 @@ def _changed_settings(old: dict[str, Any], new: dict[str, Any], prefix: str = ""
 
 def model_line(preset: str, model: torch.nn.Module) -> str:
     """``model vit_nano (VisionTransformer): 0.80 M parameters, 0.80 M trainable``."""
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total, trainable = parameter_count(model), parameter_count(model, trainable=True)
     return f"model {preset} ({type(model).__name__}): {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"
 
 
 def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     """Every value a run of ``cfg`` uses, as plain data (what ``vitlab fit --print-config`` shows): the model's
     constructor defaults, the preset's values, what the data fills in and the config's own; the defaults of the
-    ``loss`` and ``dynamics`` sections too."""
+    ``loss`` and ``dynamics`` sections too (typed, so ``to_dict`` gives every field)."""
     from vitlab.data import DataError, dataset_info
 
     preset = get_preset(cfg.model["name"])
@@ -290,10 +290,6 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     loss_config = task_class_for(preset.cls).loss_config
     if loss_config is not None:
         out["loss"] = to_dict(from_dict(loss_config, cfg.loss, "loss"))
-    if cfg.dynamics is not None:
-        from vitlab.config.dynamics import DynamicsConfig
-
-        out["dynamics"] = to_dict(from_dict(DynamicsConfig, cfg.dynamics, "dynamics"))
     return out
 
 

@@ -18,6 +18,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitlab.acceleration import adamw, compile_network
 from vitlab.config import OptimConfig, RunConfig
 from vitlab.errors import ConfigError, VitlabError
+from vitlab.layers.heads import state_in_original_order
 
 
 class NonFiniteLossError(VitlabError, FloatingPointError):
@@ -104,6 +105,10 @@ class BaseTask(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Called before configure_optimizers on resume; the state is applied when the scheduler is built.
         self._plateau_state = checkpoint.get("plateau_scheduler")
+        # Called before the weights load: a checkpoint whose attention saved a head order (frozen heads, or any
+        # vitlab checkpoint from before freezing moved to vitlab.dynamics) loads into plain attention modules;
+        # modules the dynamics controller made FrozenHeadAttention keep theirs.
+        checkpoint["state_dict"] = state_in_original_order(self, checkpoint["state_dict"])
 
     def setup(self, stage: str) -> None:
         """``trainer.compile``: compile the network's blocks in place for training (``vitlab.acceleration``); the

@@ -61,6 +61,7 @@ from vitlab.layers.slots import (
 )
 from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS, EIVariant, ei_terms
 from vitlab.models.registry import register_preset
+from vitlab.models.sizing import parameter_count
 from vitlab.models.vit import check_patch_grid
 
 DYNAMIC_K_MODES = ("none", "gumbel", "exact")
@@ -483,7 +484,7 @@ def param_breakdown(model: CETViT) -> dict[str, int]:
     ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``).
     The counts add up to the model's total.
     """
-    return {name: sum(p.numel() for p in part.parameters()) for name, part in model.named_children()}
+    return {name: parameter_count(part) for name, part in model.named_children()}
 
 
 _CET_VIT_SIZES = {

@@ -1,9 +1,9 @@
-"""Frozen heads of the shared :class:`~vitlab.layers.attention.Attention` (ViTCAE eq. 26).
+"""Frozen heads (ViTCAE eq. 26): :class:`FrozenHeadAttention`, the shared Attention whose heads can be frozen.
 
-Heads marked with ``Attention.set_frozen_heads`` become constants of the backward pass: their attention pattern
-gets no gradient, their rows of ``W_q, W_k, W_v`` and their tau get exactly zero gradient, and only the input
-gradient through their value path is kept. With ``train_frozen_values`` (``dynamics.freeze_scope: pattern``) only
-the pattern is frozen: their rows of ``W_v`` keep their weight gradient. Three routes, all exact:
+Heads marked with :meth:`FrozenHeadAttention.set_frozen_heads` become constants of the backward pass: their
+attention pattern gets no gradient, their rows of ``W_q, W_k, W_v`` and their tau get exactly zero gradient, and
+only the input gradient through their value path is kept. With ``train_frozen_values`` (``dynamics.freeze_scope:
+pattern``) only the pattern is frozen: their rows of ``W_v`` keep their weight gradient. Three routes, all exact:
 
 - one flash call over all heads (:class:`_FrozenHeadsInOneCall`, the CPU default), the frozen heads' ``dV = P^T dO``
   from the kernel's log-sum-exps;
@@ -11,27 +11,27 @@ the pattern is frozen: their rows of ``W_v`` keep their weight gradient. Three r
   :class:`_FrozenHeadAttention`, the active ones through ``Attention._attend``;
 - the QKV projection with the frozen rows cut (:class:`_QKVWithFrozenHeads`).
 
-The frozen heads occupy the first head slots (``Attention.set_frozen_heads`` permutes them there), so every
-route slices, never gathers. The dynamics controller (``vitlab.dynamics``) decides which heads freeze.
+Frozen heads are kept contiguous: ``set_frozen_heads`` permutes the heads so that the frozen ones occupy the first
+slots (an exact symmetry of multi-head attention, :mod:`vitlab.layers.heads`), so every route slices, never
+gathers. ``head_order[j]`` (a persistent buffer, so checkpoints and exports carry it) is the original index of the
+head in slot ``j``; everything the module reports (``frozen_heads``, ``tau``, ``captured``) is indexed by original
+head, and :meth:`FrozenHeadAttention.permute_heads_of` applies the same permutation to optimizer state.
+
+The shared :class:`~vitlab.layers.attention.Attention` knows nothing of this: the dynamics controller
+(:class:`vitlab.dynamics.FrozenHeadGuard`) makes the modules it controls ``FrozenHeadAttention`` in place
+(:meth:`FrozenHeadAttention.install`) and decides which heads freeze.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
-if TYPE_CHECKING:
-    from vitlab.layers.attention import Attention
-
-
-def attention_probs(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """Row-stochastic attention ``softmax(q k^T * scale + bias)``: ``[B, H, N, d] -> [B, H, N, N]``."""
-    logits = (q * scale) @ k.transpose(-2, -1)
-    if bias is not None:
-        logits = logits + bias
-    return logits.softmax(dim=-1)
+from vitlab.layers.attention import Attention, attention_probs
+from vitlab.layers.heads import permute_heads
 
 
 class _QKVWithFrozenHeads(torch.autograd.Function):
@@ -175,7 +175,7 @@ class _FrozenHeadsInOneCall(torch.autograd.Function):
     dO`` with ``P`` formed from the saved log-sum-exps (:func:`_probs_from_logsumexp`); then the QKV backward of
     :func:`_qkv_backward` (no weight gradient for the frozen rows, no input gradient through their q and k). There
     is no split of the heads into two attention calls and no concatenation of their outputs. CPU, float32/64, no
-    attention dropout, no autocast only (:meth:`Attention._single_call_applies`); elsewhere the two-call path runs.
+    attention dropout, no autocast only (:func:`single_call_applies`); elsewhere the two-call path runs.
     ``train_v``: the frozen heads' v rows keep their weight gradient (only their pattern is frozen).
     """
 
@@ -259,7 +259,7 @@ class _FrozenHeadAttention(torch.autograd.Function):
 
 
 def frozen_heads_forward(
-    module: Attention,
+    module: FrozenHeadAttention,
     x: torch.Tensor,
     weight: torch.Tensor,
     qkv_bias: torch.Tensor | None,
@@ -281,11 +281,11 @@ def frozen_heads_forward(
     return out, torch.cat([parts[1], parts[4]], dim=1) if return_keys else None
 
 
-def single_call_applies(module: Attention, x: torch.Tensor, weight: torch.Tensor) -> bool:
+def single_call_applies(module: FrozenHeadAttention, x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the frozen heads attend in one flash call with the active ones (:class:`_FrozenHeadsInOneCall`):
     the fused path without capture or attention dropout, on the CPU in float32/64 without autocast, and
     ``split_frozen`` off. Otherwise the frozen and active heads attend in two calls
-    (:meth:`_attend_with_frozen`)."""
+    (:func:`attend_with_frozen`)."""
     return (
         not module.split_frozen
         and module.fused
@@ -298,7 +298,9 @@ def single_call_applies(module: Attention, x: torch.Tensor, weight: torch.Tensor
     )
 
 
-def attend_with_frozen(module: Attention, q_f, k_f, v_f, q_a, k_a, v_a, bias: torch.Tensor | None) -> torch.Tensor:
+def attend_with_frozen(
+    module: FrozenHeadAttention, q_f, k_f, v_f, q_a, k_a, v_a, bias: torch.Tensor | None
+) -> torch.Tensor:
     """Eq. 26: the frozen heads' attention (``*_f: [B, F, N, d]``) is a constant and only their value path has a
     gradient (:class:`_FrozenHeadAttention`); the active heads (``*_a``) attend as usual. Returns ``[B, N, C]``,
     the two groups written side by side in one copy."""
@@ -314,3 +316,125 @@ def attend_with_frozen(module: Attention, q_f, k_f, v_f, q_a, k_a, v_a, bias: to
         module.captured = probs if captured is None else torch.cat([probs, captured], dim=1)
     B, _, N, _ = q_f.shape
     return torch.cat([o.transpose(1, 2) for o in outs], dim=2).view(B, N, -1)
+
+
+class FrozenHeadAttention(Attention):
+    """The shared :class:`~vitlab.layers.attention.Attention` with heads that can be frozen (ViTCAE eq. 26).
+
+    Same constructor, parameters and forward as ``Attention``; it adds the persistent buffers ``frozen_heads: [H]``
+    bool (by original head) and ``head_order: [H]`` long, and :meth:`set_frozen_heads`. Without autograd, or with
+    no head frozen, it computes exactly what ``Attention`` does. ``split_frozen``: True forces the two-call path
+    (kept for tests and benchmarks); ``train_frozen_values``: True freezes a frozen head's attention pattern (its
+    ``W_q``, ``W_k`` rows and tau) but lets its ``W_v`` rows train (``dynamics.freeze_scope: pattern``); False is
+    eq. 26 as printed. :meth:`install` turns an existing ``Attention`` into one, in place.
+    """
+
+    def __init__(self, dim: int, **kwargs: Any) -> None:
+        super().__init__(dim, **kwargs)
+        self._init_head_state()
+
+    @classmethod
+    def install(cls, module: Attention) -> FrozenHeadAttention:
+        """Make ``module`` a ``FrozenHeadAttention`` in place (its class swapped, its weights and everything that
+        holds it untouched, no head frozen) and return it; one that already is one is returned as it is."""
+        if isinstance(module, cls):
+            return module
+        if type(module) is not Attention:
+            raise TypeError(f"frozen heads replace the shared Attention, not {type(module).__name__}")
+        module.__class__ = cls
+        module._init_head_state()
+        return module
+
+    def _init_head_state(self) -> None:
+        device = self.qkv.weight.device
+        self.register_buffer("frozen_heads", torch.zeros(self.num_heads, dtype=torch.bool, device=device))
+        self.register_buffer("head_order", torch.arange(self.num_heads, device=device))
+        # Host-side state derived from the buffers, so the hot path never syncs with the device.
+        self.num_frozen = 0
+        self._permuted = False
+        self.split_frozen = False
+        self.train_frozen_values = False
+
+    @property
+    def head_slots(self) -> torch.Tensor:
+        """``[H]`` long (CPU): the slot of the parameters that holds each original head."""
+        return self.head_order.cpu().argsort()
+
+    @property
+    def tau(self) -> torch.Tensor | None:
+        """Per-head temperature ``[H]`` by original head (``None`` when the module has no temperature)."""
+        tau = super().tau
+        return tau[self.head_slots.to(tau.device)] if tau is not None and self._permuted else tau
+
+    def set_frozen_heads(self, frozen: torch.Tensor) -> torch.Tensor | None:
+        """Mark heads as frozen (eq. 26). ``frozen: [H]`` bool, by original head.
+
+        The frozen heads are moved to the first slots (frozen, then the others, each in original order). Returns the
+        slot permutation ``perm: [H]`` (new slot ``j`` holds what slot ``perm[j]`` held) when the heads moved, else
+        None. Whoever keeps state shaped like this module's parameters (an optimizer's moments) must permute it with
+        :meth:`permute_heads_of`; :class:`vitlab.dynamics.FrozenHeadGuard` does so for the optimizers it guards.
+        """
+        frozen = torch.as_tensor(frozen, dtype=torch.bool).detach().cpu()
+        if frozen.shape != (self.num_heads,):
+            raise ValueError(f"frozen mask must have shape [{self.num_heads}], got {list(frozen.shape)}")
+        order = torch.cat([frozen.nonzero().flatten(), (~frozen).nonzero().flatten()])
+        current = self.head_order.cpu()
+        perm = None
+        if not torch.equal(order, current):
+            perm = current.argsort()[order]
+            with torch.no_grad():
+                for name, parameter in self.head_parameters():
+                    parameter.copy_(self.permute_heads_of(name, parameter, perm))
+                    if parameter.grad is not None:
+                        parameter.grad.copy_(self.permute_heads_of(name, parameter.grad, perm))
+                self.head_order.copy_(order)
+        self.frozen_heads.copy_(frozen)
+        self._sync_head_state()
+        return perm
+
+    def head_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The parameters with one slice per head, ``(name, parameter)``; see :meth:`permute_heads_of`."""
+        found = [("qkv.weight", self.qkv.weight), ("qkv.bias", self.qkv.bias)]
+        found += [("proj.weight", self.proj.weight), ("log_tau", self.log_tau)]
+        return [(name, p) for name, p in found if p is not None]
+
+    def permute_heads_of(self, name: str, tensor: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+        """``tensor`` shaped like parameter ``name`` (one of ``HEAD_PARAMETERS``) with its head slices permuted:
+        slot ``j`` of the result is slot ``perm[j]`` of ``tensor`` (:func:`vitlab.layers.heads.permute_heads`)."""
+        return permute_heads(name, tensor, perm, self.num_heads)
+
+    def in_original_order(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` shaped like parameter ``name`` (its value, gradient or an optimizer moment) with the heads put
+        back in original order: what a model that never permuted its heads would hold."""
+        return self.permute_heads_of(name, tensor, self.head_slots) if self._permuted else tensor
+
+    def _sync_head_state(self) -> None:
+        self.num_frozen = int(self.frozen_heads.sum())
+        self._permuted = not torch.equal(self.head_order.cpu(), torch.arange(self.num_heads))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A state saved by a plain Attention has neither buffer (no head frozen); one saved before heads were
+        # permuted has no head_order: its parameters are in original order.
+        if prefix + "frozen_heads" not in state_dict:
+            state_dict[prefix + "frozen_heads"] = torch.zeros(self.num_heads, dtype=torch.bool)
+        legacy = prefix + "head_order" not in state_dict
+        if legacy:
+            state_dict[prefix + "head_order"] = torch.arange(self.num_heads)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._sync_head_state()
+        if legacy and self.num_frozen:
+            self.set_frozen_heads(self.frozen_heads.clone())
+
+    def attend_heads(
+        self, x: Tensor, weight: Tensor, qkv_bias: Tensor | None, bias: Tensor | None, return_keys: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`Attention.attend_heads` with the first ``num_frozen`` head slots frozen (eq. 26); ``captured`` by
+        original head."""
+        # Without autograd a frozen head computes exactly what an active one does: the plain path.
+        if self.num_frozen and torch.is_grad_enabled():
+            out, k = frozen_heads_forward(self, x, weight, qkv_bias, bias, return_keys)
+        else:
+            out, k = super().attend_heads(x, weight, qkv_bias, bias, return_keys)
+        if self.capture and self._permuted:
+            self.captured = self.captured[:, self.head_slots.to(self.captured.device)]
+        return out, k
