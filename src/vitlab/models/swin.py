@@ -7,8 +7,10 @@ micro encoder sees, and a window of 4 splits it into 16 windows; each later stag
 merging (16 -> 8 -> 4 -> 2 with four stages). A window larger than a stage's grid shrinks to the grid (then no shift).
 
 The class is timm's model, so the contract (``forward_features`` -> ``forward_head``, ``forward_intermediates``,
-``no_weight_decay``) and the state-dict keys are timm's; only the constructor is vitlab's: keyword-only, with the
-options a baseline needs, so presets register, train, export and load like every other model.
+``reset_classifier``, ``set_grad_checkpointing``, ``group_matcher``, ``feature_info``, ``no_weight_decay``) and the
+state-dict keys are timm's; :class:`~vitlab.models.contract.ModelContract` adds the ``pretrained_cfg`` that timm's
+builder would attach. Only the constructor is vitlab's: keyword-only, with the options a baseline needs, so presets
+register, train, export and load like every other model.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from collections.abc import Sequence
 
 from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
 
+from vitlab.models.contract import ModelContract
 from vitlab.models.registry import register_preset
 from vitlab.models.vit import check_patch_grid
 
 
-class SwinTransformer(TimmSwinTransformer):
+class SwinTransformer(TimmSwinTransformer, ModelContract):
     """Swin classifier. ``x: [B, C, H, W] -> logits [B, num_classes]``; features are NHWC ``[B, H', W', C']``.
 
     Args:
@@ -34,6 +37,8 @@ class SwinTransformer(TimmSwinTransformer):
         attn_drop_rate: dropout on the attention probabilities.
         drop_path_rate: stochastic depth, rising linearly over all blocks.
     """
+
+    classifier_name = "head.fc"
 
     def __init__(
         self,
