@@ -34,6 +34,22 @@ class GenerativeModel(Protocol):
     def decode(self, z_cls: torch.Tensor, z_pt: torch.Tensor) -> torch.Tensor: ...
 
 
+@runtime_checkable
+class LayerGrouped(Protocol):
+    """A model whose parameters timm can group by depth: ``group_matcher(coarse) -> {group: regex or [(regex,
+    ordinal)]}`` (``timm.models.group_parameters``), what layer-wise learning-rate decay builds on."""
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class GradCheckpointing(Protocol):
+    """A model that can recompute its blocks' activations in the backward pass instead of keeping them (timm's
+    ``set_grad_checkpointing``)."""
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None: ...
+
+
 def classifier_backbone(model: nn.Module) -> nn.Module:
     """The image encoder a benchmark times: a generative model's ``encoder``, any other model itself."""
     return model.encoder if isinstance(model, GenerativeModel) else model

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
 
 from vitlab.models.contract import ModelContract
@@ -39,6 +40,12 @@ class SwinTransformer(TimmSwinTransformer, ModelContract):
     """
 
     classifier_name = "head.fc"
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """timm's switch on every stage, and ``grad_checkpointing`` on the model, as on every vitlab model."""
+        super().set_grad_checkpointing(enable)
+        self.grad_checkpointing = enable
 
     def __init__(
         self,

@@ -123,11 +123,10 @@ class VisionTransformer(ModelContract, nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, object]:
-        """timm's layer groups (``timm.models.group_parameters``): the embeddings, then each block, then the final
-        norm with the head (one group: BEiT's layer decay, Bao et al. 2022, sec. 2.6, trains both at the full rate)."""
-        return dict(
-            stem=r"^cls_token|^pos_embed|^patch_embed", blocks=[(r"^blocks\.(\d+)", None), (r"^norm|^head", (99999,))]
-        )
+        """timm's layer groups (``timm.models.group_parameters``): the embeddings, each block, then the final norm
+        with the head, which no pattern names (one group, the last; BEiT's layer decay, Bao et al. 2022, sec. 2.6,
+        trains both at the full rate)."""
+        return dict(stem=r"^cls_token|^pos_embed|^patch_embed", blocks=[(r"^blocks\.(\d+)", None)])
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:

@@ -32,6 +32,7 @@ from vitlab.errors import RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
 from vitlab.models.builder import create_model
+from vitlab.models.protocols import GradCheckpointing
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.rundir import (
     METRICS_FILE,
@@ -297,6 +298,16 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+def enable_grad_checkpointing(model: torch.nn.Module) -> None:
+    """``trainer.grad_checkpointing=true``: the model's blocks recompute their activations in the backward pass."""
+    if not isinstance(model, GradCheckpointing):
+        raise ConfigError(
+            f"trainer.grad_checkpointing=true, but {type(model).__name__} has no set_grad_checkpointing (timm's "
+            "switch); unset trainer.grad_checkpointing"
+        )
+    model.set_grad_checkpointing(True)
+
+
 def build_task(cfg: RunConfig, model: torch.nn.Module, hparams: dict[str, Any]) -> BaseTask:
     """The Lightning task for a model: its family's task (``vitlab.family``), a classifier's for any other model."""
     return task_class_for(type(model))(model, cfg=cfg, hparams=hparams)
@@ -409,6 +420,8 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         if isinstance(e, ConfigError | VitlabError):
             raise
         raise ConfigError(f"cannot build model {cfg.model['name']!r} with {kwargs}: {e}") from e
+    if cfg.trainer.grad_checkpointing:
+        enable_grad_checkpointing(model)
     hparams = {"config": to_dict(cfg), "model_kwargs": kwargs, "data_info": info}
     task = build_task(cfg, model, hparams)
     validate = len(dm.val_set) > 0  # data.val_fraction=0: no validation loop, best.ckpt is the last epoch's
