@@ -153,6 +153,10 @@ class FinetuneConfig:
 
     layer_decay: float | None = None
     freeze: str = "none"
+    #: ``pretrained``: normalise the data with the mean and std of ``model.pretrained``'s ``pretrained_cfg`` (timm's
+    #: for ``timm:NAME``, the pretraining data's for a vitlab run), as timm's fine-tuning does; ``data``: with the
+    #: training images' own. Weights that name none (a bare file) or another channel count leave the data's.
+    normalisation: str = "pretrained"
     early_stopping_patience: int | None = None
     early_stopping_monitor: str | None = None
     early_stopping_mode: str | None = None
@@ -162,6 +166,8 @@ class FinetuneConfig:
         problems = []
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             problems.append(f"finetune.layer_decay must be in (0, 1] (or null for off), got {self.layer_decay}")
+        if self.normalisation not in ("pretrained", "data"):
+            problems.append(f"finetune.normalisation must be pretrained or data, got {self.normalisation!r}")
         if self.freeze not in ("none", "backbone"):
             problems.append(f"finetune.freeze must be none or backbone, got {self.freeze!r}")
         if self.early_stopping_patience is not None and self.early_stopping_patience < 1:

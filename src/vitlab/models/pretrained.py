@@ -273,6 +273,42 @@ def timm_weights(name: str) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
+def source_pretrained_cfg(source: str | Path) -> dict[str, Any]:
+    """The ``pretrained_cfg`` that the weights ``source`` (see the module docstring) come with, as far as it says:
+    timm's own for ``timm:NAME[.TAG]`` (``timm.models.get_pretrained_cfg``, no download); for a vitlab export, run
+    directory or Lightning checkpoint the ``mean``, ``std`` and ``input_size`` of the data it was trained on (the
+    export's ``config.json`` or the checkpoint's ``data_info``); ``{}`` for a bare weights file."""
+    text = str(source)
+    if text.startswith(TIMM_PREFIX):
+        import timm
+
+        try:
+            cfg = timm.models.get_pretrained_cfg(text[len(TIMM_PREFIX) :])
+        except Exception:  # timm raises RuntimeError or KeyError for unknown names
+            cfg = None
+        return {} if cfg is None else cfg.to_dict()
+    path = Path(text).expanduser()
+    candidates = [path / "config.json", path / "export" / "config.json", path / "checkpoints" / "best.ckpt"]
+    for candidate in [path] if path.is_file() else candidates:
+        if candidate.suffix == ".json" and candidate.is_file():
+            return _data_cfg(json.loads(candidate.read_text()).get("data") or {})
+        if candidate.suffix == ".ckpt" and candidate.is_file():
+            ckpt = torch.load(candidate, map_location="cpu", weights_only=True)
+            return _data_cfg(ckpt.get("hyper_parameters", {}).get("data_info") or {})
+    return {}
+
+
+def _data_cfg(info: dict[str, Any]) -> dict[str, Any]:
+    """``pretrained_cfg`` keys from a run's data description (``vitlab.training.run.data_info``)."""
+    if not info.get("mean"):
+        return {}
+    return {
+        "mean": tuple(info["mean"]),
+        "std": tuple(info["std"]),
+        "input_size": (info["in_chans"], info["img_size"], info["img_size"]),
+    }
+
+
 # -------------------------------------------------------------------------------------------------------------------
 # Fitting weights to a backbone.
 

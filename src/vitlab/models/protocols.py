@@ -50,6 +50,14 @@ class GradCheckpointing(Protocol):
     def set_grad_checkpointing(self, enable: bool = True) -> None: ...
 
 
+@runtime_checkable
+class PretrainedConfigured(Protocol):
+    """A model with timm's ``pretrained_cfg``: its input size, interpolation, mean and std, classifier and first
+    convolution (:class:`vitlab.models.contract.ModelContract`)."""
+
+    pretrained_cfg: dict[str, Any]
+
+
 def classifier_backbone(model: nn.Module) -> nn.Module:
     """The image encoder a benchmark times: a generative model's ``encoder``, any other model itself."""
     return model.encoder if isinstance(model, GenerativeModel) else model

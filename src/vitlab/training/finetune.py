@@ -19,8 +19,9 @@ from timm.models import group_parameters
 from torch import nn
 
 from vitlab.config import FinetuneConfig, RunConfig
+from vitlab.data import VisionDataModule
 from vitlab.errors import ConfigError
-from vitlab.models.pretrained import PretrainedWeightsError, backbone_of
+from vitlab.models.pretrained import PretrainedWeightsError, backbone_of, source_pretrained_cfg
 from vitlab.models.protocols import LayerGrouped
 
 
@@ -74,6 +75,35 @@ def layer_decay_groups(model: nn.Module, groups: list[dict[str, Any]], lr: float
             scale = decay ** (top - layer)
             out.append({**group, "params": by_layer[layer], "lr": lr * scale, "lr_scale": scale})
     return out
+
+
+def pretrained_normalisation(cfg: RunConfig, dm: VisionDataModule, stored: dict[str, Any] | None = None) -> str | None:
+    """Normalise the data as ``finetune.normalisation`` says: with the ``pretrained_cfg`` mean and std of
+    ``model.pretrained`` (timm's convention for fine-tuning) when it names them for the data's channel count; a
+    resumed run (``stored``: its checkpoint's hyper-parameters) keeps the normalisation it started with. Returns a
+    line for the log, or None when the data's own statistics stay."""
+    if stored is not None:
+        info = stored.get("data_info") or {}
+        if info.get("mean"):
+            dm.set_normalisation(info["mean"], info["std"])
+        return None
+    source = cfg.model.get("pretrained")
+    if not source or cfg.finetune.normalisation != "pretrained":
+        return None
+    pretrained = source_pretrained_cfg(source)
+    mean, std = pretrained.get("mean"), pretrained.get("std")
+    if not mean or len(mean) != dm.in_chans:
+        return None
+    dm.set_normalisation(mean, std)
+    rounded = [tuple(round(float(v), 4) for v in values) for values in (mean, std)]
+    line = f"finetune.normalisation=pretrained: mean {rounded[0]}, std {rounded[1]}"
+    size = pretrained.get("input_size")
+    if size and tuple(size[1:]) != (dm.img_size, dm.img_size):
+        line += (
+            f"; the weights were trained at {size[1]}x{size[2]}, the data is {dm.img_size}x{dm.img_size} (position "
+            "embeddings resampled)"
+        )
+    return line
 
 
 def early_stopping(cfg: FinetuneConfig, monitor: tuple[str, str]) -> EarlyStopping | None:

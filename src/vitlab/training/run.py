@@ -32,7 +32,7 @@ from vitlab.errors import RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
 from vitlab.models.builder import create_model
-from vitlab.models.protocols import GradCheckpointing
+from vitlab.models.protocols import GradCheckpointing, PretrainedConfigured
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.rundir import (
     METRICS_FILE,
@@ -58,7 +58,7 @@ from vitlab.training.callbacks import (
     StepTimer,
     quiet_lightning,
 )
-from vitlab.training.finetune import setup_finetuning
+from vitlab.training.finetune import pretrained_normalisation, setup_finetuning
 from vitlab.training.tasks import BaseTask, ClassificationTask
 
 __all__ = ["RUN_OUTPUTS", "RunDirError", "RunInterrupted", "evaluate", "fit", "make_run_dir", "resolve_resume"]
@@ -409,6 +409,9 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     dm.prepare_data()
     dm.setup("fit")
     dm.check_trainable()
+    normalisation = pretrained_normalisation(cfg, dm, stored)
+    if normalisation:
+        print(normalisation, flush=True)
     info = data_info(dm)
     kwargs = model_kwargs_for(cfg, info)
     if stored is not None:
@@ -420,6 +423,8 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         if isinstance(e, ConfigError | VitlabError):
             raise
         raise ConfigError(f"cannot build model {cfg.model['name']!r} with {kwargs}: {e}") from e
+    if isinstance(model, PretrainedConfigured):
+        model.pretrained_cfg = {"mean": info["mean"], "std": info["std"]}  # what the data is normalised with
     if cfg.trainer.grad_checkpointing:
         enable_grad_checkpointing(model)
     hparams = {"config": to_dict(cfg), "model_kwargs": kwargs, "data_info": info}
