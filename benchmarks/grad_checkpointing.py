@@ -9,11 +9,13 @@ For each preset, at 32x32 RGB inputs and 10 classes:
    peak memory of each as the peak RSS growth of a fresh process over building the network and two training steps.
 
     OMP_NUM_THREADS=1 python benchmarks/grad_checkpointing.py --out benchmarks/results/grad_checkpointing_cpu.json
+    python benchmarks/grad_checkpointing.py --from benchmarks/results/grad_checkpointing_cpu.json   # the docs table
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -68,14 +70,45 @@ def lscpu() -> dict[str, str]:
     }
 
 
+def table(record: dict[str, Any]) -> str:
+    """The Markdown table of docs/benchmarks.md ("Gradient checkpointing") from a results file."""
+    rows = [
+        "| network | gradients | peak RSS growth, MiB: with / without | training images/s, CPU clock: with / without "
+        "| with / without, train (range) | with / without, inference | load avg |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, result in record["models"].items():
+        nets, grads = result["bench"]["networks"], result["gradients"]
+        ours, plain = nets["ours"], nets["ours_no_checkpointing"]
+        speed = [net["train"]["cpu"]["images_per_s"]["median"] for net in (ours, plain)]
+        ratio = result["bench"]["ours_over_ours_no_checkpointing"]["cpu"]
+        load = result["bench"]["load_average"]
+        same = "bit-identical" if grads["bit_identical"] else f"max diff {grads['max_abs_grad_difference']:.1e}"
+        rows.append(
+            f"| {name} | {same} ({grads['parameter_tensors']} tensors) | {ours['peak_memory']['mib']:.0f} / "
+            f"{plain['peak_memory']['mib']:.0f} ({ours['peak_memory']['mib'] / plain['peak_memory']['mib'] - 1:+.0%}) "
+            f"| {speed[0]:.2f} / {speed[1]:.2f} "
+            f"| {ratio['train']['median']:.3f} ({ratio['train']['min']:.3f}-{ratio['train']['max']:.3f}) "
+            f"| {ratio['inference']['median']:.3f} | {load['before'][0]:.1f} -> {load['after'][0]:.1f} |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["vit_small", "cet_vit_tiny"])
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--from", dest="source", help="print the docs table of this results file and stop")
     args = parser.parse_args()
+    if args.source:
+        with open(args.source) as f:
+            print(table(json.load(f)))
+        return
+    if not args.out:
+        parser.error("--out FILE.json is needed to measure (or --from FILE.json to print the table)")
     check_outputs([args.out], force=args.force)
     load_before = os.getloadavg()
     results = {}

@@ -185,6 +185,8 @@ class CETViT(ModelContract, nn.Module):
     replace S at test time (:func:`ablate_assignment`; :func:`vitlab.evaluation.grouping.grouping_ablation`).
     """
 
+    classifier_name = "head.fc"
+
     def __init__(
         self,
         *,
@@ -361,8 +363,6 @@ class CETViT(ModelContract, nn.Module):
         self.micro_encoder.set_grad_checkpointing(enable)
         if self.grouping != "none":
             self.macro_encoder.grad_checkpointing = enable
-
-    classifier_name = "head.fc"
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
