@@ -47,8 +47,8 @@ def tokens_per_block(network: VisionTransformer) -> list[int]:
     """Tokens each block outputs for one image (the CLS token included)."""
     shape = (1, network.patch_embed.proj.in_channels, *network.patch_embed.img_size)
     with torch.no_grad():
-        _, intermediates = network.eval().forward_intermediates(torch.zeros(shape))
-    return [t.shape[1] for t in intermediates]
+        _, intermediates = network.eval().forward_intermediates(torch.zeros(shape), output_fmt="NLC")
+    return [network.num_prefix_tokens + t.shape[1] for t in intermediates]
 
 
 def main() -> None:

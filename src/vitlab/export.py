@@ -22,6 +22,7 @@ from vitlab.atomic import atomic_write_text
 from vitlab.errors import CheckpointError, ConfigError, VitlabError
 from vitlab.layers.heads import state_in_original_order
 from vitlab.models.builder import create_model
+from vitlab.models.protocols import PretrainedConfigured
 from vitlab.models.registry import get_preset
 from vitlab.rundir import EXPORT_CONFIG_FILE, EXPORT_WEIGHTS_FILE, locate_model, umask_mode
 
@@ -109,7 +110,14 @@ def model_from_loaded_checkpoint(
     model = create_model(name, **_rebuild_kwargs(name, hp["model_kwargs"], overrides))
     state = {k[len("model.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state_in_original_order(model, state))
+    _record_normalisation(model, hp.get("data_info"))
     return model, hp
+
+
+def _record_normalisation(model: nn.Module, info: dict[str, Any] | None) -> None:
+    """The data's mean and std into the model's ``pretrained_cfg`` (timm's contract), when both are known."""
+    if info and info.get("mean") and isinstance(model, PretrainedConfigured):
+        model.pretrained_cfg = {"mean": info["mean"], "std": info["std"]}
 
 
 #: the files :func:`export_model` writes; ``force=True`` replaces these and leaves anything else in the folder alone
@@ -205,6 +213,7 @@ def load_model(
             raise CheckpointError(f"{weights} is missing; export the model again") from e
         except Exception as e:
             raise CheckpointError(f"{weights} cannot be read ({e}); the file is corrupt: export the model again") from e
+        _record_normalisation(model, meta.get("data"))
         return model.eval()
     model, _ = model_from_checkpoint(path, overrides)
     return model.to(map_location).eval()

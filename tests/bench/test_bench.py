@@ -158,3 +158,14 @@ def test_bench_compile_times_ours_compiled_against_eager_and_timm_both_ways():
         assert result[f"ours_over_{other}"]["cpu"]["train"]["median"] > 0
     printed = format_bench(result)
     assert "ours / timm_compiled, train" in printed and "ours / ours_eager, inference" in printed
+
+
+def test_bench_grad_checkpointing_measures_both_settings_with_their_peak_memory():
+    result = bench("vit_pico", overrides=TINY, grad_checkpointing=True, **FAST)
+    assert list(result["networks"]) == ["ours", "ours_no_checkpointing"]
+    ours, plain = result["networks"]["ours"], result["networks"]["ours_no_checkpointing"]
+    assert ours["spec"]["grad_checkpointing"] and not plain["spec"]["grad_checkpointing"]
+    assert "gradient checkpointing" in ours["description"] and "checkpointing" not in plain["description"]
+    assert ours["peak_memory"]["mib"] > 0 and plain["peak_memory"]["mib"] > 0
+    assert result["ours_over_ours_no_checkpointing"]["cpu"]["train"]["median"] > 0
+    assert "ours / ours_no_checkpointing, train" in format_bench(result)

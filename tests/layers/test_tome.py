@@ -171,14 +171,14 @@ def test_exactly_r_tokens_disappear_per_block_and_cls_stays_first():
     torch.manual_seed(0)
     model = vitlab.create_model("tome_pico", img_size=16, patch_size=4, num_classes=5, tome_r=3).eval()
     x = torch.randn(2, 3, 16, 16)
-    _, inter = model.forward_intermediates(x)
-    assert [t.shape[1] for t in inter] == [14, 11, 8, 5]  # 1 + 16 tokens, 3 fewer after each of the 4 blocks
+    _, inter = model.forward_intermediates(x, output_fmt="NLC")
+    assert [t.shape[1] for t in inter] == [13, 10, 7, 4]  # 16 patch tokens (+ CLS), 3 fewer after each of the 4 blocks
     # the CLS token's path: merging never touches position 0, so the head reads the CLS token
     feats = model.forward_features(x)
     torch.testing.assert_close(model.forward_head(feats), model(x))
-    # once the tokens run low, a block merges what set A can give: 17 -> 9 -> 5 -> 3 -> 2
+    # once the tokens run low, a block merges what set A can give: 17 -> 9 -> 5 -> 3 -> 2 (CLS included)
     model.tome_r = 8
-    assert [t.shape[1] for t in model.forward_intermediates(x)[1]] == [9, 5, 3, 2]
+    assert [t.shape[1] for t in model.forward_intermediates(x, output_fmt="NLC")[1]] == [8, 4, 2, 1]
 
 
 def test_tome_trains():

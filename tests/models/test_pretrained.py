@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 import vitlab
 from vitlab.config import FinetuneConfig, build_config
 from vitlab.errors import ConfigError, VitlabError
+from vitlab.export import export_model
 from vitlab.models.pretrained import PretrainedWeightsError, compress_keys, load_pretrained
 from vitlab.training.finetune import early_stopping, freeze_backbone, layer_decay_groups
 from vitlab.training.tasks import param_groups
@@ -275,3 +276,17 @@ def test_the_vit_baselines_take_pretrained_weights(name, tmp_path):
     model = vitlab.create_model(name, img_size=32, patch_size=4, num_classes=10, pretrained=path)
     torch.testing.assert_close(model.blocks[-1].mlp.fc2.weight, source.blocks[-1].mlp.fc2.weight)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize(("name", "patch"), [("cet_vit_pico", 2), ("swin_pico", 1)])
+def test_models_without_a_vit_backbone_take_weights_of_their_own_architecture(tmp_path, name, patch):
+    shape = dict(img_size=16, patch_size=patch)
+    source = vitlab.create_model(name, num_classes=5, **shape)
+    export_model(source, tmp_path / "export")
+    model = vitlab.create_model(name, num_classes=3, pretrained=str(tmp_path / "export"), **shape)
+    head = model.pretrained_cfg["classifier"]
+    assert f"{head} reset for 3 classes" in model.pretrained_summary
+    loaded, original = model.state_dict(), source.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in original.items() if not k.startswith(f"{head}."))
+    with pytest.raises(PretrainedWeightsError, match="do not fit"):
+        vitlab.create_model(name, num_classes=3, pretrained=str(tmp_path / "export"), **shape, mlp_ratio=1.0)

@@ -29,7 +29,7 @@ def test_model_contract():
     torch.testing.assert_close(model.forward_head(feats), model(x))
     assert model.forward_head(feats, pre_logits=True).shape == (2, 64)
     final, inter = model.forward_intermediates(x, indices=[0, -1])
-    assert len(inter) == 2 and inter[0].shape == (2, 17, 64)
+    assert len(inter) == 2 and inter[0].shape == (2, 64, 4, 4)  # feature maps of the 4x4 patch grid
     torch.testing.assert_close(final, feats)
     assert {"pos_embed", "cls_token"} <= model.no_weight_decay()
 

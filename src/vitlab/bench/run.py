@@ -14,6 +14,9 @@ from vitlab.bench.timing import Runner, measure_networks, round_ratio, torch_thr
 from vitlab.environment import environment as run_environment
 from vitlab.errors import ConfigError
 
+#: the networks a run compares ``ours`` with, each as ``ours_over_<name>``
+COMPARED = ("timm", "ours_eager", "timm_compiled", "ours_no_checkpointing")
+
 
 # -------------------------------------------------------------------------------------------------------------------
 # The benchmark of a preset
@@ -35,6 +38,7 @@ def bench(
     matmul_size: int = 1024,
     device: str = "cpu",
     memory: bool = True,
+    grad_checkpointing: bool = False,
 ) -> dict[str, Any]:
     """Benchmark the preset ``model`` (with keyword ``overrides``) alone or, with ``vs="timm"``, next to timm's.
 
@@ -43,10 +47,15 @@ def bench(
     eager, torch's default AdamW. With ``compile`` the run also times ``ours_eager`` and, with ``vs="timm"``,
     ``timm_compiled`` (``torch.compile`` of the whole network, same mode), all alternating in one process.
 
+    With ``grad_checkpointing`` ``ours`` recomputes its blocks' activations in the backward pass
+    (``trainer.grad_checkpointing``) and the run also times and measures ``ours_no_checkpointing``, the same network
+    without, alternating.
+
     Returns the :func:`measure_networks` record with ``settings``, ``environment``, ``load_average``
     (``os.getloadavg()`` before and after), each network's ``description``, ``runner`` and ``peak_memory`` (when
     ``memory``; eager training steps), and the throughput ratios formed per round, ``{clock: {phase: summary}}``:
-    ``ours_over_timm``, and with ``compile`` ``ours_over_ours_eager`` and ``ours_over_timm_compiled``.
+    ``ours_over_timm``, and with ``compile`` ``ours_over_ours_eager`` and ``ours_over_timm_compiled``, with
+    ``grad_checkpointing`` ``ours_over_ours_no_checkpointing``.
     """
     check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
     if vs not in (None, "timm"):
@@ -56,11 +65,13 @@ def bench(
         raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA device; use --device cpu")
     overrides = dict(overrides or {})
     ours = NetworkSpec("vitlab", model, overrides)
-    specs = {"ours": ours}
+    specs = {"ours": NetworkSpec("vitlab", model, overrides, grad_checkpointing=True) if grad_checkpointing else ours}
     compiled = dict(mode=compile_mode, backend=compile_backend)
     runners = {"ours": Runner(compile="blocks", fused=fused, **compiled) if compile else Runner(fused=fused)}
     if compile:
-        specs["ours_eager"], runners["ours_eager"] = ours, Runner(fused=fused)
+        specs["ours_eager"], runners["ours_eager"] = specs["ours"], Runner(fused=fused)
+    if grad_checkpointing:
+        specs["ours_no_checkpointing"], runners["ours_no_checkpointing"] = ours, runners["ours"]
     if vs == "timm":
         specs["timm"], runners["timm"] = timm_counterpart(model, overrides), Runner()
         if compile:
@@ -81,13 +92,14 @@ def bench(
         sample_seconds=sample_seconds,
         matmul_size=matmul_size,
         device=device,
+        grad_checkpointing=grad_checkpointing,
     )
     load_before = os.getloadavg()
     with torch_threads(threads):
         peak = {
             name: peak_memory(spec, batch_size=batch_size, precision=precision, device=device, threads=threads)
             for name, spec in specs.items()
-            if memory and name in ("ours", "timm")
+            if memory and name in ("ours", "timm", "ours_no_checkpointing")
         }
         networks = {}
         for name, spec in specs.items():
@@ -107,10 +119,15 @@ def bench(
         environment = run_environment()
     for name, spec in specs.items():
         result["networks"][name]["description"] = f"{spec.describe()}, {runners[name].describe()}"
-        result["networks"][name]["spec"] = {"source": spec.source, "name": spec.name, "kwargs": spec.kwargs}
+        result["networks"][name]["spec"] = {
+            "source": spec.source,
+            "name": spec.name,
+            "kwargs": spec.kwargs,
+            "grad_checkpointing": spec.grad_checkpointing,
+        }
         if name in peak:
             result["networks"][name]["peak_memory"] = peak[name]
-    for other in ("timm", "ours_eager", "timm_compiled"):
+    for other in COMPARED:
         if other in specs:
             result[f"ours_over_{other}"] = {
                 clock: {phase: round_ratio(result, "ours", other, phase, clock) for phase in PHASES}
@@ -151,7 +168,7 @@ def format_bench(result: dict[str, Any]) -> str:
                 f"{train['mfu']['median']:>6.1%} {_spread(infer['images_per_s']):>20} {infer['mfu']['median']:>6.1%} "
                 f"{'-' if memory is None else f'{memory:.0f}':>9}"
             )
-        for other in ("timm", "ours_eager", "timm_compiled"):
+        for other in COMPARED:
             for phase, ratio in result.get(f"ours_over_{other}", {}).get(clock, {}).items():
                 lines.append(
                     f"  ours / {other}, {phase}: {ratio['median']:.3f} (IQR {ratio['q1']:.3f}-{ratio['q3']:.3f}, "

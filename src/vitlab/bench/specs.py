@@ -33,26 +33,32 @@ class NetworkSpec:
 
     ``source="vitlab"``: the preset ``name`` with keyword ``kwargs`` overrides; a ViTCAE preset gives its encoder
     (``model.encoder``, a ``VisionTransformer`` with temperature). ``"timm_vit"`` / ``"timm_swin"``: timm's
-    ``VisionTransformer`` / ``SwinTransformer`` built with ``kwargs``.
+    ``VisionTransformer`` / ``SwinTransformer`` built with ``kwargs``. ``grad_checkpointing``: the network's
+    ``set_grad_checkpointing(True)`` (``trainer.grad_checkpointing``).
     """
 
     source: Literal["vitlab", "timm_vit", "timm_swin"]
     name: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    grad_checkpointing: bool = False
 
     def build(self) -> nn.Module:
         if self.source == "vitlab":
-            model = create_model(self.name, **self.kwargs)
-            return classifier_backbone(model)
-        if self.source == "timm_vit":
-            return timm.models.VisionTransformer(**self.kwargs)
-        return TimmSwinTransformer(**self.kwargs)
+            network = classifier_backbone(create_model(self.name, **self.kwargs))
+        elif self.source == "timm_vit":
+            network = timm.models.VisionTransformer(**self.kwargs)
+        else:
+            network = TimmSwinTransformer(**self.kwargs)
+        if self.grad_checkpointing:
+            network.set_grad_checkpointing(True)
+        return network
 
     def describe(self) -> str:
+        checkpointed = ", gradient checkpointing" if self.grad_checkpointing else ""
         if self.source == "vitlab":
             part = " (encoder)" if issubclass(get_preset(self.name).cls, GenerativeModel) else ""
-            return f"vitlab {self.name}{part}"
-        return self.name
+            return f"vitlab {self.name}{part}{checkpointed}"
+        return self.name + checkpointed
 
 
 _VIT_KEYS = (

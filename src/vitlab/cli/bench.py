@@ -40,6 +40,11 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
         choices=["auto", "true", "false"],
         help="our AdamW's optim.fused (timm's: torch's default)",
     )
+    p.add_argument(
+        "--grad-checkpointing",
+        action="store_true",
+        help="ours with gradient checkpointing (trainer.grad_checkpointing); the same network without, alternating",
+    )
     p.add_argument("--vs", choices=["timm"], help="also time timm's network of the same shape, alternating")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: leave torch's default)")
     p.add_argument("--repeats", type=int, default=5, help="measurement rounds (median and spread over them)")
@@ -77,6 +82,7 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
             matmul_size=args.matmul_size,
             device=args.device,
             memory=not args.no_memory,
+            grad_checkpointing=args.grad_checkpointing,
         )
         print(format_bench(result))
         if args.out:

@@ -72,7 +72,8 @@ SCHEDULES = ("cosine", "plateau", "none")
 class TrainerConfig:
     """Arguments passed through to ``lightning.pytorch.Trainer``, and vitlab's own (``VITLAB_KEYS``): ``compile``
     (``torch.compile`` of the network's blocks, ``vitlab.acceleration.compile_network``) with ``compile_mode``
-    (``default``, ``reduce-overhead``, ``max-autotune``, ``max-autotune-no-cudagraphs``) and ``compile_backend``."""
+    (``default``, ``reduce-overhead``, ``max-autotune``, ``max-autotune-no-cudagraphs``) and ``compile_backend``;
+    ``grad_checkpointing`` (activation checkpointing of the model's blocks)."""
 
     max_epochs: int = 10
     accelerator: str = "auto"
@@ -91,6 +92,9 @@ class TrainerConfig:
     compile: bool = False
     compile_mode: str | None = None
     compile_backend: str = "inductor"
+    #: recompute the blocks' activations in the backward pass instead of keeping them (the model's
+    #: ``set_grad_checkpointing``): less activation memory for one more forward of the blocks, same loss and gradients
+    grad_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if self.max_epochs == -1 and self.max_time is None:
@@ -109,7 +113,7 @@ class TrainerConfig:
 
 
 #: keys of :class:`TrainerConfig` that vitlab uses itself, not passed to Lightning
-VITLAB_KEYS: tuple[str, ...] = ("compile", "compile_mode", "compile_backend")
+VITLAB_KEYS: tuple[str, ...] = ("compile", "compile_mode", "compile_backend", "grad_checkpointing")
 
 
 @dataclass
@@ -139,16 +143,21 @@ class RunSection:
 @dataclass
 class FinetuneConfig:
     """Fine-tuning options (docs/recipes.md, "Pretrained weights and fine-tuning"); the weights themselves come from
-    ``model.pretrained``. ``layer_decay``: layer-wise learning-rate decay (BEiT, Bao et al. 2022, sec. 2.6): block
-    ``i`` of ``L`` trains at ``lr * layer_decay ** (L - i)``, the embeddings at ``lr * layer_decay ** (L + 1)``, the
-    final norm, head and everything outside the ViT at ``lr``; ``None`` = off. ``freeze``: ``none``, or ``backbone``
-    (the ViT's weights get no gradient: a linear probe for a ViT, only the decoder side for ViTCAE).
+    ``model.pretrained``. ``layer_decay``: layer-wise learning-rate decay (BEiT, Bao et al. 2022, sec. 2.6) over
+    the layers of the model's ``group_matcher`` (timm's; every vitlab model has one): layer ``l`` of ``0..L`` trains
+    at ``lr * layer_decay ** (L - l)``, the embeddings (layer 0) slowest, the head (layer ``L``) at ``lr``; for a ViT
+    block ``i`` is layer ``i + 1`` and the final norm shares the head's; ``None`` = off. ``freeze``: ``none``, or
+    ``backbone`` (the ViT's weights get no gradient: a linear probe for a ViT, only the decoder side for ViTCAE).
     ``early_stopping_patience``: stop after this many validation epochs without improvement of
     ``early_stopping_monitor`` (default: the metric that picks best.ckpt) by more than ``early_stopping_min_delta``
     (Lightning's ``EarlyStopping``); ``None`` = off."""
 
     layer_decay: float | None = None
     freeze: str = "none"
+    #: ``pretrained``: normalise the data with the mean and std of ``model.pretrained``'s ``pretrained_cfg`` (timm's
+    #: for ``timm:NAME``, the pretraining data's for a vitlab run), as timm's fine-tuning does; ``data``: with the
+    #: training images' own. Weights that name none (a bare file) or another channel count leave the data's.
+    normalisation: str = "pretrained"
     early_stopping_patience: int | None = None
     early_stopping_monitor: str | None = None
     early_stopping_mode: str | None = None
@@ -158,6 +167,8 @@ class FinetuneConfig:
         problems = []
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             problems.append(f"finetune.layer_decay must be in (0, 1] (or null for off), got {self.layer_decay}")
+        if self.normalisation not in ("pretrained", "data"):
+            problems.append(f"finetune.normalisation must be pretrained or data, got {self.normalisation!r}")
         if self.freeze not in ("none", "backbone"):
             problems.append(f"finetune.freeze must be none or backbone, got {self.freeze!r}")
         if self.early_stopping_patience is not None and self.early_stopping_patience < 1:

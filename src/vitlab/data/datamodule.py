@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import lightning.pytorch as pl
 import numpy as np
@@ -169,6 +169,16 @@ class VisionDataModule(pl.LightningDataModule):
         if self._mean_std is None:
             self.setup()
         return self._mean_std[1]
+
+    def set_normalisation(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        """Normalise with this ``mean`` and ``std`` (one per channel) instead of the training images' own, e.g. those
+        of pretrained weights (their ``pretrained_cfg``). Before the loaders are built."""
+        if len(mean) != self.in_chans or len(std) != self.in_chans or min(std) <= 0:
+            raise ValueError(
+                f"normalisation needs {self.in_chans} means and {self.in_chans} positive stds (one per channel of "
+                f"{self.cfg.name}), got mean={list(mean)}, std={list(std)}"
+            )
+        self._mean_std = (tuple(float(m) for m in mean), tuple(float(s) for s in std))
 
     def prepare_data(self) -> None:
         """Download the dataset when ``cfg.download`` (Lightning runs this on one process per node)."""

@@ -52,16 +52,19 @@ class Block(nn.Module):
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
     def forward_merging(
-        self, x: torch.Tensor, size: torch.Tensor, r: int, class_token: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, x: torch.Tensor, size: torch.Tensor, r: int, class_token: bool = True, return_matching: bool = False
+    ) -> tuple[torch.Tensor, ...]:
         """The block with Token Merging (ToMe, Bolya et al. 2023, sec. 3). ``x: [B, N, C]``, ``size: [B, N, 1]``.
 
         Proportional attention (``log size`` added to the logits) returns the head-averaged keys; the ``r`` most
         similar token pairs by those keys merge (:func:`~vitlab.layers.tome.bipartite_soft_matching`, size-weighted
         by :func:`~vitlab.layers.tome.merge_wavg`); then the MLP runs on the ``N - r`` tokens left.
-        Returns ``(x [B, N - r, C], size [B, N - r, 1])``.
+        Returns ``(x [B, N - r, C], size [B, N - r, 1])``, and the :class:`~vitlab.layers.tome.TokenMatching` with
+        ``return_matching``.
         """
         attended, keys = self.attn(self.norm1(x), size=size, return_keys=True)
         x = x + self.drop_path1(attended)
-        x, size = merge_wavg(bipartite_soft_matching(keys, r, class_token=class_token), x, size)
-        return x + self.drop_path2(self.mlp(self.norm2(x))), size
+        matching = bipartite_soft_matching(keys, r, class_token=class_token)
+        x, size = merge_wavg(matching, x, size)
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        return (x, size, matching) if return_matching else (x, size)

@@ -23,6 +23,10 @@ unchanged: the per-head temperature ``log_tau`` (0, i.e. tau = 1). Weights of a 
 dropped (:func:`vitlab.layers.heads.state_in_original_order`). Any other key the backbone lacks or the file has in
 excess, and any shape that no rule above fits, is a :class:`PretrainedWeightsError` that lists them; nothing is
 loaded partially.
+
+A model without a ViT backbone (CET-ViT, Swin) takes weights of its own architecture, a vitlab export or run of the
+same preset and shape (:func:`load_whole_model`): its ``pretrained_cfg`` names the first convolution (where the
+weights start) and the classifier (reset when the number of classes differs).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from torch import nn
 
 from vitlab.errors import CheckpointError
 from vitlab.layers.heads import state_in_original_order
+from vitlab.models.protocols import PretrainedConfigured
 from vitlab.models.registry import constructor_args, get_preset, list_models
 from vitlab.models.vit import VisionTransformer
 
@@ -275,6 +280,42 @@ def timm_weights(name: str) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
+def source_pretrained_cfg(source: str | Path) -> dict[str, Any]:
+    """The ``pretrained_cfg`` that the weights ``source`` (see the module docstring) come with, as far as it says:
+    timm's own for ``timm:NAME[.TAG]`` (``timm.models.get_pretrained_cfg``, no download); for a vitlab export, run
+    directory or Lightning checkpoint the ``mean``, ``std`` and ``input_size`` of the data it was trained on (the
+    export's ``config.json`` or the checkpoint's ``data_info``); ``{}`` for a bare weights file."""
+    text = str(source)
+    if text.startswith(TIMM_PREFIX):
+        import timm
+
+        try:
+            cfg = timm.models.get_pretrained_cfg(text[len(TIMM_PREFIX) :])
+        except Exception:  # timm raises RuntimeError or KeyError for unknown names
+            cfg = None
+        return {} if cfg is None else cfg.to_dict()
+    path = Path(text).expanduser()
+    candidates = [path / "config.json", path / "export" / "config.json", path / "checkpoints" / "best.ckpt"]
+    for candidate in [path] if path.is_file() else candidates:
+        if candidate.suffix == ".json" and candidate.is_file():
+            return _data_cfg(json.loads(candidate.read_text()).get("data") or {})
+        if candidate.suffix == ".ckpt" and candidate.is_file():
+            ckpt = torch.load(candidate, map_location="cpu", weights_only=True)
+            return _data_cfg(ckpt.get("hyper_parameters", {}).get("data_info") or {})
+    return {}
+
+
+def _data_cfg(info: dict[str, Any]) -> dict[str, Any]:
+    """``pretrained_cfg`` keys from a run's data description (``vitlab.training.run.data_info``)."""
+    if not info.get("mean"):
+        return {}
+    return {
+        "mean": tuple(info["mean"]),
+        "std": tuple(info["std"]),
+        "input_size": (info["in_chans"], info["img_size"], info["img_size"]),
+    }
+
+
 # -------------------------------------------------------------------------------------------------------------------
 # Fitting weights to a backbone.
 
@@ -360,14 +401,12 @@ def fit_to_backbone(
     return state
 
 
-def check_keys(state: dict[str, torch.Tensor], backbone: nn.Module, source: str, arch: str) -> None:
-    """Raise :class:`PretrainedWeightsError` listing missing, unexpected and mis-shaped keys, if there are any."""
-    target = backbone.state_dict()
+def key_problems(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> list[str]:
+    """What keeps ``state`` from loading strictly into a module of state dict ``target``: missing, unexpected and
+    mis-shaped keys, one phrase each; empty when it fits."""
     missing = [k for k in target if k not in state]
     unexpected = [k for k in state if k not in target]
     shapes = [k for k in target if k in state and state[k].shape != target[k].shape]
-    if not (missing or unexpected or shapes):
-        return
     problems = []
     if missing:
         problems.append(f"{len(missing)} missing ({compress_keys(missing)})")
@@ -379,7 +418,17 @@ def check_keys(state: dict[str, torch.Tensor], backbone: nn.Module, source: str,
             f"{len(shapes)} of another shape (e.g. {first}: file {list(state[first].shape)}, model "
             f"{list(target[first].shape)})"
         )
-    if unexpected and all(k.endswith(".log_tau") for k in unexpected) and not (missing or shapes):
+    return problems
+
+
+def check_keys(state: dict[str, torch.Tensor], backbone: nn.Module, source: str, arch: str) -> None:
+    """Raise :class:`PretrainedWeightsError` listing missing, unexpected and mis-shaped keys, if there are any."""
+    target = backbone.state_dict()
+    problems = key_problems(state, target)
+    if not problems:
+        return
+    unexpected = [k for k in state if k not in target]
+    if unexpected and all(k.endswith(".log_tau") for k in unexpected) and len(problems) == 1:
         raise PretrainedWeightsError(
             f"pretrained weights {source} have per-head temperatures (log_tau, e.g. from a ViTCAE encoder) that "
             f"{arch} has no place for; set model.temperature=true to load them"
@@ -421,12 +470,16 @@ def matching_presets(state: dict[str, torch.Tensor], cls: type[nn.Module]) -> li
 
 
 def load_pretrained(model: nn.Module, source: str | Path, arch: str | None = None) -> LoadReport:
-    """Load the pretrained weights ``source`` (see the module docstring) into ``model``'s ViT backbone, strictly.
+    """Load the pretrained weights ``source`` (see the module docstring) into ``model``'s ViT backbone, strictly;
+    a model without one takes the weights of its own architecture (:func:`load_whole_model`).
 
     Returns a :class:`LoadReport`; raises :class:`PretrainedWeightsError` when the weights cannot be read or do
     not fit (listing the keys), leaving ``model`` untouched.
     """
-    backbone, where = backbone_of(model)
+    try:
+        backbone, where = backbone_of(model)
+    except PretrainedWeightsError:  # CET-ViT, Swin: weights of the same architecture
+        return load_whole_model(model, source, arch)
     raw, description = read_weights(source)
     report = LoadReport(description)
     state = _strip_to_backbone(raw, report)
@@ -436,6 +489,50 @@ def load_pretrained(model: nn.Module, source: str | Path, arch: str | None = Non
     target = backbone.state_dict()
     state = {k: v.to(dtype=target[k].dtype) for k, v in state.items()}
     backbone.load_state_dict(state, strict=True)
+    model.pretrained_summary = report.summary()
+    log.info(model.pretrained_summary)
+    return report
+
+
+def load_whole_model(model: nn.Module, source: str | Path, arch: str | None = None) -> LoadReport:
+    """Weights of the same architecture into a model without a ViT backbone (CET-ViT, Swin), strictly: a vitlab
+    export, run directory, Lightning checkpoint or weights file of a model of the same shape. The model's
+    ``pretrained_cfg`` says where its weights start (``first_conv``: a prefix such as a Lightning task's ``model.``
+    is removed) and which module is the classifier (``classifier``: left at its fresh initialisation when the
+    number of classes differs, as timm does); any other missing, extra or mis-shaped key is a
+    :class:`PretrainedWeightsError` that lists them."""
+    if not isinstance(model, PretrainedConfigured):
+        raise PretrainedWeightsError(
+            f"{type(model).__name__} has no ViT backbone and no pretrained_cfg; model.pretrained works for models of "
+            "timm's contract"
+        )
+    cfg = model.pretrained_cfg
+    raw, description = read_weights(source)
+    anchor = f"{cfg['first_conv']}.weight"
+    anchors = [k for k in raw if k == anchor or k.endswith("." + anchor)]
+    label = arch or type(model).__name__
+    if len(anchors) != 1:
+        raise PretrainedWeightsError(
+            f"{description} holds {'no' if not anchors else 'several'} {label} ({anchor}; its keys: "
+            f"{compress_keys(list(raw), 4)}); pass the weights of one {label} (a vitlab export or run of it)"
+        )
+    report = LoadReport(description, prefix=anchors[0][: -len(anchor)])
+    state = {k[len(report.prefix) :]: v for k, v in raw.items() if k.startswith(report.prefix)}
+    report.ignored = [k for k in raw if not k.startswith(report.prefix)]
+    target = model.state_dict()
+    head = f"{cfg['classifier']}."
+    if any(k.startswith(head) and (k not in target or v.shape != target[k].shape) for k, v in state.items()):
+        state = {k: v for k, v in state.items() if not k.startswith(head)}
+        state.update({k: v for k, v in target.items() if k.startswith(head)})
+        report.adapted.append(f"{cfg['classifier']} reset for {model.num_classes} classes")
+    problems = key_problems(state, target)
+    if problems:
+        raise PretrainedWeightsError(
+            f"pretrained weights {description} do not fit {label}: {'; '.join(problems)}. {label} has no ViT backbone "
+            f"that ViT weights fit, so model.pretrained takes weights of its own architecture: a vitlab export or run "
+            f"of {label} with the same options (only the number of classes may differ)"
+        )
+    model.load_state_dict({k: v.to(dtype=target[k].dtype) for k, v in state.items()}, strict=True)
     model.pretrained_summary = report.summary()
     log.info(model.pretrained_summary)
     return report

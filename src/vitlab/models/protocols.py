@@ -45,6 +45,30 @@ class HeadFreezing(Protocol):
     def set_frozen_heads(self, frozen: torch.Tensor) -> torch.Tensor | None: ...
 
 
+@runtime_checkable
+class LayerGrouped(Protocol):
+    """A model whose parameters timm can group by depth: ``group_matcher(coarse) -> {group: regex or [(regex,
+    ordinal)]}`` (``timm.models.group_parameters``), what layer-wise learning-rate decay builds on."""
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class GradCheckpointing(Protocol):
+    """A model that can recompute its blocks' activations in the backward pass instead of keeping them (timm's
+    ``set_grad_checkpointing``)."""
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None: ...
+
+
+@runtime_checkable
+class PretrainedConfigured(Protocol):
+    """A model with timm's ``pretrained_cfg``: its input size, interpolation, mean and std, classifier and first
+    convolution (:class:`vitlab.models.contract.ModelContract`)."""
+
+    pretrained_cfg: dict[str, Any]
+
+
 def classifier_backbone(model: nn.Module) -> nn.Module:
     """The image encoder a benchmark times: a generative model's ``encoder``, any other model itself."""
     return model.encoder if isinstance(model, GenerativeModel) else model

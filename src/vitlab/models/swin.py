@@ -7,21 +7,25 @@ micro encoder sees, and a window of 4 splits it into 16 windows; each later stag
 merging (16 -> 8 -> 4 -> 2 with four stages). A window larger than a stage's grid shrinks to the grid (then no shift).
 
 The class is timm's model, so the contract (``forward_features`` -> ``forward_head``, ``forward_intermediates``,
-``no_weight_decay``) and the state-dict keys are timm's; only the constructor is vitlab's: keyword-only, with the
-options a baseline needs, so presets register, train, export and load like every other model.
+``reset_classifier``, ``set_grad_checkpointing``, ``group_matcher``, ``feature_info``, ``no_weight_decay``) and the
+state-dict keys are timm's; :class:`~vitlab.models.contract.ModelContract` adds the ``pretrained_cfg`` that timm's
+builder would attach. Only the constructor is vitlab's: keyword-only, with the options a baseline needs, so presets
+register, train, export and load like every other model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
 
+from vitlab.models.contract import ModelContract
 from vitlab.models.registry import register_preset
 from vitlab.models.vit import check_patch_grid
 
 
-class SwinTransformer(TimmSwinTransformer):
+class SwinTransformer(TimmSwinTransformer, ModelContract):
     """Swin classifier. ``x: [B, C, H, W] -> logits [B, num_classes]``; features are NHWC ``[B, H', W', C']``.
 
     Args:
@@ -34,6 +38,14 @@ class SwinTransformer(TimmSwinTransformer):
         attn_drop_rate: dropout on the attention probabilities.
         drop_path_rate: stochastic depth, rising linearly over all blocks.
     """
+
+    classifier_name = "head.fc"
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """timm's switch on every stage, and ``grad_checkpointing`` on the model, as on every vitlab model."""
+        super().set_grad_checkpointing(enable)
+        self.grad_checkpointing = enable
 
     def __init__(
         self,

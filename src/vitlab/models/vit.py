@@ -8,6 +8,7 @@ Weights are key-compatible with timm's ``VisionTransformer`` of the same shape (
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 from timm.models.vision_transformer import init_weights_vit_timm
@@ -16,7 +17,12 @@ from torch import nn
 from vitlab.errors import ConfigError
 from vitlab.layers import Block, PatchEmbed, trunc_normal_
 from vitlab.layers.attention import TemperatureForm
+from vitlab.layers.tome import TokenMatching
+from vitlab.models.contract import ModelContract, check_output_fmt, tokens_to_maps
 from vitlab.models.registry import register_preset
+
+#: pooling of the head: the CLS token, the mean of the patch tokens, or none (``reset_classifier(0, "")``)
+GLOBAL_POOLS = ("token", "avg", "")
 
 
 def check_patch_grid(img_size: int, patch_size: int) -> int:
@@ -30,11 +36,13 @@ def check_patch_grid(img_size: int, patch_size: int) -> int:
     return img_size // patch_size
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(ModelContract, nn.Module):
     """ViT classifier. ``x: [B, C, H, W] -> logits [B, num_classes]``.
 
-    Model contract (timm's): ``forward_features`` -> ``forward_head``; ``forward_intermediates``;
-    ``no_weight_decay``.
+    Model contract (timm's, :mod:`vitlab.models.contract`): ``forward_features`` -> ``forward_head``;
+    ``forward_intermediates`` (feature maps ``[B, D, H/P, W/P]`` or tokens) and ``prune_intermediate_layers``;
+    ``get_classifier`` / ``reset_classifier``; ``set_grad_checkpointing``; ``group_matcher``; ``no_weight_decay``;
+    ``pretrained_cfg``; ``feature_info`` (one entry per block).
 
     ``tome_r``: tokens merged per block by Token Merging (ToMe, Bolya et al. 2023, sec. 3), in training and
     inference; 0 (default) is the plain ViT. Each block then returns ``N - r`` tokens (fewer once the tokens run
@@ -63,7 +71,7 @@ class VisionTransformer(nn.Module):
         tome_r: int = 0,
     ) -> None:
         super().__init__()
-        if global_pool not in ("token", "avg"):
+        if global_pool not in GLOBAL_POOLS[:2]:
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
         if tome_r < 0:
             raise ValueError(f"tome_r (tokens merged per block) must be >= 0, got {tome_r}")
@@ -75,7 +83,7 @@ class VisionTransformer(nn.Module):
         grid = check_patch_grid(img_size, patch_size)
         self.num_classes = num_classes
         self.global_pool = global_pool
-        self.embed_dim = embed_dim
+        self.embed_dim = self.num_features = self.head_hidden_size = embed_dim
         self.tome_r = tome_r
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
         self.grid_size = (grid, grid)
@@ -99,6 +107,7 @@ class VisionTransformer(nn.Module):
             )
             for i in range(depth)
         )
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -112,6 +121,31 @@ class VisionTransformer(nn.Module):
         names |= {n for n, _ in self.named_parameters() if n.endswith("log_tau")}
         return names
 
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, object]:
+        """timm's layer groups (``timm.models.group_parameters``): the embeddings, each block, then the final norm
+        with the head, which no pattern names (one group, the last; BEiT's layer decay, Bao et al. 2022, sec. 2.6,
+        trains both at the full rate)."""
+        return dict(stem=r"^cls_token|^pos_embed|^patch_embed", blocks=[(r"^blocks\.(\d+)", None)])
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new head for ``num_classes`` (0: none, the forward gives the pooled ``[B, D]``); ``global_pool``
+        ``token``, ``avg`` or ``""`` (no pooling: the forward gives the tokens ``[B, 1 + N, D]``)."""
+        if global_pool is not None:
+            if global_pool not in GLOBAL_POOLS or (self.tome_r > 0 and global_pool == "avg"):
+                raise ValueError(
+                    f"global_pool must be one of token, avg or '' (avg not with Token Merging), got {global_pool!r}"
+                )
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        like = dict(device=self.cls_token.device, dtype=self.cls_token.dtype)
+        self.head = nn.Linear(self.embed_dim, num_classes, **like) if num_classes > 0 else nn.Identity()
+        self.head.train(self.training)
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W] -> [B, 1 + N, D]``: patches, CLS token and position embedding."""
         x = self.patch_embed(x)
@@ -124,38 +158,84 @@ class VisionTransformer(nn.Module):
 
     def _run_block(
         self, block: Block, x: torch.Tensor, size: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One block; with ToMe (``size`` given) it also merges ``tome_r`` tokens and updates their sizes."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, TokenMatching | None]:
+        """One block (checkpointed with ``set_grad_checkpointing``); with ToMe (``size`` given) it also merges
+        ``tome_r`` tokens, updates their sizes and returns the matching."""
         if size is None:
-            return block(x), None
-        return block.forward_merging(x, size, self.tome_r)
+            return self.checkpointed(block, x), None, None
+        return self.checkpointed(functools.partial(block.forward_merging, return_matching=True), x, size, self.tome_r)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W] -> [B, 1 + N, D]`` after the final LayerNorm (fewer tokens with ToMe)."""
         x = self.embed(x)
         size = self._initial_sizes(x)
         for block in self.blocks:
-            x, size = self._run_block(block, x, size)
+            x, size, _ = self._run_block(block, x, size)
         return self.norm(x)
 
     def forward_intermediates(
-        self, x: torch.Tensor, indices: list[int] | None = None, norm: bool = False
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Final features and the outputs ``[B, 1 + N, D]`` of the blocks in ``indices`` (default: all; with ToMe
-        each has the tokens left after that block)."""
-        take = set(range(len(self.blocks))) if indices is None else {i % len(self.blocks) for i in indices}
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        return_prefix_tokens: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final features ``[B, 1 + N, D]`` and the outputs of the blocks in ``indices`` (timm's: None all, an int
+        the last ``n``, a list those), after the final norm with ``norm``.
+
+        ``output_fmt="NCHW"``: feature maps ``[B, D, H/P, W/P]`` of the patch tokens; with ToMe every patch takes
+        the value of the token it was merged into (:meth:`vitlab.layers.tome.TokenMatching.unmerge`, the paper's
+        way back to the grid). ``"NLC"``: the patch tokens ``[B, N', D]`` left after that block. The CLS token is
+        left out of both; ``return_prefix_tokens`` pairs each with it, ``[B, 1, D]``. ``stop_early`` skips the
+        blocks after the last one taken (the final features are then those of that block).
+        """
+        check_output_fmt(output_fmt)
+        take, last = self.take_indices(len(self.blocks), indices)
         inter = []
         x = self.embed(x)
         size = self._initial_sizes(x)
-        for i, block in enumerate(self.blocks):
-            x, size = self._run_block(block, x, size)
+        # where each CLS-and-patch position's token is now, for ToMe's feature maps: [B, 1 + N]
+        source = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1) if size is not None else None
+        for i, block in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
+            x, size, matching = self._run_block(block, x, size)
+            if matching is not None and output_fmt == "NCHW":
+                now = torch.arange(x.shape[1], device=x.device, dtype=torch.float32).expand(x.shape[0], -1)
+                source = matching.unmerge(now.unsqueeze(-1)).squeeze(-1).long().gather(1, source)
             if i in take:
-                inter.append(self.norm(x) if norm else x)
+                y = self.norm(x) if norm else x
+                prefix, y = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens :]
+                if output_fmt == "NCHW":
+                    if source is not None:
+                        y = torch.cat([prefix, y], 1).gather(1, source[:, 1:, None].expand(-1, -1, y.shape[-1]))
+                    y = tokens_to_maps(y, self.grid_size)
+                inter.append((y, prefix) if return_prefix_tokens else y)
+        if intermediates_only:
+            return inter
         return self.norm(x), inter
 
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the blocks after the last of ``indices`` (and the final norm, the head); returns the indices."""
+        take, last = self.take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: last + 1]
+        self.feature_info = self.feature_info[: last + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
+
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """``[B, 1 + N, D] -> [B, num_classes]`` (or the pooled ``[B, D]`` with ``pre_logits``)."""
-        x = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens :].mean(1)
+        """``[B, 1 + N, D] -> [B, num_classes]`` (or the pooled ``[B, D]`` with ``pre_logits``; the tokens
+        unchanged with ``global_pool=""``)."""
+        if self.global_pool == "token":
+            x = x[:, 0]
+        elif self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(1)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 

@@ -2,7 +2,7 @@
 
 - a frozen backbone / linear probe (``finetune.freeze=backbone``);
 - layer-wise learning-rate decay (``finetune.layer_decay``; BEiT, Bao et al. 2022, sec. 2.6, after ELECTRA, Clark
-  et al. 2020, appendix A);
+  et al. 2020, appendix A) over the layers of the model's ``group_matcher`` (timm's), so every family has it;
 - early stopping (Lightning's ``EarlyStopping``) on the validation metric.
 
 The pretrained weights themselves come from ``model.pretrained`` (:mod:`vitlab.models.pretrained`).
@@ -15,11 +15,14 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities import rank_zero_info
+from timm.models import group_parameters
 from torch import nn
 
 from vitlab.config import FinetuneConfig, RunConfig
+from vitlab.data import VisionDataModule
 from vitlab.errors import ConfigError
-from vitlab.models.pretrained import PretrainedWeightsError, backbone_of
+from vitlab.models.pretrained import PretrainedWeightsError, backbone_of, source_pretrained_cfg
+from vitlab.models.protocols import LayerGrouped
 
 
 def _backbone(model: nn.Module, option: str) -> tuple[nn.Module, str]:
@@ -45,34 +48,62 @@ def freeze_backbone(model: nn.Module) -> int:
     return frozen
 
 
-def layer_id(name: str, depth: int, prefix: str) -> int:
-    """Layer of parameter ``name`` for the decay: 0 the embeddings, ``i + 1`` block ``i``, ``depth + 1`` the rest
-    (final norm, head, and everything outside the backbone ``prefix``)."""
-    if not name.startswith(prefix):
-        return depth + 1
-    local = name[len(prefix) :]
-    if local.startswith(("cls_token", "pos_embed", "patch_embed")):
-        return 0
-    if local.startswith("blocks."):
-        return int(local.split(".")[1]) + 1
-    return depth + 1
+def layer_ids(model: nn.Module) -> dict[str, int]:
+    """Layer of every parameter name for the decay: timm's ``group_parameters`` over ``model.group_matcher()``,
+    0 the embeddings, then the blocks in forward order; what no group names (the head) is the last layer."""
+    if not isinstance(model, LayerGrouped):
+        raise ConfigError(
+            f"finetune.layer_decay needs a model with timm's group_matcher (its layers in forward order); "
+            f"{type(model).__name__} has none: unset finetune.layer_decay or give the model a group_matcher"
+        )
+    return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
 
 
 def layer_decay_groups(model: nn.Module, groups: list[dict[str, Any]], lr: float, decay: float) -> list[dict[str, Any]]:
-    """Split AdamW parameter ``groups`` (as :func:`vitlab.training.tasks.param_groups` makes them) by layer, each
-    with ``lr * decay ** (depth + 1 - layer)``; a group keeps its weight decay. Empty groups are dropped."""
-    backbone, prefix = _backbone(model, "finetune.layer_decay")
-    depth = len(backbone.blocks)
+    """Split AdamW parameter ``groups`` (as :func:`vitlab.training.tasks.param_groups` makes them) by layer
+    (:func:`layer_ids`), each with ``lr * decay ** (top - layer)``; a group keeps its weight decay. Empty groups
+    are dropped."""
+    layer_of = layer_ids(model)
+    top = max(layer_of.values())
     names = {id(p): n for n, p in model.named_parameters()}
     out = []
     for group in groups:
         by_layer: dict[int, list[Any]] = {}
         for p in group["params"]:
-            by_layer.setdefault(layer_id(names[id(p)], depth, prefix), []).append(p)
+            by_layer.setdefault(layer_of[names[id(p)]], []).append(p)
         for layer in sorted(by_layer):
-            scale = decay ** (depth + 1 - layer)
+            scale = decay ** (top - layer)
             out.append({**group, "params": by_layer[layer], "lr": lr * scale, "lr_scale": scale})
     return out
+
+
+def pretrained_normalisation(cfg: RunConfig, dm: VisionDataModule, stored: dict[str, Any] | None = None) -> str | None:
+    """Normalise the data as ``finetune.normalisation`` says: with the ``pretrained_cfg`` mean and std of
+    ``model.pretrained`` (timm's convention for fine-tuning) when it names them for the data's channel count; a
+    resumed run (``stored``: its checkpoint's hyper-parameters) keeps the normalisation it started with. Returns a
+    line for the log, or None when the data's own statistics stay."""
+    if stored is not None:
+        info = stored.get("data_info") or {}
+        if info.get("mean"):
+            dm.set_normalisation(info["mean"], info["std"])
+        return None
+    source = cfg.model.get("pretrained")
+    if not source or cfg.finetune.normalisation != "pretrained":
+        return None
+    pretrained = source_pretrained_cfg(source)
+    mean, std = pretrained.get("mean"), pretrained.get("std")
+    if not mean or len(mean) != dm.in_chans:
+        return None
+    dm.set_normalisation(mean, std)
+    rounded = [tuple(round(float(v), 4) for v in values) for values in (mean, std)]
+    line = f"finetune.normalisation=pretrained: mean {rounded[0]}, std {rounded[1]}"
+    size = pretrained.get("input_size")
+    if size and tuple(size[1:]) != (dm.img_size, dm.img_size):
+        line += (
+            f"; the weights were trained at {size[1]}x{size[2]}, the data is {dm.img_size}x{dm.img_size} (position "
+            "embeddings resampled)"
+        )
+    return line
 
 
 def early_stopping(cfg: FinetuneConfig, monitor: tuple[str, str]) -> EarlyStopping | None:
@@ -101,6 +132,9 @@ def setup_finetuning(cfg: RunConfig, model: nn.Module, monitor: tuple[str, str])
     if ft.freeze == "backbone":
         rank_zero_info(f"finetune.freeze=backbone: {freeze_backbone(model)} tensors of the backbone frozen")
     if ft.layer_decay is not None:
-        _backbone(model, "finetune.layer_decay")  # fail before training starts
+        layers = max(layer_ids(model).values()) + 1  # fails before training starts
+        rank_zero_info(
+            f"finetune.layer_decay={ft.layer_decay}: {layers} layers, the first at lr * {ft.layer_decay}^{layers - 1}"
+        )
     stop = early_stopping(ft, monitor)
     return [stop] if stop is not None else []

@@ -32,6 +32,7 @@ from vitlab.errors import RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
 from vitlab.models.builder import create_model
+from vitlab.models.protocols import GradCheckpointing, PretrainedConfigured
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.models.sizing import parameter_count
 from vitlab.rundir import (
@@ -58,7 +59,7 @@ from vitlab.training.callbacks import (
     StepTimer,
     quiet_lightning,
 )
-from vitlab.training.finetune import setup_finetuning
+from vitlab.training.finetune import pretrained_normalisation, setup_finetuning
 from vitlab.training.tasks import BaseTask, ClassificationTask
 
 __all__ = ["RUN_OUTPUTS", "RunDirError", "RunInterrupted", "evaluate", "fit", "make_run_dir", "resolve_resume"]
@@ -293,6 +294,16 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+def enable_grad_checkpointing(model: torch.nn.Module) -> None:
+    """``trainer.grad_checkpointing=true``: the model's blocks recompute their activations in the backward pass."""
+    if not isinstance(model, GradCheckpointing):
+        raise ConfigError(
+            f"trainer.grad_checkpointing=true, but {type(model).__name__} has no set_grad_checkpointing (timm's "
+            "switch); unset trainer.grad_checkpointing"
+        )
+    model.set_grad_checkpointing(True)
+
+
 def build_task(cfg: RunConfig, model: torch.nn.Module, hparams: dict[str, Any]) -> BaseTask:
     """The Lightning task for a model: its family's task (``vitlab.family``), a classifier's for any other model."""
     return task_class_for(type(model))(model, cfg=cfg, hparams=hparams)
@@ -394,6 +405,9 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     dm.prepare_data()
     dm.setup("fit")
     dm.check_trainable()
+    normalisation = pretrained_normalisation(cfg, dm, stored)
+    if normalisation:
+        print(normalisation, flush=True)
     info = data_info(dm)
     kwargs = model_kwargs_for(cfg, info)
     if stored is not None:
@@ -405,6 +419,10 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         if isinstance(e, ConfigError | VitlabError):
             raise
         raise ConfigError(f"cannot build model {cfg.model['name']!r} with {kwargs}: {e}") from e
+    if isinstance(model, PretrainedConfigured):
+        model.pretrained_cfg = {"mean": info["mean"], "std": info["std"]}  # what the data is normalised with
+    if cfg.trainer.grad_checkpointing:
+        enable_grad_checkpointing(model)
     hparams = {"config": to_dict(cfg), "model_kwargs": kwargs, "data_info": info}
     task = build_task(cfg, model, hparams)
     validate = len(dm.val_set) > 0  # data.val_fraction=0: no validation loop, best.ckpt is the last epoch's

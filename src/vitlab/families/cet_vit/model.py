@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,7 @@ from vitlab.layers.slots import (
     topk_softmax,
 )
 from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS, EIVariant, ei_terms
+from vitlab.models.contract import ModelContract, check_output_fmt, tokens_to_maps
 from vitlab.models.registry import register_preset
 from vitlab.models.sizing import parameter_count
 from vitlab.models.vit import check_patch_grid
@@ -135,8 +137,19 @@ class _Encoded:
     k_logits: torch.Tensor | None = None
 
 
-class CETViT(nn.Module):
+class CETViT(ModelContract, nn.Module):
     """CET-ViT classifier (CET-ViT v4 model card: "Architecture"). ``x: [B, C, H, W] -> logits [B, num_classes]``.
+
+    timm's model contract (:mod:`vitlab.models.contract`): ``forward_features`` -> ``forward_head``;
+    ``num_features`` is the token width ``D`` of ``forward_features``, ``head_hidden_size`` the pooled width ``2D``
+    (``D`` with ``grouping: none``) that ``forward_head(pre_logits=True)`` and the forward after
+    ``reset_classifier(0)`` give. ``forward_intermediates`` taps the three token streams, in forward order
+    (``feature_info``, each entry with its ``stream``): ``micro`` (each MicroEncoder stage, ``[B, C_i, G, G]``),
+    ``macro`` (each MacroEncoder block's slots ``[B, K_max, D]``; as a map, each patch's mixture of its slots
+    ``S h_macro``, the rows of S summing to one) and ``fused`` (the micro stream after the CrossScaleAttention and
+    after each DeepEncoder block, ``[B, D, G, G]``). ``set_grad_checkpointing`` checkpoints the Swin blocks, the
+    macro blocks, the cross-scale attention and the deep blocks; ``group_matcher`` orders the parameters the same way
+    for layer-wise learning-rate decay.
 
     Args:
         img_size, patch_size, in_chans, num_classes: input and output.
@@ -172,6 +185,8 @@ class CETViT(nn.Module):
     ``assignment_ablation`` (an attribute, not a constructor option): ``none``, or ``random`` / ``uniform`` to
     replace S at test time (:func:`ablate_assignment`; :func:`vitlab.evaluation.grouping.grouping_ablation`).
     """
+
+    classifier_name = "head.fc"
 
     def __init__(
         self,
@@ -240,6 +255,7 @@ class CETViT(nn.Module):
         self.dynamic_k = dynamic_k
         self.assignment_ablation = "none"
         self.grid_size = (grid, grid)
+        self.global_pool = "avg"
         if grouping == "none":
             macro_depth = deep_depth = 0
         micro_end = sum(depths)
@@ -274,11 +290,23 @@ class CETViT(nn.Module):
             **blocks,
         )
         micro_dim = embed_dims[-1]
+        self.feature_info = [
+            dict(module=f"micro_encoder.stages.{i}", num_chs=dim, reduction=patch_size, stream="micro")
+            for i, dim in enumerate(embed_dims)
+        ]
         if grouping == "none":
             self.k_estimator = None
+            self.num_features, self.head_hidden_size = micro_dim, micro_dim
             self.head = FusionHead(micro_dim, num_classes=num_classes, drop=drop_rate, streams=1)
             self.apply(init_weights_vit_timm)
             return
+        self.num_features, self.head_hidden_size = fusion_dim, 2 * fusion_dim
+        fused = dict(num_chs=fusion_dim, reduction=patch_size)
+        self.feature_info += [
+            dict(module=f"macro_encoder.blocks.{i}", stream="macro", **fused) for i in range(macro_depth)
+        ]
+        self.feature_info += [dict(module="cross_scale", stream="fused", **fused)]
+        self.feature_info += [dict(module=f"deep_encoder.{i}", stream="fused", **fused) for i in range(deep_depth)]
         self.v_ceo = VCEO(micro_dim, num_slots=num_slots, topk=topk, select_grad=select_grad)
         if dynamic_k != "none":
             self.k_estimator = DynamicKEstimator(
@@ -308,27 +336,84 @@ class CETViT(nn.Module):
             if name.endswith(("relative_position_bias_table", "slot_embed", "pos_embed"))
         }
 
-    def micro_tokens(self, x: torch.Tensor) -> torch.Tensor:
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's layer groups in forward order: the embeddings; each MicroEncoder block (a stage's widening
+        projection with its first block; ``coarse``: one group a stage); the V-CEO with the Dynamic-K estimator and
+        the fusion projection; each MacroEncoder block (the slot embedding with the first); the CrossScaleAttention;
+        each DeepEncoder block; the head last (unmatched, timm's rule)."""
+        micro = (
+            [(r"^micro_encoder\.(?:widen|stages)\.(\d+)", None)]
+            if coarse
+            else [(r"^micro_encoder\.widen\.(\d+)", (0,)), (r"^micro_encoder\.stages\.(\d+)\.blocks\.(\d+)", None)]
+        )
+        return dict(
+            stem=r"^patch_embed|^pos_embed",
+            micro=micro,
+            assign=r"^v_ceo|^k_estimator|^fusion_proj",
+            macro=r"^macro_encoder"
+            if coarse
+            else [(r"^macro_encoder\.slot_embed", (0,)), (r"^macro_encoder\.blocks\.(\d+)", None)],
+            cross=r"^cross_scale",
+            deep=r"^deep_encoder" if coarse else [(r"^deep_encoder\.(\d+)", None)],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+        self.micro_encoder.set_grad_checkpointing(enable)
+        if self.grouping != "none":
+            self.macro_encoder.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new ``head.fc`` for ``num_classes`` (0: none; the forward gives the pooled, normalised
+        ``[B, head_hidden_size]``); ``global_pool`` ``avg`` (the mean of each stream) or ``""`` (no pooling: the
+        forward gives the tokens of ``forward_features``)."""
+        if global_pool not in (None, "avg", ""):
+            raise ValueError(
+                f"CET-ViT pools by the mean of each stream: global_pool must be 'avg' or '', got {global_pool!r}"
+            )
+        self.global_pool = global_pool if global_pool is not None else self.global_pool
+        self.num_classes = num_classes
+        like = dict(device=self.head.norm.weight.device, dtype=self.head.norm.weight.dtype)
+        width = self.head_hidden_size
+        self.head.fc = nn.Linear(width, num_classes, **like) if num_classes > 0 else nn.Identity()
+        self.head.fc.train(self.training)
+
+    def micro_tokens(self, x: torch.Tensor, taps: list[torch.Tensor] | None = None) -> torch.Tensor:
         """``[B, C, H, W] -> h_micro [B, N, C_last]``: PatchEmbed (+ position embedding) and the MicroEncoder."""
         tokens = self.patch_embed(x)  # [B, G, G, C_0]
         if self.pos_embed is not None:
             tokens = tokens + self.pos_embed
-        return self.micro_encoder(tokens).flatten(1, 2)
+        return self.micro_encoder(tokens, taps).flatten(1, 2)
 
     def _after_vceo(
-        self, micro: torch.Tensor, S: torch.Tensor
+        self, micro: torch.Tensor, S: torch.Tensor, taps: list[torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The part after the V-CEO: ``micro [B, N, D]``, ``S`` -> (tokens ``[B, N + K, D]``, h_macro, occupied)."""
+        """The part after the V-CEO: ``micro [B, N, D]``, ``S`` -> (tokens ``[B, N + K, D]``, h_macro, occupied).
+        ``taps`` receives the macro blocks' outputs and the fused micro stream (``forward_intermediates``)."""
         occupied = occupied_slots(S) if self.mask_empty_slots else None
         h_macro = pool_slots(S, micro, self.pool)  # [B, K, D]
-        micro, macro = self.cross_scale(micro, self.macro_encoder(h_macro, occupied), occupied)
+        macro = self.macro_encoder(h_macro, occupied, taps)
+        micro, macro = self.checkpointed(self.cross_scale, micro, macro, occupied)
+        if taps is not None:
+            taps.append(micro)
         for block in self.deep_encoder:
-            micro = block(micro)
+            micro = self.checkpointed(block, micro)
+            if taps is not None:
+                taps.append(micro)
         return torch.cat([micro, macro], dim=1), h_macro, occupied
 
-    def _encode(self, x: torch.Tensor, force_choice: torch.Tensor | None = None) -> _Encoded:
-        """One pass; ``force_choice: [B, C]`` one-hot overrides the Dynamic-K estimator's choice."""
-        h_micro = self.micro_tokens(x)  # [B, N, C]
+    def _encode(
+        self, x: torch.Tensor, force_choice: torch.Tensor | None = None, taps: list[torch.Tensor] | None = None
+    ) -> _Encoded:
+        """One pass; ``force_choice: [B, C]`` one-hot overrides the Dynamic-K estimator's choice; ``taps`` receives
+        the outputs that ``feature_info`` lists, in its order."""
+        h_micro = self.micro_tokens(x, taps)  # [B, N, C]
         if self.grouping == "none":
             return _Encoded(h_micro, None, None, None, h_micro, None)
         logits = self.v_ceo.logits(h_micro)
@@ -342,7 +427,7 @@ class CETViT(nn.Module):
             S = self.v_ceo.assignment(logits, choice, self.k_estimator.k_candidates)
         S = ablate_assignment(S, self.assignment_ablation, self.v_ceo.topk)
         micro = self.fusion_proj(h_micro)  # [B, N, D]
-        tokens, h_macro, occupied = self._after_vceo(micro, S)
+        tokens, h_macro, occupied = self._after_vceo(micro, S, taps)
         return _Encoded(tokens, S, h_macro, occupied, micro, logits, choice, k_logits)
 
     @torch.no_grad()
@@ -377,6 +462,55 @@ class CETViT(nn.Module):
         (``grouping: none``: ``[B, N, C]``, the micro tokens)."""
         return self._encode(x).tokens
 
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final features (``forward_features``) and the token streams at the taps ``indices`` of ``feature_info``
+        (timm's: None all, an int the last ``n``, a list those): see the class docstring for the streams.
+
+        ``output_fmt="NCHW"``: maps ``[B, C, G, G]``; ``"NLC"``: tokens (micro and fused ``[B, N, C]``, macro the
+        slots ``[B, K_max, D]``). The whole pass runs whatever ``stop_early`` says (the fused stream needs the macro
+        one). CET-ViT has no norm over its tokens, so ``norm=True`` is refused.
+        """
+        check_output_fmt(output_fmt)
+        if norm:
+            raise ValueError(
+                "CET-ViT has no final norm over its tokens (its head normalises the pooled streams); use norm=False"
+            )
+        take, _ = self.take_indices(len(self.feature_info), indices)
+        taps: list[torch.Tensor] = []
+        enc = self._encode(x, taps=taps)
+        inter = []
+        for i in take:
+            y, stream = taps[i], self.feature_info[i]["stream"]
+            y = y.flatten(1, 2) if y.ndim == 4 else y  # the micro stages' [B, G, G, C]
+            if output_fmt == "NCHW":
+                y = tokens_to_maps(enc.S @ y if stream == "macro" else y, self.grid_size)
+            inter.append(y)
+        return inter if intermediates_only else (enc.tokens, inter)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the DeepEncoder blocks after the last tap of ``indices`` and, with ``prune_head``, the classifier
+        (``head.fc``); the parts before stay, since the fused stream needs both the micro and the macro one.
+        ``prune_norm`` changes nothing (there is no final token norm). Returns the absolute indices."""
+        take, last = self.take_indices(len(self.feature_info), indices)
+        if self.grouping != "none":
+            first_deep = len(self.feature_info) - len(self.deep_encoder)
+            keep = max(0, last - first_deep + 1)
+            self.deep_encoder = self.deep_encoder[:keep]
+            self.feature_info = self.feature_info[: first_deep + keep]
+        if prune_head:
+            self.reset_classifier(0)
+        return take
+
     def forward_head(
         self, x: torch.Tensor, pre_logits: bool = False, occupied: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -385,6 +519,8 @@ class CETViT(nn.Module):
         ``occupied: [B, K_max]`` bool restricts mean(macro) to the occupied slots (``mask_empty_slots``).
         ``grouping: none``: ``[B, N, C] -> fc(LN(mean(micro)))``.
         """
+        if self.global_pool == "":
+            return x
         if self.grouping == "none":
             return self.head(x.mean(1), pre_logits=pre_logits)
         micro, macro = x[:, : -self.num_slots], x[:, -self.num_slots :]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from timm.models import checkpoint
 from timm.models.swin_transformer import SwinTransformerStage
 from torch import nn
 
@@ -73,10 +74,18 @@ class MicroEncoder(nn.Module):
             if hasattr(module, "fused_attn"):
                 module.fused_attn = fused_attention
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, taps: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """``taps``: a list that receives each stage's output ``[B, G, G, C_i]`` (``forward_intermediates``)."""
         for widen, stage in zip(self.widen, self.stages, strict=True):
             x = stage(widen(x))
+            if taps is not None:
+                taps.append(x)
         return x
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """timm's checkpointing of the Swin blocks of every stage (``SwinTransformerStage.grad_checkpointing``)."""
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
 
 
 class VCEO(nn.Module):
@@ -187,17 +196,31 @@ class MacroEncoder(nn.Module):
         )
         trunc_normal_(self.slot_embed, std=0.02)
 
-    def forward(self, h_macro: torch.Tensor, occupied: torch.Tensor | None = None) -> torch.Tensor:
+    grad_checkpointing = False
+
+    def forward(
+        self, h_macro: torch.Tensor, occupied: torch.Tensor | None = None, taps: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """``taps``: a list that receives each block's output ``[B, K, D]`` (``forward_intermediates``)."""
         x = h_macro + self.slot_embed
-        if occupied is None:
-            for block in self.blocks:
-                x = block(x)
-            return x
-        size = occupied.to(x.dtype).unsqueeze(-1)  # [B, K, 1]: key bias log(1) = 0 or log(0) = -inf
+        # [B, K, 1]: key bias log(1) = 0 or log(0) = -inf
+        size = None if occupied is None else occupied.to(x.dtype).unsqueeze(-1)
         for block in self.blocks:
-            x = x + block.drop_path1(block.attn(block.norm1(x), size=size))
-            x = x + block.drop_path2(block.mlp(block.norm2(x)))
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(_masked_block, block, x, size)
+            else:
+                x = _masked_block(block, x, size)
+            if taps is not None:
+                taps.append(x)
         return x
+
+
+def _masked_block(block: Block, x: torch.Tensor, size: torch.Tensor | None) -> torch.Tensor:
+    """``block(x)``, with the empty slots removed from the keys when ``size: [B, K, 1]`` is given."""
+    if size is None:
+        return block(x)
+    x = x + block.drop_path1(block.attn(block.norm1(x), size=size))
+    return x + block.drop_path2(block.mlp(block.norm2(x)))
 
 
 class PreNormCrossAttention(nn.Module):

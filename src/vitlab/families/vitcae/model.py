@@ -19,7 +19,9 @@ As a classifier the model follows the timm contract: ``forward_head(forward_feat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from einops import rearrange
@@ -30,6 +32,7 @@ from torch import nn
 from vitlab.families.vitcae.losses import reparameterize
 from vitlab.layers import Attention, CrossAttention, trunc_normal_
 from vitlab.layers.attention import TemperatureForm
+from vitlab.models.contract import ModelContract
 from vitlab.models.registry import register_preset
 from vitlab.models.vit import VisionTransformer, check_patch_grid
 
@@ -151,8 +154,16 @@ class DecoderBlock(nn.Module):
         return x + self.drop_path3(self.film(self.mlp(self.norm2(x)), z_cls))
 
 
-class ViTCAE(nn.Module):
+class ViTCAE(ModelContract, nn.Module):
     """ViT-based class-conditioned autoencoder. ``x: [B, C, H, W] -> ViTCAEOutput``.
+
+    The encoder is a :class:`~vitlab.models.vit.VisionTransformer` and has all of timm's model contract. The
+    autoencoder forwards to it what concerns the image features (``forward_features``, ``forward_intermediates``,
+    ``feature_info``) and has the rest for the whole model: ``num_features`` (the encoder's width ``D``),
+    ``head_hidden_size`` (``d_z``: ``forward_head(pre_logits=True)`` is ``mu_cls``), ``get_classifier`` /
+    ``reset_classifier``, ``set_grad_checkpointing`` (encoder and decoder blocks), ``group_matcher`` (the encoder's
+    embeddings and blocks; the latent heads, the decoder and the classifier form the last group) and
+    ``pretrained_cfg``.
 
     Args:
         img_size, patch_size, in_chans: input geometry; ``N = (img_size / patch_size)^2`` patch tokens.
@@ -170,6 +181,7 @@ class ViTCAE(nn.Module):
 
     #: the attention the dynamics controller steers (eq. 20, 26): the encoder's, never the decoder's
     dynamics_target = "encoder."
+    first_conv = "encoder.patch_embed.proj"
 
     def __init__(
         self,
@@ -211,6 +223,7 @@ class ViTCAE(nn.Module):
         self.num_cond_tokens = num_cond_tokens
         self.decoder_dim = decoder_dim
 
+        self.num_features, self.head_hidden_size = embed_dim, latent_dim
         # 1. Encoder (eq. 17, 19).
         self.encoder = VisionTransformer(
             img_size=img_size,
@@ -278,10 +291,40 @@ class ViTCAE(nn.Module):
         return self.encoder.forward_features(x)
 
     def forward_intermediates(
-        self, x: torch.Tensor, indices: list[int] | None = None, norm: bool = False
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The encoder's final features and its block outputs ``[B, 1 + N, D]`` (see ``VisionTransformer``)."""
-        return self.encoder.forward_intermediates(x, indices=indices, norm=norm)
+        self, x: torch.Tensor, indices: int | Sequence[int] | None = None, **kwargs: Any
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """The encoder's :meth:`~vitlab.models.vit.VisionTransformer.forward_intermediates` (same options)."""
+        return self.encoder.forward_intermediates(x, indices, **kwargs)
+
+    @property
+    def feature_info(self) -> list[dict[str, Any]]:
+        """The encoder's blocks, named in this model (``encoder.blocks.{i}``)."""
+        return [{**info, "module": f"encoder.{info['module']}"} for info in self.encoder.feature_info]
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return dict(stem=r"^encoder\.(?:cls_token|pos_embed|patch_embed)", blocks=[(r"^encoder\.blocks\.(\d+)", None)])
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+        self.encoder.set_grad_checkpointing(enable)
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new classifier on ``mu_cls`` for ``num_classes`` (0: none, the logits are ``mu_cls``). The pooling is
+        the CLS token's posterior, so ``global_pool`` must be None or ``token``."""
+        if global_pool not in (None, "token"):
+            raise ValueError(
+                f"ViTCAE classifies mu_cls of the CLS token: global_pool must be 'token', got {global_pool!r}"
+            )
+        self.num_classes = num_classes
+        like = dict(device=self.mu_cls.weight.device, dtype=self.mu_cls.weight.dtype)
+        self.head = nn.Linear(self.latent_dim, num_classes, **like) if num_classes > 0 else nn.Identity()
+        self.head.train(self.training)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Features ``[B, 1 + N, D]`` -> logits ``[B, num_classes]`` from ``mu_cls`` (``mu_cls [B, d_z]`` with
@@ -317,7 +360,7 @@ class ViTCAE(nn.Module):
         cond_tokens = self.cond_embed(z_cls).view(-1, self.num_cond_tokens, self.decoder_dim)
         h = self.decoder_embed(z_pt) + self.decoder_pos_embed
         for block in self.decoder_blocks:
-            h = block(h, cond_tokens, z_cls)
+            h = self.checkpointed(block, h, cond_tokens, z_cls)
         pixels = self.decoder_head(self.decoder_norm(h))
         return unpatchify(pixels, self.grid_size, self.patch_size)
 
