@@ -19,12 +19,22 @@ the whole network:
 :func:`adamw` builds ``torch.optim.AdamW`` with its implementation chosen from ``fused``: ``"auto"`` takes the
 fused kernel where the parameters' device has one (CUDA, CPU, ...), ``True`` insists on it, ``False`` leaves
 torch's default (the multi-tensor ``foreach`` path on CUDA, a per-tensor loop on CPU).
+
+:func:`choose_precision` resolves ``trainer.precision: auto`` (the default of ``vitlab fit`` and ``vitlab bench``):
+``bf16-mixed`` where the device computes bf16 natively, ``32-true`` elsewhere. Native means a CUDA device that
+reports bf16 support, or a CPU whose flags list ``amx_bf16`` (Intel AMX tiles) or ``avx512_bf16`` (the AVX-512
+BF16 dot-product instructions of AMD Zen 4 and later Intel cores); without either, torch emulates bf16 matrix
+products through fp32 and bf16 is no faster. The flags come from ``/proc/cpuinfo`` or, where it is missing,
+torch's own CPU probe. docs/benchmarks.md ("Precision auto") has the matmul and training-step table behind the rule.
+An explicit precision is used as given.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -176,3 +186,63 @@ def adamw(
     return torch.optim.AdamW(
         groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay, **adamw_implementation(fused, tensors)
     )
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# trainer.precision: auto
+#: CPU flags (``/proc/cpuinfo``) under which bf16 matrix products run natively, in order of preference
+CPU_BF16_FLAGS: tuple[str, ...] = ("amx_bf16", "avx512_bf16")
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The precision a run uses: ``requested`` (``auto`` or explicit), ``precision`` (Lightning's name) and why."""
+
+    requested: str
+    precision: str
+    reason: str
+
+    def line(self) -> str:
+        """The one line a run prints first, e.g. ``precision bf16-mixed (auto: CPU has avx512_bf16)``."""
+        how = "auto: " if self.requested == "auto" else ""
+        return f"precision {self.precision} ({how}{self.reason})"
+
+    def record(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def cpu_bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> tuple[str, ...]:
+    """The :data:`CPU_BF16_FLAGS` this CPU has: from the ``flags`` line of ``cpuinfo`` or, without that file,
+    torch's CPU probe (``torch.cpu._is_amx_tile_supported``, ``torch.cpu._is_avx512_bf16_supported``)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        probes = {"amx_bf16": "_is_amx_tile_supported", "avx512_bf16": "_is_avx512_bf16_supported"}
+        return tuple(flag for flag, probe in probes.items() if getattr(torch.cpu, probe, lambda: False)())
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags |= set(line.partition(":")[2].split())
+    return tuple(flag for flag in CPU_BF16_FLAGS if flag in flags)
+
+
+def choose_precision(
+    requested: str = "auto", accelerator: str = "auto", cpu_flags: tuple[str, ...] | None = None
+) -> PrecisionChoice:
+    """Resolve ``requested`` (``trainer.precision``) for ``accelerator`` (``trainer.accelerator``; module doc).
+
+    ``cpu_flags``: the CPU's bf16 flags (default: :func:`cpu_bf16_flags`). Anything but ``auto`` is returned as is.
+    """
+    if requested != "auto":
+        return PrecisionChoice(requested, requested, "set explicitly")
+    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return PrecisionChoice(requested, "bf16-mixed", f"CUDA device {name} computes bf16")
+        return PrecisionChoice(requested, "32-true", f"CUDA device {name} has no native bf16")
+    if accelerator not in ("auto", "cpu"):
+        return PrecisionChoice(requested, "32-true", f"accelerator {accelerator}: no native bf16 known to vitlab")
+    flags = cpu_bf16_flags() if cpu_flags is None else cpu_flags
+    if flags:
+        return PrecisionChoice(requested, "bf16-mixed", f"CPU has {flags[0]}")
+    return PrecisionChoice(requested, "32-true", "CPU has neither amx_bf16 nor avx512_bf16: bf16 would be emulated")

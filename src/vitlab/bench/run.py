@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from vitlab.acceleration import check_compile_mode
+from vitlab.acceleration import PrecisionChoice, check_compile_mode, choose_precision
 from vitlab.bench.memory import peak_memory
-from vitlab.bench.specs import PHASES, NetworkSpec, check_settings, timm_counterpart
+from vitlab.bench.specs import PHASES, PRECISIONS, NetworkSpec, check_settings, timm_counterpart
 from vitlab.bench.timing import Runner, measure_networks, round_ratio, torch_threads
 from vitlab.errors import ConfigError
 from vitlab.rundir import environment as run_environment
@@ -22,7 +22,7 @@ def bench(
     *,
     overrides: dict[str, Any] | None = None,
     batch_size: int = 64,
-    precision: str = "32-true",
+    precision: str = "auto",
     compile: bool = False,
     compile_mode: str | None = None,
     compile_backend: str = "inductor",
@@ -43,11 +43,19 @@ def bench(
     eager, torch's default AdamW. With ``compile`` the run also times ``ours_eager`` and, with ``vs="timm"``,
     ``timm_compiled`` (``torch.compile`` of the whole network, same mode), all alternating in one process.
 
+    ``precision``: ``auto`` (the default, as ``vitlab fit``'s) resolves for ``device`` by
+    :func:`vitlab.acceleration.choose_precision`; ``settings`` holds the precision used and ``precision_choice``
+    the request and the reason.
+
     Returns the :func:`measure_networks` record with ``settings``, ``environment``, ``load_average``
     (``os.getloadavg()`` before and after), each network's ``description``, ``runner`` and ``peak_memory`` (when
     ``memory``; eager training steps), and the throughput ratios formed per round, ``{clock: {phase: summary}}``:
     ``ours_over_timm``, and with ``compile`` ``ours_over_ours_eager`` and ``ours_over_timm_compiled``.
     """
+    if precision not in ("auto", *PRECISIONS):
+        raise ConfigError(f"precision must be one of auto, {', '.join(PRECISIONS)}, got {precision!r}")
+    choice = choose_precision(precision, torch.device(device).type)
+    precision = choice.precision
     check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
     if vs not in (None, "timm"):
         raise ConfigError(f"--vs compares with 'timm' only, got {vs!r}")
@@ -70,6 +78,7 @@ def bench(
         overrides=overrides,
         batch_size=batch_size,
         precision=precision,
+        precision_choice=choice.record(),
         compile=compile,
         compile_mode=compile_mode,
         compile_backend=compile_backend,
@@ -128,7 +137,8 @@ def bench(
 def format_bench(result: dict[str, Any]) -> str:
     """A short text table of a :func:`bench` record: medians with [min, max] over the rounds, per clock."""
     s = result["settings"]
-    lines = [
+    lines = [PrecisionChoice(**s["precision_choice"]).line()] if "precision_choice" in s else []
+    lines += [
         f"{s['model']} {s['overrides'] or ''} batch {s['batch_size']}, {s['precision']}, threads {s['threads']}, "
         f"{s['repeats']} rounds; load average {result['load_average']['before'][0]:.2f} -> "
         f"{result['load_average']['after'][0]:.2f}"
