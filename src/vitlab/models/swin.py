@@ -8,7 +8,9 @@ merging (16 -> 8 -> 4 -> 2 with four stages). A window larger than a stage's gri
 
 The class is timm's model, so the contract (``forward_features`` -> ``forward_head``, ``forward_intermediates``,
 ``no_weight_decay``) and the state-dict keys are timm's; only the constructor is vitlab's: keyword-only, with the
-options a baseline needs, so presets register, train, export and load like every other model.
+options a baseline needs, so presets register, train, export and load like every other model. Each window attention
+runs SDPA or its eager softmax, whichever :func:`vitlab.layers.attention_path.choose_window_attention_path`
+measures faster for the call.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
+from timm.models.swin_transformer import WindowAttention
 
+from vitlab.layers.attention_path import choose_window_attention_path
 from vitlab.models.registry import register_preset
 from vitlab.models.vit import check_patch_grid
 
@@ -82,6 +86,9 @@ class SwinTransformer(TimmSwinTransformer):
             attn_drop_rate=attn_drop_rate,
             drop_path_rate=drop_path_rate,
         )
+        for module in self.modules():
+            if isinstance(module, WindowAttention):
+                module.register_forward_pre_hook(choose_window_attention_path)
 
 
 _SWIN_SIZES = {
