@@ -120,7 +120,7 @@ def test_bench_against_timm_returns_the_documented_record():
 def test_bench_bf16_with_peak_memory_of_a_fresh_process():
     result = bench("vitcae_pico", precision="bf16-mixed", **FAST)
     ours = result["networks"]["ours"]
-    assert ours["description"] == "vitlab vitcae_pico (encoder), eager, AdamW fused=auto"
+    assert ours["description"] == "vitlab vitcae_pico (encoder), eager, AdamW fused=auto, grad-norm clip 1"
     assert ours["peak_memory"]["mib"] > 0 and "fresh process" in ours["peak_memory"]["method"]
     assert result["matmul_peak"]["precision"] == "bf16-mixed"
     assert result["matmul_peak_fp32"]["flops_per_s"]["wall"]["median"] > 0

@@ -11,6 +11,7 @@ from vitlab.acceleration import PrecisionChoice, check_compile_mode, choose_prec
 from vitlab.bench.memory import peak_memory
 from vitlab.bench.specs import PHASES, PRECISIONS, NetworkSpec, check_settings, timm_counterpart
 from vitlab.bench.timing import Runner, measure_networks, round_ratio, torch_threads
+from vitlab.config import OptimConfig
 from vitlab.errors import ConfigError
 from vitlab.rundir import environment as run_environment
 
@@ -38,10 +39,12 @@ def bench(
 ) -> dict[str, Any]:
     """Benchmark the preset ``model`` (with keyword ``overrides``) alone or, with ``vs="timm"``, next to timm's.
 
-    ``ours`` runs as ``vitlab fit`` trains: AdamW with ``optim.fused=fused`` and, with ``compile``, its blocks
-    compiled (``trainer.compile``, mode ``compile_mode``); ``timm`` runs as a timm user's script does by default:
-    eager, torch's default AdamW. With ``compile`` the run also times ``ours_eager`` and, with ``vs="timm"``,
-    ``timm_compiled`` (``torch.compile`` of the whole network, same mode), all alternating in one process.
+    ``ours`` runs as ``vitlab fit`` trains: its dropout and attention path (:func:`vitlab.create_model`), the
+    gradient-norm clipping of ``optim.grad_clip``'s default, AdamW with ``optim.fused=fused`` and, with
+    ``compile``, its blocks compiled (``trainer.compile``, mode ``compile_mode``); ``timm`` runs as a timm user's
+    script does by default: eager, torch's default AdamW, no clipping. With ``compile`` the run also times
+    ``ours_eager`` and, with ``vs="timm"``, ``timm_compiled`` (``torch.compile`` of the whole network, same
+    mode), all alternating in one process.
 
     ``precision``: ``auto`` (the default, as ``vitlab fit``'s) resolves for ``device`` by
     :func:`vitlab.acceleration.choose_precision`; ``settings`` holds the precision used and ``precision_choice``
@@ -66,9 +69,11 @@ def bench(
     ours = NetworkSpec("vitlab", model, overrides)
     specs = {"ours": ours}
     compiled = dict(mode=compile_mode, backend=compile_backend)
-    runners = {"ours": Runner(compile="blocks", fused=fused, **compiled) if compile else Runner(fused=fused)}
+    clip = OptimConfig().grad_clip
+    eager = Runner(fused=fused, grad_clip=clip)
+    runners = {"ours": Runner("blocks", fused=fused, grad_clip=clip, **compiled) if compile else eager}
     if compile:
-        specs["ours_eager"], runners["ours_eager"] = ours, Runner(fused=fused)
+        specs["ours_eager"], runners["ours_eager"] = ours, eager
     if vs == "timm":
         specs["timm"], runners["timm"] = timm_counterpart(model, overrides), Runner()
         if compile:
