@@ -21,17 +21,25 @@ fused kernel where the parameters' device has one (CUDA, CPU, ...), ``True`` ins
 torch's default (the multi-tensor ``foreach`` path on CUDA, a per-tensor loop on CPU).
 
 :func:`choose_precision` resolves ``trainer.precision: auto`` (the default of ``vitlab fit`` and ``vitlab bench``):
-``bf16-mixed`` where the device computes bf16 natively, ``32-true`` elsewhere. Native means a CUDA device that
-reports bf16 support, or a CPU whose flags list ``amx_bf16`` (Intel AMX tiles) or ``avx512_bf16`` (the AVX-512
-BF16 dot-product instructions of AMD Zen 4 and later Intel cores); without either, torch emulates bf16 matrix
-products through fp32 and bf16 is no faster. The flags come from ``/proc/cpuinfo`` or, where it is missing,
-torch's own CPU probe. docs/benchmarks.md ("Precision auto") has the matmul and training-step table behind the rule.
-An explicit precision is used as given.
+``bf16-mixed`` where the device computes bf16 natively and faster, ``32-true`` elsewhere:
+
+- a CUDA device that reports bf16 support: bf16-mixed;
+- a CPU whose flags list ``amx_bf16`` (Intel AMX tiles): bf16-mixed;
+- a CPU with ``avx512_bf16`` but no AMX: it depends on the processor (an AMD EPYC ran bf16 matrix products faster
+  than fp32 ones, an Intel Xeon of the same flags at half their speed; docs/benchmarks.md, "Precision auto"), so a
+  one-off micro-benchmark decides: :func:`bf16_matmul_speedup` (a bf16 against an fp32 matrix product,
+  alternating, once per process), bf16-mixed at :data:`BF16_MIN_SPEEDUP` or more;
+- otherwise (no bf16 instructions: bf16 is emulated through fp32) 32-true.
+
+The flags come from ``/proc/cpuinfo`` or, where it is missing, torch's own CPU probe. An explicit precision is used
+as given.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -226,12 +234,38 @@ def cpu_bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> tuple[str, ...]:
     return tuple(flag for flag in CPU_BF16_FLAGS if flag in flags)
 
 
+#: the least bf16 / fp32 matrix-product speed-up at which ``auto`` takes bf16 on a CPU without AMX
+BF16_MIN_SPEEDUP = 1.2
+
+
+@functools.cache
+def bf16_matmul_speedup(size: int = 512, rounds: int = 3) -> float:
+    """How many times faster a ``[size, size] @ [size, size]`` product runs under bf16 autocast than in fp32 on
+    this CPU, with the current thread count: the fastest of ``rounds`` alternating calls of each. Measured once per
+    process (about 0.1 s)."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
+    best = {"32-true": float("inf"), "bf16-mixed": float("inf")}
+    for _ in range(rounds + 1):  # the first round warms both up
+        for precision in best:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                start = time.perf_counter()
+                a @ b
+                best[precision] = min(best[precision], time.perf_counter() - start)
+    return best["32-true"] / best["bf16-mixed"]
+
+
 def choose_precision(
-    requested: str = "auto", accelerator: str = "auto", cpu_flags: tuple[str, ...] | None = None
+    requested: str = "auto",
+    accelerator: str = "auto",
+    cpu_flags: tuple[str, ...] | None = None,
+    bf16_speedup: float | None = None,
 ) -> PrecisionChoice:
     """Resolve ``requested`` (``trainer.precision``) for ``accelerator`` (``trainer.accelerator``; module doc).
 
-    ``cpu_flags``: the CPU's bf16 flags (default: :func:`cpu_bf16_flags`). Anything but ``auto`` is returned as is.
+    ``cpu_flags``: the CPU's bf16 flags (default: :func:`cpu_bf16_flags`); ``bf16_speedup``: the bf16 / fp32
+    matrix-product speed-up of a CPU with ``avx512_bf16`` only (default: :func:`bf16_matmul_speedup`). Anything but
+    ``auto`` is returned as is.
     """
     if requested != "auto":
         return PrecisionChoice(requested, requested, "set explicitly")
@@ -243,6 +277,12 @@ def choose_precision(
     if accelerator not in ("auto", "cpu"):
         return PrecisionChoice(requested, "32-true", f"accelerator {accelerator}: no native bf16 known to vitlab")
     flags = cpu_bf16_flags() if cpu_flags is None else cpu_flags
-    if flags:
-        return PrecisionChoice(requested, "bf16-mixed", f"CPU has {flags[0]}")
-    return PrecisionChoice(requested, "32-true", "CPU has neither amx_bf16 nor avx512_bf16: bf16 would be emulated")
+    if "amx_bf16" in flags:
+        return PrecisionChoice(requested, "bf16-mixed", "CPU has amx_bf16")
+    if not flags:
+        return PrecisionChoice(requested, "32-true", "CPU has neither amx_bf16 nor avx512_bf16: bf16 would be emulated")
+    speedup = bf16_matmul_speedup() if bf16_speedup is None else bf16_speedup
+    measured = f"CPU has avx512_bf16, no AMX; a bf16 matmul ran {speedup:.2f}x the fp32 one"
+    if speedup >= BF16_MIN_SPEEDUP:
+        return PrecisionChoice(requested, "bf16-mixed", measured)
+    return PrecisionChoice(requested, "32-true", f"{measured} (< {BF16_MIN_SPEEDUP})")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from run_fixtures import TINY
-from vitlab.acceleration import choose_precision, cpu_bf16_flags
+from vitlab.acceleration import bf16_matmul_speedup, choose_precision, cpu_bf16_flags
 from vitlab.cli.main import main
 from vitlab.config import ConfigError, TrainerConfig
 
@@ -31,13 +31,21 @@ def test_cpu_bf16_flags_are_read_from_cpuinfo(tmp_path, flags, found):
     assert cpu_bf16_flags(_cpuinfo(tmp_path, flags)) == found
 
 
-def test_auto_is_bf16_only_on_a_cpu_with_native_bf16():
-    assert choose_precision("auto", "cpu", cpu_flags=("amx_bf16",)).precision == "bf16-mixed"
-    assert choose_precision("auto", "cpu", cpu_flags=("avx512_bf16",)).line() == (
-        "precision bf16-mixed (auto: CPU has avx512_bf16)"
+def test_auto_is_bf16_with_amx_and_with_avx512_bf16_only_where_bf16_measured_faster():
+    assert choose_precision("auto", "cpu", cpu_flags=("amx_bf16", "avx512_bf16"), bf16_speedup=0.5).line() == (
+        "precision bf16-mixed (auto: CPU has amx_bf16)"
     )
+    faster = choose_precision("auto", "cpu", cpu_flags=("avx512_bf16",), bf16_speedup=2.6)
+    assert faster.precision == "bf16-mixed" and "a bf16 matmul ran 2.60x the fp32 one" in faster.reason
+    slower = choose_precision("auto", "cpu", cpu_flags=("avx512_bf16",), bf16_speedup=0.5)
+    assert slower.precision == "32-true" and "0.50x" in slower.reason
     emulated = choose_precision("auto", "cpu", cpu_flags=())
     assert emulated.precision == "32-true" and "emulated" in emulated.reason
+
+
+def test_the_bf16_speedup_is_measured_once_per_process():
+    first = bf16_matmul_speedup()
+    assert first > 0 and bf16_matmul_speedup() == first
 
 
 def test_an_explicit_precision_wins():
