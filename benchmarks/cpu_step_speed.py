@@ -17,9 +17,11 @@ Every round times each of them (and the matmul peaks of both precisions) once, t
 round; the factor of a way over ``fp32_before`` is formed per round. ``limit``: the step's seconds if its counted
 FLOPs (matrix products and attention) ran at the round's matmul peak of the precision used, beside the measured
 seconds. A dropout section times ``F.dropout`` against vitlab's on the protocol ViT's MLP hidden ``[128, 65, 256]``
-and attention probabilities ``[128, 4, 65, 65]``, next to the matching matrix product. The record holds the
-per-round seconds, the attention paths chosen (with their timings), the command, git revision, ``lscpu`` and the
-load average before and after.
+and attention probabilities ``[128, 4, 65, 65]``, next to the matching matrix product. A path table times
+every attention path (:mod:`vitlab.layers.attention_path`) on the protocol ViT's attention shape, fp32 and bf16,
+forward only and with backward, attention dropout off and on. The record holds the per-round seconds, the paths
+chosen in the steps (with their timings), the path table, the command, git revision, ``lscpu`` and the load
+average before and after.
 """
 
 from __future__ import annotations
@@ -145,6 +147,26 @@ def summarize(tasks: dict[str, _Task], matmuls: dict, info: dict, args: argparse
     }
 
 
+def path_table(batch_size: int) -> list[dict]:
+    """Every attention path timed on the protocol ViT's attention ``[B, 4, 65, 32]`` (the ToMe and CET-ViT global
+    blocks have the same heads and width), fp32 and bf16, with and without backward and attention dropout 0.05: the
+    table behind the chooser's rules (with dropout the eager path runs without timing; here all three are timed)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for backward in (True, False):
+            for drop in (0.0, 0.05):
+                torch.manual_seed(0)
+                q, k, v = (torch.randn(batch_size, 4, 65, 32, dtype=dtype, requires_grad=backward) for _ in range(3))
+                shape = (batch_size, 4, 65, 32)
+                key = attention_path.AttentionKey("table", "cpu", str(dtype), shape, drop > 0, backward, False)
+
+                def candidate(name: str, drop: float = drop, q=q, k=k, v=v):
+                    return lambda: attention_path.run_path(name, q, k, v, None, scale=32**-0.5, dropout_p=drop)
+
+                candidates = {name: candidate(name) for name in attention_path.PATHS}
+                attention_path._decide(key, candidates, [q, k, v] if backward else None)
+    return [d for d in attention_path.decisions() if d["kind"] == "table"]
+
+
 def lscpu() -> str:
     try:
         return subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -164,7 +186,7 @@ def main() -> None:
         sys.exit(f"{out} exists; choose another --out (results are never overwritten)")
     torch.set_num_threads(1)
     auto = choose_precision("auto", "cpu")
-    load_before = os.getloadavg()
+    load_before, env = os.getloadavg(), environment()
     cpu = torch.device("cpu")
     matmuls = {p: _Matmul(1024, p, cpu) for p in ("32-true", "bf16-mixed")}
     tasks = {f"matmul {p}": _Task(m) for p, m in matmuls.items()}
@@ -178,10 +200,11 @@ def main() -> None:
         "settings": {"batch_size": args.batch_size, "repeats": args.repeats, "threads": 1, "protocol": PROTOCOL},
         "auto_precision": auto.record(),
         "load_average": {"before": load_before, "after": os.getloadavg()},
-        "environment": environment(),
+        "environment": env,
         "lscpu": lscpu(),
         "clocks": measured,
-        "attention_paths": attention_path.decisions(),
+        "attention_paths_chosen": [d for d in attention_path.decisions() if d["kind"] != "table"],
+        "attention_path_table": path_table(args.batch_size),
     }
     atomic_write_json(out, record)
     print(f"auto: {auto.line()}; load average {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
