@@ -13,6 +13,7 @@ from vitlab.bench.specs import PHASES, PRECISIONS, NetworkSpec, check_settings, 
 from vitlab.bench.timing import Runner, measure_networks, round_ratio, torch_threads
 from vitlab.config import OptimConfig
 from vitlab.errors import ConfigError
+from vitlab.layers import attention_path
 from vitlab.rundir import environment as run_environment
 
 
@@ -50,7 +51,8 @@ def bench(
     :func:`vitlab.acceleration.choose_precision`; ``settings`` holds the precision used and ``precision_choice``
     the request and the reason.
 
-    Returns the :func:`measure_networks` record with ``settings``, ``environment``, ``load_average``
+    Returns the :func:`measure_networks` record with ``settings``, ``environment``, ``attention_paths`` (the paths
+    :mod:`vitlab.layers.attention_path` chose in this process, with their timings), ``load_average``
     (``os.getloadavg()`` before and after), each network's ``description``, ``runner`` and ``peak_memory`` (when
     ``memory``; eager training steps), and the throughput ratios formed per round, ``{clock: {phase: summary}}``:
     ``ours_over_timm``, and with ``compile`` ``ours_over_ours_eager`` and ``ours_over_timm_compiled``.
@@ -135,6 +137,7 @@ def bench(
         "settings": settings,
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "environment": environment,
+        "attention_paths": attention_path.decisions(),
         **result,
     }
 

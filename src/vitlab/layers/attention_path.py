@@ -16,7 +16,8 @@ load (and a compiled block's on the compiler); the masks stay the same in every 
 Otherwise :func:`attend` keys each call by device, dtype, shape ``[B, H, N, d]``, dropout on or off, whether a
 backward pass follows and whether a bias is added (:class:`AttentionKey`). The first call of a key times every
 candidate (forward, and backward where one follows; the fastest of a few calls, on copies of the inputs, with the
-random state put back after) and the fastest serves the key for the rest of the process.
+random state put back after; on the thread's CPU clock with one thread, :func:`cpu_clock`) and the fastest serves
+the key for the rest of the process.
 :func:`decisions` lists the choices with their timings. :func:`force_attention_path` or the environment variable
 ``VITLAB_ATTENTION_PATH`` (a name of :data:`PATHS`) holds every call to one path. Under ``torch.compile``, a
 dispatch mode (a FLOP counter) or on the meta device nothing is timed and the ``sdpa`` path runs.
@@ -152,6 +153,12 @@ def attend(
     return run_path(path, q, k, v, bias, scale=scale, dropout_p=dropout_p)
 
 
+def cpu_clock() -> Callable[[], float]:
+    """The clock a timing reads: with one intra-op thread the calling thread's CPU time (all the work is on it, and
+    other processes on a shared machine do not count), else the wall clock."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
 def _measurable(x: torch.Tensor) -> bool:
     """Whether timing candidates on ``x`` means anything: not while compiling, not under a dispatch mode (a FLOP
     counter would count every candidate), not on the meta device."""
@@ -175,14 +182,15 @@ def _decide(
 
             call()
             best = float("inf")
+            clock = cpu_clock()
             for _ in range(TIMED_CALLS):
                 if cuda:
                     torch.cuda.synchronize(device)
-                start = time.perf_counter()
+                start = clock()
                 call()
                 if cuda:
                     torch.cuda.synchronize(device)
-                best = min(best, time.perf_counter() - start)
+                best = min(best, clock() - start)
             seconds[name] = best
     path = min(seconds, key=seconds.get)
     _decisions[key], _timings[key] = path, seconds

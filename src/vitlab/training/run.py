@@ -426,6 +426,8 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         )
     all_callbacks = _callbacks(cfg, run_dir, task, validate)
     all_callbacks += setup_finetuning(cfg, model, task.monitor) + list(callbacks or [])
+    if _is_launching_process():
+        print(run_precision(cfg).line(), flush=True)  # the run's first line, before Lightning's own
     with quiet_warnings():
         try:
             trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
@@ -467,7 +469,6 @@ def _fit_claimed(
         else:
             run.write_config(cfg)
             run.write_env(precision=run_precision(cfg).record())
-        print(run_precision(cfg).line(), flush=True)
         print(model_line(cfg.model["name"], task.model), flush=True)
         if not trainer.limit_val_batches:
             print("no validation set (data.val_fraction=0): best.ckpt is the last epoch's", flush=True)
