@@ -12,42 +12,20 @@
 # RUNS (default runs/auto-vs-fp32) is where the runs go; each run's output goes to <run dir>.log.
 set -euo pipefail
 
-if [[ $# -lt 1 ]]; then
-    echo "usage: $0 PATH/TO/cifar10.npz [config overrides...]" >&2
-    exit 2
-fi
-data=$1
+data=${1:?usage: $0 PATH/TO/cifar10.npz [config overrides...]}
 shift
-runs=${RUNS:-runs/auto-vs-fp32}
-jobs_max=${JOBS:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-vitlab=${VITLAB:-vitlab}
+runs=${RUNS:-runs/auto-vs-fp32} jobs_max=${JOBS:-1} vitlab=${VITLAB:-vitlab}
 mkdir -p "$runs"
-
-train() {  # config precision seed [overrides...]
-    local config=$1 precision=$2 seed=$3
-    shift 3
-    local run_dir=$runs/$(basename "$config")-$precision-seed$seed
-    if [[ -f $run_dir/test_metrics.json ]]; then
-        echo "done: $run_dir"
-    elif [[ -f $run_dir/checkpoints/last.ckpt ]]; then
-        echo "resuming: $run_dir"
-        $vitlab fit --resume "$run_dir" > "$run_dir.log" 2>&1
-    else
-        echo "training: $run_dir"
-        $vitlab fit --config "$config" data.path="$data" run.seed="$seed" run.dir="$run_dir" \
-            trainer.precision="$precision" trainer.enable_progress_bar=false "$@" > "$run_dir.log" 2>&1
-    fi
-}
+source "$(dirname "$0")/fit_runs.sh"
 
 configs=(compare/cifar10_p4_vit compare/cifar10_p4_global)
 for seed in 0 1 2; do
     for config in "${configs[@]}"; do
         for precision in auto 32-true; do
-            while (( $(jobs -rp | wc -l) >= jobs_max )); do
-                wait -n || true
-            done
-            train "$config" "$precision" "$seed" "$@" &
+            wait_for_slot
+            fit_once "$runs/$(basename "$config")-$precision-seed$seed" "$config" data.path="$data" \
+                run.seed="$seed" trainer.precision="$precision" "$@" &
         done
     done
 done
