@@ -27,27 +27,17 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 vitlab=${VITLAB:-vitlab}
 mkdir -p "$runs"
 
+source "$(dirname "$0")/fit_runs.sh"
+
 train() {  # variant seed [overrides...]
     local variant=$1 seed=$2 name=${1#_}
     shift 2
-    local run_dir=$runs/${name:-cet_vit}-seed$seed
-    if [[ -f $run_dir/test_metrics.json ]]; then
-        echo "done: $run_dir"
-    elif [[ -f $run_dir/checkpoints/last.ckpt ]]; then
-        echo "resuming: $run_dir"
-        $vitlab fit --resume "$run_dir" > "$run_dir.log" 2>&1
-    else
-        echo "training: $run_dir"
-        $vitlab fit --config "$protocol$variant" data.path="$data" run.seed="$seed" run.dir="$run_dir" \
-            trainer.enable_progress_bar=false "$@" > "$run_dir.log" 2>&1
-    fi
+    fit_once "$runs/${name:-cet_vit}-seed$seed" "$protocol$variant" data.path="$data" run.seed="$seed" "$@"
 }
 
 for seed in 0 1 2; do
     for variant in "" _swin _tome _vit; do
-        while (( $(jobs -rp | wc -l) >= jobs_max )); do
-            wait -n || true
-        done
+        wait_for_slot
         train "$variant" "$seed" "$@" &
     done
 done

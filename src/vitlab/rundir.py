@@ -394,8 +394,9 @@ class RunDir:
 
         atomic_write_text(self.config_file, dump_yaml(cfg))
 
-    def write_env(self) -> None:
-        atomic_write_text(self.path / ENV_FILE, json.dumps(environment(), indent=2))
+    def write_env(self, **extra: Any) -> None:
+        """``env.json``: :func:`environment` and the run's own ``extra`` entries (e.g. its resolved precision)."""
+        atomic_write_text(self.path / ENV_FILE, json.dumps({**environment(), **extra}, indent=2))
 
     def write_json(self, relative: str | Path, obj: Any) -> Path:
         """Strict JSON into the run, atomically; returns the path."""

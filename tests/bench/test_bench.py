@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from vitlab.acceleration import choose_precision
 from vitlab.bench import (
     NetworkSpec,
     bench,
@@ -91,7 +92,8 @@ def test_bench_against_timm_returns_the_documented_record():
     torch_threads = torch.get_num_threads()
     result = bench("vit_pico", overrides=TINY, vs="timm", memory=False, **FAST)
     assert torch.get_num_threads() == torch_threads  # the thread count is restored
-    assert result["settings"]["precision"] == "32-true" and result["settings"]["threads"] == 1
+    assert result["settings"]["precision"] == choose_precision("auto", "cpu").precision
+    assert result["settings"]["precision_choice"]["requested"] == "auto" and result["settings"]["threads"] == 1
     assert len(result["load_average"]["before"]) == 3
     assert result["environment"]["versions"]["timm"]
     assert result["clocks"] == ["wall", "cpu"]
@@ -118,7 +120,7 @@ def test_bench_against_timm_returns_the_documented_record():
 def test_bench_bf16_with_peak_memory_of_a_fresh_process():
     result = bench("vitcae_pico", precision="bf16-mixed", **FAST)
     ours = result["networks"]["ours"]
-    assert ours["description"] == "vitlab vitcae_pico (encoder), eager, AdamW fused=auto"
+    assert ours["description"] == "vitlab vitcae_pico (encoder), eager, AdamW fused=auto, grad-norm clip 1"
     assert ours["peak_memory"]["mib"] > 0 and "fresh process" in ours["peak_memory"]["method"]
     assert result["matmul_peak"]["precision"] == "bf16-mixed"
     assert result["matmul_peak_fp32"]["flops_per_s"]["wall"]["median"] > 0
@@ -126,7 +128,7 @@ def test_bench_bf16_with_peak_memory_of_a_fresh_process():
 
 
 def test_bad_settings_are_clear_errors():
-    with pytest.raises(ConfigError, match="precision must be one of 32-true, bf16-mixed"):
+    with pytest.raises(ConfigError, match="precision must be one of auto, 32-true, bf16-mixed"):
         bench("vit_pico", overrides=TINY, precision="16-mixed")
     with pytest.raises(ConfigError, match="batch size must be at least 1"):
         bench("vit_pico", overrides=TINY, batch_size=0)

@@ -44,12 +44,16 @@ def test_cli_fit_writes_a_complete_run_directory(tmp_path, capsys):
     rows = RunDir(run_dir).metrics()
     assert [r["epoch"] for r in rows] == [0, 1]
     assert {"train/loss", "train/lr", "val/loss", "val/acc"} <= set(rows[-1])
-    for row in rows:  # StepTimer: backward inside the steps, the steps inside the epoch
+    for row in rows:  # StepTimer: backward inside the steps, the steps and the waits for data inside the epoch
         assert 0 < row["time/backward_s"] < row["time/step_s"] < row["time/epoch_s"], row
+        assert 0 < row["time/data_wait_s"] < row["time/epoch_s"] - row["time/step_s"], row
     timing = json.loads((run_dir / "timing.json").read_text())
     assert timing["epochs"] == 2
     assert timing["time/backward_total_s"] == pytest.approx(sum(r["time/backward_s"] for r in rows), rel=1e-5)
     assert timing["time/epoch_total_s"] == pytest.approx(sum(r["time/epoch_s"] for r in rows), rel=1e-5)
+    waits = sum(r["time/data_wait_s"] for r in rows)
+    assert timing["time/data_wait_total_s"] == pytest.approx(waits, rel=1e-5)
+    assert timing["data_wait_share"] == pytest.approx(waits / timing["time/epoch_total_s"], rel=1e-5)
     assert (run_dir / "report.html").stat().st_mode & 0o044, "the report must be readable by others (umask permitting)"
     env = json.loads((run_dir / "env.json").read_text())
     assert env["versions"]["torch"] == torch.__version__ and "git" in env

@@ -7,12 +7,14 @@ from typing import Any
 
 import torch
 
-from vitlab.acceleration import check_compile_mode
+from vitlab.acceleration import PrecisionChoice, check_compile_mode, choose_precision
 from vitlab.bench.memory import peak_memory
-from vitlab.bench.specs import PHASES, NetworkSpec, check_settings, timm_counterpart
+from vitlab.bench.specs import PHASES, PRECISIONS, NetworkSpec, check_settings, timm_counterpart
 from vitlab.bench.timing import Runner, measure_networks, round_ratio, torch_threads
+from vitlab.config import OptimConfig
 from vitlab.environment import environment as run_environment
 from vitlab.errors import ConfigError
+from vitlab.layers import attention_path
 
 #: the networks a run compares ``ours`` with, each as ``ours_over_<name>``
 COMPARED = ("timm", "ours_eager", "timm_compiled", "ours_no_checkpointing")
@@ -25,7 +27,7 @@ def bench(
     *,
     overrides: dict[str, Any] | None = None,
     batch_size: int = 64,
-    precision: str = "32-true",
+    precision: str = "auto",
     compile: bool = False,
     compile_mode: str | None = None,
     compile_backend: str = "inductor",
@@ -42,21 +44,33 @@ def bench(
 ) -> dict[str, Any]:
     """Benchmark the preset ``model`` (with keyword ``overrides``) alone or, with ``vs="timm"``, next to timm's.
 
-    ``ours`` runs as ``vitlab fit`` trains: AdamW with ``optim.fused=fused`` and, with ``compile``, its blocks
-    compiled (``trainer.compile``, mode ``compile_mode``); ``timm`` runs as a timm user's script does by default:
-    eager, torch's default AdamW. With ``compile`` the run also times ``ours_eager`` and, with ``vs="timm"``,
-    ``timm_compiled`` (``torch.compile`` of the whole network, same mode), all alternating in one process.
+    ``ours`` runs as ``vitlab fit`` trains: its dropout and attention path (:func:`vitlab.create_model`), the
+    gradient-norm clipping of ``optim.grad_clip``'s default, AdamW with ``optim.fused=fused`` and, with
+    ``compile``, its blocks compiled (``trainer.compile``, mode ``compile_mode``); ``timm`` runs as a timm user's
+    script does by default: eager, torch's default AdamW, no clipping. With ``compile`` the run also times
+    ``ours_eager`` and, with ``vs="timm"``, ``timm_compiled`` (``torch.compile`` of the whole network, same
+    mode), all alternating in one process.
 
     With ``grad_checkpointing`` ``ours`` recomputes its blocks' activations in the backward pass
     (``trainer.grad_checkpointing``) and the run also times and measures ``ours_no_checkpointing``, the same network
     without, alternating.
 
-    Returns the :func:`measure_networks` record with ``settings``, ``environment``, ``load_average``
+
+    ``precision``: ``auto`` (the default, as ``vitlab fit``'s) resolves for ``device`` by
+    :func:`vitlab.acceleration.choose_precision`; ``settings`` holds the precision used and ``precision_choice``
+    the request and the reason.
+
+    Returns the :func:`measure_networks` record with ``settings``, ``environment``, ``attention_paths`` (the paths
+    :mod:`vitlab.layers.attention_path` chose in this process, with their timings), ``load_average``
     (``os.getloadavg()`` before and after), each network's ``description``, ``runner`` and ``peak_memory`` (when
     ``memory``; eager training steps), and the throughput ratios formed per round, ``{clock: {phase: summary}}``:
     ``ours_over_timm``, and with ``compile`` ``ours_over_ours_eager`` and ``ours_over_timm_compiled``, with
     ``grad_checkpointing`` ``ours_over_ours_no_checkpointing``.
     """
+    if precision not in ("auto", *PRECISIONS):
+        raise ConfigError(f"precision must be one of auto, {', '.join(PRECISIONS)}, got {precision!r}")
+    choice = choose_precision(precision, torch.device(device).type)
+    precision = choice.precision
     check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
     if vs not in (None, "timm"):
         raise ConfigError(f"--vs compares with 'timm' only, got {vs!r}")
@@ -67,9 +81,11 @@ def bench(
     ours = NetworkSpec("vitlab", model, overrides)
     specs = {"ours": NetworkSpec("vitlab", model, overrides, grad_checkpointing=True) if grad_checkpointing else ours}
     compiled = dict(mode=compile_mode, backend=compile_backend)
-    runners = {"ours": Runner(compile="blocks", fused=fused, **compiled) if compile else Runner(fused=fused)}
+    clip = OptimConfig().grad_clip
+    eager = Runner(fused=fused, grad_clip=clip)
+    runners = {"ours": Runner("blocks", fused=fused, grad_clip=clip, **compiled) if compile else eager}
     if compile:
-        specs["ours_eager"], runners["ours_eager"] = specs["ours"], Runner(fused=fused)
+        specs["ours_eager"], runners["ours_eager"] = specs["ours"], eager
     if grad_checkpointing:
         specs["ours_no_checkpointing"], runners["ours_no_checkpointing"] = ours, runners["ours"]
     if vs == "timm":
@@ -81,6 +97,7 @@ def bench(
         overrides=overrides,
         batch_size=batch_size,
         precision=precision,
+        precision_choice=choice.record(),
         compile=compile,
         compile_mode=compile_mode,
         compile_backend=compile_backend,
@@ -138,6 +155,7 @@ def bench(
         "settings": settings,
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "environment": environment,
+        "attention_paths": attention_path.decisions(),
         **result,
     }
 
@@ -145,7 +163,8 @@ def bench(
 def format_bench(result: dict[str, Any]) -> str:
     """A short text table of a :func:`bench` record: medians with [min, max] over the rounds, per clock."""
     s = result["settings"]
-    lines = [
+    lines = [PrecisionChoice(**s["precision_choice"]).line()] if "precision_choice" in s else []
+    lines += [
         f"{s['model']} {s['overrides'] or ''} batch {s['batch_size']}, {s['precision']}, threads {s['threads']}, "
         f"{s['repeats']} rounds; load average {result['load_average']['before'][0]:.2f} -> "
         f"{result['load_average']['after'][0]:.2f}"

@@ -38,18 +38,21 @@ class Runner:
     """How a network is run: ``compile`` ``"none"`` (eager), ``"blocks"`` (vitlab's ``trainer.compile``,
     :func:`vitlab.acceleration.compile_network`) or ``"model"`` (``torch.compile`` of the whole network, what a timm
     user writes), with ``mode`` and ``backend``; ``fused``: AdamW's implementation (``"auto"``, ``True``, ``False``:
-    torch's default, :func:`vitlab.acceleration.adamw`)."""
+    torch's default, :func:`vitlab.acceleration.adamw`); ``grad_clip``: the gradient-norm clipping before each
+    step (``vitlab fit``'s ``optim.grad_clip``; None: none, a timm script's default)."""
 
     compile: Literal["none", "blocks", "model"] = "none"
     mode: str | None = None
     backend: str = "inductor"
     fused: bool | str = False
+    grad_clip: float | None = None
 
     def describe(self) -> str:
         how = {"none": "eager", "blocks": "compiled blocks", "model": "torch.compile(model)"}[self.compile]
         if self.compile != "none" and self.mode not in (None, "default"):
             how += f" ({self.mode})"
-        return f"{how}, AdamW {'fused=' + str(self.fused) if self.fused is not False else 'torch default'}"
+        clip = "" if self.grad_clip is None else f", grad-norm clip {self.grad_clip:g}"
+        return f"{how}, AdamW {'fused=' + str(self.fused) if self.fused is not False else 'torch default'}{clip}"
 
 
 class Subject:
@@ -73,6 +76,7 @@ class Subject:
             mode = None if runner.mode == "default" else runner.mode
             self.runnable = torch.compile(self.network, mode=mode, backend=runner.backend)
         self.optimizer = adamw(list(self.network.parameters()), lr=1e-4, weight_decay=0.05, fused=runner.fused)
+        self.grad_clip = runner.grad_clip
 
     def train_step(self) -> None:
         self.network.train()
@@ -80,6 +84,8 @@ class Subject:
         with autocast(self.precision, self.device):
             logits = self.runnable(self.x)
         F.cross_entropy(logits.float(), self.y).backward()
+        if self.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
         self.optimizer.step()
 
     def inference(self) -> None:

@@ -23,7 +23,12 @@ from vitlab.jsonio import strict_dumps
 def _bench(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("model", help="registered preset, e.g. vit_tiny; then model options as key=value (img_size=32)")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "32-true", "bf16-mixed"],
+        help="auto (the default, as vitlab fit's): bf16-mixed where the device computes bf16 natively, else 32-true",
+    )
     p.add_argument(
         "--compile",
         action="store_true",

@@ -73,14 +73,16 @@ class TrainerConfig:
     """Arguments passed through to ``lightning.pytorch.Trainer``, and vitlab's own (``VITLAB_KEYS``): ``compile``
     (``torch.compile`` of the network's blocks, ``vitlab.acceleration.compile_network``) with ``compile_mode``
     (``default``, ``reduce-overhead``, ``max-autotune``, ``max-autotune-no-cudagraphs``) and ``compile_backend``;
-    ``grad_checkpointing`` (activation checkpointing of the model's blocks)."""
+    ``grad_checkpointing`` (activation checkpointing of the model's blocks). ``precision: auto`` (the default) is
+    bf16-mixed where the device computes bf16 natively and 32-true elsewhere
+    (:func:`vitlab.acceleration.choose_precision`); any of Lightning's precisions is used as given."""
 
     max_epochs: int = 10
     accelerator: str = "auto"
     devices: int | str = 1
     num_nodes: int = 1
     strategy: str = "auto"
-    precision: str = "32-true"
+    precision: str = "auto"
     deterministic: bool = False
     log_every_n_steps: int = 10
     limit_train_batches: float | int | None = None
@@ -106,11 +108,33 @@ class TrainerConfig:
             )
         if self.log_every_n_steps < 1 or self.check_val_every_n_epoch < 1:
             raise ConfigError("trainer.log_every_n_steps and trainer.check_val_every_n_epoch must be >= 1")
+        if str(self.precision) not in PRECISIONS:
+            raise ConfigError(
+                f"trainer.precision must be auto or one of Lightning's precisions ({', '.join(PRECISIONS[1:])}), "
+                f"got {self.precision!r}"
+            )
 
     def lightning_kwargs(self) -> dict[str, Any]:
         """The keyword arguments for ``lightning.pytorch.Trainer``: every set key but ``VITLAB_KEYS``."""
         return {k: v for k, v in to_dict(self).items() if v is not None and k not in VITLAB_KEYS}
 
+
+#: values of ``trainer.precision``: ``auto`` and Lightning's names (with their short forms)
+PRECISIONS: tuple[str, ...] = (
+    "auto",
+    "32-true",
+    "bf16-mixed",
+    "16-mixed",
+    "bf16-true",
+    "16-true",
+    "64-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+    "32",
+    "16",
+    "bf16",
+    "64",
+)
 
 #: keys of :class:`TrainerConfig` that vitlab uses itself, not passed to Lightning
 VITLAB_KEYS: tuple[str, ...] = ("compile", "compile_mode", "compile_backend", "grad_checkpointing")

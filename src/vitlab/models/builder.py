@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from vitlab.layers.dropout import use_fast_dropout
 from vitlab.models.pretrained import LoadReport, check_keys, fit_to_backbone, load_pretrained, timm_vit_kwargs
 from vitlab.models.registry import get_preset, list_models, resolved_kwargs
 from vitlab.models.vit import VisionTransformer
@@ -19,10 +20,11 @@ def create_model(name: str, pretrained: str | None = None, **overrides: Any) -> 
     ``pretrained``: weights for the model's ViT backbone, a file, a vitlab export or run directory, or
     ``timm:NAME[.TAG]`` (:func:`vitlab.models.pretrained.load_pretrained`: position and patch embeddings resampled,
     head reset, any other mismatch an error). It is kept as ``model.pretrained``, not in ``init_kwargs``.
+    Its dropouts are :class:`vitlab.layers.dropout.Dropout` (the same distribution, a cheaper mask).
     """
     preset = get_preset(name)
     kwargs = resolved_kwargs(name, **overrides)
-    model = preset.cls(**kwargs)
+    model = use_fast_dropout(preset.cls(**kwargs))
     model.preset = name
     model.init_kwargs = kwargs
     if pretrained:

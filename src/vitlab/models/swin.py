@@ -11,6 +11,8 @@ The class is timm's model, so the contract (``forward_features`` -> ``forward_he
 state-dict keys are timm's; :class:`~vitlab.models.contract.ModelContract` adds the ``pretrained_cfg`` that timm's
 builder would attach. Only the constructor is vitlab's: keyword-only, with the options a baseline needs, so presets
 register, train, export and load like every other model.
+Each window attention runs SDPA or its eager softmax, whichever
+:func:`vitlab.layers.attention_path.choose_window_attention_path` measures faster for the call.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from collections.abc import Sequence
 
 import torch
 from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
+from timm.models.swin_transformer import WindowAttention
 
+from vitlab.layers.attention_path import choose_window_attention_path
 from vitlab.models.contract import ModelContract
 from vitlab.models.registry import register_preset
 from vitlab.models.vit import check_patch_grid
@@ -94,6 +98,9 @@ class SwinTransformer(TimmSwinTransformer, ModelContract):
             attn_drop_rate=attn_drop_rate,
             drop_path_rate=drop_path_rate,
         )
+        for module in self.modules():
+            if isinstance(module, WindowAttention):
+                module.register_forward_pre_hook(choose_window_attention_path)
 
 
 _SWIN_SIZES = {

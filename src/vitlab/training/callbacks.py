@@ -163,9 +163,12 @@ class StepTimer(pl.Callback):
     Per epoch it logs ``time/step_s`` (the sum over batches from ``on_train_batch_start`` to ``on_train_batch_end``:
     forward, backward and optimiser step, no data loading), ``time/backward_s`` (the sum from ``on_before_backward``
     to ``on_after_backward``) and ``time/epoch_s`` (from the epoch's start to its end: data loading, validation and
-    the epoch-end work of the callbacks placed before this one, such as the dynamics controller). The totals over
-    the run go to ``timing.json`` as ``time/step_total_s``, ``time/backward_total_s`` and ``time/epoch_total_s``, and
-    ``vitlab compare`` reads them beside the test metrics.
+    the epoch-end work of the callbacks placed before this one, such as the dynamics controller) and
+    ``time/data_wait_s`` (the sum of the gaps from the epoch's start to its first batch and from each batch's end to
+    the next one's start: the time the loop waits for the data loader to hand over a batch, with Lightning's own
+    per-batch work). The totals over the run go to ``timing.json`` as ``time/step_total_s``,
+    ``time/backward_total_s``, ``time/epoch_total_s`` and ``time/data_wait_total_s``, with ``data_wait_share``, the
+    share of the epochs' time spent waiting for data; ``vitlab compare`` reads them beside the test metrics.
 
     Resumed runs continue the totals: they are in the checkpoint, with the sums of an epoch still in progress (a
     checkpoint written at validation end, before the epoch's end, whose end Lightning replays after a resume).
@@ -176,7 +179,14 @@ class StepTimer(pl.Callback):
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
-        self.totals = {"time/step_total_s": 0.0, "time/backward_total_s": 0.0, "time/epoch_total_s": 0.0, "epochs": 0}
+        self.totals = {
+            "time/step_total_s": 0.0,
+            "time/backward_total_s": 0.0,
+            "time/epoch_total_s": 0.0,
+            "time/data_wait_total_s": 0.0,
+            "data_wait_share": 0.0,
+            "epochs": 0,
+        }
         self._epoch_t0: float | None = None  # None outside an epoch
         self._reset_epoch(cuda=False)
 
@@ -184,6 +194,8 @@ class StepTimer(pl.Callback):
         self._cuda = cuda
         self._step_s = 0.0
         self._backward_s = 0.0
+        self._wait_s = 0.0
+        self._batch_end: float | None = None  # host clock at the last batch's end (the epoch's start at first)
         self._pairs: dict[str, list[tuple[Any, Any]]] = {"step": [], "backward": []}
         self._open: dict[str, Any] = {}
 
@@ -216,21 +228,24 @@ class StepTimer(pl.Callback):
             self._backward_s += sum(s.elapsed_time(e) for s, e in self._pairs["backward"]) / 1000.0
             self._pairs = {"step": [], "backward": []}
         elapsed = 0.0 if self._epoch_t0 is None else time.perf_counter() - self._epoch_t0
-        return {"step_s": self._step_s, "backward_s": self._backward_s, "elapsed_s": elapsed}
+        return {"step_s": self._step_s, "backward_s": self._backward_s, "elapsed_s": elapsed, "wait_s": self._wait_s}
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset_epoch(cuda=pl_module.device.type == "cuda")
-        self._epoch_t0 = time.perf_counter()
+        self._epoch_t0 = self._batch_end = time.perf_counter()
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self._batch_end is not None:
+            self._wait_s += time.perf_counter() - self._batch_end
         self._start("step")
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._stop("step")
+        self._batch_end = time.perf_counter()
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         self._start("backward")
@@ -247,12 +262,16 @@ class StepTimer(pl.Callback):
             "time/step_s": sums["step_s"],
             "time/backward_s": sums["backward_s"],
             "time/epoch_s": sums["elapsed_s"],
+            "time/data_wait_s": sums["wait_s"],
         }
         for key, value in values.items():
             pl_module.log(key, value, on_step=False, on_epoch=True, rank_zero_only=True)
         self.totals["time/step_total_s"] += sums["step_s"]
         self.totals["time/backward_total_s"] += sums["backward_s"]
         self.totals["time/epoch_total_s"] += sums["elapsed_s"]
+        self.totals["time/data_wait_total_s"] = self.totals.get("time/data_wait_total_s", 0.0) + sums["wait_s"]
+        epochs_s = self.totals["time/epoch_total_s"]
+        self.totals["data_wait_share"] = self.totals["time/data_wait_total_s"] / epochs_s if epochs_s > 0 else 0.0
         self.totals["epochs"] += 1
         if trainer.is_global_zero:
             atomic_write_text(self.run_dir / TIMING_FILE, strict_dumps(self.totals, indent=2))
@@ -267,6 +286,7 @@ class StepTimer(pl.Callback):
         if in_progress is not None:  # continue the interrupted epoch's sums; its clock restarts now
             self._reset_epoch(cuda=False)
             self._step_s, self._backward_s = in_progress["step_s"], in_progress["backward_s"]
+            self._wait_s = in_progress.get("wait_s", 0.0)  # a checkpoint of before the data wait was timed
             self._epoch_t0 = time.perf_counter() - in_progress["elapsed_s"]
 
 

@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from vitlab.acceleration import PrecisionChoice, choose_precision
 from vitlab.atomic import append_line
 from vitlab.config import ConfigError, RunConfig, from_dict, to_dict
 from vitlab.data import VisionDataModule, build_datamodule
@@ -347,8 +348,14 @@ def console_progress_bar(cfg: RunConfig) -> bool:
     return cfg.trainer.enable_progress_bar and sys.stdout.isatty() and sys.stderr.isatty()
 
 
+def run_precision(cfg: RunConfig) -> PrecisionChoice:
+    """The precision of ``cfg``'s trainer, ``auto`` resolved for its accelerator (:func:`choose_precision`)."""
+    return choose_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator))
+
+
 def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback], validate: bool = True) -> pl.Trainer:
     kwargs = cfg.trainer.lightning_kwargs()
+    kwargs["precision"] = run_precision(cfg).precision
     kwargs["enable_progress_bar"] = console_progress_bar(cfg)
     if not validate:
         kwargs["limit_val_batches"] = 0
@@ -433,6 +440,8 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         )
     all_callbacks = _callbacks(cfg, run_dir, task, validate)
     all_callbacks += setup_finetuning(cfg, model, task.monitor) + list(callbacks or [])
+    if _is_launching_process():
+        print(run_precision(cfg).line(), flush=True)  # the run's first line, before Lightning's own
     with quiet_warnings():
         try:
             trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
@@ -473,7 +482,7 @@ def _fit_claimed(
             )
         else:
             run.write_config(cfg)
-            run.write_env()
+            run.write_env(precision=run_precision(cfg).record())
         print(model_line(cfg.model["name"], task.model), flush=True)
         if not trainer.limit_val_batches:
             print("no validation set (data.val_fraction=0): best.ckpt is the last epoch's", flush=True)
@@ -549,7 +558,7 @@ def test_once(
         accelerator=trainer.accelerator,
         devices=1,
         enable_checkpointing=False,
-        precision=cfg.trainer.precision,
+        precision=run_precision(cfg).precision,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -572,7 +581,7 @@ def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | Non
         trainer = pl.Trainer(
             accelerator=cfg.trainer.accelerator,
             devices=1,
-            precision=cfg.trainer.precision,
+            precision=run_precision(cfg).precision,
             logger=False,
             enable_checkpointing=False,
             enable_model_summary=False,

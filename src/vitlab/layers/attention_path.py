@@ -1,0 +1,231 @@
+"""Which kernel computes scaled dot-product attention, chosen by measuring the candidates on the case at hand.
+
+``softmax(q k^T * scale + bias) v`` (Vaswani et al. 2017, sec. 3.2.1) has several implementations in torch whose
+order of speed depends on the device, the dtype, the shape and whether attention dropout is on: on a CPU, SDPA's
+flash kernel is fast in fp32 forward but its bf16 backward can cost more than the matrix products around it, and
+with dropout SDPA falls back to its math path with torch's per-element Bernoulli mask. The candidates
+(:data:`PATHS`):
+
+- ``sdpa``: ``F.scaled_dot_product_attention`` with torch's choice of backend;
+- ``math``: the same call held to SDPA's math backend;
+- ``eager``: the softmax written out, with :func:`vitlab.layers.dropout.dropout` on the probabilities.
+
+With attention dropout on, the ``eager`` path runs: it alone draws vitlab's mask, and SDPA's kernels draw their
+own random numbers, so a choice between them by timing would make a seeded run's masks depend on the machine's
+load (and a compiled block's on the compiler); the masks stay the same in every run, compiled or not.
+Otherwise :func:`attend` keys each call by device, dtype, shape ``[B, H, N, d]``, dropout on or off, whether a
+backward pass follows and whether a bias is added (:class:`AttentionKey`). The first call of a key times every
+candidate (forward, and backward where one follows; the fastest of a few calls, on copies of the inputs, with the
+random state put back after; on the thread's CPU clock with one thread, :func:`cpu_clock`) and the fastest serves
+the key for the rest of the process.
+:func:`decisions` lists the choices with their timings. :func:`force_attention_path` or the environment variable
+``VITLAB_ATTENTION_PATH`` (a name of :data:`PATHS`) holds every call to one path. Under ``torch.compile``, a
+dispatch mode (a FLOP counter) or on the meta device nothing is timed and the ``sdpa`` path runs.
+
+:func:`choose_window_attention_path` does the same for timm's Swin ``WindowAttention``, whose own switch
+``fused_attn`` picks between SDPA and its eager softmax (with the model's dropout module on the probabilities); with
+attention dropout on, its eager softmax runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from vitlab.layers.dropout import dropout
+
+log = logging.getLogger(__name__)
+
+#: the attention implementations :func:`attend` chooses among (module doc)
+PATHS: tuple[str, ...] = ("sdpa", "math", "eager")
+#: the environment variable that forces one path
+ENV_VARIABLE = "VITLAB_ATTENTION_PATH"
+#: timed calls per candidate (after one untimed call); the fastest counts
+TIMED_CALLS = 3
+
+
+@dataclass(frozen=True)
+class AttentionKey:
+    """What the choice of a path depends on. ``shape``: ``[B, H, N, d]`` of q (of ``x`` for a window attention)."""
+
+    kind: str
+    device: str
+    dtype: str
+    shape: tuple[int, ...]
+    dropout: bool
+    backward: bool
+    bias: bool
+
+
+_decisions: dict[AttentionKey, str] = {}
+_timings: dict[AttentionKey, dict[str, float]] = {}
+_forced: str | None = None
+
+
+def check_path(path: str | None) -> None:
+    if path is not None and path not in PATHS:
+        raise ValueError(f"attention path must be one of {', '.join(PATHS)}, got {path!r}")
+
+
+def force_attention_path(path: str | None) -> None:
+    """Run every attention through ``path`` (one of :data:`PATHS`), or choose by measurement again (None)."""
+    global _forced
+    check_path(path)
+    _forced = path
+
+
+def forced_path() -> str | None:
+    """The forced path: :func:`force_attention_path`'s, else ``VITLAB_ATTENTION_PATH``'s, else None."""
+    path = _forced or os.environ.get(ENV_VARIABLE) or None
+    if path is not None and path not in PATHS:
+        raise ValueError(f"{ENV_VARIABLE}={path!r} is not an attention path; set it to one of {', '.join(PATHS)}")
+    return path
+
+
+def decisions() -> list[dict]:
+    """Every key decided in this process: the key's fields, the ``path`` chosen and ``seconds`` per candidate."""
+    return [{**asdict(key), "path": path, "seconds": _timings.get(key, {})} for key, path in _decisions.items()]
+
+
+def clear_decisions() -> None:
+    """Forget the decisions, so the next call of each key measures again."""
+    _decisions.clear()
+    _timings.clear()
+
+
+def run_path(
+    path: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    scale: float,
+    dropout_p: float,
+) -> torch.Tensor:
+    """Attention of ``q, k, v: [B, H, N, d]`` (``bias`` broadcast to ``[B, H, N, N]`` or None) by ``path``."""
+    if path == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    if path == "math":
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    logits = (q * scale) @ k.transpose(-2, -1)
+    if bias is not None:
+        logits = logits + bias
+    return dropout(logits.softmax(dim=-1), dropout_p) @ v
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """``softmax(q k^T * scale + bias) v`` with dropout ``dropout_p`` on the probabilities, by the path chosen for
+    this call's :class:`AttentionKey` (module doc). ``q, k, v: [B, H, N, d] -> [B, H, N, d]``."""
+    path = forced_path() or ("eager" if dropout_p > 0 else None if _measurable(q) else "sdpa")
+    if path is None:
+        backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        key = AttentionKey(
+            "sdpa", q.device.type, str(q.dtype), tuple(q.shape), dropout_p > 0, backward, bias is not None
+        )
+        path = _decisions.get(key)
+        if path is None:
+            inputs = [t.detach().clone().requires_grad_(backward) for t in (q, k, v)]
+            detached = None if bias is None else bias.detach()
+
+            def candidate(name: str) -> Callable[[], torch.Tensor]:
+                return lambda: run_path(name, *inputs, detached, scale=scale, dropout_p=dropout_p)
+
+            path = _decide(key, {name: candidate(name) for name in PATHS}, inputs if backward else None)
+    return run_path(path, q, k, v, bias, scale=scale, dropout_p=dropout_p)
+
+
+def cpu_clock() -> Callable[[], float]:
+    """The clock a timing reads: with one intra-op thread the calling thread's CPU time (all the work is on it, and
+    other processes on a shared machine do not count), else the wall clock."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def _measurable(x: torch.Tensor) -> bool:
+    """Whether timing candidates on ``x`` means anything: not while compiling, not under a dispatch mode (a FLOP
+    counter would count every candidate), not on the meta device."""
+    return not (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None or x.device.type == "meta")
+
+
+def _decide(
+    key: AttentionKey, candidates: dict[str, Callable[[], torch.Tensor]], inputs: list[torch.Tensor] | None
+) -> str:
+    """Time each candidate (forward, and backward to ``inputs`` when given) and record the fastest for ``key``."""
+    device = torch.device(key.device)
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    seconds = {}
+    with torch.random.fork_rng(devices=cuda):  # the CPU's generator, and the CUDA device's
+        for name, forward in candidates.items():
+
+            def call(forward: Callable[[], torch.Tensor] = forward) -> None:
+                out = forward()
+                if inputs is not None:
+                    torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
+
+            call()
+            best = float("inf")
+            clock = cpu_clock()
+            for _ in range(TIMED_CALLS):
+                if cuda:
+                    torch.cuda.synchronize(device)
+                start = clock()
+                call()
+                if cuda:
+                    torch.cuda.synchronize(device)
+                best = min(best, clock() - start)
+            seconds[name] = best
+    path = min(seconds, key=seconds.get)
+    _decisions[key], _timings[key] = path, seconds
+    log.info("attention path %s for %s (seconds per call: %s)", path, key, seconds)
+    return path
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# timm's Swin window attention
+def choose_window_attention_path(module: nn.Module, args: tuple) -> None:
+    """Forward pre-hook for timm's ``WindowAttention``: set its ``fused_attn`` (SDPA, or its eager softmax) to the
+    faster for this call's key. A forced ``eager`` or ``math`` path gives the eager softmax, ``sdpa`` SDPA."""
+    if getattr(module, "_choosing_path", False):
+        return
+    dropout_on = module.attn_drop.p > 0 and module.training
+    path = forced_path() or ("eager" if dropout_on else None if _measurable(args[0]) else "sdpa")
+    if path is None:
+        x, mask = args[0], args[1] if len(args) > 1 else None
+        backward = torch.is_grad_enabled() and module.training
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        key = AttentionKey("window", x.device.type, str(dtype), tuple(x.shape), False, backward, mask is not None)
+        path = _decisions.get(key)
+        if path is None:
+            inputs = [x.detach().clone().requires_grad_(backward)]
+            detached = None if mask is None else mask.detach()
+
+            def candidate(fused: bool) -> Callable[[], torch.Tensor]:
+                def run() -> torch.Tensor:
+                    module.fused_attn, module._choosing_path = fused, True
+                    try:
+                        return module(inputs[0], detached)
+                    finally:
+                        module._choosing_path = False
+
+                return run
+
+            path = _decide(key, {"sdpa": candidate(True), "eager": candidate(False)}, inputs if backward else None)
+    module.fused_attn = path == "sdpa"

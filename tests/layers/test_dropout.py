@@ -1,0 +1,72 @@
+"""vitlab's dropout draws its mask from the bits of one random call, and keeps torch's dropout's distribution: the
+same keep rate and scaling (statistically), exact expectation, seeded masks, the mask's gradient, identity in eval."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitlab.layers.dropout import Dropout, dropout, quantized_drop_probability, use_fast_dropout
+from vitlab.models import create_model
+
+
+@pytest.mark.parametrize("p", [0.05, 0.1, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keep_rate_and_scaling_match_torchs_dropout(p, dtype):
+    torch.manual_seed(0)
+    x = torch.ones(256, 65, 64, dtype=dtype)
+    ours, theirs = dropout(x, p), F.dropout(x, p)
+    n = x.numel()
+    sigma = math.sqrt(p * (1 - p) / n)
+    for out in (ours, theirs):  # both keep a share 1 - p of the elements, within 5 binomial standard deviations
+        assert abs((out == 0).float().mean().item() - p) < 5 * sigma
+    kept_ours, kept_theirs = ours[ours != 0].float().unique(), theirs[theirs != 0].float().unique()
+    assert kept_ours.numel() == kept_theirs.numel() == 1  # every kept element is scaled by one factor
+    assert kept_ours.item() == pytest.approx(kept_theirs.item(), rel=2e-3 if dtype == torch.bfloat16 else 1e-4)
+    assert abs(quantized_drop_probability(p) - p) <= 2**-17
+
+
+def test_the_expectation_is_the_input_and_masks_are_independent_across_elements():
+    torch.manual_seed(1)
+    x = torch.randn(64, 1000)
+    draws = torch.stack([dropout(x, 0.3) for _ in range(200)])
+    assert torch.allclose(draws.mean(0), x, atol=6 * x.abs().max().item() * math.sqrt(0.3 / 0.7 / 200))
+    dropped = (draws == 0).float()
+    # neighbouring elements (which share a 64-bit word) are uncorrelated: P(both dropped) = p^2
+    both = (dropped[:, :, :-1] * dropped[:, :, 1:]).mean().item()
+    assert abs(both - 0.09) < 0.005
+
+
+def test_masks_are_reproducible_under_a_seed_and_differ_without():
+    x = torch.randn(8, 33, 17)
+    torch.manual_seed(3)
+    a = dropout(x, 0.2)
+    torch.manual_seed(3)
+    b = dropout(x, 0.2)
+    assert torch.equal(a, b) and not torch.equal(a, dropout(x, 0.2))
+
+
+def test_the_gradient_is_the_mask_times_the_scale_and_eval_is_identity():
+    x = torch.randn(4, 10, 32, requires_grad=True)
+    torch.manual_seed(0)
+    out = dropout(x, 0.25)
+    out.sum().backward()
+    scale = 1 / (1 - quantized_drop_probability(0.25))
+    assert torch.allclose(x.grad, (out != 0).float() * scale)
+    module = Dropout(0.25).eval()
+    assert module(x) is x and dropout(x, 0.0) is x
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\], got 1.5"):
+        dropout(x, 1.5)
+
+
+def test_models_built_by_create_model_use_it_and_keep_their_keys():
+    model = create_model("swin_pico", img_size=16, drop_rate=0.1)
+    plain = [m for m in model.modules() if type(m) is nn.Dropout]
+    ours = [m for m in model.modules() if isinstance(m, Dropout)]
+    assert not plain and ours and all(m.p in (0.0, 0.1) for m in ours)
+    assert set(use_fast_dropout(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1))).state_dict()) == {"0.weight", "0.bias"}
