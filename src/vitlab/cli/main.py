@@ -33,6 +33,7 @@ COMMAND_MODULES: list[str] = [
     "vitlab.cli.probe",
     "vitlab.cli.params",
     "vitlab.cli.deploy",
+    "vitlab.cli.explain",
 ]
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from vitlab.errors import ConfigError, VitlabError
 from vitlab.evaluation.evaluate import classifier_logits
 from vitlab.explain.rules import Rule
 from vitlab.family import family_of, resolve
@@ -26,7 +27,7 @@ ATTENTION_METHODS = ("attention", "rollout", "grad_rollout")
 ADDITIVE_PARAMETERS = ("pos_embed", "cls_token")
 
 
-class MethodRefused(ValueError):
+class MethodRefused(VitlabError, ValueError):
     """The method does not apply to this model's structure (the message names the method and the reason)."""
 
 
@@ -61,7 +62,7 @@ class Explainer:
 
     def check(self, method: str) -> None:
         if method not in METHODS:
-            raise ValueError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
+            raise ConfigError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
         if method in self.refused:
             raise MethodRefused(f"{method} does not apply to {self.kind}: {self.refused[method]}")
 

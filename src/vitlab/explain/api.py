@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitlab.errors import ConfigError
 from vitlab.explain.adapters import ADDITIVE_PARAMETERS, Explainer, explainer_for
 from vitlab.explain.methods import attention_rollout, gradient_rollout, last_attention
 from vitlab.explain.rules import linearised, recorded_attention
@@ -85,7 +86,10 @@ def explain(
             target = logits.argmax(-1)
         target = torch.as_tensor(target, device=images.device).long().expand(images.shape[0]).clone()
         if ((target < 0) | (target >= logits.shape[1])).any():
-            raise ValueError(f"target classes must lie in [0, {logits.shape[1]}), got {target.tolist()}")
+            raise ConfigError(
+                f"target classes must lie in [0, {logits.shape[1]}), got {target.tolist()}; pass a class index of "
+                "the model (--target)"
+            )
         score = logits.gather(1, target[:, None])[:, 0]
         maps, conservation = _METHODS[method](model, explainer, images, target)
     return Explanation(method, explainer.kind, maps.detach().cpu(), target.cpu(), score.cpu(), conservation)

@@ -122,9 +122,11 @@ def _cross_attention(m: CrossAttention) -> Callable[..., torch.Tensor]:
         M = context.shape[1]
         q = m.q(x).view(B, N, m.num_heads, m.head_dim).transpose(1, 2)
         k, v = m.kv(context).view(B, M, 2, m.num_heads, m.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        bias = None if key_mask is None else torch.zeros_like(key_mask, dtype=x.dtype).masked_fill(
-            ~key_mask, float("-inf")
-        )[:, None, None, :]
+        bias = (
+            None
+            if key_mask is None
+            else torch.zeros_like(key_mask, dtype=x.dtype).masked_fill(~key_mask, float("-inf"))[:, None, None, :]
+        )
         probs = attention_probs(q, k, bias, m.head_dim**-0.5).detach()
         return m.proj((probs @ v).transpose(1, 2).reshape(B, N, C))
 
