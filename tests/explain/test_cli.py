@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from run_fixtures import TINY, write_png
 
+from run_fixtures import TINY, write_png
 from vitlab.cli.main import main
 
 
