@@ -19,7 +19,7 @@ from vitlab.explain.api import explain
 from vitlab.explain.evaluate import evaluate_methods
 from vitlab.explain.figures import TITLES, faithfulness_figure, overlay_grid
 from vitlab.jsonio import strict_dumps
-from vitlab.rundir import check_outputs, environment, save_figure, write_output
+from vitlab.rundir import RunDir, check_outputs, environment, locate_model, save_figure, write_output
 
 EXPLAIN_DIR = "explain"
 EVALUATION_JSON = "explain_evaluation.json"
@@ -27,6 +27,23 @@ EVALUATION_TABLE = "explain_evaluation.md"
 EVALUATION_FIGURE = "explain_faithfulness.png"
 OVERLAY_FIGURE = "explain_overlays.png"
 MAPS_FILE = "maps.npz"
+
+
+def _test_metrics(target: str | Path) -> dict[str, Any] | None:
+    """The run's ``test_metrics.json`` (what the explained model scores), or None for a lone export."""
+    run_dir = locate_model(target).run_dir
+    return None if run_dir is None else RunDir(run_dir).test_metrics()
+
+
+def _lscpu() -> str | None:
+    """``lscpu``'s report (model, cores, flags), where the command exists: the CPU a timing ran on."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
 
 
 def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
@@ -158,6 +175,8 @@ def evaluate_run(
         labels=labels.tolist(),
         load_average={"before": list(load_before), "after": list(os.getloadavg())},
         environment=environment(),
+        lscpu=_lscpu(),
+        test_metrics=_test_metrics(target),
     )
     out.mkdir(parents=True, exist_ok=True)
     write_output(files[0], strict_dumps(results, indent=1) + "\n", force=True)
