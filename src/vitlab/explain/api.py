@@ -14,7 +14,7 @@ Methods (the papers each follows are in :mod:`vitlab.explain.methods` and :mod:`
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,18 +126,19 @@ def additive_parameters(model: nn.Module, ex: Explainer) -> list[tuple[str, nn.P
 
 
 def lrp_relevance(
-    model: nn.Module, ex: Explainer, x: torch.Tensor, target: torch.Tensor
+    model: nn.Module, ex: Explainer, x: torch.Tensor, target: torch.Tensor, *, linearise: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per image: input relevance ``[B, C, H, W]``, ``absorbed: [B]`` (the additive parameters' share) and the
     explained logit ``[B]`` of the linearised network (one image at a time, so each image's absorbed share is
-    its own)."""
+    its own). ``linearise=False``: the same products on the network as it is (plain Gradient x Input, the naive
+    extension the rules replace), whose shares do not add up to the logit."""
     params = [p for _, p in additive_parameters(model, ex)]
     flags = [p.requires_grad for p in params]
     relevance, absorbed, scores = [], [], []
     try:
         for p in params:
             p.requires_grad_(True)
-        with linearised(model, ex.rules), torch.enable_grad():
+        with linearised(model, ex.rules) if linearise else nullcontext(), torch.enable_grad():
             for i in range(x.shape[0]):
                 xi = x[i : i + 1].clone().requires_grad_(True)
                 score = ex.logits(model, xi)[0, target[i]]

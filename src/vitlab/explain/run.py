@@ -137,8 +137,9 @@ def evaluation_table(results: dict[str, Any]) -> str:
             f"{s['insertion_auc']:.3f} ({s['random_insertion_auc']:.3f}) | {s['randomisation_spearman']:.2f} | "
             f"{conservation} | {s['seconds_per_image']:.3f} |"
         )
-    for method, reason in results["refused"].items():
-        lines.append(f"\n- {method} refused: {reason}")
+    if results["refused"]:
+        lines.append("")
+    lines += [f"- {method} refused: {reason}" for method, reason in results["refused"].items()]
     return "\n".join(lines) + "\n"
 
 
