@@ -183,11 +183,23 @@ def evaluate_run(
     write_output(files[0], strict_dumps(results, indent=1) + "\n", force=True)
     write_output(files[1], evaluation_table(results), force=True)
     save_figure(faithfulness_figure(results, f"{results['model']} ({results['kind']})"), files[2], dpi=150)
-    save_figure(overlay_figure(model, x[:8], labels[:8], loaded.mean, loaded.std), files[3], dpi=150)
+    names = list(getattr(loaded.datamodule, "class_names", None) or [])
+    figure = overlay_figure(model, x[:8], labels[:8], loaded.mean, loaded.std, names)
+    save_figure(figure, files[3], dpi=150)
     return results
 
 
-def overlay_figure(model: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor, mean, std):
-    """Every applicable method side by side on ``x`` (normalised), each explaining the predicted class."""
-    maps = {m: explain(model, x, method=m).maps for m in explainer_for(model).applicable()}
-    return overlay_grid(denormalize(x, mean, std), maps, [f"label {int(y)}" for y in labels])
+def overlay_figure(
+    model: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor, mean, std, class_names: Sequence[str] = ()
+):
+    """Every applicable method side by side on ``x`` (normalised), each explaining the predicted class; rows are
+    captioned ``label -> prediction``."""
+    explanations = {m: explain(model, x, method=m) for m in explainer_for(model).applicable()}
+    predicted = next(iter(explanations.values())).target
+
+    def name(index: int) -> str:
+        return class_names[index] if index < len(class_names) else str(index)
+
+    captions = [f"{name(int(y))} -> {name(int(p))}" for y, p in zip(labels, predicted, strict=True)]
+    maps = {m: e.maps for m, e in explanations.items()}
+    return overlay_grid(denormalize(x, mean, std), maps, captions)

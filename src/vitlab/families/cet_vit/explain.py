@@ -27,11 +27,13 @@ def _assignment_rule(m: nn.Module) -> dict[str, Callable[..., object]] | None:
 
 
 def explainer(model: CETViT) -> Explainer:
-    """CET-ViT has no CLS token; its micro tokens attend in (shifted) windows and its macro tokens are slots that
-    ``S`` fills, so the attention methods are refused. Grad-CAM reads the micro encoder's token grid."""
+    """CET-ViT has no CLS token; its micro tokens attend in (shifted) windows (the card's model) and its macro
+    tokens are slots that ``S`` fills, so the attention methods are refused. Grad-CAM reads the micro encoder's
+    token grid."""
     reason = (
-        "CET-ViT has no CLS token, its micro tokens attend within windows and its macro tokens are slots filled by "
-        "the assignment S, so no product of attention matrices maps the prediction onto patches"
+        "CET-ViT has no CLS token and its macro tokens are slots filled by the assignment S: the micro tokens' "
+        "(windowed) attention and the slots' attention act on different token sets, so no product of attention "
+        "matrices maps the prediction onto patches"
     )
     return Explainer(
         kind="cet_vit",
