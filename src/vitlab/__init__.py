@@ -12,6 +12,7 @@ from vitlab.lazy import lazy_exports
 from vitlab.version import __version__
 
 if TYPE_CHECKING:
+    from vitlab.explain import explain
     from vitlab.export import load_model
     from vitlab.layers import attention_capture, capture_attention
     from vitlab.models import create_model, from_timm, list_models
@@ -21,6 +22,7 @@ _LAZY = {
     "attention_capture": "vitlab.layers",
     "capture_attention": "vitlab.layers",
     "create_model": "vitlab.models",
+    "explain": "vitlab.explain",
     "from_timm": "vitlab.models",
     "list_models": "vitlab.models",
     "load_model": "vitlab.export",
@@ -34,6 +36,7 @@ __all__ = [
     "attention_capture",
     "capture_attention",
     "create_model",
+    "explain",
     "from_timm",
     "list_models",
     "load_model",

@@ -49,8 +49,8 @@ from torch import nn
 
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
-from vitlab.models.protocols import HeadFreezing
 from vitlab.layers.attention_path import cpu_clock
+from vitlab.models.protocols import HeadFreezing
 
 log = logging.getLogger(__name__)
 

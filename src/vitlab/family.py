@@ -40,6 +40,7 @@ class Family:
     ``presets``: its table of model presets (``"module:TABLE"``, preset name -> constructor arguments).
     ``commands``: modules whose import registers the family's extra ``vitlab`` sub-commands.
     ``report_sections``: the run-report sections the family adds (``"module:function"``, ``run -> Section | None``).
+    ``explainer``: how ``vitlab.explain`` reaches its models (``"module:function"``, ``model -> Explainer``).
     """
 
     name: str
@@ -49,6 +50,7 @@ class Family:
     presets: str | Mapping[str, Any] = ""
     commands: tuple[str, ...] = ()
     report_sections: tuple[str | Any, ...] = ()
+    explainer: str | Any = ""
 
     def model_classes(self) -> tuple[type, ...]:
         return tuple(resolve(ref) for ref in self.models)

@@ -105,7 +105,7 @@ def basic_page(basic_run):
 # -------------------------------------------------------------------------------------------------------------------
 def test_report_of_one_run_has_the_sections_the_run_has(basic_page):
     page = basic_page
-    assert page.section_ids == ["config", "curves", "test", "generate", "attention"]
+    assert page.section_ids == ["config", "curves", "test", "generate", "attention", "explanations"]
     assert page.title == "vit-run" and ("model", "vit_pico") in page.cards and ("test/acc", 0.5) in page.cards
     config = page.section("config")
     assert "name: vit-run" in config.text and [d.summary for d in config.blocks] == [
@@ -124,11 +124,11 @@ def test_the_written_page_embeds_every_image_and_fetches_nothing(basic_run):
     path = write_report([basic_run])
     document = path.read_text()
     assert path.name == REPORT_FILE and path.parent == basic_run
-    assert section_ids(document) == ["config", "curves", "test", "generate", "attention"]
+    assert section_ids(document) == ["config", "curves", "test", "generate", "attention", "explanations"]
     for absent in ("evaluation", "dynamics", "segments", "other"):
         assert f'href="#{absent}"' not in document
     sources = image_sources(document)
-    assert len(sources) == 3  # curves, the reconstruction grid, the attention maps
+    assert len(sources) == 4  # curves, the reconstruction grid, the attention maps, the explanations
     for uri in sources:
         image = decode_png(uri)
         assert image.shape[0] > 0 and image.shape[1] > 0
@@ -211,10 +211,21 @@ def test_existing_dynamics_figures_are_embedded_not_redrawn(tmp_path):
     assert "other" not in page.section_ids
 
 
+def test_explanations_show_every_applicable_method_side_by_side(basic_page):
+    explanations = basic_page.section("explanations")
+    (figure,) = explanations.figures
+    methods = ["attention", "rollout", "grad_rollout", "lrp", "gradcam", "integrated_gradients"]
+    assert list(figure.plot.data["maps"]) == methods
+    assert all(m.shape == (4, 8, 8) for m in figure.plot.data["maps"].values())
+    (image,) = drawn(explanations)
+    assert image.shape[1] > image.shape[0]  # seven columns (image + 6 methods) over four rows
+
+
 def test_cet_vit_run_shows_segment_maps_instead_of_cls_attention(tmp_path):
     run = make_run(tmp_path, preset="cet_vit_pico", generate=False)
     page = collect([run], attention_images=3)
     assert "segments" in page.section_ids and "attention" not in page.section_ids
+    assert "grad_rollout: CET-ViT has no CLS token" in page.section("explanations").text
     segments = page.section("segments")
     (figure,) = segments.figures
     assert figure.plot.kind == "segments" and figure.plot.data["S"].shape[:2] == (3, 16)

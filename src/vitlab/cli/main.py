@@ -34,6 +34,7 @@ COMMAND_MODULES: list[str] = [
     "vitlab.cli.params",
     "vitlab.cli.predict",
     "vitlab.cli.configs",
+    "vitlab.cli.explain",
 ]
 
 

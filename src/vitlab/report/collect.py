@@ -332,16 +332,16 @@ def other_outputs_section(run: RunRecord) -> Section | None:
     return Section("other", "Other outputs", [Figures(images), *texts])
 
 
-def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any], int | None]:
-    """The attention section and the segment-map blocks of ``count`` test images, and the model's parameter count.
-    The run's model and data are loaded and run by :mod:`vitlab.diagnostics.images` (nothing, with a warning, when
-    either cannot be had)."""
+def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any], int | None, Section | None]:
+    """The attention section and the segment-map blocks of ``count`` test images, the model's parameter count and
+    the explanation section (:mod:`vitlab.report.explanations`). The run's model and data are loaded and run by
+    :mod:`vitlab.diagnostics.images` (nothing, with a warning, when either cannot be had)."""
     try:
         source = locate_model(run.path).source
     except VitlabError:
-        return None, [], None
+        return None, [], None, None
     if count < 1:
-        return None, [], None
+        return None, [], None, None
     from vitlab.diagnostics.images import attention_maps, load_test_images, slot_assignment
     from vitlab.export import load_model
     from vitlab.models.sizing import parameter_count
@@ -352,7 +352,7 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
         images = load_test_images(run.config.data, count, info.get("mean"), info.get("std"))
     except (VitlabError, OSError) as e:
         warnings.warn(f"report: attention and segment maps of {run.path} left out: {e}", stacklevel=2)
-        return None, [], None
+        return None, [], None, None
     parameters = parameter_count(model)
     pixels = images.pixels.numpy()
     attention = None
@@ -377,7 +377,9 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
         titles = [f"{label}, K = {int(k)}" for label, k in zip(images.labels, assignment.slot_k, strict=True)]
         data = {"pixels": images.pixels, "S": assignment.S, "grid": assignment.grid, "titles": titles}
         blocks += [Text(text), Figures([Figure(plot=Plot("segments", data))])]
-    return attention, blocks, parameters
+    from vitlab.report.explanations import explanation_section
+
+    return attention, blocks, parameters, explanation_section(run, model, images)
 
 
 def family_sections(run: RunRecord) -> list[Section | None]:
@@ -390,7 +392,7 @@ def family_sections(run: RunRecord) -> list[Section | None]:
 def collect_run(run_dir: str | Path | RunRecord, attention_images: int = ATTENTION_IMAGES) -> Page:
     """The page of one run."""
     run = run_dir if isinstance(run_dir, RunRecord) else RunRecord.load(run_dir)
-    attention, segment_blocks, parameters = image_sections(run, attention_images)
+    attention, segment_blocks, parameters, explanations = image_sections(run, attention_images)
     if (run.evaluation or {}).get("assignment"):
         segment_blocks += [Heading("Per class, from vitlab evaluate"), *assignment_blocks(run.evaluation["assignment"])]
     segments = Section("segments", "Token groups and slot-usage K", segment_blocks) if segment_blocks else None
@@ -402,6 +404,7 @@ def collect_run(run_dir: str | Path | RunRecord, attention_images: int = ATTENTI
         *family_sections(run),
         dynamics_section(run),
         attention,
+        explanations,
         segments,
         other_outputs_section(run),  # last: it shows what the sections above did not
     ]

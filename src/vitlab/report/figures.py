@@ -195,6 +195,15 @@ def _dynamics_comparison(paths: Sequence[str], labels: Sequence[str]) -> list[tu
         return [(path.name, path.read_bytes()) for path in written]
 
 
+def explanations_figure(pixels: Any, labels: Sequence[str], maps: Mapping[str, np.ndarray]) -> Figure:
+    """Test images (rows) and every applicable explanation method (columns): ``overlay_grid`` of vitlab.explain."""
+    import torch
+
+    from vitlab.explain.figures import overlay_grid
+
+    return overlay_grid(torch.as_tensor(pixels), {m: torch.as_tensor(v) for m, v in maps.items()}, list(labels))
+
+
 #: kind -> drawing of a :class:`Plot`'s data into one matplotlib figure
 FIGURES: dict[str, Callable[..., Figure]] = {
     "curves": curves_figure,
@@ -202,6 +211,7 @@ FIGURES: dict[str, Callable[..., Figure]] = {
     "attention": attention_figure,
     "segments": segments_figure,
     "per_class": per_class_figure,
+    "explanations": explanations_figure,
 }
 #: kind -> drawing that writes PNG files itself (the dynamics controller's figures)
 PNG_DRAWINGS: dict[str, Callable[..., list[tuple[str, bytes]]]] = {

@@ -15,5 +15,6 @@ FAMILY = register_family(
         presets="vitlab.families.cet_vit.model:PRESETS",
         commands=(),
         report_sections=(),
+        explainer="vitlab.families.cet_vit.explain:explainer",
     )
 )

@@ -1,0 +1,70 @@
+"""``vitlab explain``: which pixels a prediction rests on, for image files or, with ``--evaluate``, how faithful
+each method is on a run's test set.
+
+Examples::
+
+    vitlab explain runs/vit-cifar10 cat.png dog.png --method lrp --out explained/    # overlays + maps.npz
+    vitlab explain runs/vit-cifar10/export images/ --method rollout --target 3 --out explained/
+    vitlab explain runs/vit-cifar10 --evaluate                                       # -> runs/vit-cifar10/explain/
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vitlab.cli.registry import Runner, command
+
+METHOD_NAMES = ("attention", "rollout", "grad_rollout", "lrp", "gradcam", "integrated_gradients")
+
+
+@command("explain", "explanation maps (attention, rollout, LRP, Grad-CAM, integrated gradients) and their faithfulness")
+def _explain(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("target", metavar="RUN_OR_EXPORT", help="run directory, its export/ folder, or a .ckpt file")
+    p.add_argument("images", nargs="*", metavar="IMAGES", help="image files or folders of images")
+    p.add_argument("--method", choices=METHOD_NAMES, help="the explanation method (for IMAGES)")
+    p.add_argument("--target", dest="target_class", type=int, help="class to explain (default: the predicted one)")
+    p.add_argument("--out", help="output folder (IMAGES: required; --evaluate: default RUN/explain)")
+    p.add_argument("--evaluate", action="store_true", help="deletion/insertion AUC, sanity check, conservation, time")
+    p.add_argument("--num-images", type=int, default=32, help="test images for --evaluate (default 32)")
+    p.add_argument(
+        "--methods", nargs="+", choices=METHOD_NAMES, help="methods for --evaluate (default: all that apply)"
+    )
+    p.add_argument("--force", action="store_true", help="replace existing output files")
+
+    def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.errors import ConfigError
+
+        if overrides:
+            raise ConfigError(f"vitlab explain takes no config overrides, got {' '.join(overrides)}")
+        if args.evaluate:
+            if args.images or args.method:
+                raise ConfigError("--evaluate reads the run's test set; drop IMAGES and --method (use --methods)")
+            if args.num_images < 1:
+                raise ConfigError(f"--num-images must be at least 1, got {args.num_images}")
+            from vitlab.explain.run import evaluate_run, evaluation_table
+
+            results = evaluate_run(
+                args.target, images=args.num_images, methods=args.methods, out_dir=args.out, force=args.force
+            )
+            print(evaluation_table(results))
+            return 0
+        if not args.images or not args.method or not args.out:
+            raise ConfigError("name IMAGES, --method and --out (or pass --evaluate to measure the methods)")
+        from vitlab.evaluation.predict import image_files
+        from vitlab.explain.run import explain_files
+
+        files = list(image_files(args.images))
+        if not files:
+            raise ConfigError(f"no image files in {' '.join(args.images)}")
+        written = explain_files(
+            args.target,
+            files,
+            method=args.method,
+            out_dir=args.out,
+            target_class=args.target_class,
+            force=args.force,
+        )
+        print(f"written: {len(written) - 1} overlays and {written[-1]}")
+        return 0
+
+    return run

@@ -1,0 +1,125 @@
+"""How the explanation methods reach each kind of model, and which methods a model's structure refuses.
+
+The core knows the models of ``vitlab.models`` (the plain ViT, ToMe, Swin) and any model of the
+:class:`~vitlab.models.protocols.GenerativeModel` protocol (ViTCAE: its encoder is a ViT); a family declares the
+:class:`Explainer` of its own models through ``Family.explainer`` (a ``"module:function"`` taking the model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from vitlab.errors import ConfigError, VitlabError
+from vitlab.evaluation.evaluate import classifier_logits
+from vitlab.explain.rules import Rule
+from vitlab.family import family_of, resolve
+from vitlab.models.protocols import GenerativeModel
+from vitlab.models.swin import SwinTransformer
+from vitlab.models.vit import VisionTransformer
+
+METHODS = ("attention", "rollout", "grad_rollout", "lrp", "gradcam", "integrated_gradients")
+ATTENTION_METHODS = ("attention", "rollout", "grad_rollout")
+#: parameters added to the activations (beyond those named ``*bias``): what the LRP rules count as absorbed
+ADDITIVE_PARAMETERS = ("pos_embed", "cls_token")
+
+
+class MethodRefused(VitlabError, ValueError):
+    """The method does not apply to this model's structure (the message names the method and the reason)."""
+
+
+#: ``tokens -> [B, C, h, w]``: a layer's output as a channels-first grid for Grad-CAM
+GridReshape = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Explainer:
+    """What the methods need of one model.
+
+    ``kind``: a short name for tables (``vit``, ``tome``, ``swin``, ``cet_vit``, ``vitcae``).
+    ``token_model``: the CLS-token ViT whose shared ``Attention`` modules the attention methods read (ViTCAE: its
+    encoder); None when the methods are refused.
+    ``gradcam_layer``: the module whose output is a token grid, and the reshape of that output to ``[B, C, h, w]``.
+    ``refused``: method -> why it does not apply. ``rules``: LRP rules for the family's own operations, tried
+    before the core's. ``additive``: the family's extra additive parameters (name suffixes).
+    """
+
+    kind: str
+    token_model: nn.Module | None = None
+    gradcam_layer: tuple[nn.Module, GridReshape] | None = None
+    refused: Mapping[str, str] = field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+    additive: tuple[str, ...] = ()
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W] -> [B, K]``: the classifier's logits (ViTCAE: its encoder, ``mu_cls`` and head only)."""
+        if isinstance(model, GenerativeModel):
+            return model.forward_head(model.forward_features(x))
+        return classifier_logits(model, x)
+
+    def check(self, method: str) -> None:
+        if method not in METHODS:
+            raise ConfigError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
+        if method in self.refused:
+            raise MethodRefused(f"{method} does not apply to {self.kind}: {self.refused[method]}")
+
+    def applicable(self) -> tuple[str, ...]:
+        return tuple(m for m in METHODS if m not in self.refused)
+
+
+def patch_tokens_grid(grid: tuple[int, int], prefix: int) -> GridReshape:
+    """ViT tokens ``[B, prefix + h*w, C] -> [B, C, h, w]`` (the prefix tokens dropped)."""
+    return lambda t: t[:, prefix:].reshape(t.shape[0], *grid, t.shape[-1]).permute(0, 3, 1, 2)
+
+
+def nhwc_grid(t: torch.Tensor) -> torch.Tensor:
+    """Channels-last features ``[B, h, w, C] -> [B, C, h, w]`` (timm's Swin stages, CET-ViT's micro encoder)."""
+    return t.permute(0, 3, 1, 2)
+
+
+def _vit_explainer(vit: VisionTransformer, kind: str) -> Explainer:
+    refused: dict[str, str] = {}
+    if vit.global_pool != "token":
+        reason = "the model pools the mean of its tokens, so there is no CLS row of attention to read"
+        refused.update(dict.fromkeys(ATTENTION_METHODS, reason))
+    if vit.tome_r > 0:
+        reason = (
+            "Token Merging merges tokens in every block, so attention rows and token grids after the first block "
+            "no longer index patches (a product of attention matrices of different sizes is undefined)"
+        )
+        refused.update(dict.fromkeys((*ATTENTION_METHODS, "gradcam"), reason))
+        return Explainer(kind="tome", refused=refused)
+    layer = (vit.blocks[-1].norm1, patch_tokens_grid(vit.grid_size, vit.num_prefix_tokens))
+    return Explainer(kind=kind, token_model=vit, gradcam_layer=layer, refused=refused)
+
+
+def _swin_explainer(swin: SwinTransformer) -> Explainer:
+    reason = (
+        "Swin attends within (shifted) windows and has no CLS token: no attention row covers the image, and "
+        "windows of different stages and shifts do not compose into one token-to-token product"
+    )
+    # the last stage whose grid is at least 4 x 4 (later ones are 2 x 2 or 1 x 1 on small images)
+    stages = [s for s in swin.layers if min(s.output_resolution) >= 4] or [swin.layers[0]]
+    return Explainer(
+        kind="swin", gradcam_layer=(stages[-1], nhwc_grid), refused=dict.fromkeys(ATTENTION_METHODS, reason)
+    )
+
+
+def explainer_for(model: nn.Module) -> Explainer:
+    """The :class:`Explainer` of ``model``: its family's, or the core's for ViT, ToMe, Swin and ViTCAE."""
+    family = family_of(model)
+    if family is not None and family.explainer:
+        return resolve(family.explainer)(model)
+    if isinstance(model, GenerativeModel) and isinstance(getattr(model, "encoder", None), VisionTransformer):
+        return _vit_explainer(model.encoder, "vitcae")
+    if isinstance(model, VisionTransformer):
+        return _vit_explainer(model, "vit")
+    if isinstance(model, SwinTransformer):
+        return _swin_explainer(model)
+    raise TypeError(
+        f"vitlab.explain has no rules for {type(model).__name__}; explain a vitlab model (ViT, ToMe, Swin, CET-ViT, "
+        "ViTCAE), or declare an Explainer for it through its Family"
+    )

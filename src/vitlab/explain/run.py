@@ -1,0 +1,205 @@
+"""``vitlab explain`` on files and on a run's test set: what the command calls, so it stays thin."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitlab.data.transforms import denormalize
+from vitlab.evaluation.evaluate import load_evaluation_target
+from vitlab.evaluation.predict import load_predictor, normalise, read_image
+from vitlab.explain.adapters import explainer_for
+from vitlab.explain.api import explain
+from vitlab.explain.evaluate import evaluate_methods
+from vitlab.explain.figures import TITLES, faithfulness_figure, overlay_grid
+from vitlab.jsonio import strict_dumps
+from vitlab.rundir import RunDir, check_outputs, environment, locate_model, save_figure, write_output
+
+EXPLAIN_DIR = "explain"
+EVALUATION_JSON = "explain_evaluation.json"
+EVALUATION_TABLE = "explain_evaluation.md"
+EVALUATION_FIGURE = "explain_faithfulness.png"
+OVERLAY_FIGURE = "explain_overlays.png"
+MAPS_FILE = "maps.npz"
+
+
+def _test_metrics(target: str | Path) -> dict[str, Any] | None:
+    """The run's ``test_metrics.json`` (what the explained model scores), or None for a lone export."""
+    run_dir = locate_model(target).run_dir
+    return None if run_dir is None else RunDir(run_dir).test_metrics()
+
+
+def _lscpu() -> str | None:
+    """``lscpu``'s report (model, cores, flags), where the command exists: the CPU a timing ran on."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
+    """A progress bar over ``items`` when there are many (more than 16) and tqdm is there."""
+    if len(items) <= 16:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit="image")
+
+
+def explain_files(
+    target: str | Path,
+    files: Sequence[Path],
+    *,
+    method: str,
+    out_dir: str | Path,
+    target_class: int | None = None,
+    force: bool = False,
+    batch_size: int = 16,
+) -> list[Path]:
+    """Explain each image file with ``method``: ``<out>/<stem>_<method>.png`` (the overlay) and
+    ``<out>/maps.npz`` (``maps [B, H, W]``, ``target``, ``score``, ``conservation``, ``files``)."""
+    model, info = load_predictor(target)
+    explainer_for(model).check(method)
+    out_dir = Path(out_dir)
+    pngs = [out_dir / f"{Path(f).stem}_{method}.png" for f in files]
+    if len({p.name for p in pngs}) != len(pngs):
+        raise ValueError("two images share a file name; explain them into different --out folders")
+    check_outputs([*pngs, out_dir / MAPS_FILE], force=force)
+    names = list(info.get("class_names") or [])
+    pixels = [read_image(Path(f), info) for f in files]
+    maps, targets, scores, conservation = [], [], [], []
+    for start in _progress(range(0, len(files), batch_size), "explaining"):
+        batch = normalise(torch.stack(pixels[start : start + batch_size]), info)
+        e = explain(model, batch, method=method, target=target_class)
+        maps.append(e.maps)
+        targets.append(e.target)
+        scores.append(e.score)
+        if e.conservation is not None:
+            conservation.append(e.conservation)
+    maps_t, target_t = torch.cat(maps), torch.cat(targets)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for i, png in enumerate(pngs):
+        label = names[target_t[i]] if target_t[i] < len(names) else str(int(target_t[i]))
+        fig = overlay_grid(pixels[i][None].float() / 255, {method: maps_t[i : i + 1]}, [f"class {label}"])
+        save_figure(fig, png, dpi=150)
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        maps=maps_t.double().numpy(),
+        target=target_t.numpy(),
+        score=torch.cat(scores).double().numpy(),
+        conservation=torch.cat(conservation).double().numpy() if conservation else np.array([]),
+        files=np.array([str(f) for f in files]),
+        method=np.array(method),
+    )
+    write_output(out_dir / MAPS_FILE, buffer.getvalue(), force=True)
+    return [*pngs, out_dir / MAPS_FILE]
+
+
+def _test_images(target: str | Path, count: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    loaded = load_evaluation_target(target)
+    dm = loaded.datamodule
+    dm.setup()
+    images, labels = [], []
+    for x, y in dm.test_dataloader():
+        images.append(x)
+        labels.append(y)
+        if sum(len(b) for b in images) >= count:
+            break
+    return loaded, torch.cat(images)[:count], torch.cat(labels)[:count]
+
+
+def evaluation_table(results: dict[str, Any]) -> str:
+    """The methods of one run as a Markdown table (means over the images), the refused ones below it."""
+    lines = [
+        f"**{results['model']}** ({results['kind']}), {results['images']} test images, patch {results['patch']}",
+        "",
+        "| method | deletion AUC (random) | insertion AUC (random) | rank corr. vs randomised | conservation | "
+        "s / image |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method, r in results["methods"].items():
+        s = r["summary"]
+        conservation = f"{s['conservation']:.1e}" if "conservation" in s else "-"
+        lines.append(
+            f"| {TITLES.get(method, method)} | {s['deletion_auc']:.3f} ({s['random_deletion_auc']:.3f}) | "
+            f"{s['insertion_auc']:.3f} ({s['random_insertion_auc']:.3f}) | {s['randomisation_spearman']:.2f} | "
+            f"{conservation} | {s['seconds_per_image']:.3f} |"
+        )
+    if results["refused"]:
+        lines.append("")
+    lines += [f"- {method} refused: {reason}" for method, reason in results["refused"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def evaluate_run(
+    target: str | Path,
+    *,
+    images: int = 32,
+    methods: Sequence[str] | None = None,
+    out_dir: str | Path | None = None,
+    steps: int = 16,
+    seed: int = 0,
+    force: bool = False,
+) -> dict[str, Any]:
+    """``vitlab explain RUN --evaluate``: every applicable method on the first ``images`` test images; writes the
+    JSON (per-image values, command, revision, CPU, load average), the table, the faithfulness figure and an overlay
+    figure of eight images under ``out_dir`` (default ``<run>/explain``)."""
+    loaded, x, labels = _test_images(target, images)
+    model = loaded.model.eval()
+    out = Path(out_dir) if out_dir is not None else loaded.out_dir.parent / EXPLAIN_DIR
+    files = [out / name for name in (EVALUATION_JSON, EVALUATION_TABLE, EVALUATION_FIGURE, OVERLAY_FIGURE)]
+    check_outputs(files, force=force)
+    explainer_for(model)  # refuses a model it has no rules for before any work
+    patch = int(getattr(model, "init_kwargs", {}).get("patch_size", 4))
+    patch = patch if x.shape[-1] // patch >= 4 else max(1, x.shape[-1] // 8)
+    load_before = os.getloadavg()
+    results = evaluate_methods(model, x, methods, patch=patch, steps=steps, seed=seed)
+    results.update(
+        model=getattr(model, "preset", type(model).__name__),
+        source=str(loaded.source),
+        images=int(x.shape[0]),
+        patch=patch,
+        steps=steps,
+        seed=seed,
+        labels=labels.tolist(),
+        load_average={"before": list(load_before), "after": list(os.getloadavg())},
+        environment=environment(),
+        lscpu=_lscpu(),
+        test_metrics=_test_metrics(target),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    write_output(files[0], strict_dumps(results, indent=1) + "\n", force=True)
+    write_output(files[1], evaluation_table(results), force=True)
+    save_figure(faithfulness_figure(results, f"{results['model']} ({results['kind']})"), files[2], dpi=150)
+    names = list(getattr(loaded.datamodule, "class_names", None) or [])
+    figure = overlay_figure(model, x[:8], labels[:8], loaded.mean, loaded.std, names)
+    save_figure(figure, files[3], dpi=150)
+    return results
+
+
+def overlay_figure(
+    model: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor, mean, std, class_names: Sequence[str] = ()
+):
+    """Every applicable method side by side on ``x`` (normalised), each explaining the predicted class; rows are
+    captioned ``label -> prediction``."""
+    explanations = {m: explain(model, x, method=m) for m in explainer_for(model).applicable()}
+    predicted = next(iter(explanations.values())).target
+
+    def name(index: int) -> str:
+        return class_names[index] if index < len(class_names) else str(index)
+
+    captions = [f"{name(int(y))} -> {name(int(p))}" for y, p in zip(labels, predicted, strict=True)]
+    maps = {m: e.maps for m, e in explanations.items()}
+    return overlay_grid(denormalize(x, mean, std), maps, captions)

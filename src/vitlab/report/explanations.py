@@ -1,0 +1,77 @@
+"""The run report's explanation section: a few test images with every method that applies side by side, and the
+faithfulness table of ``vitlab explain --evaluate`` when the run has one."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from vitlab.explain import explain, explainer_for
+from vitlab.explain.run import EVALUATION_JSON, EXPLAIN_DIR
+from vitlab.report.page import Figure, Figures, Plot, Section, Table, Text
+from vitlab.rundir import read_json
+
+if TYPE_CHECKING:
+    from vitlab.diagnostics.images import TestImages
+    from vitlab.report.collect import RunRecord
+
+
+def explanation_section(run: RunRecord, model: nn.Module, images: TestImages) -> Section | None:
+    """Maps of every applicable method on ``images`` (each explaining the predicted class); None for a model
+    ``vitlab.explain`` has no rules for."""
+    try:
+        explainer = explainer_for(model)
+    except TypeError:
+        return None
+    maps: dict[str, Any] = {}
+    missing = []
+    for method in explainer.applicable():
+        try:
+            maps[method] = explain(model, images.inputs, method=method).maps.numpy()
+        except ImportError:
+            missing.append(method)
+    caption = (
+        "Which pixels the predicted class rests on. Attention, rollout (Abnar & Zuidema 2020) and gradient-weighted "
+        "rollout (Chefer et al. 2021) are patch maps (bright: high); LRP (conservative rules, CP-LRP / AttnLRP) and "
+        "integrated gradients are signed (red: for the class, blue: against, on a scale symmetric about zero); "
+        "Grad-CAM reads the last token grid."
+    )
+    blocks: list[Any] = [Text(caption)]
+    if maps:
+        plot = Plot("explanations", {"pixels": images.pixels, "labels": images.labels, "maps": maps})
+        blocks.append(Figures([Figure(plot=plot)]))
+    notes = [f"{method}: {reason}" for method, reason in explainer.refused.items()]
+    notes += [f"{method}: not installed (pip install 'vitlab[explain]')" for method in missing]
+    if notes:
+        blocks.append(Text("Left out. " + " ".join(notes)))
+    evaluation = run.path / EXPLAIN_DIR / EVALUATION_JSON
+    if evaluation.is_file():
+        run.use(f"{EXPLAIN_DIR}/{EVALUATION_JSON}")
+        results = read_json(evaluation)
+        header = [
+            "method",
+            "deletion AUC",
+            "random",
+            "insertion AUC",
+            "random",
+            "rank corr. randomised",
+            "conservation",
+        ]
+        rows = []
+        for method, r in results["methods"].items():
+            s = r["summary"]
+            rows.append(
+                (
+                    method,
+                    s["deletion_auc"],
+                    s["random_deletion_auc"],
+                    s["insertion_auc"],
+                    s["random_insertion_auc"],
+                    s["randomisation_spearman"],
+                    s.get("conservation", "-"),
+                )
+            )
+        text = f"vitlab explain --evaluate on {results['images']} test images (patches of {results['patch']} px)."
+        blocks += [Text(text), Table(header, rows)]
+    return Section("explanations", "Explanations", blocks)

@@ -1,0 +1,60 @@
+"""``vitlab explain`` end to end on a run trained by the test: overlays and maps for files, and --evaluate."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from run_fixtures import TINY, write_png
+from vitlab.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("explain") / "vit-digits"
+    assert main(["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY]) == 0
+    return run_dir
+
+
+def test_explain_files_writes_overlays_and_maps_then_refuses_to_overwrite(trained_run, tmp_path, capsys) -> None:
+    for i in range(2):
+        write_png(tmp_path / "images" / f"img{i}.png", shape=(8 + i, 8))
+    out = tmp_path / "explained"
+    args = ["explain", str(trained_run), str(tmp_path / "images"), "--method", "lrp", "--out", str(out)]
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["img0_lrp.png", "img1_lrp.png", "maps.npz"]
+    saved = np.load(out / "maps.npz")
+    assert saved["maps"].shape == (2, 8, 8)
+    assert saved["conservation"].max() <= 1e-3
+    assert main(args) == 2
+    assert "exists; pass --force to replace it" in capsys.readouterr().err
+    assert main([*args, "--force", "--target", "3"]) == 0
+    assert np.load(out / "maps.npz")["target"].tolist() == [3, 3]
+
+
+def test_explain_evaluate_writes_the_table_figures_and_per_image_values(trained_run, tmp_path, capsys) -> None:
+    out = tmp_path / "evaluation"
+    args = ["explain", str(trained_run), "--evaluate", "--num-images", "4", "--methods", "rollout", "lrp"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert "| rollout |" in capsys.readouterr().out
+    results = json.loads((out / "explain_evaluation.json").read_text())
+    assert set(results["methods"]) == {"rollout", "lrp"}
+    lrp = results["methods"]["lrp"]
+    assert len(lrp["per_image"]["deletion_auc"]) == 4
+    assert max(lrp["per_image"]["conservation"]) <= 1e-3
+    assert results["environment"]["git"]["revision"]
+    for name in ("explain_faithfulness.png", "explain_overlays.png", "explain_evaluation.md"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_explain_refuses_bad_requests_in_one_line_before_writing(trained_run, tmp_path, capsys) -> None:
+    write_png(tmp_path / "a.png")
+    out = tmp_path / "o"
+    assert main(["explain", str(trained_run), str(tmp_path / "a.png"), "--out", str(out)]) == 2
+    assert "name IMAGES, --method and --out" in capsys.readouterr().err
+    image = str(tmp_path / "a.png")
+    assert main(["explain", str(trained_run), image, "--method", "lrp", "--target", "12", "--out", str(out)]) == 2
+    assert "target classes must lie in [0, 10)" in capsys.readouterr().err
+    assert not out.exists()
