@@ -172,7 +172,11 @@ def _decide(
     device = torch.device(key.device)
     cuda = [device.index or 0] if device.type == "cuda" else []
     seconds = {}
-    with torch.random.fork_rng(devices=cuda):  # the CPU's generator, and the CUDA device's
+    # The timing graphs are the measurement's own: identity saved-tensor hooks keep them out of an enclosing
+    # activation checkpoint (whose recomputation, with the decision cached, would save fewer tensors), and the
+    # random generators are restored (the CPU's, and the CUDA device's).
+    identity = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+    with torch.random.fork_rng(devices=cuda), identity:
         for name, forward in candidates.items():
 
             def call(forward: Callable[[], torch.Tensor] = forward) -> None:
