@@ -56,7 +56,7 @@ def test_report_renders_in_headless_chromium(tmp_path):
     report = write_report([run])
     document = report.read_text()
     expected = re.findall(r'<section id="([^"]+)"', document)
-    assert expected == ["config", "curves", "test", "generate", "dynamics", "attention", "other"]
+    assert expected == ["config", "curves", "test", "generate", "dynamics", "attention", "explanations", "other"]
 
     checked = tmp_path / "checked.html"
     checked.write_text(document.replace("</body>", CHECK_SCRIPT + "</body>"))

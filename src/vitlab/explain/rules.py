@@ -34,6 +34,7 @@ from timm.models.swin_transformer import WindowAttention
 from torch import nn
 
 from vitlab.layers.attention import Attention, attention_probs
+from vitlab.layers.attention_path import force_attention_path, forced_path
 from vitlab.layers.cross_attention import CrossAttention
 
 #: a rule: the module's replacement methods in the linearised network (``{"forward": ...}``), or None when the rule
@@ -155,6 +156,8 @@ def linearised(model: nn.Module, rules: Sequence[Rule] = ()) -> Iterator[None]:
     that its ``nn.Softmax`` runs."""
     patched: list[tuple[nn.Module, str]] = []
     fused: list[tuple[nn.Module, bool]] = []
+    previous = forced_path()
+    force_attention_path("eager")  # the attention-path chooser would otherwise switch timm's window attention back
     try:
         for m in model.modules():
             if isinstance(m, WindowAttention):
@@ -173,6 +176,7 @@ def linearised(model: nn.Module, rules: Sequence[Rule] = ()) -> Iterator[None]:
             delattr(m, name)
         for m, value in fused:
             m.fused_attn = value
+        force_attention_path(previous)
 
 
 @contextmanager
