@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -82,16 +80,16 @@ class Difference:
         return len(self.a) >= 2 and len(self.b) >= 2
 
     def interval(self) -> tuple[float, float]:
-        va, vb = np.var(self.a, ddof=1) / len(self.a), np.var(self.b, ddof=1) / len(self.b)
-        se = math.sqrt(va + vb)
-        if se == 0:
-            return self.diff, self.diff
-        dof = (va + vb) ** 2 / (va**2 / (len(self.a) - 1) + vb**2 / (len(self.b) - 1))
-        t = stats.t.ppf(0.975, dof)
-        return self.diff - t * se, self.diff + t * se
+        """The 95% Welch interval of the difference (:func:`vitlab.evaluation.stats.welch_interval`)."""
+        from vitlab.evaluation.stats import welch_interval
+
+        _, low, high = welch_interval(self.a, self.b)
+        return low, high
 
     def p(self) -> float:
-        return float(stats.ttest_ind(self.a, self.b, equal_var=False).pvalue)
+        from vitlab.evaluation.stats import welch_ttest
+
+        return welch_ttest(self.a, self.b)[1]
 
 
 def verdict(kind: str, d: Difference) -> str:
