@@ -41,6 +41,9 @@ class Family:
     ``commands``: modules whose import registers the family's extra ``vitlab`` sub-commands.
     ``report_sections``: the run-report sections the family adds (``"module:function"``, ``run -> Section | None``).
     ``explainer``: how ``vitlab.explain`` reaches its models (``"module:function"``, ``model -> Explainer``).
+    ``bench_objective``: the training loss ``vitlab bench`` times for its models (``"module:function"``,
+    ``(model, x, y) -> scalar``), what its task computes with the loss section's defaults; empty: the cross-entropy
+    of the model's output, as for every classifier.
     """
 
     name: str
@@ -51,6 +54,7 @@ class Family:
     commands: tuple[str, ...] = ()
     report_sections: tuple[str | Any, ...] = ()
     explainer: str | Any = ""
+    bench_objective: str | Any = ""
 
     def model_classes(self) -> tuple[type, ...]:
         return tuple(resolve(ref) for ref in self.models)

@@ -171,3 +171,34 @@ def test_bench_grad_checkpointing_measures_both_settings_with_their_peak_memory(
     assert ours["peak_memory"]["mib"] > 0 and plain["peak_memory"]["mib"] > 0
     assert result["ours_over_ours_no_checkpointing"]["cpu"]["train"]["median"] > 0
     assert "ours / ours_no_checkpointing, train" in format_bench(result)
+
+
+def test_a_cet_vit_is_timed_on_its_training_loss_with_the_ei_term():
+    """The step ``vitlab bench`` times for CET-ViT is the task's objective at the end of the EI ramp (the SVD of the
+    EI term included), not the bare cross-entropy: its gradients match that loss computed by hand."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from vitlab.bench.timing import Subject
+    from vitlab.families.cet_vit.config import CETLossConfig
+
+    torch.manual_seed(0)
+    network = create_model("cet_vit_nano", img_size=8, patch_size=2, in_chans=1, num_classes=3)
+    reference = copy.deepcopy(network)
+    subject = Subject(network, batch_size=4, precision="32-true", device=torch.device("cpu"))
+    torch.manual_seed(1)
+    subject.train_step()
+    lc = CETLossConfig()
+    reference.train()
+    torch.manual_seed(1)
+    logits, aux = reference.forward_with_aux(subject.x, compute_ei=True)
+    loss = F.cross_entropy(logits, subject.y) + aux.regularization(lc.lambda_ei, lc.lambda_k)
+    loss.backward()
+    assert aux.ei_loss.abs() > 0  # the EI term is in the loss, not skipped
+    for (name, p), q in zip(network.named_parameters(), reference.parameters(), strict=True):
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+    result = bench("cet_vit_nano", overrides=dict(TINY, patch_size=2), memory=False, **FAST)
+    assert result["networks"]["ours"]["objective"].endswith("cet_vit.task.bench_objective")
+    assert "loss vitlab.families.cet_vit.task.bench_objective" in result["networks"]["ours"]["description"]

@@ -135,7 +135,9 @@ def bench(
         )
         environment = run_environment()
     for name, spec in specs.items():
-        result["networks"][name]["description"] = f"{spec.describe()}, {runners[name].describe()}"
+        objective = result["networks"][name]["objective"]
+        loss = "" if objective == "cross_entropy" else f", loss {objective}"
+        result["networks"][name]["description"] = f"{spec.describe()}, {runners[name].describe()}{loss}"
         result["networks"][name]["spec"] = {
             "source": spec.source,
             "name": spec.name,

@@ -16,6 +16,7 @@ from torch import nn
 from vitlab.acceleration import adamw, compile_network
 from vitlab.bench.flops import training_flops_per_image
 from vitlab.bench.specs import CLOCKS, PHASES, check_settings
+from vitlab.family import family_of, resolve
 from vitlab.models.sizing import input_shape_of, parameter_count
 
 
@@ -55,6 +56,19 @@ class Runner:
         return f"{how}, AdamW {'fused=' + str(self.fused) if self.fused is not False else 'torch default'}{clip}"
 
 
+def bench_objective(network: nn.Module) -> Callable[..., torch.Tensor] | None:
+    """The training loss of ``network``'s family (:attr:`vitlab.family.Family.bench_objective`), or None: the
+    cross-entropy of the output."""
+    family = family_of(network)
+    return resolve(family.bench_objective) if family is not None and family.bench_objective else None
+
+
+def objective_name(network: nn.Module) -> str:
+    """What the timed training step's loss is: the family's objective by name, or ``cross_entropy``."""
+    objective = bench_objective(network)
+    return "cross_entropy" if objective is None else f"{objective.__module__}.{objective.__qualname__}"
+
+
 class Subject:
     """One network under measurement: the (optionally compiled) module, its AdamW, a fixed batch and targets."""
 
@@ -77,13 +91,17 @@ class Subject:
             self.runnable = torch.compile(self.network, mode=mode, backend=runner.backend)
         self.optimizer = adamw(list(self.network.parameters()), lr=1e-4, weight_decay=0.05, fused=runner.fused)
         self.grad_clip = runner.grad_clip
+        self.objective = bench_objective(self.network)
 
     def train_step(self) -> None:
         self.network.train()
         self.optimizer.zero_grad(set_to_none=True)
         with autocast(self.precision, self.device):
-            logits = self.runnable(self.x)
-        F.cross_entropy(logits.float(), self.y).backward()
+            if self.objective is not None:  # a family's training loss, its regulariser included (e.g. CET-ViT's EI)
+                loss = self.objective(self.network, self.x, self.y)
+            else:
+                loss = F.cross_entropy(self.runnable(self.x).float(), self.y)
+        loss.backward()
         if self.grad_clip is not None:
             nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
         self.optimizer.step()
@@ -229,6 +247,7 @@ def measure_networks(
             "parameters": parameter_count(network),
             "flops_per_image": flops[name],
             "runner": {**asdict(runners[name]), "description": runners[name].describe()},
+            "objective": objective_name(network),
         }
         for phase in PHASES:
             work = flops[name]["training" if phase == "train" else "forward"] * batch_size

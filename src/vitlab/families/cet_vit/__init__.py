@@ -16,5 +16,6 @@ FAMILY = register_family(
         commands=(),
         report_sections=(),
         explainer="vitlab.families.cet_vit.explain:explainer",
+        bench_objective="vitlab.families.cet_vit.task:bench_objective",
     )
 )

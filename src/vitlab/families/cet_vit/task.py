@@ -48,17 +48,9 @@ class CETViTTask(ClassificationTask):
         # No SVD in training when the EI term cannot reach the loss; evaluation still reports the terms.
         logits, aux = self.model.forward_with_aux(x, compute_ei=stage != "train" or weight > 0)
         losses = self.classification_losses(logits, y, stage)
-        reg = aux.regularization(weight, lc.lambda_k)
+        reg, extras = regularisation(self.model, aux, y, weight, lc, self.k_candidates)
+        losses.update(extras)
         ce = losses["loss"].detach()
-        if aux.candidate_logits is not None:  # dynamic_k: exact
-            per_candidate = torch.stack([F.cross_entropy(c, y, reduction="none") for c in aux.candidate_logits])
-            targets = exact_k_targets(per_candidate, self.k_candidates, self.model.num_slots, lc.lambda_k)
-            k_fit = F.cross_entropy(aux.k_logits, targets)
-            reg = reg + lc.k_fit_weight * k_fit
-            losses["k_fit"] = k_fit.detach()
-            # the loss the estimator's choice gains against always taking the largest budget (negative = better)
-            chosen = aux.k_logits.detach().argmax(-1)
-            losses["k_gain"] = (per_candidate.gather(0, chosen[None]) - per_candidate[-1:]).mean()
         # The test loss is the cross-entropy alone, as for every classifier: the regulariser's weight follows the
         # training epoch, which `vitlab test` (epoch 0) and the test at the end of `vitlab fit` do not share.
         if stage != "test":
@@ -87,3 +79,34 @@ class CETViTTask(ClassificationTask):
             for k, count in zip(self.k_candidates, self.k_counts / total, strict=True):
                 self.log(f"train/k_frac_{k}", count)
         self.k_counts.zero_()
+
+
+def regularisation(
+    model: nn.Module, aux: Any, y: torch.Tensor, weight: float, lc: CETLossConfig, k_candidates: list[int]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``lambda_ei * L_EI + lambda_k * E[K]/K_max`` at EI weight ``weight`` and, with ``dynamic_k: exact``, the
+    estimator's fit to ``argmin_c (L_c + lambda_k K_c / K_max)`` (CET-ViT v4 model card, Disclosure 1), with the
+    logged ``k_fit`` and ``k_gain``."""
+    reg = aux.regularization(weight, lc.lambda_k)
+    extras: dict[str, torch.Tensor] = {}
+    if aux.candidate_logits is not None:  # dynamic_k: exact
+        per_candidate = torch.stack([F.cross_entropy(c, y, reduction="none") for c in aux.candidate_logits])
+        targets = exact_k_targets(per_candidate, k_candidates, model.num_slots, lc.lambda_k)
+        k_fit = F.cross_entropy(aux.k_logits, targets)
+        reg = reg + lc.k_fit_weight * k_fit
+        extras["k_fit"] = k_fit.detach()
+        # the loss the estimator's choice gains against always taking the largest budget (negative = better)
+        chosen = aux.k_logits.detach().argmax(-1)
+        extras["k_gain"] = (per_candidate.gather(0, chosen[None]) - per_candidate[-1:]).mean()
+    return reg, extras
+
+
+def bench_objective(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The training loss ``vitlab bench`` times for a CET-ViT: what :class:`CETViTTask` computes once the EI ramp has
+    reached its final weight (the loss section's defaults), the EI term's SVD and the Dynamic-K fit included."""
+    lc = CETLossConfig()
+    logits, aux = model.forward_with_aux(x, compute_ei=lc.lambda_ei > 0)
+    estimator = getattr(model, "k_estimator", None)
+    candidates = list(getattr(estimator, "k_candidates", ()))
+    reg, _ = regularisation(model, aux, y, lc.lambda_ei, lc, candidates)
+    return F.cross_entropy(logits.float(), y) + reg
