@@ -243,7 +243,7 @@ BF16_MIN_SPEEDUP = 1.2
 def bf16_matmul_speedup(size: int = 512, rounds: int = 3) -> float:
     """How many times faster a ``[size, size] @ [size, size]`` product runs under bf16 autocast than in fp32 on
     this CPU, with the current thread count: the fastest of ``rounds`` alternating calls of each. Measured once per
-    process (about 0.1 s), on :func:`vitlab.layers.attention_path.cpu_clock`."""
+    process, on :func:`vitlab.layers.attention_path.cpu_clock`."""
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
     best = {"32-true": float("inf"), "bf16-mixed": float("inf")}

@@ -170,8 +170,9 @@ def test_compare_configs_share_one_protocol_and_differ_only_in_the_model(protoco
 
 
 def test_cet_vit_nano_wide_keeps_nano_size_with_the_parameters_in_the_micro_encoder():
-    """The ablation preset (docs/cet_vit.md, "Which element costs the accuracy") at compare/cifar10_p4's input:
-    within 2% of cet_vit_nano and of its matched ViT, with most of its parameters in the micro encoder."""
+    """The ablation preset (docs/experiments/cet_vit_ablation.md, "Which element costs the accuracy") at
+    compare/cifar10_p4's input: within 2% of cet_vit_nano and of its matched ViT, with most of its parameters in the
+    micro encoder."""
     inputs = dict(img_size=32, in_chans=3, num_classes=10, patch_size=4)
     wide = count_params(_meta("cet_vit_nano_wide", **inputs))
     nano = count_params(_meta("cet_vit_nano", **inputs))
@@ -182,8 +183,9 @@ def test_cet_vit_nano_wide_keeps_nano_size_with_the_parameters_in_the_micro_enco
 
 
 def test_cet_vit_nano_global_keeps_nano_size_and_attends_globally_at_patch_4():
-    """The preset of docs/cet_vit.md ("The micro encoder's shape is the cost") at compare/cifar10_p4's input: within
-    1% of cet_vit_nano and of its matched ViT, and its micro encoder's windows cover the whole 8x8 grid."""
+    """The preset of docs/experiments/cet_vit_ablation.md ("The micro encoder's shape is the cost") at
+    compare/cifar10_p4's input: within 1% of cet_vit_nano and of its matched ViT, and its micro encoder's windows
+    cover the whole 8x8 grid."""
     inputs = dict(img_size=32, in_chans=3, num_classes=10, patch_size=4)
     total = count_params(_meta("cet_vit_nano_global", **inputs))["total"]
     for name in ("cet_vit_nano", "vit_matched_cet_vit_nano"):

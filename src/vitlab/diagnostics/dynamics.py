@@ -23,9 +23,9 @@ _MASS_TOLERANCE = 1e-3
 # ot.emd2's defaults: its iteration cap, and the C solver's code for an optimal solution
 _EMD_MAX_ITER = 100_000
 _EMD_OPTIMAL = 1
-# Below this many patches a drift problem takes ~13 us, most of it in the Python/Cython part of the call that holds
-# the GIL, and two threads were slower than one (0.74x on a 4x4 grid, 1.38x on 5x5, 1.56x on 8x8:
-# benchmarks/results/drift_solver_workers.json); smaller grids stay on one thread.
+# Below this many patches a drift problem is so small that the part of the call that holds the GIL dominates it and
+# a second thread slows it down (docs/experiments/dynamics_costs.md, "The transport problems on several threads");
+# smaller grids stay on one thread.
 _THREADED_MIN_PATCHES = 25
 
 
@@ -375,8 +375,8 @@ class ConvergenceTracker:
       attention that keeps moving the same way, about ``1 / sqrt 2 = 0.71`` for a random walk and about 0.5 for
       jitter around a fixed pattern (three noisy copies of one pattern are equally far apart). Stable when
       ``r_t < rho``. A ratio of drifts, so free of the grid's units and of a constant learning rate's scale; the
-      drift at a constant rate stays at the rate's noise level (measured: it falls only when the rate falls), which
-      no threshold on ``d`` alone tells apart from movement.
+      drift at a constant rate stays at the rate's noise level and falls only when the rate falls (docs/dynamics.md,
+      "The convergence rule, units and the probe's tau"), which no threshold on ``d`` alone tells apart from movement.
 
     Call :meth:`update` once per epoch with that epoch's drift and temperature, both ``[L, H]``. The first call only
     records tau: without a previous tau its change is undefined, so no streak can start there.

@@ -89,8 +89,8 @@ class Attention(nn.Module):
         """``W_qkv [3C, C]`` and ``b_qkv [3C]`` with the q rows scaled per head by the temperature.
 
         The temperature scales the q rows of ``W_qkv`` and ``b_qkv`` (``(x W_q^T + b_q) tau = x (tau W_q)^T +
-        tau b_q``): O(C^2) work per step, where scaling q itself costs O(B N C) forward and backward, which made
-        a ViT block's training step about 3% slower (docs/benchmarks.md).
+        tau b_q``): O(C^2) work per step, where scaling q itself costs O(B N C) forward and backward
+        (docs/benchmarks.md, "A fix this benchmark found: the temperature").
         """
         if self.log_tau is None:
             return self.qkv.weight, self.qkv.bias
@@ -139,7 +139,7 @@ class Attention(nn.Module):
         """Scaled dot-product attention of ``[B, H, N, d]`` tensors: SDPA unless a capture asks for the matrix."""
         drop = self.attn_drop if self.training else 0.0
         if self.fused and not self.capture:
-            return attend(q, k, v, bias, scale=self.scale, dropout_p=drop)  # the path measured fastest
+            return attend(q, k, v, bias, scale=self.scale, dropout_p=drop)  # SDPA: the fast path (docs/benchmarks.md)
         attn = attention_probs(q, k, bias, self.scale)
         if self.capture:
             self.captured = attn.detach()

@@ -1,5 +1,5 @@
-"""How many points CET-ViT's grouping is worth: the test-time assignment ablation (docs/cet_vit.md, "Why it
-falls behind the matched ViT").
+"""How many points CET-ViT's grouping is worth: the test-time assignment ablation (docs/experiments/cet_vit_ablation.md,
+"Why it falls behind the matched ViT").
 
 The learned assignment ``S`` is replaced at test time by a random top-k (each token keeps its own top-k weights on
 ``k`` slots drawn at random) or by the uniform assignment (every token spread over all slots, so all macro tokens

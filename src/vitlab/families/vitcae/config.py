@@ -27,8 +27,8 @@ class ViTCAELossConfig:
         mmd_scales: the ``s`` of the IMQ kernel constants ``C = 2 * dim * s``.
         mmd_kernel_scale: ``prior`` (default): the IMQ constants follow the prior's variance (``C = 2 dim s
             sigma^2``): 1 for ``N(0, I)`` (``W_cls``) and, for ``W_pt``, the per-dimension variance of the conditional
-            prior's samples over the batch, ``mean(sigma_hat^2) + mean(Var_batch(mu_hat))``, detached (measured
-            about 0.07, a std of 0.26, where WAE's constant assumes 1); ``unit``: ``C = 2 dim s`` as printed.
+            prior's samples over the batch, ``mean(sigma_hat^2) + mean(Var_batch(mu_hat))``, detached (WAE's constant
+            assumes 1; docs/vitcae.md, ``mmd_kernel_scale``); ``unit``: ``C = 2 dim s`` as printed.
         mmd_calibration: ``kl`` (default): each MMD term is multiplied by a constant fixed at the switch, the ratio of
             the epoch means of ``KL`` and ``W`` over the last warm-up epoch (``T_w``), so the blend ``a s W +
             (1 - a) KL`` starts at the magnitude of the KL it replaces and 80% of its gradient comes from the MMD:
