@@ -15,10 +15,12 @@ from typing import Any
 
 import yaml
 
-from vitlab.config.coerce import from_dict, to_dict
+from vitlab.config.coerce import build_section, from_dict, to_dict
 from vitlab.config.dynamics import DynamicsConfig
-from vitlab.data.config import AugmentConfig, DataConfig
-from vitlab.errors import ConfigError
+from vitlab.config.loss import ClassificationLossConfig, loss_config_type
+from vitlab.config.model import ModelConfig, model_class_name, model_config_type
+from vitlab.data.config import AugmentConfig, DataConfig, check_dataset_name
+from vitlab.errors import ConfigError, VitlabError
 
 CONFIG_ROOT = Path(__file__).parent.parent / "configs"
 
@@ -207,19 +209,35 @@ class FinetuneConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one ``vitlab fit`` needs. ``model`` is ``{name: <preset>, **constructor overrides}`` (checked
-    against the preset's constructor, :mod:`vitlab.model_catalogue`); ``loss`` holds the task's loss weights
-    (validated against the family's dataclass, and built as it by the task); ``dynamics`` the attention-dynamics
-    controller's section, or None for no controller."""
+    """Everything one ``vitlab fit`` needs. Two sections are typed by the model: ``model`` is ``{name: <preset>,
+    pretrained: <weights>, **constructor overrides}``, a ``TypedDict`` of the preset's class
+    (:func:`vitlab.config.model.model_config_type`) that holds the keys the config sets; ``loss`` is the dataclass
+    of the task that trains that class (:func:`vitlab.config.loss.loss_config_type`: the family's, or
+    :class:`~vitlab.config.loss.ClassificationLossConfig`). A mapping given for either is checked and built in
+    ``__post_init__``; ``dynamics`` is the attention-dynamics controller's section, or None for no controller."""
 
-    model: dict[str, Any] = field(default_factory=lambda: {"name": "vit_pico"})
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(name="vit_pico"))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     run: RunSection = field(default_factory=RunSection)
-    loss: dict[str, Any] = field(default_factory=dict)
+    loss: Any = field(default_factory=dict)
     dynamics: DynamicsConfig | None = None
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+    @classmethod
+    def section_types(cls, values: dict[str, Any]) -> dict[str, type]:
+        """The types of ``model`` and ``loss`` for these values (``from_dict`` asks): both follow the preset's class.
+        An unknown preset, or an option its class does not have, is refused here."""
+        model = values.get("model", {"name": "vit_pico"})
+        class_name = model_class_name(model)
+        return {"model": model_config_type(class_name), "loss": loss_config_type(class_name)}
+
+    def __post_init__(self) -> None:
+        types = self.section_types({"model": self.model})
+        self.model = build_section(types["model"], self.model, "model")
+        if not isinstance(self.loss, types["loss"]):
+            self.loss = build_section(types["loss"], to_dict(self.loss), "loss")
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -277,23 +295,41 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` merged into ``base``, mappings key by key, with two rules for the model: a new preset name starts the
+    ``model`` section from a clean slate (the same name merges overrides), and a preset of another task (a ViT
+    replacing a CET-ViT protocol's preset) starts the ``loss`` section afresh too, since the old task's loss keys are
+    not the new one's (:func:`replaces_the_task`)."""
     out = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "model":
             out[key] = deep_merge(out[key], value)
         elif key == "model" and isinstance(value, dict) and isinstance(out.get(key), dict):
-            # A new preset name starts from a clean slate; same name merges overrides.
-            out[key] = (
-                dict(value)
-                if value.get("name", out[key].get("name")) != out[key].get("name")
-                else {
-                    **out[key],
-                    **value,
-                }
-            )
+            out[key] = dict(value) if _new_preset(out[key], value) else {**out[key], **value}
         else:
             out[key] = value
+    if "loss" in base and replaces_the_task(base.get("model"), update.get("model")):
+        out["loss"] = update.get("loss", {})
     return out
+
+
+def _new_preset(model: Any, override: Any) -> bool:
+    return (
+        isinstance(model, dict)
+        and isinstance(override, dict)
+        and override.get("name", model.get("name")) != model.get("name")
+    )
+
+
+def replaces_the_task(model: Any, override: Any) -> bool:
+    """Whether the ``model`` section ``override`` names a preset whose task takes other ``loss`` keys than the preset
+    of ``model`` (a preset neither the catalogue nor a family knows counts as the same task)."""
+    if not _new_preset(model, override):
+        return False
+    try:
+        old, new = model_class_name({"name": model.get("name")}), model_class_name({"name": override["name"]})
+    except VitlabError:  # an unknown name: build_config names it
+        return False
+    return old is not None and new is not None and loss_config_type(old) is not loss_config_type(new)
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -330,39 +366,38 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def _warn_about_a_new_preset(model: Any, override: Any) -> None:
+def _warn_about_a_new_preset(data: dict[str, Any], override: dict[str, Any]) -> None:
     """Warn when an override's ``model.name`` replaces the config's preset: the model section then starts afresh
     (:func:`deep_merge`), and the config's other model keys (a protocol's patch size, its dropout) silently stop
-    applying unless the overrides repeat them."""
-    if not (isinstance(model, dict) and isinstance(override, dict)) or "name" not in override:
+    applying unless the overrides repeat them; so do its loss keys when the new preset's task is another."""
+    model, new_model = data.get("model"), override.get("model")
+    if not _new_preset(model, new_model) or model.get("name") is None:
         return
-    if model.get("name") in (None, override["name"]):
-        return
-    dropped = [key for key in model if key != "name" and key not in override]
+    dropped = [f"model.{key}={model[key]!r}" for key in model if key != "name" and key not in new_model]
+    if replaces_the_task(model, new_model) and isinstance(data.get("loss"), dict):
+        kept = override.get("loss") if isinstance(override.get("loss"), dict) else {}
+        dropped += [f"loss.{key}={value!r}" for key, value in data["loss"].items() if key not in kept]
     if dropped:
-        settings = ", ".join(f"model.{key}={model[key]!r}" for key in dropped)
         warnings.warn(
-            f"model.name={override['name']} replaces the config's preset {model['name']!r}, so the config's "
-            f"{settings} no longer apply; repeat them as overrides to keep them",
+            f"model.name={new_model['name']} replaces the config's preset {model['name']!r}, so the config's "
+            f"{', '.join(dropped)} no longer apply; repeat them as overrides to keep them",
             UserWarning,
             stacklevel=3,
         )
 
 
 def build_config(config: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type of every section
-    (:func:`vitlab.config.checks.check_sections`), all before torch is imported."""
-    from vitlab.config.checks import check_sections
-
+    """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type of every section, all
+    before torch is imported: the dataclasses and their checks, the ``model`` and ``loss`` sections by the preset's
+    class (:meth:`RunConfig.section_types`), the dataset's name (``data``). The data's files and the model's option
+    values together are checked where they are used, still before ``fit`` claims its folder."""
     data: dict[str, Any] = load_yaml(config) if config else {}
     if overrides:
         parsed = parse_overrides(overrides)
-        _warn_about_a_new_preset(data.get("model"), parsed.get("model"))
+        _warn_about_a_new_preset(data, parsed)
         data = deep_merge(data, parsed)
     cfg = from_dict(RunConfig, data)
-    if "name" not in cfg.model:
-        raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
-    check_sections(cfg)
+    check_dataset_name(cfg.data.name)
     return cfg
 
 
@@ -372,10 +407,12 @@ def dump_yaml(cfg: Any) -> str:
 
 __all__ = [
     "AugmentConfig",
+    "ClassificationLossConfig",
     "ConfigError",
     "DataConfig",
     "DynamicsConfig",
     "FinetuneConfig",
+    "ModelConfig",
     "OptimConfig",
     "RunConfig",
     "RunSection",

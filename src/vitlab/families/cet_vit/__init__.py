@@ -11,7 +11,10 @@ FAMILY = register_family(
         name="cet_vit",
         models=("vitlab.families.cet_vit.model:CETViT",),
         task="vitlab.families.cet_vit.task:CETViTTask",
-        config_types={"loss": "vitlab.families.cet_vit.config:CETLossConfig"},
+        config_types={
+            "model": "vitlab.families.cet_vit.config:CETViTConfig",
+            "loss": "vitlab.families.cet_vit.config:CETLossConfig",
+        },
         presets="vitlab.families.cet_vit.model:PRESETS",
         commands=(),
         report_sections=(),

@@ -11,7 +11,10 @@ FAMILY = register_family(
         name="vitcae",
         models=("vitlab.families.vitcae.model:ViTCAE",),
         task="vitlab.families.vitcae.task:ViTCAETask",
-        config_types={"loss": "vitlab.families.vitcae.config:ViTCAELossConfig"},
+        config_types={
+            "model": "vitlab.families.vitcae.config:ViTCAEConfig",
+            "loss": "vitlab.families.vitcae.config:ViTCAELossConfig",
+        },
         presets="vitlab.families.vitcae.model:PRESETS",
         commands=("vitlab.families.vitcae.commands",),
         report_sections=("vitlab.families.vitcae.report:generate_section",),
