@@ -8,6 +8,7 @@ import pytest
 
 from vitlab.config import ClassificationLossConfig, ConfigError, RunConfig, build_config
 from vitlab.config.coerce import build_section
+from vitlab.config.loss import build_loss
 from vitlab.config.model import MODEL_KEYS, model_config_type
 from vitlab.errors import ModelOptionError
 from vitlab.family import family_of_class
@@ -67,19 +68,29 @@ def test_a_wrong_model_value_or_key_is_refused(config, override, message):
         ("cet_vit/digits", "CETLossConfig"),
     ],
 )
-def test_the_loss_section_is_the_tasks_dataclass(config, loss_type):
+def test_the_loss_section_is_checked_by_the_tasks_dataclass(config, loss_type):
     cfg = build_config(config)
-    assert type(cfg.loss).__name__ == loss_type
     model_class = get_preset(cfg.model["name"]).cls
     family = family_of_class(model_class)
-    assert type(cfg.loss) is (family.config_type("loss") if family else ClassificationLossConfig)
+    own = family.config_type("loss") if family else ClassificationLossConfig
+    assert own.__name__ == loss_type
+    assert set(cfg.loss) <= set(typing.get_type_hints(own))
+    assert type(build_loss(own, cfg.loss)) is own
+
+
+def test_a_protocol_shared_by_several_tasks_keeps_its_loss_keys_for_the_one_that_reads_them():
+    vit = build_config("compare/cifar10_p4_vit")
+    cet = build_config("compare/cifar10_p4")
+    assert vit.loss == cet.loss and vit.loss["ei_start"] == 1.33
+    assert build_loss(ClassificationLossConfig, vit.loss) == ClassificationLossConfig()
+    with pytest.raises(ConfigError, match="loss.ei_start must be of type float"):
+        build_config("compare/cifar10_p4_vit", ["loss.ei_start=soon"])
 
 
 @pytest.mark.parametrize(
     ("config", "override", "message"),
     [
         ("vit/digits", "loss.foo=1", "unknown config key 'loss.foo': section 'loss' takes no keys here"),
-        ("vit/digits", "loss.lambda_ei=0.1", "unknown config key 'loss.lambda_ei'"),
         ("cet_vit/digits", "loss.lambda_eii=0.1", "unknown config key 'loss.lambda_eii'. Did you mean 'lambda_ei'"),
         ("cet_vit/digits", "loss.ei_schedule=rampp", "loss.ei_schedule must be one of ramp, constant"),
         ("vitcae/digits", "loss.mmd_mixx=0.5", "Did you mean 'mmd_mix'"),
@@ -97,12 +108,12 @@ def test_the_cet_vit_schedules_are_the_ei_weights():
     assert typing.get_args(typing.get_type_hints(CETLossConfig)["ei_schedule"]) == EI_SCHEDULES
 
 
-def test_a_run_config_built_in_python_is_typed_too():
+def test_a_run_config_built_in_python_is_checked_too():
     cfg = RunConfig(model={"name": "vitcae_pico", "depth": 2}, loss={"warmup_epochs": 0})
-    assert cfg.loss.warmup_epochs == 0 and cfg.model == {"name": "vitcae_pico", "depth": 2}
+    assert cfg.loss == {"warmup_epochs": 0} and cfg.model == {"name": "vitcae_pico", "depth": 2}
     with pytest.raises(ModelOptionError, match="has no option 'depthh'"):
         RunConfig(model={"name": "vit_pico", "depthh": 2})
-    with pytest.raises(ConfigError, match="unknown config key 'loss.warmup'"):
+    with pytest.raises(ConfigError, match="unknown config key 'loss.warmup'. Did you mean 'warmup_epochs'"):
         RunConfig(model={"name": "vitcae_pico"}, loss={"warmup": 0})
     with pytest.raises(ConfigError, match="needs a 'name'"):
         build_config(None, ["model.depth=2"])

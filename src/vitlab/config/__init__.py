@@ -17,10 +17,10 @@ import yaml
 
 from vitlab.config.coerce import build_section, from_dict, to_dict
 from vitlab.config.dynamics import DynamicsConfig
-from vitlab.config.loss import ClassificationLossConfig, loss_config_type
+from vitlab.config.loss import ClassificationLossConfig, check_loss_section
 from vitlab.config.model import ModelConfig, model_class_name, model_config_type
 from vitlab.data.config import AugmentConfig, DataConfig, check_dataset_name
-from vitlab.errors import ConfigError, VitlabError
+from vitlab.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).parent.parent / "configs"
 
@@ -209,35 +209,32 @@ class FinetuneConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one ``vitlab fit`` needs. Two sections are typed by the model: ``model`` is ``{name: <preset>,
-    pretrained: <weights>, **constructor overrides}``, a ``TypedDict`` of the preset's class
-    (:func:`vitlab.config.model.model_config_type`) that holds the keys the config sets; ``loss`` is the dataclass
-    of the task that trains that class (:func:`vitlab.config.loss.loss_config_type`: the family's, or
-    :class:`~vitlab.config.loss.ClassificationLossConfig`). A mapping given for either is checked and built in
-    ``__post_init__``; ``dynamics`` is the attention-dynamics controller's section, or None for no controller."""
+    """Everything one ``vitlab fit`` needs. Two sections are checked by the preset's class and hold the keys the config
+    sets: ``model``, ``{name: <preset>, pretrained: <weights>, **constructor overrides}``, typed by the class's
+    ``TypedDict`` (:func:`vitlab.config.model.model_config_type`); ``loss``, the loss weights of the task that trains
+    the class, typed and checked by its dataclass (:func:`vitlab.config.loss.check_loss_section`), which the task
+    builds. A section given in Python is checked in ``__post_init__`` as one read from YAML; ``dynamics`` is the
+    attention-dynamics controller's section, or None for no controller."""
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(name="vit_pico"))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     run: RunSection = field(default_factory=RunSection)
-    loss: Any = field(default_factory=dict)
+    loss: dict[str, Any] = field(default_factory=dict)
     dynamics: DynamicsConfig | None = None
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     @classmethod
     def section_types(cls, values: dict[str, Any]) -> dict[str, type]:
-        """The types of ``model`` and ``loss`` for these values (``from_dict`` asks): both follow the preset's class.
-        An unknown preset, or an option its class does not have, is refused here."""
-        model = values.get("model", {"name": "vit_pico"})
-        class_name = model_class_name(model)
-        return {"model": model_config_type(class_name), "loss": loss_config_type(class_name)}
+        """The type of ``model`` for these values (``from_dict`` asks): the preset's class's. An unknown preset, or an
+        option its class does not have, is refused here."""
+        return {"model": model_config_type(model_class_name(values.get("model", {"name": "vit_pico"})))}
 
     def __post_init__(self) -> None:
-        types = self.section_types({"model": self.model})
-        self.model = build_section(types["model"], self.model, "model")
-        if not isinstance(self.loss, types["loss"]):
-            self.loss = build_section(types["loss"], to_dict(self.loss), "loss")
+        class_name = model_class_name(self.model)
+        self.model = build_section(model_config_type(class_name), self.model, "model")
+        self.loss = check_loss_section(class_name, self.loss)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -295,10 +292,8 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """``update`` merged into ``base``, mappings key by key, with two rules for the model: a new preset name starts the
-    ``model`` section from a clean slate (the same name merges overrides), and a preset of another task (a ViT
-    replacing a CET-ViT protocol's preset) starts the ``loss`` section afresh too, since the old task's loss keys are
-    not the new one's (:func:`replaces_the_task`)."""
+    """``update`` merged into ``base``, mappings key by key; a new preset name starts the ``model`` section from a clean
+    slate (the same name merges overrides)."""
     out = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "model":
@@ -307,8 +302,6 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
             out[key] = dict(value) if _new_preset(out[key], value) else {**out[key], **value}
         else:
             out[key] = value
-    if "loss" in base and replaces_the_task(base.get("model"), update.get("model")):
-        out["loss"] = update.get("loss", {})
     return out
 
 
@@ -318,18 +311,6 @@ def _new_preset(model: Any, override: Any) -> bool:
         and isinstance(override, dict)
         and override.get("name", model.get("name")) != model.get("name")
     )
-
-
-def replaces_the_task(model: Any, override: Any) -> bool:
-    """Whether the ``model`` section ``override`` names a preset whose task takes other ``loss`` keys than the preset
-    of ``model`` (a preset neither the catalogue nor a family knows counts as the same task)."""
-    if not _new_preset(model, override):
-        return False
-    try:
-        old, new = model_class_name({"name": model.get("name")}), model_class_name({"name": override["name"]})
-    except VitlabError:  # an unknown name: build_config names it
-        return False
-    return old is not None and new is not None and loss_config_type(old) is not loss_config_type(new)
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -366,21 +347,18 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def _warn_about_a_new_preset(data: dict[str, Any], override: dict[str, Any]) -> None:
+def _warn_about_a_new_preset(model: Any, override: Any) -> None:
     """Warn when an override's ``model.name`` replaces the config's preset: the model section then starts afresh
     (:func:`deep_merge`), and the config's other model keys (a protocol's patch size, its dropout) silently stop
-    applying unless the overrides repeat them; so do its loss keys when the new preset's task is another."""
-    model, new_model = data.get("model"), override.get("model")
-    if not _new_preset(model, new_model) or model.get("name") is None:
+    applying unless the overrides repeat them."""
+    if not _new_preset(model, override) or model.get("name") is None:
         return
-    dropped = [f"model.{key}={model[key]!r}" for key in model if key != "name" and key not in new_model]
-    if replaces_the_task(model, new_model) and isinstance(data.get("loss"), dict):
-        kept = override.get("loss") if isinstance(override.get("loss"), dict) else {}
-        dropped += [f"loss.{key}={value!r}" for key, value in data["loss"].items() if key not in kept]
+    dropped = [key for key in model if key != "name" and key not in override]
     if dropped:
+        settings = ", ".join(f"model.{key}={model[key]!r}" for key in dropped)
         warnings.warn(
-            f"model.name={new_model['name']} replaces the config's preset {model['name']!r}, so the config's "
-            f"{', '.join(dropped)} no longer apply; repeat them as overrides to keep them",
+            f"model.name={override['name']} replaces the config's preset {model['name']!r}, so the config's "
+            f"{settings} no longer apply; repeat them as overrides to keep them",
             UserWarning,
             stacklevel=3,
         )
@@ -394,7 +372,7 @@ def build_config(config: str | Path | None = None, overrides: list[str] | None =
     data: dict[str, Any] = load_yaml(config) if config else {}
     if overrides:
         parsed = parse_overrides(overrides)
-        _warn_about_a_new_preset(data, parsed)
+        _warn_about_a_new_preset(data.get("model"), parsed.get("model"))
         data = deep_merge(data, parsed)
     cfg = from_dict(RunConfig, data)
     check_dataset_name(cfg.data.name)

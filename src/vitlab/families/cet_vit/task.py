@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.config import RunConfig
-from vitlab.config.coerce import build_section
+from vitlab.config.loss import build_loss
 from vitlab.families.cet_vit.config import CETLossConfig
 from vitlab.families.cet_vit.model import exact_k_targets
 from vitlab.losses.ei import ei_weight
@@ -31,7 +31,7 @@ class CETViTTask(ClassificationTask):
 
     def __init__(self, model: nn.Module, *, cfg: RunConfig, hparams: dict[str, Any]) -> None:
         super().__init__(model, cfg=cfg, hparams=hparams)
-        self.loss_cfg = build_section(self.loss_config, cfg.loss, "loss")
+        self.loss_cfg = build_loss(self.loss_config, cfg.loss)
         estimator = getattr(model, "k_estimator", None)
         candidates = list(getattr(estimator, "k_candidates", ()))
         self.register_buffer("k_counts", torch.zeros(len(candidates)), persistent=False)
