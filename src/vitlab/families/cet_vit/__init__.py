@@ -1,7 +1,8 @@
 """CET-ViT (the card's slot-grouping ViT with the EI regulariser): its declaration as a family.
 
-Model ``vitlab.models.cet_vit``, the EI terms ``vitlab.losses.ei``, task ``vitlab.training.cet_task``, the slot
-probes of ``vitlab probe slot-k`` and the report's segment maps.
+The model (``model``; ``parts``, ``options``, ``outputs``, ``presets``), the ``model`` and ``loss`` config types
+(``config``), the task (``task``: cross-entropy, the EI terms of ``vitlab.losses.ei``, the Dynamic-K cost), the
+grouping ablation (``grouping``) and the explanation rules (``explain``).
 """
 
 from vitlab.family import Family, register_family
@@ -15,7 +16,7 @@ FAMILY = register_family(
             "model": "vitlab.families.cet_vit.config:CETViTConfig",
             "loss": "vitlab.families.cet_vit.config:CETLossConfig",
         },
-        presets="vitlab.families.cet_vit.model:PRESETS",
+        presets="vitlab.families.cet_vit.presets:PRESETS",
         commands=(),
         report_sections=(),
         explainer="vitlab.families.cet_vit.explain:explainer",
