@@ -11,6 +11,7 @@ descriptor, so concurrent appenders never interleave and a crash can cut at most
 (``rundir.RunClaim``: a lock file created with ``O_EXCL``, which is the point of it) and the kernel file
 ``/proc/self/clear_refs`` of the memory benchmark (a control file, not an output).
 """
+
 from __future__ import annotations
 
 import contextlib
