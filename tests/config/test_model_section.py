@@ -51,6 +51,7 @@ def test_the_section_keeps_only_the_keys_the_config_sets():
         ("vit/digits", "model.temperature_form=inverted", "model.temperature_form must be one of inverse, divide"),
         ("cet_vit/digits", "model.depths=3", "model.depths must be a list"),
         ("cet_vit/digits", "model.depth=2", "has no option 'depth'. Did you mean depths"),
+        ("cet_vit/digits", "model.grouping=cardd", "model.grouping must be one of card, none, got 'cardd'"),
         ("vitcae/digits", "model.qkv_bias=maybe", "model.qkv_bias must be true or false"),
         ("compare/cifar10_cpu_swin", "model.window=2", "has no option 'window'. Did you mean window_size"),
     ],
@@ -106,6 +107,16 @@ def test_the_cet_vit_schedules_are_the_ei_weights():
     from vitlab.families.cet_vit.config import CETLossConfig
 
     assert typing.get_args(typing.get_type_hints(CETLossConfig)["ei_schedule"]) == EI_SCHEDULES
+
+
+def test_cet_vits_option_values_are_the_cores():
+    from vitlab.families.cet_vit import config
+    from vitlab.layers.slots import POOLS
+    from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS
+
+    assert typing.get_args(config.Pool) == POOLS
+    assert typing.get_args(config.EIVariant) == EI_VARIANTS
+    assert typing.get_args(config.DegenSlots) == DEGEN_SLOTS
 
 
 def test_a_run_config_built_in_python_is_checked_too():

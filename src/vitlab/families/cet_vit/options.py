@@ -1,17 +1,20 @@
-"""The options of :class:`~vitlab.families.cet_vit.model.CETViT` that take one of a few values, and the check of
-their combinations: clear errors before a parameter is allocated."""
+"""The options of :class:`~vitlab.families.cet_vit.model.CETViT` that take one of a few values (their types are the
+config's, :mod:`vitlab.families.cet_vit.config`), and the check of their combinations: clear errors before a
+parameter is allocated."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import get_args
 
+from vitlab.families.cet_vit.config import DynamicK, Grouping, PosEmbed, SelectGrad
 from vitlab.layers.slots import POOLS
 from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS
 
-DYNAMIC_K_MODES = ("none", "gumbel", "exact")
-POS_EMBEDS = ("none", "learned")
-SELECT_GRADS = ("hard", "dense_st")
-GROUPINGS = ("card", "none")
+DYNAMIC_K_MODES: tuple[str, ...] = get_args(DynamicK)
+POS_EMBEDS: tuple[str, ...] = get_args(PosEmbed)
+SELECT_GRADS: tuple[str, ...] = get_args(SelectGrad)
+GROUPINGS: tuple[str, ...] = get_args(Grouping)
 
 #: the string options checked by name in :func:`check_options` and their values
 CHOICES: dict[str, tuple[str, ...]] = {
