@@ -1,7 +1,7 @@
 """Building dataclasses from nested dicts, with errors that name the key (``from_dict``), and back (``to_dict``).
 
-A dataclass whose field types depend on the values (the ``model`` and ``loss`` sections of a run, typed by the
-preset's class and its task) says so with a ``section_types(values) -> {field: type}`` classmethod; a
+A dataclass whose field types depend on the values (a run's ``model`` section, typed by the preset's class) says
+so with a ``section_types(values) -> {field: type}`` classmethod; a
 ``typing.TypedDict`` types a mapping whose keys are all optional (the ``model`` section: a preset and the options
 the config sets, nothing else).
 """
