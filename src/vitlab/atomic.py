@@ -2,11 +2,14 @@
 rename), JSON lines appended one whole line per write, a file a user names under the one output rule.
 
 A reader never sees a partial file: :func:`atomic_write_bytes` (and its text, JSON and figure forms) writes beside
-the target and renames; :func:`staged_file` does the same for a writer that needs a path (``torch.save``, ONNX);
-:func:`append_line` writes a JSON line with one ``write`` on an append-only descriptor, so concurrent appenders
-never interleave and a crash can cut at most the last line (which ``read_jsonl`` reports). Nothing else in
-``src/`` opens a file for writing, but for the run directory's claim (``rundir.RunClaim``: a lock file created
-with ``O_EXCL``, which is the point of it) and the kernel file ``/proc/self/clear_refs`` of the memory benchmark.
+the target and renames; :func:`staged_file` gives a writer that needs a path (``torch.save``, ONNX, ``torch.export``)
+a temporary file that becomes the target only when the block succeeds; :func:`staging_folder` and
+:func:`publish_files` do the same for several files that appear together (an export's weights and config, an
+archive torchvision unpacks). :func:`append_line` writes a JSON line with one ``write`` on an append-only
+descriptor, so concurrent appenders never interleave and a crash can cut at most the last line (which
+``read_jsonl`` reports). Nothing else in ``src/`` opens a file for writing, but for the run directory's claim
+(``rundir.RunClaim``: a lock file created with ``O_EXCL``, which is the point of it) and the kernel file
+``/proc/self/clear_refs`` of the memory benchmark (a control file, not an output).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -147,3 +151,35 @@ def staged_file(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def staging_folder(beside: str | Path) -> Iterator[Path]:
+    """A fresh folder next to ``beside`` (the same file system, so a rename out of it is atomic) for writers that
+    need paths; removed, with whatever is left in it, when the block ends. :func:`publish_files` moves its files out."""
+    beside = Path(beside)
+    beside.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=beside.parent, prefix=f".{beside.name}.stage-"))
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def publish_files(stage: str | Path, target: str | Path, names: Sequence[str], *, whole: bool) -> None:
+    """Move ``names`` from the :func:`staging_folder` ``stage`` into the folder ``target``, each on the disk first
+    (``fsync``) and with the umask's mode. ``whole``: ``target`` is absent or empty and ``stage`` becomes it in one
+    rename, so a reader sees every file or none; otherwise each file replaces its namesake in ``target`` atomically
+    and ``target``'s other files stay."""
+    stage, target = Path(stage), Path(target)
+    for name in names:
+        with open(stage / name, "rb") as f:  # read-only: flush what the writer wrote before the rename publishes it
+            os.fsync(f.fileno())
+        os.chmod(stage / name, umask_mode(directory=False))
+    if whole:
+        os.chmod(stage, umask_mode(directory=True))
+        os.replace(stage, target)  # rename(2) replaces an empty folder
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        os.replace(stage / name, target / name)

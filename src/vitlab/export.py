@@ -7,9 +7,6 @@ network even if the preset's defaults change. Checkpoints are read with ``torch.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +15,13 @@ from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_model as st_save_model
 from torch import nn
 
-from vitlab.atomic import atomic_write_text
+from vitlab.atomic import atomic_write_text, publish_files, staging_folder
 from vitlab.errors import CheckpointError, ConfigError, VitlabError
 from vitlab.layers.heads import state_in_original_order
 from vitlab.models.builder import create_model
 from vitlab.models.protocols import PretrainedConfigured
 from vitlab.models.registry import get_preset
-from vitlab.rundir import EXPORT_CONFIG_FILE, EXPORT_WEIGHTS_FILE, locate_model, umask_mode
+from vitlab.rundir import EXPORT_CONFIG_FILE, EXPORT_WEIGHTS_FILE, locate_model
 
 EXPORT_FORMAT = "vitlab-export/1"
 
@@ -156,29 +153,14 @@ def export_model(
         "kwargs": model.init_kwargs,
         **(extra or {}),
     }
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.export-"))
     try:
-        st_save_model(model, str(stage / EXPORT_WEIGHTS_FILE))
-        atomic_write_text(stage / EXPORT_CONFIG_FILE, json.dumps(meta, indent=2, default=str))
-        for name in EXPORT_FILES:
-            with open(stage / name, "rb") as f:  # on the disk before the rename makes them the export
-                os.fsync(f.fileno())
-            os.chmod(stage / name, umask_mode(directory=False))
-        os.chmod(stage, umask_mode(directory=True))
-        if existing:  # --force: replace the export's files one by one, leave the rest
-            for name in EXPORT_FILES:
-                os.replace(stage / name, out_dir / name)
-            stage.rmdir()
-        else:  # rename(2) replaces an empty folder
-            os.replace(stage, out_dir)
+        with staging_folder(out_dir) as stage:
+            st_save_model(model, str(stage / EXPORT_WEIGHTS_FILE))
+            atomic_write_text(stage / EXPORT_CONFIG_FILE, json.dumps(meta, indent=2, default=str))
+            publish_files(stage, out_dir, EXPORT_FILES, whole=not existing)
     except OSError as e:
-        shutil.rmtree(stage, ignore_errors=True)
         if e.filename is None:  # a full disk names no file: say which export failed
             raise OSError(e.errno, e.strerror, str(out_dir)) from e
-        raise
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
         raise
     return out_dir
 

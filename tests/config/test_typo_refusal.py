@@ -43,3 +43,30 @@ def test_the_checks_load_no_deep_learning_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("config", ["vit/digits", "cet_vit/digits"])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.depthh=2", "Did you mean depth"),
+        ("loss.foo=1", "unknown config key 'loss.foo'"),
+        ("model.patch_size=two", "model.patch_size must be of type int"),
+    ],
+)
+def test_a_typo_in_the_model_or_loss_of_any_task_exits_2_without_a_folder(config, override, message, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    start = time.perf_counter()
+    out = subprocess.run(
+        [*VITLAB, "fit", "--config", config, override, f"run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    elapsed = time.perf_counter() - start
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) <= 2  # the error and the debug hint
+    assert elapsed < 3.0, f"{override} took {elapsed:.2f} s to be refused"
+    assert not run_dir.exists() and not (tmp_path / "runs").exists()

@@ -2,14 +2,19 @@
 declared once with ``register_family`` and then found by the training, the evaluation and the command line."""
 
 import argparse
+from dataclasses import dataclass
+from typing import TypedDict
 
 import pytest
 import torch
 from torch import nn
 
 from vitlab.cli.registry import COMMANDS, command
+from vitlab.config import ConfigError, build_config
+from vitlab.errors import ModelOptionError
 from vitlab.evaluation.evaluate import logits_and_assignment
 from vitlab.family import Family, families, family_of, family_of_class, register_family, unregister_family
+from vitlab.model_catalogue import MODEL_OPTIONS, PRESET_CLASSES, add_presets
 from vitlab.models.builder import create_model
 from vitlab.models.protocols import GenerativeModel, SlotAssigner
 from vitlab.models.registry import _REGISTRY, register_preset
@@ -87,3 +92,47 @@ def test_a_toy_family_is_found_by_the_core(toy_family):
 def test_a_family_name_is_declared_once(toy_family):
     with pytest.raises(ValueError, match="registered twice"):
         register_family(Family(name="toy", models=(), task=ToyTask))
+
+
+class ToyModelConfig(TypedDict, total=False):
+    name: str
+    pretrained: str | None
+    num_classes: int
+    img_size: int
+    in_chans: int
+
+
+@dataclass
+class ToyLossConfig:
+    slot_weight: float = 1.0
+
+
+@pytest.fixture
+def typed_toy_family(toy_family):
+    """The toy family with its own config types and its preset in the catalogue (what a package outside vitlab adds
+    with ``add_presets``)."""
+    unregister_family("toy")
+    family = register_family(
+        Family(
+            name="toy",
+            models=(ToySlotModel,),
+            task=ToyTask,
+            config_types={"model": ToyModelConfig, "loss": ToyLossConfig},
+            presets={"toy_pico": {}},
+        )
+    )
+    add_presets({"toy_pico": "ToySlotModel"}, {"ToySlotModel": ("img_size", "in_chans", "num_classes")})
+    yield family
+    PRESET_CLASSES.pop("toy_pico")
+    MODEL_OPTIONS.pop("ToySlotModel")
+
+
+def test_a_toy_familys_config_sections_are_typed_and_checked_by_its_own_types(typed_toy_family):
+    cfg = build_config(None, ["model.name=toy_pico", "model.num_classes=4", "loss.slot_weight=0.5"])
+    assert cfg.model == {"name": "toy_pico", "num_classes": 4} and cfg.loss == {"slot_weight": 0.5}
+    with pytest.raises(ModelOptionError, match="has no option 'num_clases'. Did you mean num_classes"):
+        build_config(None, ["model.name=toy_pico", "model.num_clases=4"])
+    with pytest.raises(ConfigError, match="model.num_classes must be of type int"):
+        build_config(None, ["model.name=toy_pico", "model.num_classes=four"])
+    with pytest.raises(ConfigError, match="unknown config key 'loss.slot_wieght'. Did you mean 'slot_weight'"):
+        build_config(None, ["model.name=toy_pico", "loss.slot_wieght=0.5"])

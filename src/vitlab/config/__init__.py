@@ -15,9 +15,11 @@ from typing import Any
 
 import yaml
 
-from vitlab.config.coerce import from_dict, to_dict
+from vitlab.config.coerce import build_section, from_dict, to_dict
 from vitlab.config.dynamics import DynamicsConfig
-from vitlab.data.config import AugmentConfig, DataConfig
+from vitlab.config.loss import ClassificationLossConfig, check_loss_section
+from vitlab.config.model import ModelConfig, model_class_name, model_config_type
+from vitlab.data.config import AugmentConfig, DataConfig, check_dataset_name
 from vitlab.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).parent.parent / "configs"
@@ -207,12 +209,14 @@ class FinetuneConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one ``vitlab fit`` needs. ``model`` is ``{name: <preset>, **constructor overrides}`` (checked
-    against the preset's constructor, :mod:`vitlab.model_catalogue`); ``loss`` holds the task's loss weights
-    (validated against the family's dataclass, and built as it by the task); ``dynamics`` the attention-dynamics
-    controller's section, or None for no controller."""
+    """Everything one ``vitlab fit`` needs. Two sections are checked by the preset's class and hold the keys the config
+    sets: ``model``, ``{name: <preset>, pretrained: <weights>, **constructor overrides}``, typed by the class's
+    ``TypedDict`` (:func:`vitlab.config.model.model_config_type`); ``loss``, the loss weights of the task that trains
+    the class, typed and checked by its dataclass (:func:`vitlab.config.loss.check_loss_section`), which the task
+    builds. A section given in Python is checked in ``__post_init__`` as one read from YAML; ``dynamics`` is the
+    attention-dynamics controller's section, or None for no controller."""
 
-    model: dict[str, Any] = field(default_factory=lambda: {"name": "vit_pico"})
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(name="vit_pico"))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -220,6 +224,17 @@ class RunConfig:
     loss: dict[str, Any] = field(default_factory=dict)
     dynamics: DynamicsConfig | None = None
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+    @classmethod
+    def section_types(cls, values: dict[str, Any]) -> dict[str, type]:
+        """The type of ``model`` for these values (``from_dict`` asks): the preset's class's. An unknown preset, or an
+        option its class does not have, is refused here."""
+        return {"model": model_config_type(model_class_name(values.get("model", {"name": "vit_pico"})))}
+
+    def __post_init__(self) -> None:
+        class_name = model_class_name(self.model)
+        self.model = build_section(model_config_type(class_name), self.model, "model")
+        self.loss = check_loss_section(class_name, self.loss)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -277,23 +292,25 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` merged into ``base``, mappings key by key; a new preset name starts the ``model`` section from a clean
+    slate (the same name merges overrides)."""
     out = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "model":
             out[key] = deep_merge(out[key], value)
         elif key == "model" and isinstance(value, dict) and isinstance(out.get(key), dict):
-            # A new preset name starts from a clean slate; same name merges overrides.
-            out[key] = (
-                dict(value)
-                if value.get("name", out[key].get("name")) != out[key].get("name")
-                else {
-                    **out[key],
-                    **value,
-                }
-            )
+            out[key] = dict(value) if _new_preset(out[key], value) else {**out[key], **value}
         else:
             out[key] = value
     return out
+
+
+def _new_preset(model: Any, override: Any) -> bool:
+    return (
+        isinstance(model, dict)
+        and isinstance(override, dict)
+        and override.get("name", model.get("name")) != model.get("name")
+    )
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -334,9 +351,7 @@ def _warn_about_a_new_preset(model: Any, override: Any) -> None:
     """Warn when an override's ``model.name`` replaces the config's preset: the model section then starts afresh
     (:func:`deep_merge`), and the config's other model keys (a protocol's patch size, its dropout) silently stop
     applying unless the overrides repeat them."""
-    if not (isinstance(model, dict) and isinstance(override, dict)) or "name" not in override:
-        return
-    if model.get("name") in (None, override["name"]):
+    if not _new_preset(model, override) or model.get("name") is None:
         return
     dropped = [key for key in model if key != "name" and key not in override]
     if dropped:
@@ -350,19 +365,17 @@ def _warn_about_a_new_preset(model: Any, override: Any) -> None:
 
 
 def build_config(config: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type of every section
-    (:func:`vitlab.config.checks.check_sections`), all before torch is imported."""
-    from vitlab.config.checks import check_sections
-
+    """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type of every section, all
+    before torch is imported: the dataclasses and their checks, the ``model`` and ``loss`` sections by the preset's
+    class (:meth:`RunConfig.section_types`), the dataset's name (``data``). The data's files and the model's option
+    values together are checked where they are used, still before ``fit`` claims its folder."""
     data: dict[str, Any] = load_yaml(config) if config else {}
     if overrides:
         parsed = parse_overrides(overrides)
         _warn_about_a_new_preset(data.get("model"), parsed.get("model"))
         data = deep_merge(data, parsed)
     cfg = from_dict(RunConfig, data)
-    if "name" not in cfg.model:
-        raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
-    check_sections(cfg)
+    check_dataset_name(cfg.data.name)
     return cfg
 
 
@@ -372,10 +385,12 @@ def dump_yaml(cfg: Any) -> str:
 
 __all__ = [
     "AugmentConfig",
+    "ClassificationLossConfig",
     "ConfigError",
     "DataConfig",
     "DynamicsConfig",
     "FinetuneConfig",
+    "ModelConfig",
     "OptimConfig",
     "RunConfig",
     "RunSection",

@@ -1,4 +1,10 @@
-"""Building dataclasses from nested dicts, with errors that name the key (``from_dict``), and back (``to_dict``)."""
+"""Building dataclasses from nested dicts, with errors that name the key (``from_dict``), and back (``to_dict``).
+
+A dataclass whose field types depend on the values (a run's ``model`` section, typed by the preset's class) says
+so with a ``section_types(values) -> {field: type}`` classmethod; a
+``typing.TypedDict`` types a mapping whose keys are all optional (the ``model`` section: a preset and the options
+the config sets, nothing else).
+"""
 
 from __future__ import annotations
 
@@ -19,8 +25,34 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
+def unknown_key_error(key: str, valid: list[str], where: str) -> ConfigError:
+    """``unknown config key 'loss.foo'. Did you mean ...? Valid keys in section 'loss': ...`` (one line)."""
+    path = f"{where}.{key}" if where else key
+    close = difflib.get_close_matches(key, valid, n=3)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    section = f"section '{where}'" if where else "the top level"
+    if not valid:
+        return ConfigError(f"unknown config key '{path}': {section} takes no keys here")
+    return ConfigError(f"unknown config key '{path}'.{hint} Valid keys in {section}: {', '.join(sorted(valid))}")
+
+
+def typed_mapping(tp: Any, values: Any, where: str) -> dict[str, Any]:
+    """``values`` checked against the ``TypedDict`` ``tp``: each key one of its keys, each value of its type."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where} must be a mapping, got {values!r}")
+    hints = typing.get_type_hints(tp)
+    out = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise unknown_key_error(key, list(hints), where)
+        out[key] = _coerce(value, hints[key], f"{where}.{key}" if where else key)
+    return out
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Check/convert ``value`` to the annotated type ``tp`` (a small subset of typing: what our configs use)."""
+    if typing.is_typeddict(tp):
+        return typed_mapping(tp, value, where)
     if _is_dataclass_type(tp):
         if isinstance(value, tp):
             return value
@@ -48,6 +80,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {value!r} does not fit {tp}")
     if tp is Any:
         return value
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{where} must be one of {', '.join(map(str, args))}, got {value!r}")
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{where} must be a list, got {value!r}")
@@ -83,21 +119,33 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def build_section(tp: Any, value: Any, where: str) -> Any:
+    """``value`` as the type ``tp`` (a dataclass, a ``TypedDict``, ...): an instance of a dataclass is kept, a mapping
+    is built (:func:`from_dict`)."""
+    return _coerce(value, tp, where)
+
+
 def from_dict(cls: type, values: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass ``cls`` from ``values``; an unknown key raises :class:`ConfigError` with suggestions."""
+    """Build dataclass ``cls`` from ``values``; an unknown key raises :class:`ConfigError` with suggestions, and so
+    does a ``ValueError`` of the dataclass's own check."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where or 'the config'} must be a mapping, got {values!r}")
     types_ = _field_types(cls)
+    for key in values:
+        if key not in types_:
+            raise unknown_key_error(key, list(types_), where)
+    section_types = getattr(cls, "section_types", None)
+    if section_types is not None:
+        types_ = {**types_, **section_types(values)}
     kwargs = {}
     for key, value in values.items():
-        path = f"{where}.{key}" if where else key
-        if key not in types_:
-            close = difflib.get_close_matches(key, list(types_), n=3)
-            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            section = f"section '{where}'" if where else "the top level"
-            raise ConfigError(
-                f"unknown config key '{path}'.{hint} Valid keys in {section}: {', '.join(sorted(types_))}"
-            )
-        kwargs[key] = _coerce(value, types_[key], path)
-    return cls(**kwargs)
+        kwargs[key] = _coerce(value, types_[key], f"{where}.{key}" if where else key)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as error:  # a dataclass's own check (its __post_init__) from outside the config layer
+        raise ConfigError(str(error)) from None
 
 
 def to_dict(cfg: Any) -> Any:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import shutil
 import sys
-import tempfile
 import zipfile
 from collections import Counter
 from dataclasses import replace
@@ -29,6 +27,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.datasets.mnist import read_image_file, read_label_file
 from torchvision.datasets.utils import download_and_extract_archive, extract_archive
 
+from vitlab.atomic import publish_files, staging_folder
 from vitlab.data.config import DATASETS, DataConfig, DataError, check_dataset_name
 from vitlab.data.sources import (
     _KNOWN_INFO,
@@ -113,13 +112,9 @@ def _unpacked(packed: Path) -> Path:
     digest = hashlib.sha1(str(packed.resolve()).encode()).hexdigest()[:16]
     target = cache_dir() / "unpacked" / digest / beside.name
     if not target.exists():  # unpacked into a fresh folder, then renamed: never a half-written file in the cache
-        target.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=".unpack-"))
-        try:
+        with staging_folder(target) as stage:
             extract_archive(str(packed), str(stage))
-            os.replace(stage / beside.name, target)
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
+            publish_files(stage, target.parent, [beside.name], whole=False)
     return target
 
 

@@ -26,7 +26,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vitlab.acceleration import PrecisionChoice, choose_precision
 from vitlab.atomic import append_line
-from vitlab.config import ConfigError, RunConfig, from_dict, to_dict
+from vitlab.config import ConfigError, RunConfig, to_dict
+from vitlab.config.loss import build_loss
 from vitlab.data import VisionDataModule, build_datamodule
 from vitlab.dynamics import DynamicsController
 from vitlab.errors import RunDirError, VitlabError
@@ -291,7 +292,7 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     out["model"] = to_dict({"name": preset.name, **defaults, **preset.kwargs, **filled})
     loss_config = task_class_for(preset.cls).loss_config
     if loss_config is not None:
-        out["loss"] = to_dict(from_dict(loss_config, cfg.loss, "loss"))
+        out["loss"] = to_dict(build_loss(loss_config, cfg.loss))
     return out
 
 

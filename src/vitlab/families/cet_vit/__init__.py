@@ -1,7 +1,8 @@
 """CET-ViT (the card's slot-grouping ViT with the EI regulariser): its declaration as a family.
 
-Model ``vitlab.models.cet_vit``, the EI terms ``vitlab.losses.ei``, task ``vitlab.training.cet_task``, the slot
-probes of ``vitlab probe slot-k`` and the report's segment maps.
+The model (``model``; ``parts``, ``options``, ``outputs``, ``presets``), the ``model`` and ``loss`` config types
+(``config``), the task (``task``: cross-entropy, the EI terms of ``vitlab.losses.ei``, the Dynamic-K cost), the
+grouping ablation (``grouping``) and the explanation rules (``explain``).
 """
 
 from vitlab.family import Family, register_family
@@ -11,8 +12,11 @@ FAMILY = register_family(
         name="cet_vit",
         models=("vitlab.families.cet_vit.model:CETViT",),
         task="vitlab.families.cet_vit.task:CETViTTask",
-        config_types={"loss": "vitlab.families.cet_vit.config:CETLossConfig"},
-        presets="vitlab.families.cet_vit.model:PRESETS",
+        config_types={
+            "model": "vitlab.families.cet_vit.config:CETViTConfig",
+            "loss": "vitlab.families.cet_vit.config:CETLossConfig",
+        },
+        presets="vitlab.families.cet_vit.presets:PRESETS",
         commands=(),
         report_sections=(),
         explainer="vitlab.families.cet_vit.explain:explainer",

@@ -1,9 +1,63 @@
-"""The CET-ViT family's config section ``loss``, plain data: ``vitlab.config.build_config`` checks it before
-anything imports torch."""
+"""The CET-ViT family's config sections ``model`` and ``loss``, plain data: ``vitlab.config.build_config`` checks
+them before anything imports torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from vitlab.config.model import ModelConfig
+
+#: the values of CET-ViT's string options (``vitlab.families.cet_vit.options`` checks the model's with these; the
+#: pooling, EI variant and degeneracy slots are the core's ``layers.slots.POOLS``, ``losses.ei.EI_VARIANTS`` and
+#: ``DEGEN_SLOTS``, which ``tests/config/test_model_section.py`` keeps equal to them)
+DynamicK = Literal["none", "gumbel", "exact"]
+PosEmbed = Literal["none", "learned"]
+SelectGrad = Literal["hard", "dense_st"]
+Grouping = Literal["card", "none"]
+Pool = Literal["mean", "sum"]
+EIVariant = Literal["full", "two_term", "entropy_only", "none"]
+DegenSlots = Literal["occupied", "all"]
+
+
+class CETViTConfig(ModelConfig, total=False):
+    """Options of :class:`vitlab.families.cet_vit.model.CETViT`: ``embed_dims``, ``depths`` and ``num_heads`` give one
+    entry per stage; each string option one of its values. The combinations (widths and heads, slots and ``topk``,
+    the Dynamic-K budgets) are checked by the model's constructor, which ``fit`` runs before it claims the run
+    folder."""
+
+    img_size: int
+    patch_size: int
+    in_chans: int
+    num_classes: int
+    embed_dims: list[int]
+    depths: list[int]
+    num_heads: list[int]
+    window_size: int
+    mlp_ratio: float
+    qkv_bias: bool
+    pos_embed: PosEmbed
+    num_slots: int
+    topk: int
+    slot_ratio: int
+    mask_empty_slots: bool
+    select_grad: SelectGrad
+    pool: Pool
+    fusion_dim: int
+    fusion_heads: int
+    macro_depth: int
+    deep_depth: int
+    dynamic_k: DynamicK
+    k_candidates: list[int]
+    k_hidden_dim: int
+    k_tau: float
+    ei: EIVariant
+    ei_degen_slots: DegenSlots
+    fused_window_attention: bool
+    drop_rate: float
+    attn_drop_rate: float
+    drop_path_rate: float
+    grouping: Grouping
 
 
 @dataclass
@@ -22,6 +76,6 @@ class CETLossConfig:
     lambda_ei: float = 0.05
     ei_start: float = 50
     ei_end: float = 200
-    ei_schedule: str = "ramp"
+    ei_schedule: Literal["ramp", "constant"] = "ramp"
     lambda_k: float = 0.01
     k_fit_weight: float = 1.0

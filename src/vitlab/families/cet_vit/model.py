@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
+from vitlab.families.cet_vit.options import DYNAMIC_K_MODES, GROUPINGS, POS_EMBEDS, SELECT_GRADS, check_options
+from vitlab.families.cet_vit.outputs import CETViTAux
 from vitlab.families.cet_vit.parts import (
     VCEO,
     CrossScaleAttention,
@@ -46,6 +48,7 @@ from vitlab.families.cet_vit.parts import (
     MicroEncoder,
     PreNormCrossAttention,
 )
+from vitlab.families.cet_vit.presets import DESCRIPTIONS, PRESETS
 from vitlab.layers import Block, PatchEmbed, trunc_normal_
 from vitlab.layers.slots import (
     ASSIGNMENT_ABLATIONS,
@@ -60,69 +63,16 @@ from vitlab.layers.slots import (
     topk_margin,
     topk_softmax,
 )
-from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS, EIVariant, ei_terms
+from vitlab.losses.ei import EIVariant, ei_terms
 from vitlab.models.contract import ModelContract, check_output_fmt, tokens_to_maps
 from vitlab.models.registry import register_preset
 from vitlab.models.sizing import parameter_count
 from vitlab.models.vit import check_patch_grid
 
-DYNAMIC_K_MODES = ("none", "gumbel", "exact")
-POS_EMBEDS = ("none", "learned")
-SELECT_GRADS = ("hard", "dense_st")
-GROUPINGS = ("card", "none")
-
 
 # ------------------------------------------------------------------------------------------------------------------
 # The model
 # ------------------------------------------------------------------------------------------------------------------
-@dataclass
-class CETViTAux:
-    """What ``CETViT.forward_with_aux`` returns next to the logits.
-
-    Attributes:
-        S: ``[B, N, K_max]`` the sparse assignment.
-        h_macro: ``[B, K_max, D]`` the pooled macro tokens (input of the MacroEncoder).
-        slot_usage_k: ``[B]`` post-hoc active-slot count (:func:`slot_usage_k`).
-        ei: the EI terms of :func:`vitlab.losses.ei.ei_terms` (``[B]`` each) and the scalar ``ei_loss``; empty when
-            ``forward_with_aux(compute_ei=False)`` skipped them (no SVD), and then ``ei_loss`` is 0.
-        k_cost: scalar ``E[K] / K_max`` of the straight-through estimator (0 without one and with ``exact``, whose
-            cost enters the target instead).
-        k_chosen: ``[B]`` the slot budget used per image, or None without an estimator.
-        k_probs: ``[B, C]`` the estimator's distribution over ``k_candidates``, or None.
-        k_expected: ``[B]`` ``E[K]`` per image under ``k_probs``, or None.
-        k_logits: ``[B, C]`` the estimator's logits (``exact`` trains them by cross-entropy), or None.
-        candidate_logits: ``[C, B, classes]`` with ``dynamic_k: exact`` in training: the logits of every image under
-            every candidate budget, without gradient and without dropout (:meth:`CETViT.candidate_logits`), or None.
-        occupied: ``[B, K_max]`` bool, slots with assignment mass, when ``mask_empty_slots``; else None.
-        vceo_margin: ``[B]`` the mean over tokens of the V-CEO's top-k margin, the k-th largest assignment logit minus
-            the (k+1)-th (how far each token's choice is from changing), without
-            gradient; None with ``grouping: none`` and with a dense choice (``topk = K_max``).
-
-    With ``grouping: none`` (no V-CEO) ``S``, ``h_macro`` and ``slot_usage_k`` are None and ``ei`` is empty.
-    """
-
-    S: torch.Tensor | None
-    h_macro: torch.Tensor | None
-    slot_usage_k: torch.Tensor | None
-    ei: dict[str, torch.Tensor]
-    k_cost: torch.Tensor
-    k_chosen: torch.Tensor | None = None
-    k_probs: torch.Tensor | None = None
-    k_expected: torch.Tensor | None = None
-    k_logits: torch.Tensor | None = None
-    candidate_logits: torch.Tensor | None = None
-    occupied: torch.Tensor | None = None
-    vceo_margin: torch.Tensor | None = None
-
-    @property
-    def ei_loss(self) -> torch.Tensor:
-        return self.ei["ei_loss"] if "ei_loss" in self.ei else self.k_cost.new_zeros(())
-
-    def regularization(self, lambda_ei: float, lambda_k: float) -> torch.Tensor:
-        """``lambda_ei * ei_loss + lambda_k * k_cost``: the term a training task adds to the cross-entropy."""
-        return lambda_ei * self.ei_loss + lambda_k * self.k_cost
-
-
 @dataclass
 class _Encoded:
     """Intermediate results of one CET-ViT pass (``CETViT._encode``)."""
@@ -232,19 +182,25 @@ class CETViT(ModelContract, nn.Module):
             raise ValueError(f"slot_ratio must be 0 (use num_slots) or a positive tokens per slot, got {slot_ratio}")
         if slot_ratio > 0:
             num_slots = max(topk + 1, grid * grid // slot_ratio)
-        _check_options(
-            embed_dims, depths, num_heads, num_slots, topk, pool, fusion_dim, fusion_heads, dynamic_k, k_candidates, ei
+        check_options(
+            embed_dims=embed_dims,
+            depths=depths,
+            num_heads=num_heads,
+            num_slots=num_slots,
+            topk=topk,
+            pool=pool,
+            fusion_dim=fusion_dim,
+            fusion_heads=fusion_heads,
+            dynamic_k=dynamic_k,
+            k_candidates=k_candidates,
+            ei=ei,
+            choices={
+                "pos_embed": pos_embed,
+                "select_grad": select_grad,
+                "grouping": grouping,
+                "ei_degen_slots": ei_degen_slots,
+            },
         )
-        for name, value, allowed in (
-            ("pos_embed", pos_embed, POS_EMBEDS),
-            ("select_grad", select_grad, SELECT_GRADS),
-            ("grouping", grouping, GROUPINGS),
-            ("ei_degen_slots", ei_degen_slots, DEGEN_SLOTS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-        if grouping == "none" and dynamic_k != "none":
-            raise ValueError("grouping: none has no V-CEO to budget; use dynamic_k: none with it")
         self.grouping = grouping
         self.num_classes = num_classes
         self.num_slots = num_slots
@@ -574,47 +530,6 @@ class CETViT(ModelContract, nn.Module):
         return logits, aux
 
 
-def _check_options(
-    embed_dims: tuple[int, ...],
-    depths: tuple[int, ...],
-    num_heads: tuple[int, ...],
-    num_slots: int,
-    topk: int,
-    pool: str,
-    fusion_dim: int,
-    fusion_heads: int,
-    dynamic_k: str,
-    k_candidates: tuple[int, ...],
-    ei: str,
-) -> None:
-    """Clear errors for inconsistent CET-ViT options."""
-    if not (len(embed_dims) == len(depths) == len(num_heads) >= 1):
-        raise ValueError(
-            f"embed_dims, depths and num_heads give one entry per MicroEncoder stage and must have the same length, "
-            f"got {len(embed_dims)}, {len(depths)}, {len(num_heads)}"
-        )
-    for dim, heads in zip(embed_dims, num_heads, strict=True):
-        if dim % heads != 0:
-            raise ValueError(f"stage width {dim} is not divisible by its {heads} heads; fix embed_dims or num_heads")
-    if fusion_dim % fusion_heads != 0:
-        raise ValueError(f"fusion_dim {fusion_dim} is not divisible by fusion_heads={fusion_heads}")
-    if num_slots < 2 or not 1 <= topk <= num_slots:
-        raise ValueError(f"need num_slots >= 2 and 1 <= topk <= num_slots, got num_slots={num_slots}, topk={topk}")
-    if pool not in POOLS:
-        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
-    if ei not in EI_VARIANTS:
-        raise ValueError(f"ei must be one of {', '.join(EI_VARIANTS)}, got {ei!r}")
-    if dynamic_k not in DYNAMIC_K_MODES:
-        raise ValueError(f"dynamic_k must be one of {', '.join(DYNAMIC_K_MODES)}, got {dynamic_k!r}")
-    if dynamic_k != "none" and (
-        list(k_candidates) != sorted(set(k_candidates)) or not all(topk <= c <= num_slots for c in k_candidates)
-    ):
-        raise ValueError(
-            f"k_candidates must be increasing slot budgets between topk={topk} and num_slots={num_slots}, "
-            f"got {list(k_candidates)}"
-        )
-
-
 def param_breakdown(model: CETViT) -> dict[str, int]:
     """Parameter count per part of a CET-ViT (its direct children: ``patch_embed``, ``micro_encoder``, ``v_ceo``,
     ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``).
@@ -623,81 +538,8 @@ def param_breakdown(model: CETViT) -> dict[str, int]:
     return {name: parameter_count(part) for name, part in model.named_children()}
 
 
-_CET_VIT_SIZES = {
-    "cet_vit_pico": dict(
-        embed_dims=(32, 32, 64, 64),
-        depths=(1, 1, 1, 1),
-        num_heads=(2, 2, 4, 4),
-        num_slots=16,
-        k_candidates=(4, 8, 16),
-        fusion_dim=64,
-        fusion_heads=4,
-        macro_depth=1,
-        deep_depth=1,
-        mlp_ratio=2.0,
-    ),
-    "cet_vit_nano": dict(
-        embed_dims=(48, 48, 96, 96),
-        depths=(1, 1, 2, 1),
-        num_heads=(3, 3, 6, 6),
-        fusion_dim=96,
-        fusion_heads=3,
-        macro_depth=2,
-        deep_depth=1,
-    ),
-    # cet_vit_nano's parameters (within 1% at patch 4) moved into the micro encoder: one width-96 Swin stage of 6
-    # blocks (3 shifted) at the full token grid, and a width-64 part after the V-CEO (docs/cet_vit.md, "Which element
-    # costs the accuracy").
-    "cet_vit_nano_wide": dict(
-        embed_dims=(96,),
-        depths=(6,),
-        num_heads=(6,),
-        fusion_dim=64,
-        fusion_heads=2,
-        macro_depth=1,
-        deep_depth=1,
-    ),
-    # cet_vit_nano's size with a micro encoder shaped like the matched ViT's blocks: 3 blocks of width 128, 4 heads of
-    # 32, MLP ratio 2, and global attention (a window of 16 shrinks to the grid: 8x8 at patch 4, 16x16 at patch 2),
-    # then the card's V-CEO (8:1 slots, empty ones masked), MacroEncoder, CrossScaleAttention and DeepEncoder at the
-    # same width (docs/cet_vit.md, "The micro encoder's shape is the cost").
-    "cet_vit_nano_global": dict(
-        embed_dims=(128,),
-        depths=(3,),
-        num_heads=(4,),
-        window_size=16,
-        mlp_ratio=2.0,
-        pos_embed="learned",
-        slot_ratio=8,
-        mask_empty_slots=True,
-        fusion_dim=128,
-        fusion_heads=4,
-        macro_depth=1,
-        deep_depth=1,
-    ),
-    "cet_vit_tiny": dict(
-        embed_dims=(64, 64, 128, 192),
-        depths=(2, 2, 2, 2),
-        num_heads=(2, 2, 4, 6),
-        fusion_dim=128,
-        fusion_heads=4,
-        macro_depth=2,
-        deep_depth=1,
-    ),
-    "cet_vit_base": dict(),
-}
-_DESCRIPTIONS = {
-    "cet_vit_pico": "CET-ViT for CPU smoke runs (~0.2M params, 16 slots)",
-    "cet_vit_nano": "CET-ViT for CPU training in minutes (~0.8M params)",
-    "cet_vit_nano_wide": "cet_vit_nano's size with 81% of it in a width-96 micro encoder (ablation, ~0.82M params)",
-    "cet_vit_nano_global": "cet_vit_nano's size, a global ViT-shaped micro encoder (width 128, MLP 2), 8:1 slots",
-    "cet_vit_tiny": "small CET-ViT (~2.3M params)",
-    "cet_vit_base": "CET-ViT v4 Base sized to the model card (33.5M params on 32x32, 100 classes; card: 33.12M)",
-}
-#: preset name -> constructor arguments (the family declaration names this table)
-PRESETS = _CET_VIT_SIZES
-for _name, _kw in _CET_VIT_SIZES.items():
-    register_preset(_name, CETViT, _DESCRIPTIONS[_name], **_kw)
+for _name, _kw in PRESETS.items():
+    register_preset(_name, CETViT, DESCRIPTIONS[_name], **_kw)
 
 __all__ = [
     "ASSIGNMENT_ABLATIONS",

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.config import RunConfig, from_dict
-from vitlab.errors import ConfigError
+from vitlab.config import RunConfig
+from vitlab.config.loss import build_loss
 from vitlab.families.cet_vit.config import CETLossConfig
 from vitlab.families.cet_vit.model import exact_k_targets
-from vitlab.losses.ei import EI_SCHEDULES, ei_weight
+from vitlab.losses.ei import ei_weight
 from vitlab.training.tasks import ClassificationTask
 
 
@@ -31,11 +31,7 @@ class CETViTTask(ClassificationTask):
 
     def __init__(self, model: nn.Module, *, cfg: RunConfig, hparams: dict[str, Any]) -> None:
         super().__init__(model, cfg=cfg, hparams=hparams)
-        self.loss_cfg = from_dict(self.loss_config, cfg.loss, "loss")
-        if self.loss_cfg.ei_schedule not in EI_SCHEDULES:
-            raise ConfigError(
-                f"loss.ei_schedule must be one of {', '.join(EI_SCHEDULES)}, got {self.loss_cfg.ei_schedule!r}"
-            )
+        self.loss_cfg = build_loss(self.loss_config, cfg.loss)
         estimator = getattr(model, "k_estimator", None)
         candidates = list(getattr(estimator, "k_candidates", ()))
         self.register_buffer("k_counts", torch.zeros(len(candidates)), persistent=False)

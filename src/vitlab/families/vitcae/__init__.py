@@ -1,7 +1,8 @@
 """ViTCAE (the Vision Transformer conditional autoencoder): its declaration as a family.
 
-Model ``vitlab.models.vitcae``, losses (eq. 23-25) ``vitlab.losses.vitcae``, task ``vitlab.training.vitcae_task``,
-the generative tasks ``vitlab.evaluation.generative`` and the ``vitlab generate`` command.
+The model (``model``, its parts in ``pieces``), the ``model`` and ``loss`` config types (``config``), the losses
+of eq. 23-25 (``losses``), the task (``task``), the generative tasks (``generative``), the ``vitlab generate``
+command (``commands``) and the report's section (``report``).
 """
 
 from vitlab.family import Family, register_family
@@ -11,7 +12,10 @@ FAMILY = register_family(
         name="vitcae",
         models=("vitlab.families.vitcae.model:ViTCAE",),
         task="vitlab.families.vitcae.task:ViTCAETask",
-        config_types={"loss": "vitlab.families.vitcae.config:ViTCAELossConfig"},
+        config_types={
+            "model": "vitlab.families.vitcae.config:ViTCAEConfig",
+            "loss": "vitlab.families.vitcae.config:ViTCAELossConfig",
+        },
         presets="vitlab.families.vitcae.model:PRESETS",
         commands=("vitlab.families.vitcae.commands",),
         report_sections=("vitlab.families.vitcae.report:generate_section",),

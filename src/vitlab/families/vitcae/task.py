@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.config import RunConfig, from_dict
+from vitlab.config import RunConfig
+from vitlab.config.loss import build_loss
 from vitlab.errors import ConfigError
 from vitlab.families.vitcae.losses import ViTCAELossConfig, vitcae_loss
 from vitlab.training.tasks import ClassificationTask
@@ -40,10 +41,7 @@ class ViTCAETask(ClassificationTask):
 
     def __init__(self, model: nn.Module, *, cfg: RunConfig, hparams: dict[str, Any]) -> None:
         super().__init__(model, cfg=cfg, hparams=hparams)
-        try:
-            self.loss_cfg = from_dict(self.loss_config, cfg.loss, "loss")
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
+        self.loss_cfg = build_loss(self.loss_config, cfg.loss)
         if self.loss_cfg.monitor == "objective":
             self.monitor = ("val/loss", "min")
         # mmd_calibration: the W_cls / W_pt multipliers, fixed at the end of the last warm-up epoch from that epoch's

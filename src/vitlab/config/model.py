@@ -1,0 +1,128 @@
+"""The ``model`` section of a run config, typed: a preset's name, its weights, and the constructor options the config
+changes, checked against the preset's class before anything imports torch.
+
+The section is a ``TypedDict`` (every key optional but ``name``), not a dataclass with defaults: a key the config does
+not set takes the preset's value, so the section holds exactly the keys it sets. Each model class has its own type:
+:class:`VisionTransformerConfig` and :class:`SwinTransformerConfig` here, a family's in its ``config_types["model"]``
+(``vitlab.family``). ``tests/config/test_model_section.py`` keeps every type equal to its constructor's keywords.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal, NotRequired, TypedDict
+
+from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
+from vitlab.family import BUILTIN_FAMILIES, Family, families
+from vitlab.model_catalogue import MODEL_OPTIONS, PRESET_CLASSES
+
+#: model keys that are no constructor option
+MODEL_KEYS = ("name", "pretrained")
+
+
+class ModelConfig(TypedDict):
+    """What every ``model`` section holds: the preset (``vitlab list-models``) and, optionally, weights to start from
+    (``timm:NAME``, a run directory or a file; docs/recipes.md, "Pretrained weights and fine-tuning")."""
+
+    name: str
+    pretrained: NotRequired[str | None]
+
+
+class VisionTransformerConfig(ModelConfig, total=False):
+    """Options of :class:`vitlab.models.vit.VisionTransformer` (and the ToMe presets)."""
+
+    img_size: int
+    patch_size: int
+    in_chans: int
+    num_classes: int
+    embed_dim: int
+    depth: int
+    num_heads: int
+    mlp_ratio: float
+    qkv_bias: bool
+    drop_rate: float
+    attn_drop_rate: float
+    drop_path_rate: float
+    global_pool: Literal["token", "avg"]
+    temperature: bool
+    temperature_form: Literal["inverse", "divide"]
+    tome_r: int
+
+
+class SwinTransformerConfig(ModelConfig, total=False):
+    """Options of :class:`vitlab.models.swin.SwinTransformer`: ``depths`` and ``num_heads`` give one entry per stage."""
+
+    img_size: int
+    patch_size: int
+    in_chans: int
+    num_classes: int
+    embed_dim: int
+    depths: list[int]
+    num_heads: list[int]
+    window_size: int
+    mlp_ratio: float
+    qkv_bias: bool
+    drop_rate: float
+    attn_drop_rate: float
+    drop_path_rate: float
+
+
+#: the core's model classes -> the type of their ``model`` section
+CORE_MODEL_CONFIGS: dict[str, type] = {
+    "VisionTransformer": VisionTransformerConfig,
+    "SwinTransformer": SwinTransformerConfig,
+}
+
+
+def model_class_name(model: Any) -> str | None:
+    """The class name of the preset ``model["name"]``, after checking the section's keys (each an option of that class,
+    or ``name`` / ``pretrained``). None for a preset the catalogue does not know while a family from outside vitlab
+    is declared (the registry checks it when the model is built).
+
+    Raises :class:`~vitlab.errors.UnknownModelError` or :class:`~vitlab.errors.ModelOptionError`, each naming the
+    closest valid names.
+    """
+    if not isinstance(model, dict) or "name" not in model:
+        raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
+    name = model["name"]
+    if name not in PRESET_CLASSES:
+        if any(family.name not in _builtin_names() for family in families()):
+            return None
+        close = difflib.get_close_matches(str(name), list(PRESET_CLASSES), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UnknownModelError(f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model.")
+    cls = PRESET_CLASSES[name]
+    valid = MODEL_OPTIONS[cls]
+    for key in model:
+        if key not in valid and key not in MODEL_KEYS:
+            close = difflib.get_close_matches(key, list(valid), n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ModelOptionError(
+                f"model {name!r} ({cls}) has no option {key!r}.{hint} Valid options: {', '.join(sorted(valid))}"
+            )
+    return cls
+
+
+def model_config_type(class_name: str | None) -> type:
+    """The type of the ``model`` section for a model class: the core's or its family's ``config_types["model"]``;
+    ``dict`` (the keys checked against the catalogue alone) for a class that declares none."""
+    if class_name is None:
+        return dict
+    if class_name in CORE_MODEL_CONFIGS:
+        return CORE_MODEL_CONFIGS[class_name]
+    family = family_of_class_name(class_name)
+    declared = family.config_type("model") if family else None
+    return declared if declared is not None else dict
+
+
+def family_of_class_name(class_name: str) -> Family | None:
+    """The family that declares a model class of this name (from the declaration alone: no model is imported)."""
+    for family in families():
+        names = [ref.rpartition(":")[2] if isinstance(ref, str) else ref.__name__ for ref in family.models]
+        if class_name in names:
+            return family
+    return None
+
+
+def _builtin_names() -> set[str]:
+    return {module.rpartition(".")[2] for module in BUILTIN_FAMILIES}

@@ -1,0 +1,75 @@
+"""CET-ViT's presets, plain data: preset name -> constructor arguments of
+:class:`~vitlab.families.cet_vit.model.CETViT` (which registers them), and their one-line descriptions."""
+
+#: preset name -> constructor arguments (the family declaration names this table)
+PRESETS: dict[str, dict] = {
+    "cet_vit_pico": dict(
+        embed_dims=(32, 32, 64, 64),
+        depths=(1, 1, 1, 1),
+        num_heads=(2, 2, 4, 4),
+        num_slots=16,
+        k_candidates=(4, 8, 16),
+        fusion_dim=64,
+        fusion_heads=4,
+        macro_depth=1,
+        deep_depth=1,
+        mlp_ratio=2.0,
+    ),
+    "cet_vit_nano": dict(
+        embed_dims=(48, 48, 96, 96),
+        depths=(1, 1, 2, 1),
+        num_heads=(3, 3, 6, 6),
+        fusion_dim=96,
+        fusion_heads=3,
+        macro_depth=2,
+        deep_depth=1,
+    ),
+    # cet_vit_nano's parameters (within 1% at patch 4) moved into the micro encoder: one width-96 Swin stage of 6
+    # blocks (3 shifted) at the full token grid, and a width-64 part after the V-CEO (docs/cet_vit.md, "Which element
+    # costs the accuracy").
+    "cet_vit_nano_wide": dict(
+        embed_dims=(96,),
+        depths=(6,),
+        num_heads=(6,),
+        fusion_dim=64,
+        fusion_heads=2,
+        macro_depth=1,
+        deep_depth=1,
+    ),
+    # cet_vit_nano's size with a micro encoder shaped like the matched ViT's blocks: 3 blocks of width 128, 4 heads of
+    # 32, MLP ratio 2, and global attention (a window of 16 shrinks to the grid: 8x8 at patch 4, 16x16 at patch 2),
+    # then the card's V-CEO (8:1 slots, empty ones masked), MacroEncoder, CrossScaleAttention and DeepEncoder at the
+    # same width (docs/cet_vit.md, "The micro encoder's shape is the cost").
+    "cet_vit_nano_global": dict(
+        embed_dims=(128,),
+        depths=(3,),
+        num_heads=(4,),
+        window_size=16,
+        mlp_ratio=2.0,
+        pos_embed="learned",
+        slot_ratio=8,
+        mask_empty_slots=True,
+        fusion_dim=128,
+        fusion_heads=4,
+        macro_depth=1,
+        deep_depth=1,
+    ),
+    "cet_vit_tiny": dict(
+        embed_dims=(64, 64, 128, 192),
+        depths=(2, 2, 2, 2),
+        num_heads=(2, 2, 4, 6),
+        fusion_dim=128,
+        fusion_heads=4,
+        macro_depth=2,
+        deep_depth=1,
+    ),
+    "cet_vit_base": dict(),
+}
+DESCRIPTIONS: dict[str, str] = {
+    "cet_vit_pico": "CET-ViT for CPU smoke runs (~0.2M params, 16 slots)",
+    "cet_vit_nano": "CET-ViT for CPU training in minutes (~0.8M params)",
+    "cet_vit_nano_wide": "cet_vit_nano's size with 81% of it in a width-96 micro encoder (ablation, ~0.82M params)",
+    "cet_vit_nano_global": "cet_vit_nano's size, a global ViT-shaped micro encoder (width 128, MLP 2), 8:1 slots",
+    "cet_vit_tiny": "small CET-ViT (~2.3M params)",
+    "cet_vit_base": "CET-ViT v4 Base sized to the model card (33.5M params on 32x32, 100 classes; card: 33.12M)",
+}

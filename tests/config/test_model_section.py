@@ -1,0 +1,130 @@
+"""The ``model`` and ``loss`` sections are typed by the preset's class: every type agrees with its constructor (or
+its task), values of the wrong type and unknown keys are refused with the key and the closest valid names."""
+
+import inspect
+import typing
+
+import pytest
+
+from vitlab.config import ClassificationLossConfig, ConfigError, RunConfig, build_config
+from vitlab.config.coerce import build_section
+from vitlab.config.loss import build_loss
+from vitlab.config.model import MODEL_KEYS, model_config_type
+from vitlab.errors import ModelOptionError
+from vitlab.family import family_of_class
+from vitlab.losses.ei import EI_SCHEDULES
+from vitlab.model_catalogue import MODEL_OPTIONS
+from vitlab.models.registry import constructor_args, get_preset, list_models
+
+
+@pytest.mark.parametrize("class_name", sorted(MODEL_OPTIONS))
+def test_each_model_section_type_holds_its_constructors_keywords(class_name):
+    section = model_config_type(class_name)
+    assert typing.is_typeddict(section)
+    keys = set(typing.get_type_hints(section)) - set(MODEL_KEYS)
+    assert keys == set(MODEL_OPTIONS[class_name])
+
+
+@pytest.mark.parametrize("preset", list_models())
+def test_every_preset_value_and_constructor_default_fits_the_section_type(preset):
+    entry = get_preset(preset)
+    section = model_config_type(entry.cls.__name__)
+    defaults = {
+        name: list(p.default) if isinstance(p.default, tuple) else p.default
+        for name, p in constructor_args(entry.cls).items()
+        if p.default is not inspect.Parameter.empty
+    }
+    values = {**defaults, **{k: list(v) if isinstance(v, tuple) else v for k, v in entry.kwargs.items()}}
+    assert build_section(section, {"name": preset, **values}, "model")["name"] == preset
+
+
+def test_the_section_keeps_only_the_keys_the_config_sets():
+    cfg = build_config("vitcae/digits", ["model.decoder_depth=1", "model.mlp_ratio=2"])
+    assert cfg.model == {"name": "vitcae_pico", "patch_size": 2, "decoder_depth": 1, "mlp_ratio": 2.0}
+    assert isinstance(cfg.model["mlp_ratio"], float)
+
+
+@pytest.mark.parametrize(
+    ("config", "override", "message"),
+    [
+        ("vit/digits", "model.depth=two", "model.depth must be of type int, got 'two'"),
+        ("vit/digits", "model.temperature_form=inverted", "model.temperature_form must be one of inverse, divide"),
+        ("cet_vit/digits", "model.depths=3", "model.depths must be a list"),
+        ("cet_vit/digits", "model.depth=2", "has no option 'depth'. Did you mean depths"),
+        ("cet_vit/digits", "model.grouping=cardd", "model.grouping must be one of card, none, got 'cardd'"),
+        ("vitcae/digits", "model.qkv_bias=maybe", "model.qkv_bias must be true or false"),
+        ("compare/cifar10_cpu_swin", "model.window=2", "has no option 'window'. Did you mean window_size"),
+    ],
+)
+def test_a_wrong_model_value_or_key_is_refused(config, override, message):
+    with pytest.raises(ConfigError if "no option" not in message else ModelOptionError, match=message):
+        build_config(config, [override])
+
+
+@pytest.mark.parametrize(
+    ("config", "loss_type"),
+    [
+        ("vit/digits", "ClassificationLossConfig"),
+        ("vitcae/digits", "ViTCAELossConfig"),
+        ("cet_vit/digits", "CETLossConfig"),
+    ],
+)
+def test_the_loss_section_is_checked_by_the_tasks_dataclass(config, loss_type):
+    cfg = build_config(config)
+    model_class = get_preset(cfg.model["name"]).cls
+    family = family_of_class(model_class)
+    own = family.config_type("loss") if family else ClassificationLossConfig
+    assert own.__name__ == loss_type
+    assert set(cfg.loss) <= set(typing.get_type_hints(own))
+    assert type(build_loss(own, cfg.loss)) is own
+
+
+def test_a_protocol_shared_by_several_tasks_keeps_its_loss_keys_for_the_one_that_reads_them():
+    vit = build_config("compare/cifar10_p4_vit")
+    cet = build_config("compare/cifar10_p4")
+    assert vit.loss == cet.loss and vit.loss["ei_start"] == 1.33
+    assert build_loss(ClassificationLossConfig, vit.loss) == ClassificationLossConfig()
+    with pytest.raises(ConfigError, match="loss.ei_start must be of type float"):
+        build_config("compare/cifar10_p4_vit", ["loss.ei_start=soon"])
+
+
+@pytest.mark.parametrize(
+    ("config", "override", "message"),
+    [
+        ("vit/digits", "loss.foo=1", "unknown config key 'loss.foo': section 'loss' takes no keys here"),
+        ("cet_vit/digits", "loss.lambda_eii=0.1", "unknown config key 'loss.lambda_eii'. Did you mean 'lambda_ei'"),
+        ("cet_vit/digits", "loss.ei_schedule=rampp", "loss.ei_schedule must be one of ramp, constant"),
+        ("vitcae/digits", "loss.mmd_mixx=0.5", "Did you mean 'mmd_mix'"),
+        ("vitcae/digits", "loss.mmd_mix=2", r"loss.mmd_mix must lie in \[0, 1\]"),
+    ],
+)
+def test_a_wrong_loss_key_or_value_is_refused(config, override, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(config, [override])
+
+
+def test_the_cet_vit_schedules_are_the_ei_weights():
+    from vitlab.families.cet_vit.config import CETLossConfig
+
+    assert typing.get_args(typing.get_type_hints(CETLossConfig)["ei_schedule"]) == EI_SCHEDULES
+
+
+def test_cet_vits_option_values_are_the_cores():
+    from vitlab.families.cet_vit import config
+    from vitlab.layers.slots import POOLS
+    from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS
+
+    assert typing.get_args(config.Pool) == POOLS
+    assert typing.get_args(config.EIVariant) == EI_VARIANTS
+    assert typing.get_args(config.DegenSlots) == DEGEN_SLOTS
+
+
+def test_a_run_config_built_in_python_is_checked_too():
+    cfg = RunConfig(model={"name": "vitcae_pico", "depth": 2}, loss={"warmup_epochs": 0})
+    assert cfg.loss == {"warmup_epochs": 0} and cfg.model == {"name": "vitcae_pico", "depth": 2}
+    with pytest.raises(ModelOptionError, match="has no option 'depthh'"):
+        RunConfig(model={"name": "vit_pico", "depthh": 2})
+    with pytest.raises(ConfigError, match="unknown config key 'loss.warmup'. Did you mean 'warmup_epochs'"):
+        RunConfig(model={"name": "vitcae_pico"}, loss={"warmup": 0})
+    with pytest.raises(ConfigError, match="needs a 'name'"):
+        build_config(None, ["model.depth=2"])
