@@ -58,3 +58,35 @@ def test_explain_refuses_bad_requests_in_one_line_before_writing(trained_run, tm
     assert main(["explain", str(trained_run), image, "--method", "lrp", "--target", "12", "--out", str(out)]) == 2
     assert "target classes must lie in [0, 10)" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_class_names_caption_the_overlays_and_must_name_every_class(trained_run, tmp_path, capsys, monkeypatch) -> None:
+    import vitlab.explain.run as run
+
+    captions: list[list[str]] = []
+    real = run.overlay_grid
+    monkeypatch.setattr(run, "overlay_grid", lambda x, maps, caps: captions.append(list(caps)) or real(x, maps, caps))
+    write_png(tmp_path / "images" / "a.png")
+    out = tmp_path / "named"
+    names = ",".join(f"c{i}" for i in range(10))
+    image = str(tmp_path / "images")
+    assert main(["explain", str(trained_run), image, "--method", "lrp", "--out", str(out), "--class-names", names]) == 0
+    assert captions[-1][0].startswith("class c")
+    assert (
+        main(
+            [
+                "explain",
+                str(trained_run),
+                image,
+                "--method",
+                "lrp",
+                "--out",
+                str(tmp_path / "x"),
+                "--class-names",
+                "a,b",
+            ]
+        )
+        == 2
+    )
+    assert "--class-names names 2 classes, the model has 10" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

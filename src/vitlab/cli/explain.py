@@ -29,6 +29,10 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
     p.add_argument(
         "--methods", nargs="+", choices=METHOD_NAMES, help="methods for --evaluate (default: all that apply)"
     )
+    p.add_argument(
+        "--class-names",
+        help="comma-separated class names for the captions, where the run stored none (e.g. an npz without names)",
+    )
     p.add_argument("--force", action="store_true", help="replace existing output files")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -36,6 +40,9 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
 
         if overrides:
             raise ConfigError(f"vitlab explain takes no config overrides, got {' '.join(overrides)}")
+        names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
+        if names is not None and not all(names):
+            raise ConfigError(f"--class-names has an empty name: {args.class_names!r}; separate names by commas")
         if args.evaluate:
             if args.images or args.method:
                 raise ConfigError("--evaluate reads the run's test set; drop IMAGES and --method (use --methods)")
@@ -44,7 +51,12 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
             from vitlab.explain.run import evaluate_run, evaluation_table
 
             results = evaluate_run(
-                args.target, images=args.num_images, methods=args.methods, out_dir=args.out, force=args.force
+                args.target,
+                images=args.num_images,
+                methods=args.methods,
+                out_dir=args.out,
+                force=args.force,
+                class_names=names,
             )
             print(evaluation_table(results))
             return 0
@@ -63,6 +75,7 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
             out_dir=args.out,
             target_class=args.target_class,
             force=args.force,
+            class_names=names,
         )
         print(f"written: {len(written) - 1} overlays and {written[-1]}")
         return 0

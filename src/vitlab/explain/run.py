@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from vitlab.data.transforms import denormalize
+from vitlab.errors import ConfigError
 from vitlab.evaluation.evaluate import load_evaluation_target
 from vitlab.evaluation.predict import load_predictor, normalise, read_image
 from vitlab.explain.adapters import explainer_for
@@ -57,6 +58,13 @@ def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
     return tqdm(items, desc=desc, unit="image")
 
 
+def _check_names(names: Sequence[str] | None, model: torch.nn.Module) -> None:
+    """``names`` (``--class-names``) must name every class of ``model``."""
+    classes = getattr(model, "num_classes", None)
+    if names is not None and classes is not None and len(names) != classes:
+        raise ConfigError(f"--class-names names {len(names)} classes, the model has {classes}; give one name each")
+
+
 def explain_files(
     target: str | Path,
     files: Sequence[Path],
@@ -66,17 +74,20 @@ def explain_files(
     target_class: int | None = None,
     force: bool = False,
     batch_size: int = 16,
+    class_names: Sequence[str] | None = None,
 ) -> list[Path]:
     """Explain each image file with ``method``: ``<out>/<stem>_<method>.png`` (the overlay) and
-    ``<out>/maps.npz`` (``maps [B, H, W]``, ``target``, ``score``, ``conservation``, ``files``)."""
+    ``<out>/maps.npz`` (``maps [B, H, W]``, ``target``, ``score``, ``conservation``, ``files``). ``class_names``
+    captions the overlays where the run stored none (an npz file without ``class_names``)."""
     model, info = load_predictor(target)
     explainer_for(model).check(method)
+    _check_names(class_names, model)
     out_dir = Path(out_dir)
     pngs = [out_dir / f"{Path(f).stem}_{method}.png" for f in files]
     if len({p.name for p in pngs}) != len(pngs):
         raise ValueError("two images share a file name; explain them into different --out folders")
     check_outputs([*pngs, out_dir / MAPS_FILE], force=force)
-    names = list(info.get("class_names") or [])
+    names = list(class_names or info.get("class_names") or [])
     pixels = [read_image(Path(f), info) for f in files]
     maps, targets, scores, conservation = [], [], [], []
     for start in _progress(range(0, len(files), batch_size), "explaining"):
@@ -152,12 +163,14 @@ def evaluate_run(
     steps: int = 16,
     seed: int = 0,
     force: bool = False,
+    class_names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """``vitlab explain RUN --evaluate``: every applicable method on the first ``images`` test images; writes the
     JSON (per-image values, command, revision, CPU, load average), the table, the faithfulness figure and an overlay
     figure of eight images under ``out_dir`` (default ``<run>/explain``)."""
     loaded, x, labels = _test_images(target, images)
     model = loaded.model.eval()
+    _check_names(class_names, model)
     out = Path(out_dir) if out_dir is not None else loaded.out_dir.parent / EXPLAIN_DIR
     files = [out / name for name in (EVALUATION_JSON, EVALUATION_TABLE, EVALUATION_FIGURE, OVERLAY_FIGURE)]
     check_outputs(files, force=force)
@@ -183,7 +196,7 @@ def evaluate_run(
     write_output(files[0], strict_dumps(results, indent=1) + "\n", force=True)
     write_output(files[1], evaluation_table(results), force=True)
     save_figure(faithfulness_figure(results, f"{results['model']} ({results['kind']})"), files[2], dpi=150)
-    names = list(getattr(loaded.datamodule, "class_names", None) or [])
+    names = list(class_names or getattr(loaded.datamodule, "class_names", None) or [])
     figure = overlay_figure(model, x[:8], labels[:8], loaded.mean, loaded.std, names)
     save_figure(figure, files[3], dpi=150)
     return results
