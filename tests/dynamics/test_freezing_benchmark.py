@@ -1,20 +1,15 @@
-"""benchmarks/freezing.py: its FLOP prediction against PyTorch's counter, its paired statistics and its verdicts."""
+"""benchmarks/micro/freezing.py: its FLOP prediction against PyTorch's counter, its paired statistics and its verdicts."""
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "freezing.py"
+from benchmarks.micro import freezing as freezing_module
 
 
 @pytest.fixture(scope="module")
 def freezing():
-    spec = importlib.util.spec_from_file_location("freezing_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return freezing_module
 
 
 def test_verdict_needs_the_whole_interval_on_one_side_of_the_bar(freezing):

@@ -4,7 +4,7 @@ network, side by side with timm.
 :func:`bench` measures a registered preset's training step (forward, cross-entropy, backward, AdamW step) and its
 inference (forward under ``torch.inference_mode``), optionally next to timm's network of the same shape
 (``vs="timm"``, :func:`timm_counterpart`). :func:`measure_networks` is the engine, usable on any networks that take
-images (``benchmarks/feature_costs.py`` uses it for features switched off and on).
+images (``benchmarks/micro/feature_costs.py`` uses it for features switched off and on).
 
 Every measurement alternates, round after round, between the networks and a large square matrix multiply in the
 same process, precision and thread count (the order reverses every other round). Load from other processes then
