@@ -1,9 +1,10 @@
 """The card's claim against budget (docs/card_claim.md, the pre-registered protocol): one results file per run, and
 the analysis fixed by the pre-registration.
 
-    python -m benchmarks.experiments.card_claim record RUN_DIR --model cet_card --epochs 8 --seed 0 --tokens 64 --out FILE.json
-    python -m benchmarks.experiments.card_claim summarise benchmarks/results/card_claim --out benchmarks/results/card_claim.json \\
-        [--figures docs/img]
+    python -m benchmarks.experiments.card_claim record RUN_DIR --model cet_card --epochs 8 --seed 0 --tokens 64 \\
+        --out FILE.json
+    python -m benchmarks.experiments.card_claim summarise benchmarks/results/experiments/card_claim \\
+        --out benchmarks/results/experiments/card_claim.json [--figures docs/img]
 
 ``record`` reads a finished run (``benchmarks/experiments/run_result.py``: test metrics, validation curve, command, git
 revision, CPU) and adds the model key, budget, tokens, parameters and forward GFLOPs per image (of the run's own

@@ -7,7 +7,7 @@
 #   VITLAB=.venv/bin/vitlab JOBS=2 bash benchmarks/experiments/card_claim.sh ../shared/datasets/cifar10.npz runs/card-claim
 #   BUDGETS="8" SEEDS_MAX=1 bash benchmarks/experiments/card_claim.sh DATA RUNS trainer.limit_train_batches=2   # a quick look
 #
-# JOBS (default 2): trainings at once, one thread each. RESULTS (default benchmarks/results/card_claim).
+# JOBS (default 2): trainings at once, one thread each. RESULTS (default benchmarks/results/experiments/card_claim).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 PATH/TO/cifar10.npz RUNS_DIR [config overrides...]" >&2
@@ -18,7 +18,7 @@ shift 2
 [[ -f $data ]] || { echo "error: $data is not a file; pass the CIFAR-10 npz (x_train, y_train, x_test, y_test)" >&2; exit 2; }
 VITLAB=${VITLAB:-vitlab}
 PYTHON=${PYTHON:-python}
-RESULTS=${RESULTS:-benchmarks/results/card_claim}
+RESULTS=${RESULTS:-benchmarks/results/experiments/card_claim}
 BUDGETS=${BUDGETS:-8 24 48}
 SEEDS_MAX=${SEEDS_MAX:-3}
 jobs_max=${JOBS:-2}

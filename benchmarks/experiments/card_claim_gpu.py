@@ -2,7 +2,7 @@
 a scale that can judge the card, within a time budget.
 
     python -m benchmarks.experiments.card_claim_gpu --data ../shared/datasets/cifar10.npz --out DIR [--budget-s 540]
-    python -m benchmarks.experiments.card_claim_gpu --dry-run --out DIR          # the same code paths on the CPU, in seconds
+    python -m benchmarks.experiments.card_claim_gpu --dry-run --out DIR   # the same code paths on the CPU, in seconds
 
 On CUDA: the card-shaped CET-ViT (``cet_vit_tiny`` with 8:1 slots, empty slots masked, a learned position
 embedding) and its size-matched ViT, Swin and ToMe (``*_matched_cet_vit_tiny``, ~2.3M parameters) at patch 2 (256

@@ -3,7 +3,7 @@
 # compare/cifar10_p4, then each change of issue 13 added in turn, one training at a time (one thread), then the
 # test-time grouping ablation (random-S, uniform-S) and slot-usage K at init and at the end of every run
 # (benchmarks/experiments/cet_grouping.py). The ViT and Swin it is tested against are the 3-seed runs of
-# benchmarks/experiments/compare_cifar10.sh (benchmarks/results/compare_cifar10_p4.json).
+# benchmarks/experiments/compare_cifar10.sh (benchmarks/results/experiments/compare_cifar10_p4_cpu_2026-11-30.json).
 #
 #   benchmarks/experiments/cet_ablation.sh /path/to/cifar10.npz "base:0 pos:0 select:0 select:1 slots:0"   # the run in the docs
 #

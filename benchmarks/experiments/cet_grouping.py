@@ -1,6 +1,7 @@
 """The test-time grouping ablation of one CET-ViT run and its slot-usage K at init and at the end (issue 13).
 
-    python -m benchmarks.experiments.cet_grouping runs/cet-ablation/select-seed0 --data /path/to/cifar10.npz --out grouping.json
+    python -m benchmarks.experiments.cet_grouping runs/cet-ablation/select-seed0 --data /path/to/cifar10.npz \
+        --out grouping.json
 
 Accuracy with the learned S, a random top-k S and a uniform S on the first ``--images`` test images
 (:func:`vitlab.evaluation.grouping.grouping_ablation`), with the run's final weights (its export/ folder, else

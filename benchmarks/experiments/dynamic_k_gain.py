@@ -1,6 +1,7 @@
 """What a trained Dynamic-K estimator chooses per image, against what each budget really costs (issue 13).
 
-    python -m benchmarks.experiments.dynamic_k_gain runs/globalexactk-seed0 --data /path/to/cifar10.npz --out dynamic_k.json
+    python -m benchmarks.experiments.dynamic_k_gain runs/globalexactk-seed0 --data /path/to/cifar10.npz \
+        --out dynamic_k.json
 
 For every test image (the first ``--images``) the run's final model is evaluated under every candidate budget K_c
 (:meth:`vitlab.models.cet_vit.CETViT.candidate_logits`: the part after the V-CEO once per budget, in eval mode), which

@@ -1,6 +1,7 @@
 """The GPU check: CUDA tests, ``vitlab bench`` eager and compiled against timm, 200 steps of the CIFAR-100 recipe.
 
-    python -m benchmarks.experiments.gpu_check [--out DIR] [--budget-s 420] [--dry-run]      (or benchmarks/experiments/gpu_check.sh DIR)
+    python -m benchmarks.experiments.gpu_check [--out DIR] [--budget-s 420] [--dry-run]
+    bash benchmarks/experiments/gpu_check.sh DIR                 # the same
 
 On a CUDA machine, in this order, within ``--budget-s`` seconds (an item that would not finish in time is listed
 as skipped; the script itself stays under 8 minutes):
@@ -344,7 +345,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "experiments" / "gpu_check"))
     parser.add_argument("--budget-s", type=float, default=420.0, help="seconds for everything (items are skipped)")
     parser.add_argument("--dry-run", action="store_true", help="the CPU dry run even with CUDA present")
     args = parser.parse_args(argv)

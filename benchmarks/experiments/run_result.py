@@ -6,7 +6,8 @@ for a controlled ViTCAE run, how many head-epochs the paper's tau clause would h
 (the measurement behind ``dynamics.tau_clause: none``). Drivers call it as each run finishes, so every run's
 result can be committed as soon as it exists.
 
-    python -m benchmarks.experiments.run_result RUN_DIR --experiment table1_digits --arm controlled --seed 0 --out FILE.json
+    python -m benchmarks.experiments.run_result RUN_DIR --experiment table1_digits --arm controlled --seed 0 \
+        --out FILE.json
 """
 
 from __future__ import annotations

@@ -6,13 +6,16 @@ ViT baseline) show what merging at inference costs; runs trained with ``r = 8`` 
 turning it off gives back. Test top-1 and NLL over the whole test set, no TTA, no corruptions; mean ± std over runs.
 
     OMP_NUM_THREADS=1 python -m benchmarks.experiments.tome_accuracy runs/compare-cifar10_p4/vit-seed{0,1,2} \
-        runs/compare-cifar10_p4/tome-seed{0,1,2} --r 0 4 8 --out benchmarks/results/tome_accuracy.json
+        runs/compare-cifar10_p4/tome-seed{0,1,2} --r 0 4 8
+
+writes ``benchmarks/results/experiments/tome_accuracy_<device>_<date>.json`` (:mod:`benchmarks.naming`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +23,11 @@ import numpy as np
 import yaml
 
 from vitlab.evaluation.evaluate import evaluate_run
+
+if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.naming import results_path
 
 
 def trained_r(run: Path) -> int:
@@ -31,7 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories of trained ViTs (with export/)")
     parser.add_argument("--r", nargs="+", type=int, default=[0, 4, 8], help="tokens merged per block at inference")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tome_accuracy.json"))
+    parser.add_argument("--out", type=Path, default=results_path("experiments", "tome_accuracy"))
     args = parser.parse_args()
 
     results = []

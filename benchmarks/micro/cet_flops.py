@@ -1,6 +1,6 @@
 """Which reading of the card's "MicroEncoder (4-stage Swin-like, 29.8M params)" fits "FLOPs 1.81G" at 256 tokens.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.micro.cet_flops > benchmarks/results/cet_flops.json
+    OMP_NUM_THREADS=1 python -m benchmarks.micro.cet_flops > benchmarks/results/micro/cet_flops_cpu_2026-12-01.json
 
 Forward FLOPs of one 32x32 image, counted by ``torch.utils.flop_counter.FlopCounterMode`` (2 FLOPs per
 multiply-add; matmuls, convolutions and SDPA; norms, softmax and GELU are not counted). Readings:

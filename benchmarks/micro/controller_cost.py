@@ -20,7 +20,7 @@ Each controller part is timed as the minimum over ``--repeats`` runs, the traini
 
     python -m benchmarks.micro.controller_cost --threads 1 --celeba ../shared/datasets/celeba32_subset.npz
 
-Writes ``benchmarks/results/controller_cost.json``.
+Writes ``benchmarks/results/micro/controller_cost_<device>_<date>.json`` (:mod:`benchmarks.naming`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import json
 import math
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,9 +43,15 @@ import torch.nn.functional as F
 from vitlab.config import build_config
 from vitlab.diagnostics import DynamicsConfig, DynamicsController, attention_drift, consensus_clusters
 from vitlab.diagnostics.plots import read_dynamics
+from vitlab.environment import environment
 from vitlab.layers import capture_attention
 from vitlab.models.vit import VisionTransformer
 from vitlab.training.run import fit
+
+if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.naming import results_path
 
 
 def real_fit(case: str, config: str, overrides: list[str], epochs: int) -> dict:
@@ -245,12 +252,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each controller part (minimum)")
     parser.add_argument("--epoch-images", type=int, default=45_000, help="training images per epoch (CIFAR-10)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "controller_cost.json"))
+    parser.add_argument("--out", default=str(results_path("micro", "controller_cost")))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results = {
         "benchmark": "controller_cost",
         "torch": torch.__version__,
+        "environment": environment(),
         "processor": platform.processor() or platform.machine(),
         "threads": args.threads,
         "settings": vars(args),

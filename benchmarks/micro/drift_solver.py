@@ -13,7 +13,7 @@ Run (single-threaded, about a minute)::
     python -m benchmarks.micro.drift_solver --threads 1
     python -m benchmarks.micro.drift_solver --threads 1 --workers 2   # on an idle 2-core machine
 
-Writes ``benchmarks/results/drift_solver.json``.
+Writes ``benchmarks/results/micro/drift_solver_<device>_<date>.json`` (:mod:`benchmarks.naming`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +30,12 @@ import torch
 from ot.lp.emd_wrap import emd_c
 
 from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost
+from vitlab.environment import environment
+
+if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.naming import results_path
 
 # (grid side, probe images); 16 heads each
 CASES = ((4, 180), (5, 100), (6, 100), (7, 60), (8, 64), (10, 16), (14, 8))
@@ -70,7 +77,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workers", type=int, nargs="*", default=[], help="also time these thread counts")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "drift_solver.json"))
+    parser.add_argument("--out", default=str(results_path("micro", "drift_solver")))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
@@ -114,6 +121,7 @@ def main() -> None:
     results = {
         "benchmark": "drift_solver",
         "torch": torch.__version__,
+        "environment": environment(),
         "processor": platform.processor() or platform.machine(),
         "threads": args.threads,
         "workers": args.workers,

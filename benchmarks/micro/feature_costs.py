@@ -22,7 +22,7 @@ Run (single-threaded, about 10 minutes on one core)::
     python -m benchmarks.micro.feature_costs --threads 1
     python -m benchmarks.micro.feature_costs --features temperature --repeats 3   # a quicker look
 
-Writes ``benchmarks/results/feature_costs.json``.
+Writes ``benchmarks/results/micro/feature_costs_<device>_<date>.json`` (:mod:`benchmarks.naming`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import argparse
 import copy
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -40,6 +41,11 @@ from vitlab.bench import PHASES, measure_networks, round_ratio, torch_threads
 from vitlab.layers import attention_modules
 from vitlab.models import create_model
 from vitlab.rundir import environment as run_environment
+
+if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.naming import results_path
 
 FEATURES = ("identical", "temperature", "capture", "dynamic_k")
 CIFAR = dict(img_size=32, in_chans=3, num_classes=10)
@@ -108,7 +114,7 @@ def main() -> None:
     parser.add_argument("--sample-seconds", type=float, default=0.5)
     parser.add_argument("--matmul-size", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "feature_costs.json"))
+    parser.add_argument("--out", default=str(results_path("micro", "feature_costs")))
     args = parser.parse_args()
     with torch_threads(args.threads):
         cases = [measure_feature(feature, args) for feature in args.features]

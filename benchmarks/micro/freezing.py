@@ -17,12 +17,13 @@ Run (single-threaded; a few minutes on an idle core)::
 
     python -m benchmarks.micro.freezing --threads 1 --repeats 10 --compare-split
     python -m benchmarks.micro.freezing --tokens 64 --repeats 3   # a quicker look
-    python -m benchmarks.micro.freezing --device cuda --tokens 64 196 --dim 512 --heads 8 --depth 6 --batch 64 --repeats 20
+    python -m benchmarks.micro.freezing --device cuda --tokens 64 196 --dim 512 --heads 8 --depth 6 --batch 64 \
+        --repeats 20
 
 On CUDA each phase is timed on the wall clock after ``torch.cuda.synchronize()`` (the frozen heads take the two-call
 path there). ``benchmarks/experiments/gpu_check.py`` runs it at that size.
 
-Writes ``benchmarks/results/freezing.json``.
+Writes ``benchmarks/results/micro/freezing_<device>_<date>.json`` (:mod:`benchmarks.naming`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import math
 import platform
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -42,7 +44,13 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from vitlab.diagnostics import FrozenHeadGuard
+from vitlab.environment import environment
 from vitlab.models.vit import VisionTransformer
+
+if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.naming import results_path
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SOFTMAX_FORWARD, SOFTMAX_BACKWARD = 5, 4  # elementwise operations per logit: max, sub, exp, sum, div / P*(dP - sum)
@@ -314,7 +322,7 @@ def main() -> None:
         "--compare-split", action="store_true", help="also time the two-call frozen path, interleaved (one run)"
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the wall clock, synchronised")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "freezing.json"))
+    parser.add_argument("--out", help="default: benchmarks/results/micro/freezing_<device>_<date>.json")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
@@ -322,10 +330,12 @@ def main() -> None:
         args.clock = "wall"  # synchronised with the device before each reading; a thread's CPU time misses the GPU
     if args.clock == "thread" and args.threads != 1:
         parser.error("--clock thread counts one thread's CPU time: use it with --threads 1, or pass --clock wall")
+    args.out = args.out or str(results_path("micro", "freezing", device=args.device))
     torch.set_num_threads(args.threads)
     results = {
         "benchmark": "freezing",
         "torch": torch.__version__,
+        "environment": environment(),
         "processor": platform.processor() or platform.machine(),
         "threads": args.threads,
         "settings": vars(args),

@@ -11,7 +11,7 @@ Run (single-threaded, about a minute)::
 
     python -m benchmarks.micro.frozen_layer
 
-Writes ``benchmarks/results/frozen_layer.json``.
+Writes ``benchmarks/results/micro/frozen_layer_<device>_<date>.json`` (:mod:`benchmarks.naming`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,20 @@ import argparse
 import copy
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from vitlab.dynamics import FrozenHeadAttention
+from vitlab.environment import environment
 from vitlab.layers import Attention
+
+if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.naming import results_path
 
 SIZES = ((1, 5), (8, 65), (32, 65), (8, 257))
 
@@ -63,7 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "frozen_layer.json"))
+    parser.add_argument("--out", default=str(results_path("micro", "frozen_layer")))
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
@@ -79,7 +86,13 @@ def main() -> None:
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    results = {"benchmark": "frozen_layer", "torch": torch.__version__, "processor": platform.processor(), "rows": rows}
+    results = {
+        "benchmark": "frozen_layer",
+        "torch": torch.__version__,
+        "environment": environment(),
+        "processor": platform.processor(),
+        "rows": rows,
+    }
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")
 

@@ -8,8 +8,10 @@ For each preset, at 32x32 RGB inputs and 10 classes:
    round in one process (their ratio is formed per round, so load from other processes hits both alike), and the
    peak memory of each as the peak RSS growth of a fresh process over building the network and two training steps.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.micro.grad_checkpointing --out benchmarks/results/grad_checkpointing_cpu.json
-    python -m benchmarks.micro.grad_checkpointing --from benchmarks/results/grad_checkpointing_cpu.json   # the docs table
+    OMP_NUM_THREADS=1 python -m benchmarks.micro.grad_checkpointing \
+        --out benchmarks/results/micro/grad_checkpointing_<device>_<date>.json
+    python -m benchmarks.micro.grad_checkpointing \
+        --from benchmarks/results/micro/grad_checkpointing_epyc_2026-12-02.json   # the docs table
 """
 
 from __future__ import annotations

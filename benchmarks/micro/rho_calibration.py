@@ -4,7 +4,7 @@ of epochs in which directed motion, a random walk and jitter around a settled pa
 calibrated rho and under the earlier default 0.75; with patience 3, the share of epochs at which a head would be
 declared converged.
 
-    python -m benchmarks.micro.rho_calibration --out benchmarks/results/rho_calibration.json
+    python -m benchmarks.micro.rho_calibration --out benchmarks/results/micro/rho_calibration_epyc_2026-12-02.json
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Run (single-threaded, batch 64; a few minutes on one core)::
     python -m benchmarks.micro.tome_throughput
     python -m benchmarks.micro.tome_throughput --model tome_nano --r 0 8 16 img_size=32 patch_size=4 num_classes=10
 
-Writes ``benchmarks/results/tome_throughput.json``; ``docs/baselines.md`` has the table.
+Writes ``benchmarks/results/micro/tome_throughput_<device>_<date>.json`` (:mod:`benchmarks.naming`);
+``docs/baselines.md`` has the table.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import copy
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -27,6 +29,11 @@ from vitlab.bench import PHASES, measure_networks, round_ratio, torch_threads
 from vitlab.config import parse_overrides
 from vitlab.models import VisionTransformer, create_model
 from vitlab.rundir import environment as run_environment
+
+if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.naming import results_path
 
 
 def build_networks(model: str, rs: list[int], overrides: dict) -> dict[str, VisionTransformer]:
@@ -60,7 +67,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--sample-seconds", type=float, default=0.5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "tome_throughput.json"))
+    parser.add_argument("--out", default=str(results_path("micro", "tome_throughput")))
     parser.add_argument("overrides", nargs="*", help="constructor overrides, e.g. img_size=32 patch_size=4")
     args = parser.parse_args()
     if 0 not in args.r:

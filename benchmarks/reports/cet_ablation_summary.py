@@ -1,9 +1,12 @@
 """Table of the CET-ViT ablation (benchmarks/experiments/cet_ablation.sh) beside the matched baselines' 3-seed runs.
 
-    python -m benchmarks.reports.cet_ablation_summary runs/cet-ablation --baselines benchmarks/results/compare_cifar10_p4.json \
-        --out benchmarks/results/cet_ablation
-    python -m benchmarks.reports.cet_ablation_summary runs/cet-decomp --previous benchmarks/results/cet_ablation.json \
-        --baselines benchmarks/results/compare_cifar10_p4.json --out benchmarks/results/cet_ablation
+    python -m benchmarks.reports.cet_ablation_summary runs/cet-ablation \
+        --baselines benchmarks/results/experiments/compare_cifar10_p4_cpu_2026-11-30.json \
+        --out benchmarks/results/experiments/cet_ablation_<device>_<date>
+    python -m benchmarks.reports.cet_ablation_summary runs/cet-decomp \
+        --previous benchmarks/results/experiments/cet_ablation_cpu_2026-12-01.json \
+        --baselines benchmarks/results/experiments/compare_cifar10_p4_cpu_2026-11-30.json \
+        --out benchmarks/results/experiments/cet_ablation_<device>_<date>
 
 Several run folders may be given; ``--previous`` keeps the variants of an earlier ``<out>.json`` that no given run
 folder has (the first ablation's runs are not in the repository, their numbers are).
@@ -136,7 +139,7 @@ def main() -> None:
             f"{mean_of('final', 'points_uniform')} | {slot_k} | {welch or '1 seed'} |"
         )
     ref_rows = [
-        f"| {name} (`{REFERENCES[name]}`, benchmarks/results/compare_cifar10_p4.json) | | "
+        f"| {name} (`{REFERENCES[name]}`, benchmarks/results/experiments/compare_cifar10_p4_cpu_2026-11-30.json) | | "
         f"{100 * np.mean(v):.2f} ± {100 * np.std(v, ddof=1):.2f} ({', '.join(f'{100 * a:.2f}' for a in v)}) | | | | |"
         for name, v in refs.items()
     ]

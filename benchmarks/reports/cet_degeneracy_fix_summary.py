@@ -1,12 +1,14 @@
 """The CET-ViT ablations re-run after the EI degeneracy term's fix (docs/cet_vit.md, "The ablations after the
-degeneracy fix"), from the per-seed results files of ``benchmarks/experiments/cet_ablation.sh`` (``RESULTS=...``): per variant
-the test accuracy per seed, mean ± std, the validation slot-usage K after every epoch (the collapse that the old
-term caused read as K = 1 of 8 from epoch 3 on), the Dynamic-K shares of the chosen budgets, and the difference to
-the ``slots`` variant of ``benchmarks/results/cet_ablation.json`` (the same protocol without the change, 3 seeds,
-run earlier on another processor) with its 95% Welch interval. Prints a Markdown table.
+degeneracy fix"), from the per-seed results files of ``benchmarks/experiments/cet_ablation.sh`` (``RESULTS=...``):
+per variant the test accuracy per seed, mean ± std, the validation slot-usage K after every epoch (the collapse that
+the old term caused read as K = 1 of 8 from epoch 3 on), the Dynamic-K shares of the chosen budgets, and the
+difference to the ``slots`` variant of ``benchmarks/results/experiments/cet_ablation_cpu_2026-12-01.json`` (the same
+protocol without the change, 3 seeds, run earlier on another processor) with its 95% Welch interval. Prints a
+Markdown table.
 
-    python -m benchmarks.reports.cet_degeneracy_fix_summary benchmarks/results/cet_ablation_v2 \\
-        --reference benchmarks/results/cet_ablation.json
+    python -m benchmarks.reports.cet_degeneracy_fix_summary \\
+        benchmarks/results/experiments/cet_ablation_degeneracy_fix_epyc_2026-12-02 \\
+        --reference benchmarks/results/experiments/cet_ablation_cpu_2026-12-01.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python -m benchmarks.reports.claims                 # print each claim: the source's number, ours, the verdict
     python -m benchmarks.reports.claims --write docs/results.md
-    python -m benchmarks.reports.claims --check         # exit 1 when README.md or docs/results.md disagree with the files
+    python -m benchmarks.reports.claims --check   # exit 1 when README.md or docs/results.md disagree with the files
 
 Each :class:`Claim` names its results files (globs under ``benchmarks/results/``), computes its statistics from the
 per-seed values in them (means, the 95% Welch interval of the difference, Welch's p), and judges the claim by a rule
@@ -141,15 +141,27 @@ class Claim:
         return out
 
 
+#: the per-seed folders of the experiments the claims read, under ``benchmarks/results/``
+TABLE1 = {
+    "digits": "experiments/table1_digits_epyc_2026-12-02",
+    "celeba32": "experiments/table1_celeba32_epyc_2026-12-02",
+    "mnist": "experiments/table1_mnist_epyc_2026-12-02",
+}
+CONTROL_PARTS = "experiments/control_parts_digits_epyc_2026-12-02"
+COMPARE_CIFAR10_P4 = "experiments/compare_cifar10_p4_cpu_2026-11-30.json"
+CET_EI_CIFAR10 = "experiments/cet_ei_cifar10_epyc_2026-12-02"
+
+
 def _table1(dataset: str) -> Callable[[], Difference]:
+    folder = TABLE1[dataset]
     return lambda: Difference(
-        per_seed(f"table1/{dataset}/controlled-seed*.json"), per_seed(f"table1/{dataset}/uncontrolled-seed*.json")
+        per_seed(f"{folder}/controlled-seed*.json"), per_seed(f"{folder}/uncontrolled-seed*.json")
     )
 
 
 def _part(arm: str) -> Callable[[], Difference]:
     return lambda: Difference(
-        per_seed(f"control_parts/{arm}-seed*.json"), per_seed("table1/digits/uncontrolled-seed*.json")
+        per_seed(f"{CONTROL_PARTS}/{arm}-seed*.json"), per_seed(f"{TABLE1['digits']}/uncontrolled-seed*.json")
     )
 
 
@@ -161,7 +173,8 @@ CLAIMS = [
         "controlled not below uncontrolled",
         "keeps",
         "digits (8x8, 1,797 images), 50 epochs, 3 seeds, one rule for both arms with a calibrated rho",
-        "RESULTS=benchmarks/results/table1/digits JOBS=1 bash benchmarks/experiments/table1.sh vitcae/digits runs/table1-digits",
+        f"RESULTS=benchmarks/results/{TABLE1['digits']} JOBS=1 bash benchmarks/experiments/table1.sh "
+        "vitcae/digits runs/table1-digits",
         _table1("digits"),
         lambda d: [
             f"{fmt_pair(d)}, {d.diff:.2f} points, 95% CI [{d.interval()[0]:.1f}, {d.interval()[1]:.1f}], "
@@ -175,7 +188,8 @@ CLAIMS = [
         "89.67% controlled vs 81.91% uncontrolled (CelebA)",
         "keeps",
         "CelebA-32 subset (6,400 training images, Male), 15 epochs, 3 seeds, one rule for both arms",
-        "RESULTS=benchmarks/results/table1/celeba32 JOBS=1 bash benchmarks/experiments/table1.sh vitcae/celeba32 "
+        f"RESULTS=benchmarks/results/{TABLE1['celeba32']} JOBS=1 bash benchmarks/experiments/table1.sh "
+        "vitcae/celeba32 "
         "runs/table1-celeba32 "
         "data.path=../shared/datasets/celeba32_subset.npz dynamics.burn_in=2",
         _table1("celeba32"),
@@ -188,7 +202,8 @@ CLAIMS = [
         "controlled not below uncontrolled",
         "keeps",
         "MNIST, 30,000 training images, 15 epochs, 3 seeds, one rule for both arms",
-        "RESULTS=benchmarks/results/table1/mnist JOBS=1 bash benchmarks/experiments/table1.sh vitcae/mnist runs/table1-mnist "
+        f"RESULTS=benchmarks/results/{TABLE1['mnist']} JOBS=1 bash benchmarks/experiments/table1.sh "
+        "vitcae/mnist runs/table1-mnist "
         "data.name=npz data.path=../shared/datasets/mnist.npz data.limit_train=30000 trainer.max_epochs=15 "
         "dynamics.burn_in=2",
         _table1("mnist"),
@@ -215,7 +230,8 @@ CLAIMS = [
         "(part of the controlled arm)",
         "keeps",
         "digits, 50 epochs, 3 seeds",
-        "RESULTS=benchmarks/results/control_parts bash benchmarks/experiments/control_parts.sh runs/parts schednofreeze "
+        f"RESULTS=benchmarks/results/{CONTROL_PARTS} "
+        "bash benchmarks/experiments/control_parts.sh runs/parts schednofreeze "
         "dynamics.mode=schedule dynamics.freeze=false",
         _part("schednofreeze"),
         lambda d: [f"the schedule alone {fmt_ci(d).split(', p')[0]}"],
@@ -227,7 +243,8 @@ CLAIMS = [
         "(part of the controlled arm)",
         "keeps",
         "digits, 50 epochs, 3 seeds",
-        "RESULTS=benchmarks/results/control_parts bash benchmarks/experiments/control_parts.sh runs/parts fixedfreeze "
+        f"RESULTS=benchmarks/results/{CONTROL_PARTS} "
+        "bash benchmarks/experiments/control_parts.sh runs/parts fixedfreeze "
         "dynamics.mode=fixed dynamics.freeze=true",
         _part("fixedfreeze"),
         lambda d: [f"freezing at tau = 1 alone {fmt_ci(d).split(', p')[0]}"],
@@ -241,8 +258,8 @@ CLAIMS = [
         "CIFAR-10 subset, 8 epochs of 10k images (about 1/190 of the card's samples), ~0.8M parameters, 64 tokens",
         "PROTOCOL=compare/cifar10_p4 JOBS=2 benchmarks/experiments/compare_cifar10.sh ../shared/datasets/cifar10.npz",
         lambda: Difference(
-            compare_groups("compare_cifar10_p4.json", "cet_vit_nano"),
-            compare_groups("compare_cifar10_p4.json", "swin_matched_cet_vit_nano"),
+            compare_groups(COMPARE_CIFAR10_P4, "cet_vit_nano"),
+            compare_groups(COMPARE_CIFAR10_P4, "swin_matched_cet_vit_nano"),
         ),
         lambda d: [f"CET-ViT {d.mean_a:.1f}%, Swin {d.mean_b:.1f}%"],
     ),
@@ -255,7 +272,7 @@ CLAIMS = [
         "CIFAR-10 subset, cet_vit/cifar10_cpu, seed 0, after the degeneracy fix",
         "vitlab fit --config cet_vit/cifar10_cpu model.ei=full|none run.seed=0",
         lambda: Difference(
-            per_seed("cet_ei_cifar10_cpu/full-seed*.json"), per_seed("cet_ei_cifar10_cpu/none-seed*.json")
+            per_seed(f"{CET_EI_CIFAR10}/full-seed*.json"), per_seed(f"{CET_EI_CIFAR10}/none-seed*.json")
         ),
     ),
 ]
@@ -276,11 +293,11 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         "# The sources' claims, recomputed",
         "",
         "Generated by `python -m benchmarks.reports.claims --write docs/results.md` from the per-seed results files in",
-        "`benchmarks/results/`; `python -m benchmarks.reports.claims --check` (run by CI) fails when this page or the README",
-        "disagrees with them. The verdict rule, the same for every claim: a claim that A *raises* a metric holds when",
-        "the 95% Welch interval of A - B lies above 0 and does not hold when it lies below 0; a claim that A",
-        f"*keeps* it does not hold when the interval lies below 0 and holds when it lies above -{MARGIN:g} point;",
-        "anything else is not resolved at this power. Every scale below is far under the source's: \"not",
+        "`benchmarks/results/`; `python -m benchmarks.reports.claims --check` (run by CI) fails when this page or the",
+        "README disagrees with them. The verdict rule, the same for every claim: a claim that A *raises* a metric",
+        "holds when the 95% Welch interval of A - B lies above 0 and does not hold when it lies below 0; a claim",
+        f"that A *keeps* it does not hold when the interval lies below 0 and holds when it lies above -{MARGIN:g}",
+        "point; anything else is not resolved at this power. Every scale below is far under the source's: \"not",
         'reproduced at this scale" is the reading of a claim that does not hold here.',
         "",
     ]

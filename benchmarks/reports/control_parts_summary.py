@@ -1,9 +1,11 @@
 """Which part of ViTCAE's control costs accuracy on digits, from the per-seed results files of
-``benchmarks/experiments/control_parts.sh`` and ``benchmarks/experiments/table1.sh`` (``benchmarks/experiments/run_result.py``): per arm the test accuracy
-per seed, mean ± std, the difference to the uncontrolled arm with its 95% Welch interval and p, and the epochs at
-which heads first converged (seed 0). Writes nothing; prints a Markdown table.
+``benchmarks/experiments/control_parts.sh`` and ``benchmarks/experiments/table1.sh``
+(``benchmarks/experiments/run_result.py``): per arm the test accuracy per seed, mean ± std, the difference to the
+uncontrolled arm with its 95% Welch interval and p, and the epochs at which heads first converged (seed 0). Writes
+nothing; prints a Markdown table.
 
-    python -m benchmarks.reports.control_parts_summary benchmarks/results/table1/digits benchmarks/results/control_parts
+    python -m benchmarks.reports.control_parts_summary benchmarks/results/experiments/table1_digits_epyc_2026-12-02 \
+        benchmarks/results/experiments/control_parts_digits_epyc_2026-12-02
 """
 
 from __future__ import annotations

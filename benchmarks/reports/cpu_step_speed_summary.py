@@ -1,5 +1,5 @@
-"""The Markdown tables of a ``benchmarks/micro/cpu_step_speed.py`` record (docs/benchmarks.md, "Experiments faster on the
-CPU"), generated from its per-round numbers so the page quotes nothing by hand.
+"""The Markdown tables of a ``benchmarks/micro/cpu_step_speed.py`` record (docs/benchmarks.md, "Experiments faster on
+the CPU"), generated from its per-round numbers so the page quotes nothing by hand.
 
     python -m benchmarks.reports.cpu_step_speed_summary benchmarks/results/cpu_step_speed_<cpu>.json [--clock cpu|wall]
 """

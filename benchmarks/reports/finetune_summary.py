@@ -1,4 +1,5 @@
-"""Summary of benchmarks/experiments/finetune_celeba32.sh: test accuracy per arm over seeds, and where the heads converge.
+"""Summary of benchmarks/experiments/finetune_celeba32.sh: test accuracy per arm over seeds, and where the heads
+converge.
 
     python -m benchmarks.reports.finetune_summary runs/finetune
 

@@ -1,6 +1,7 @@
 """Training curves per part, several runs side by side (issue 13: where CET-ViT falls behind the matched ViT).
 
-    python -m benchmarks.reports.part_curves runs/vit-seed0 runs/cet-seed0 --out benchmarks/results/part_curves
+    python -m benchmarks.reports.part_curves runs/vit-seed0 runs/cet-seed0 \
+        --out benchmarks/results/experiments/part_curves_<device>_<date>
 
 Each run must have been trained with ``run.part_stats_every=N`` (``vitlab.training.callbacks.PartStats``). Per run
 and epoch: validation accuracy and loss, and for every part its gradient norm and update/weight ratio (the means

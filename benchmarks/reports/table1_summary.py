@@ -110,7 +110,8 @@ def run_row(run: Path, grid_side: int | None = None) -> dict[str, float]:
 
 
 def result_row(result: dict) -> dict[str, float]:
-    """The Table I numbers of one run from its results file (``benchmarks/experiments/run_result.py``), as :func:`run_row`."""
+    """The Table I numbers of one run from its results file (``benchmarks/experiments/run_result.py``), as
+    :func:`run_row`."""
     nan = math.nan
     test, gen, timing, dyn = (result.get(k) or {} for k in ("test", "generate", "timing", "dynamics"))
     converged_at = dyn.get("first_converged_epochs", [])

@@ -2,8 +2,8 @@
 frozen heads kept bit-identical, ToMe, CET-ViT and ViTCAE forward/backward, compiled blocks, the StepTimer's CUDA
 events and one ``vitlab fit`` of a few steps.
 
-Every test here needs a CUDA device and is skipped, saying so, without one. ``benchmarks/experiments/gpu_check.sh`` runs them
-on a GPU machine and puts the counts in its report.
+Every test here needs a CUDA device and is skipped, saying so, without one. ``benchmarks/experiments/gpu_check.sh``
+runs them on a GPU machine and puts the counts in its report.
 """
 
 import json

@@ -1,4 +1,4 @@
-"""benchmarks/micro/freezing.py: its FLOP prediction against PyTorch's counter, its paired statistics and its verdicts."""
+"""benchmarks.micro.freezing: its FLOP prediction against PyTorch's counter, its paired statistics and its verdicts."""
 
 import argparse
 

@@ -25,7 +25,7 @@ _EMD_MAX_ITER = 100_000
 _EMD_OPTIMAL = 1
 # Below this many patches a drift problem takes ~13 us, most of it in the Python/Cython part of the call that holds
 # the GIL, and two threads were slower than one (0.74x on a 4x4 grid, 1.38x on 5x5, 1.56x on 8x8:
-# benchmarks/results/drift_solver_workers.json); smaller grids stay on one thread.
+# benchmarks/results/micro/drift_solver_workers_cpu_2026-12-01.json); smaller grids stay on one thread.
 _THREADED_MIN_PATCHES = 25
 
 
