@@ -40,6 +40,7 @@ import ot
 import torch
 import torch.nn.functional as F
 
+from vitlab.bench import fastest
 from vitlab.config import build_config
 from vitlab.diagnostics import DynamicsConfig, DynamicsController, attention_drift, consensus_clusters
 from vitlab.diagnostics.plots import read_dynamics
@@ -132,15 +133,6 @@ def synthetic(tokens: int, args: argparse.Namespace) -> dict:
     controller.attach(model)
     probe = torch.randn(args.probe, 3, grid * patch, grid * patch)
 
-    def fastest(work, repeats: int = args.repeats) -> float:
-        """Seconds of ``work()``: the minimum over repeats, the least disturbed by other processes."""
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            work()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
     def probe_forward() -> list[dict[str, torch.Tensor]]:
         with torch.no_grad():
             model.eval()
@@ -149,22 +141,20 @@ def synthetic(tokens: int, args: argparse.Namespace) -> dict:
         return maps
 
     maps = probe_forward()
-    forward_s = fastest(probe_forward)
-    kappa_s = fastest(lambda: [consensus_clusters(m[: args.kappa_images], config.eps) for m in maps[0].values()])
+    forward_s, _ = fastest(probe_forward, args.repeats)
+    kappa_s, _ = fastest(
+        lambda: [consensus_clusters(m[: args.kappa_images], config.eps) for m in maps[0].values()], args.repeats
+    )
     distributions = controller.measure(probe).distributions
     shifted = torch.roll(distributions, shifts=1, dims=-1)  # a different distribution on every row
-    drift_s = fastest(lambda: attention_drift(distributions, shifted, controller.cost))
+    drift_s, _ = fastest(lambda: attention_drift(distributions, shifted, controller.cost), args.repeats)
     controller.advance(controller.measure(probe))
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.01 * torch.randn_like(parameter))
     moved = controller.measure(probe).distributions
-    started = time.perf_counter()
-    fast = attention_drift(moved, distributions, controller.cost).flatten().numpy()
-    fast_s = time.perf_counter() - started
-    started = time.perf_counter()
-    reference = reduced_emd2_drift(moved, distributions, controller.cost)
-    reference_s = time.perf_counter() - started
+    fast_s, fast = fastest(lambda: attention_drift(moved, distributions, controller.cost).flatten().numpy(), 1)
+    reference_s, reference = fastest(lambda: reduced_emd2_drift(moved, distributions, controller.cost), 1)
     drift_check = {
         "problems": len(reference),
         "max_abs_difference": float(np.abs(fast - reference).max()),
@@ -176,7 +166,7 @@ def synthetic(tokens: int, args: argparse.Namespace) -> dict:
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(0.01 * torch.randn_like(parameter))
-        epochs.append(fastest(lambda: controller.advance(controller.measure(probe)), repeats=1))
+        epochs.append(fastest(lambda: controller.advance(controller.measure(probe)), 1)[0])
     controller_s = min(epochs)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

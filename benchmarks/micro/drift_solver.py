@@ -22,13 +22,14 @@ import argparse
 import json
 import platform
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from ot.lp.emd_wrap import emd_c
 
+from vitlab.bench import fastest
 from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost
 from vitlab.environment import environment
 
@@ -61,17 +62,6 @@ def previous_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor) -> torc
     return torch.from_numpy(drift).reshape(p.shape[:-1])
 
 
-def timed(drift_fn, p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, repeats: int):
-    """Minimum seconds of ``drift_fn(p, q, cost)`` over ``repeats`` calls after one warm-up, and its result."""
-    drift = drift_fn(p, q, cost)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        drift = drift_fn(p, q, cost)
-        times.append(time.perf_counter() - started)
-    return min(times), drift
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
@@ -87,8 +77,8 @@ def main() -> None:
         logits = 2 * torch.randn(images, HEADS, side * side)
         p, q = logits.softmax(-1), (logits + 0.3 * torch.randn_like(logits)).softmax(-1)
         problems = images * HEADS
-        now_s, now = timed(attention_drift, p, q, cost, args.repeats)
-        before_s, before = timed(previous_drift, p, q, cost, args.repeats)
+        now_s, now = fastest(partial(attention_drift, p, q, cost), args.repeats, warmup=1)
+        before_s, before = fastest(partial(previous_drift, p, q, cost), args.repeats, warmup=1)
         rows.append(
             {
                 "grid": side,
@@ -106,8 +96,8 @@ def main() -> None:
             f"{row['max_abs_difference']:.1e}"
         )
         for workers in args.workers:
-            threaded_s, threaded = timed(
-                lambda p, q, cost, n=workers: attention_drift(p, q, cost, workers=n), p, q, cost, args.repeats
+            threaded_s, threaded = fastest(
+                partial(attention_drift, p, q, cost, workers=workers), args.repeats, warmup=1
             )
             row["workers"][str(workers)] = {
                 "us_per_problem": 1e6 * threaded_s / problems,

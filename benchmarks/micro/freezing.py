@@ -33,8 +33,6 @@ import copy
 import json
 import math
 import platform
-import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from vitlab.bench import bootstrap_median
 from vitlab.diagnostics import FrozenHeadGuard
 from vitlab.environment import environment
 from vitlab.models.vit import VisionTransformer
@@ -150,13 +149,6 @@ def timed_step(model, optimizer, x, y, clock=time.thread_time) -> tuple[float, f
     optimizer.step()
     end = clock()
     return after_forward - start, after_backward - after_forward, end - after_backward
-
-
-def bootstrap_median(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """The median of ``values`` and a 95% percentile-bootstrap interval for it (resampling the rounds)."""
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-    return statistics.median(values), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def verdict(low: float, high: float, bar: float, at_least: bool) -> str:

@@ -21,14 +21,6 @@ def test_verdict_needs_the_whole_interval_on_one_side_of_the_bar(freezing):
     assert freezing.verdict(0.0, 0.03, 0.02, at_least=False) == "undecided"
 
 
-def test_bootstrap_interval_brackets_the_median_and_narrows_with_more_rounds(freezing):
-    few = freezing.bootstrap_median([1.0, 2.0, 3.0, 4.0, 5.0])
-    many = freezing.bootstrap_median([1.0, 2.0, 3.0, 4.0, 5.0] * 20)
-    assert few[0] == many[0] == 3.0
-    assert few[1] <= 3.0 <= few[2] and many[1] <= 3.0 <= many[2]
-    assert many[2] - many[1] < few[2] - few[1]
-
-
 @pytest.mark.slow  # the benchmark script, end to end
 def test_a_tiny_run_counts_the_predicted_flops_and_pairs_every_row_with_the_base(freezing):
     args = argparse.Namespace(dim=32, heads=4, depth=2, batch=2, warmup=1, repeats=3, clock="wall", compare_split=True)

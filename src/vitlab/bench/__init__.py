@@ -9,7 +9,8 @@ images (``benchmarks/micro/feature_costs.py`` uses it for features switched off 
 Every measurement alternates, round after round, between the networks and a large square matrix multiply in the
 same process, precision and thread count (the order reverses every other round). Load from other processes then
 hits all of them alike; ratios and MFU are formed per round and summarised by their median and quartiles
-(:func:`quartile_summary`; the statistics of runs over seeds are :func:`vitlab.evaluation.stats.summarize`).
+(:func:`quartile_summary`, :func:`bootstrap_median`; the fewest seconds of one call: :func:`fastest`; the statistics
+of runs over seeds are :func:`vitlab.evaluation.stats.summarize`).
 
 Definitions (``docs/benchmarks.md``):
 
@@ -46,6 +47,8 @@ from vitlab.bench.timing import (
     Runner,
     Subject,
     autocast,
+    bootstrap_median,
+    fastest,
     measure_networks,
     quartile_summary,
     round_ratio,
@@ -63,6 +66,8 @@ __all__ = [
     "Subject",
     "autocast",
     "bench",
+    "bootstrap_median",
+    "fastest",
     "format_bench",
     "measure_networks",
     "peak_memory",
