@@ -30,20 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+from vitlab.rundir import RunDir
 
 
-def train_accuracy(run: Path) -> dict[int, float]:
+def train_accuracy(run: RunDir) -> dict[int, float]:
     """``{training epoch t (from 1): train/acc}``; ``metrics.jsonl`` counts epochs from 0."""
-    return {r["epoch"] + 1: r["train/acc"] for r in _lines(run / "metrics.jsonl") if "train/acc" in r}
-
-
-def dynamics(run: Path) -> list[dict]:
-    """The controller's records, the last line of each epoch (a resumed run may write one twice)."""
-    by_epoch = {r["epoch"]: r for r in _lines(run / "dynamics.jsonl")}
-    return [by_epoch[e] for e in sorted(by_epoch)]
+    return {r["epoch"] + 1: r["train/acc"] for r in run.metrics() if "train/acc" in r}
 
 
 def fixed_heads(records: list[dict]) -> np.ndarray:
@@ -91,19 +83,18 @@ def measure(arms: dict[str, str], seeds: list[int], epochs: list[int], rho: floa
     for name, pattern in arms.items():
         per_seed = []
         for seed in seeds:
-            run = Path(pattern.format(seed=seed))
-            records = dynamics(run)
+            run = RunDir(pattern.format(seed=seed))
+            records = run.dynamics()  # one record per epoch (a resumed run may write one twice; the later wins)
             if not records:
-                raise SystemExit(f"error: {run} has no dynamics.jsonl; pass finished ViTCAE run folders")
+                raise SystemExit(f"error: {run.path} has no dynamics.jsonl; pass finished ViTCAE run folders")
             run_rho = rho if rho is not None else next((r["rho"] for r in records if r.get("rho") is not None), 0.75)
             accuracy = train_accuracy(run)
             fixed = fixed_heads(records).sum(axis=(1, 2))
-            env = json.loads((run / "env.json").read_text()) if (run / "env.json").is_file() else {}
-            test = json.loads((run / "test_metrics.json").read_text()) if (run / "test_metrics.json").is_file() else {}
+            env, test = run.env() or {}, run.test_metrics() or {}
             per_seed.append(
                 {
                     "seed": seed,
-                    "run": str(run),
+                    "run": str(run.path),
                     "command": env.get("command"),
                     "git": env.get("git"),
                     "cpu": env.get("hardware", {}).get("cpu_model"),

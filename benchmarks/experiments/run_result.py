@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from vitlab.rundir import RunDir
+
 if __package__ in (
     None,
     "",
@@ -28,15 +30,6 @@ if __package__ in (
 
 from benchmarks.reports.table1_summary import _freeze_epochs as first_converged
 from benchmarks.reports.table1_summary import paper_rule_replay
-
-
-def _json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _records(run: Path) -> list[dict[str, Any]]:
-    path = run / "dynamics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
 def tau_clause_replay(records: list[dict[str, Any]], eps_tau: float = 0.05, alpha: float = 4.0) -> dict[str, Any]:
@@ -68,10 +61,11 @@ def tau_clause_replay(records: list[dict[str, Any]], eps_tau: float = 0.05, alph
 
 
 def run_result(run: Path) -> dict[str, Any]:
-    env, test, timing = _json(run / "env.json"), _json(run / "test_metrics.json"), _json(run / "timing.json")
+    rundir = RunDir(run)
+    env, test, timing = rundir.env() or {}, rundir.test_metrics() or {}, rundir.timing() or {}
     if not test:
         raise SystemExit(f"{run} has no test_metrics.json: the run has not finished")
-    records = _records(run)
+    records = rundir.dynamics()
     last = records[-1] if records else {}
     hardware = env.get("hardware", {})
     result: dict[str, Any] = {
@@ -81,16 +75,15 @@ def run_result(run: Path) -> dict[str, Any]:
         "cpu": hardware.get("cpu_model"),
         "torch": (env.get("versions") or {}).get("torch"),
         "test": test,
-        "generate": _json(run / "generate" / "metrics.json"),
+        "generate": rundir.generate_metrics() or {},
         "timing": timing,
     }
-    metrics = run / "metrics.jsonl"
-    if metrics.is_file():
-        epochs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    epochs = rundir.metrics()
+    if epochs:
         keys = ["val/acc", "val/slot_k", "val/reversibility"]
         keys += sorted({k for e in epochs for k in e if k.startswith("train/k_frac_")})
         result["val_curve"] = {k: [e.get(k) for e in epochs] for k in keys if any(k in e for e in epochs)}
-    grouping = _json(run / "grouping.json")
+    grouping = rundir.json("grouping.json") or {}
     if grouping:
         result["grouping"] = {"final": grouping.get("final"), "init": grouping.get("init")}
     if records:
@@ -105,7 +98,7 @@ def run_result(run: Path) -> dict[str, Any]:
             "mean_drift_last_epoch": last.get("mean_drift"),
             "first_converged_epochs": first_converged(records),
             "tau_clause_replay": tau_clause_replay(records),
-            "non_converged_paper_rule_replay": paper_rule_replay(run, records, None),
+            "non_converged_paper_rule_replay": paper_rule_replay(rundir, records, None),
         }
     return result
 

@@ -17,21 +17,12 @@ import math
 from pathlib import Path
 
 import torch
-import yaml
 
 from vitlab.diagnostics.dynamics import ConvergenceTracker
 from vitlab.evaluation.stats import summarize, welch_interval, welch_ttest
+from vitlab.rundir import RunDir
 
 ARMS = ("controlled", "uncontrolled")
-
-
-def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _dynamics(run: Path) -> list[dict]:
-    lines = (run / "dynamics.jsonl").read_text().splitlines() if (run / "dynamics.jsonl").is_file() else []
-    return [json.loads(line) for line in lines]
 
 
 def _freeze_epochs(records: list[dict]) -> list[int]:
@@ -45,7 +36,7 @@ def _freeze_epochs(records: list[dict]) -> list[int]:
     return sorted(first.values())
 
 
-def paper_rule_replay(run: Path, records: list[dict], grid_side: int | None) -> float:
+def paper_rule_replay(run: RunDir, records: list[dict], grid_side: int | None) -> float:
     """Non-converged heads at the end by the paper's absolute rule (``d < 0.05`` patch widths, ``|dtau| < 0.05``,
     patience 3, the run's burn-in), replayed on this run's logged drift: the old rule's verdict on the same curves.
     Exact for the uncontrolled arm; for the controlled arm a counterfactual (its heads froze by the new rule)."""
@@ -56,8 +47,8 @@ def paper_rule_replay(run: Path, records: list[dict], grid_side: int | None) -> 
     if units == "image" and (grid is None or grid[0] != grid[1]):
         return math.nan  # patch widths from image sides need a square grid's side
     factor = grid[0] if units == "image" else 1
-    config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
-    burn_in = ((config or {}).get("dynamics") or {}).get("burn_in", 5)
+    config = run.config_dict() if run.config_file.is_file() else {}
+    burn_in = (config.get("dynamics") or {}).get("burn_in", 5)
     shape = torch.tensor(records[-1]["tau"]).shape
     tracker = ConvergenceTracker(*shape, eps_d=0.05, eps_tau=0.05, patience=3, rule="absolute")
     for record in records:
@@ -68,14 +59,10 @@ def paper_rule_replay(run: Path, records: list[dict], grid_side: int | None) -> 
     return float((~tracker.converged).sum())
 
 
-def run_row(run: Path, grid_side: int | None = None) -> dict[str, float]:
+def run_row(run: RunDir, grid_side: int | None = None) -> dict[str, float]:
     """The Table I numbers of one run (missing ones are NaN)."""
-    test, gen, timing, records = (
-        _json(run / "test_metrics.json"),
-        _json(run / "generate" / "metrics.json"),
-        _json(run / "timing.json"),
-        _dynamics(run),
-    )
+    test, gen, timing = run.test_metrics() or {}, run.generate_metrics() or {}, run.timing() or {}
+    records = run.dynamics()
     dyn = records[-1] if records else {}
     frozen = sum(sum(layer) for layer in dyn.get("frozen", [])) if dyn else math.nan
     nan = math.nan
@@ -168,7 +155,7 @@ def summarise(runs_dir: Path, grid_side: int | None = None) -> str:
         sources = files or runs
         seeds[arm] = [r.name.split("-seed")[-1].removesuffix(".json") for r in sources]
         for source in sources:
-            row = result_row(json.loads(source.read_text())) if files else run_row(source, grid_side)
+            row = result_row(json.loads(source.read_text())) if files else run_row(RunDir(source), grid_side)
             for metric, value in row.items():
                 rows.setdefault(metric, {a: [] for a in ARMS})[arm].append(value)
     lines = [
