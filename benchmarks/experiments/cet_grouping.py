@@ -18,11 +18,11 @@ import json
 from pathlib import Path
 
 import torch
-import yaml
 
 from vitlab.evaluation.evaluate import load_evaluation_target
 from vitlab.evaluation.grouping import grouping_ablation
 from vitlab.models.builder import create_model
+from vitlab.rundir import RunDir
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
     dm.setup("test")
     final = grouping_ablation(target.model, itertools.islice(dm.test_dataloader(), max(1, args.images // 500)))
     model = target.model
-    seed = yaml.safe_load((args.run / "config.yaml").read_text())["run"]["seed"]  # the run's resolved config
+    seed = RunDir(args.run).config_dict()["run"]["seed"]  # the run's resolved config
     torch.manual_seed(seed)
     fresh = create_model(model.preset, **model.init_kwargs)
     batches = itertools.islice(dm.test_dataloader(), max(1, args.init_images // 500))

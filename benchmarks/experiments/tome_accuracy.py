@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from vitlab.evaluation.evaluate import evaluate_run
+from vitlab.rundir import EXPORT_DIR, RunDir
 
 if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -32,7 +32,7 @@ from benchmarks.naming import results_path
 
 def trained_r(run: Path) -> int:
     """``tome_r`` the run was trained with (its export's constructor arguments)."""
-    return int(json.loads((run / "export" / "config.json").read_text())["kwargs"].get("tome_r", 0))
+    return int(RunDir(run).json(Path(EXPORT_DIR) / "config.json")["kwargs"].get("tome_r", 0))
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
 
     results = []
     for run in args.runs:
-        model = yaml.safe_load((run / "config.yaml").read_text())["model"]["name"]
+        model = RunDir(run).config_dict()["model"]["name"]
         for r in args.r:
             start = time.perf_counter()
             ev = evaluate_run(

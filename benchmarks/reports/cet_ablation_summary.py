@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from vitlab.evaluation.stats import welch_ttest
+from vitlab.rundir import METRICS_FILE, RunDir
 
 VARIANTS = (
     "base",
@@ -90,21 +91,23 @@ def main() -> None:
     stopped: dict[str, dict[int, list[float]]] = {}  # runs stopped before their test: validation curve only
     for run in sorted(run for folder in args.runs for run in folder.glob("*-seed*")):
         match = re.fullmatch(r"(\w+)-seed(\d+)", run.name)
-        if not match or not (run / "metrics.jsonl").exists() or run.resolve() in skip:
+        if not match or not (run / METRICS_FILE).exists() or run.resolve() in skip:
             continue
         variant, seed = match.group(1), int(match.group(2))
-        epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        curve = [e["val/acc"] for e in epochs if "val/acc" in e]
-        if not (run / "test_metrics.json").exists():
+        rundir = RunDir(run)
+        curve = [e["val/acc"] for e in rundir.metrics() if "val/acc" in e]
+        test = rundir.test_metrics()
+        if test is None:
             if curve:
                 stopped.setdefault(variant, {})[seed] = curve
             continue
         entry = table.setdefault(variant, {"seeds": [], "acc": [], "grouping": [], "val_acc_by_epoch": {}})
         entry["val_acc_by_epoch"][seed] = curve
         entry["seeds"].append(seed)
-        entry["acc"].append(json.loads((run / "test_metrics.json").read_text())["test/acc"])
-        if (run / "grouping.json").exists():
-            entry["grouping"].append(json.loads((run / "grouping.json").read_text()))
+        entry["acc"].append(test["test/acc"])
+        grouping = rundir.json("grouping.json")  # benchmarks/experiments/cet_grouping.py's record
+        if grouping is not None:
+            entry["grouping"].append(grouping)
     if args.previous is not None:
         for variant, entry in json.loads(args.previous.read_text())["variants"].items():
             if variant not in table:

@@ -12,7 +12,6 @@ they first converged, the share frozen and the mean tau at the end.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from vitlab.diagnostics.plots import dynamics_arrays, read_dynamics
 from vitlab.evaluation.stats import summarize, welch_ttest
+from vitlab.rundir import DYNAMICS_FILE, TEST_METRICS_FILE, RunDir
 
 ARMS = ("scratch", "pretrained", "controlled", "probe", "layerdecay")
 
@@ -28,8 +28,9 @@ def main(root: Path) -> None:
     acc = {}
     for arm in ARMS:
         runs = sorted(root.glob(f"{arm}-seed*"))
-        runs = [r for r in runs if (r / "test_metrics.json").exists()]
-        acc[arm] = [100 * json.loads((r / "test_metrics.json").read_text())["test/acc"] for r in runs]
+        tests = {r: RunDir(r).test_metrics() for r in runs}
+        runs = [r for r in runs if tests[r] is not None]
+        acc[arm] = [100 * tests[r]["test/acc"] for r in runs]
         times = [
             float((r.parent / f"{r.name}.time").read_text().split()[0])
             for r in runs
@@ -52,7 +53,7 @@ def main(root: Path) -> None:
         arrays = [
             dynamics_arrays(read_dynamics(r))
             for r in sorted(root.glob(f"{arm}-seed*"))
-            if (r / "dynamics.jsonl").exists() and (r / "test_metrics.json").exists()  # finished runs only
+            if (r / DYNAMICS_FILE).exists() and (r / TEST_METRICS_FILE).exists()  # finished runs only
         ]
         if not arrays:
             continue
