@@ -10,6 +10,8 @@ from vitlab.acceleration import choose_precision
 from vitlab.bench import (
     NetworkSpec,
     bench,
+    bootstrap_median,
+    fastest,
     format_bench,
     quartile_summary,
     round_ratio,
@@ -86,6 +88,24 @@ def test_summary_and_round_ratio_by_hand():
     }
     ratio = round_ratio(record, "ours", "timm", "train", clock="cpu")
     assert (ratio["min"], ratio["median"], ratio["max"]) == (0.5, 1.0, 2.0)
+
+
+def test_bootstrap_interval_brackets_the_median_and_narrows_with_more_rounds():
+    few = bootstrap_median([1.0, 2.0, 3.0, 4.0, 5.0])
+    many = bootstrap_median([1.0, 2.0, 3.0, 4.0, 5.0] * 20)
+    assert few[0] == many[0] == 3.0
+    assert few[1] <= 3.0 <= few[2] and many[1] <= 3.0 <= many[2]
+    assert many[2] - many[1] < few[2] - few[1]
+    assert bootstrap_median([1.0, 9.0, 4.0], seed=3) == bootstrap_median([1.0, 9.0, 4.0], seed=3)
+
+
+def test_fastest_is_the_least_disturbed_call_after_the_warmup():
+    ticks = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # calls of 5, 2 and 3 seconds on a fake clock
+    calls = []
+    seconds, result = fastest(lambda: calls.append(1) or len(calls), 3, warmup=1, clock=lambda: next(ticks))
+    assert seconds == 2.0 and result == 4 and len(calls) == 4
+    with pytest.raises(ValueError, match="repeats"):
+        fastest(lambda: None, 0)
 
 
 def test_bench_against_timm_returns_the_documented_record():

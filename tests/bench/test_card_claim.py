@@ -1,7 +1,6 @@
 """The pre-registered budget curve (docs/card_claim.md): its analysis, its driver's resume logic and the GPU
 protocol's CPU dry run."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,19 +11,15 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.experiments import card_claim as card_claim_module
+from benchmarks.experiments import card_claim_gpu
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def card_claim():
-    return _load("card_claim")
+    return card_claim_module
 
 
 def _runs(slope, sd, rng, budgets=((8, 2), (24, 2), (48, 3)), cet="cet_card", base="vit"):
@@ -103,7 +98,7 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     (runs / "vit-e24-t64-seed1" / "checkpoints").mkdir(parents=True)
     (runs / "vit-e24-t64-seed1" / "checkpoints" / "last.ckpt").write_bytes(b"")
     env = {**os.environ, "VITLAB": str(vitlab), "PYTHON": str(python), "RESULTS": str(results), "JOBS": "2"}
-    command = ["bash", str(ROOT / "benchmarks" / "card_claim.sh"), str(data), str(runs)]
+    command = ["bash", str(ROOT / "benchmarks" / "experiments" / "card_claim.sh"), str(data), str(runs)]
     first = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert first.returncode == 0, first.stderr
     names = sorted(p.stem for p in results.glob("*.json"))
@@ -117,7 +112,7 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     again = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0 and len(calls.read_text().splitlines()) == len(names)  # nothing re-trained
     missing = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "card_claim.sh"), str(tmp_path / "none.npz"), str(runs)],
+        ["bash", str(ROOT / "benchmarks" / "experiments" / "card_claim.sh"), str(tmp_path / "none.npz"), str(runs)],
         env=env,
         capture_output=True,
         text=True,
@@ -129,7 +124,7 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script trains the GPU protocol")
 def test_the_gpu_protocol_dry_runs_on_the_cpu(tmp_path):
-    gpu = _load("card_claim_gpu")
+    gpu = card_claim_gpu
     assert gpu.main(["--dry-run", "--out", str(tmp_path), "--seeds", "0"]) == 0
     report = json.loads((tmp_path / "card_claim_gpu.json").read_text())
     assert report["dry_run"] and report["plan"]["epochs_run"] == 1
@@ -143,7 +138,7 @@ def test_the_gpu_protocol_dry_runs_on_the_cpu(tmp_path):
 def test_the_gpu_protocol_records_when_no_gpu_was_there(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
-    gpu = _load("card_claim_gpu")
+    gpu = card_claim_gpu
     assert gpu.main(["--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "card_claim_gpu.json").read_text())
     assert report["gpu"] is None and "no CUDA" in report["note"]

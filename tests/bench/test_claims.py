@@ -1,21 +1,17 @@
-"""benchmarks/claims.py: the README's claims recomputed from the per-seed results files, checked in CI."""
+"""benchmarks/reports/claims.py: the README's claims recomputed from the per-seed results files, checked in CI."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from benchmarks.reports import claims as claims_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def claims():
-    spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["claims"] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return claims_module
 
 
 def test_the_readme_and_the_results_page_show_the_recomputed_numbers(claims):
@@ -39,7 +35,7 @@ def test_a_stale_results_page_fails_the_check(claims, tmp_path):
     page = tmp_path / "results.md"
     page.write_text((ROOT / "docs" / "results.md").read_text().replace("does not hold", "holds", 1))
     problems = claims.check(claims.evaluate(), ROOT / "README.md", page)
-    assert problems == [f"{page} is not the recomputed page; run python benchmarks/claims.py --write {page}"]
+    assert problems == [f"{page} is not the recomputed page; run python -m benchmarks.reports.claims --write {page}"]
 
 
 def test_the_verdict_rule(claims):

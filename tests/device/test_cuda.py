@@ -2,8 +2,8 @@
 frozen heads kept bit-identical, ToMe, CET-ViT and ViTCAE forward/backward, compiled blocks, the StepTimer's CUDA
 events and one ``vitlab fit`` of a few steps.
 
-Every test here needs a CUDA device and is skipped, saying so, without one. ``benchmarks/gpu_check.sh`` runs them
-on a GPU machine and puts the counts in its report.
+Every test here needs a CUDA device and is skipped, saying so, without one. ``benchmarks/experiments/gpu_check.sh``
+runs them on a GPU machine and puts the counts in its report.
 """
 
 import json
@@ -20,7 +20,8 @@ from vitlab.layers import Attention, capture_attention
 from vitlab.models import create_model
 
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device: the CUDA tests run on a GPU (benchmarks/gpu_check.sh)"
+    not torch.cuda.is_available(),
+    reason="no CUDA device: the CUDA tests run on a GPU (benchmarks/experiments/gpu_check.sh)",
 )
 CUDA = torch.device("cuda")
 IMAGES = dict(img_size=32, in_chans=3, num_classes=10)

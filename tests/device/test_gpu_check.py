@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.sh's CPU dry run: the same code paths as on a GPU, at tiny sizes, without CUDA."""
+"""benchmarks/experiments/gpu_check.sh's CPU dry run: the same code paths as on a GPU, at tiny sizes, without CUDA."""
 
 import json
 import os
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_check_without_cuda_says_so_and_dry_runs_every_part(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     child = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path)],
+        ["bash", str(ROOT / "benchmarks" / "experiments" / "gpu_check.sh"), str(tmp_path)],
         capture_output=True,
         text=True,
         env=env,

@@ -1,20 +1,15 @@
-"""benchmarks/freezing.py: its FLOP prediction against PyTorch's counter, its paired statistics and its verdicts."""
+"""benchmarks.micro.freezing: its FLOP prediction against PyTorch's counter, its paired statistics and its verdicts."""
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "freezing.py"
+from benchmarks.micro import freezing as freezing_module
 
 
 @pytest.fixture(scope="module")
 def freezing():
-    spec = importlib.util.spec_from_file_location("freezing_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return freezing_module
 
 
 def test_verdict_needs_the_whole_interval_on_one_side_of_the_bar(freezing):
@@ -24,14 +19,6 @@ def test_verdict_needs_the_whole_interval_on_one_side_of_the_bar(freezing):
     assert freezing.verdict(-0.01, 0.019, 0.02, at_least=False) == "met"
     assert freezing.verdict(0.021, 0.05, 0.02, at_least=False) == "missed"
     assert freezing.verdict(0.0, 0.03, 0.02, at_least=False) == "undecided"
-
-
-def test_bootstrap_interval_brackets_the_median_and_narrows_with_more_rounds(freezing):
-    few = freezing.bootstrap_median([1.0, 2.0, 3.0, 4.0, 5.0])
-    many = freezing.bootstrap_median([1.0, 2.0, 3.0, 4.0, 5.0] * 20)
-    assert few[0] == many[0] == 3.0
-    assert few[1] <= 3.0 <= few[2] and many[1] <= 3.0 <= many[2]
-    assert many[2] - many[1] < few[2] - few[1]
 
 
 @pytest.mark.slow  # the benchmark script, end to end

@@ -4,12 +4,13 @@ network, side by side with timm.
 :func:`bench` measures a registered preset's training step (forward, cross-entropy, backward, AdamW step) and its
 inference (forward under ``torch.inference_mode``), optionally next to timm's network of the same shape
 (``vs="timm"``, :func:`timm_counterpart`). :func:`measure_networks` is the engine, usable on any networks that take
-images (``benchmarks/feature_costs.py`` uses it for features switched off and on).
+images (``benchmarks/micro/feature_costs.py`` uses it for features switched off and on).
 
 Every measurement alternates, round after round, between the networks and a large square matrix multiply in the
 same process, precision and thread count (the order reverses every other round). Load from other processes then
 hits all of them alike; ratios and MFU are formed per round and summarised by their median and quartiles
-(:func:`quartile_summary`; the statistics of runs over seeds are :func:`vitlab.evaluation.stats.summarize`).
+(:func:`quartile_summary`, :func:`bootstrap_median`; the fewest seconds of one call: :func:`fastest`; the statistics
+of runs over seeds are :func:`vitlab.evaluation.stats.summarize`).
 
 Definitions (``docs/benchmarks.md``):
 
@@ -46,6 +47,8 @@ from vitlab.bench.timing import (
     Runner,
     Subject,
     autocast,
+    bootstrap_median,
+    fastest,
     measure_networks,
     quartile_summary,
     round_ratio,
@@ -63,6 +66,8 @@ __all__ = [
     "Subject",
     "autocast",
     "bench",
+    "bootstrap_median",
+    "fastest",
     "format_bench",
     "measure_networks",
     "peak_memory",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -176,6 +177,31 @@ def quartile_summary(values: list[float]) -> dict[str, float]:
         "max": ordered[-1],
         "n": len(ordered),
     }
+
+
+def bootstrap_median(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The median of ``values`` and a 95% percentile-bootstrap interval for it (Efron & Tibshirani 1993, ch. 13:
+    ``resamples`` resamples of the rounds with replacement, the 2.5th and 97.5th percentiles of their medians)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return statistics.median(values), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def fastest(
+    work: Callable[[], Any], repeats: int, *, warmup: int = 0, clock: Callable[[], float] = time.perf_counter
+) -> tuple[float, Any]:
+    """The fewest seconds ``work()`` took over ``repeats`` calls after ``warmup`` untimed ones (the call least
+    disturbed by other processes), and what the last call returned."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, not {repeats}")
+    for _ in range(warmup):
+        work()
+    best = float("inf")
+    for _ in range(repeats):
+        start = clock()
+        result = work()
+        best = min(best, clock() - start)
+    return best, result
 
 
 @contextlib.contextmanager

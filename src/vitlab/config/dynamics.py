@@ -44,7 +44,7 @@ class DynamicsConfig:
             and write that drift beside the decision's (``drift_model_tau``; one more probe pass and one more set
             of transport problems per epoch, no clusters). It decides nothing, and cost a third of the
             controller's time (docs/dynamics.md, "What the controller costs with the noise rule"), so it is off
-            by default; the Table I recipe (benchmarks/table1.sh) turns it on.
+            by default; the Table I recipe (benchmarks/experiments/table1.sh) turns it on.
         eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
         convergence: ``noise`` (default): a head is stable when its movement no longer accumulates (``rho``);
             ``relative``: a head is stable in an epoch when its drift is below ``rel_d`` times

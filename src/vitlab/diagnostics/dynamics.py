@@ -109,7 +109,7 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
     todo = np.flatnonzero((moved_mass > 0) & deficit.any(-1))
     # (p - q)+ onto (p - q)-, both scaled to unit mass and the target rescaled to the source's mass as ot.emd2 does,
     # every row at once; the solver gets the whole cost matrix and drops the zero-mass points itself (faster than
-    # cutting each problem to its support in Python: benchmarks/drift_solver.py)
+    # cutting each problem to its support in Python: benchmarks/micro/drift_solver.py)
     source = np.where(surplus[todo], difference[todo], 0.0) / moved_mass[todo, None]
     target = np.where(deficit[todo], -difference[todo], 0.0)
     target = target / target.sum(-1, keepdims=True)

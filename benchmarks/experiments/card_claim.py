@@ -1,0 +1,305 @@
+"""The card's claim against budget (docs/card_claim.md, the pre-registered protocol): one results file per run, and
+the analysis fixed by the pre-registration.
+
+    python -m benchmarks.experiments.card_claim record RUN_DIR --model cet_card --epochs 8 --seed 0 --tokens 64 \\
+        --out FILE.json
+    python -m benchmarks.experiments.card_claim summarise benchmarks/results/experiments/card_claim \\
+        --out benchmarks/results/experiments/card_claim.json [--figures docs/img]
+
+``record`` reads a finished run (``benchmarks/experiments/run_result.py``: test metrics, validation curve, command, git
+revision, CPU) and adds the model key, budget, tokens, parameters and forward GFLOPs per image (of the run's own
+model, rebuilt from the run directory). ``summarise`` collects every per-run file into ``card_claim.json``
+(``{"runs": [{"model", "epochs", "seed", "tokens", "params", "gflops", "test_acc", "val_curve", "git", "cpu"}],
+...}``), prints per budget the means with Welch intervals against each baseline, and tests the hypotheses:
+
+- H1a / H1b: the gap of the card-shaped CET-ViT (``cet_card``) to the matched ViT / Swin shrinks with budget;
+- H2: ``cet_global`` minus the matched ViT grows with budget;
+
+each by the least-squares fit ``acc = budget intercept + gamma * is_cet + beta * is_cet * log2(epochs)`` over the
+64-token runs of the pair, ``beta``'s 95% t interval and the verdict rule of the pre-registration (holds: the
+interval above 0; does not hold: below 0; else not resolved, with the slope the design detects at 80% power).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+if __package__ in (
+    None,
+    "",
+):  # run as a file (python -m benchmarks.experiments.card_claim): the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+#: the pre-registered hypotheses: name -> (CET-ViT variant, baseline, statement)
+HYPOTHESES = {
+    "H1a": ("cet_card", "vit", "the card-shaped CET-ViT's gap to the matched ViT shrinks as the budget grows"),
+    "H1b": ("cet_card", "swin", "the card-shaped CET-ViT's gap to the matched Swin shrinks as the budget grows"),
+    "H2": ("cet_global", "vit", "the grouping branch's value (cet_vit_nano_global - ViT) grows with the budget"),
+}
+MODELS = ["cet_card", "cet_global", "vit", "swin", "tome"]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# One run
+# ------------------------------------------------------------------------------------------------------------------
+def record(run: Path, model: str, epochs: int, seed: int, tokens: int) -> dict[str, Any]:
+    """The per-run record of ``card_claim.json`` for a finished run directory."""
+    from benchmarks.experiments.run_result import run_result
+    from vitlab.export import load_model
+    from vitlab.models.sizing import count_params, flops_per_image
+
+    result = run_result(run)
+    network = load_model(run)
+    return {
+        "model": model,
+        "preset": getattr(network, "preset", type(network).__name__),
+        "epochs": epochs,
+        "seed": seed,
+        "tokens": tokens,
+        "params": count_params(network)["total"],
+        "gflops": flops_per_image(network) / 1e9,
+        "test_acc": result["test"].get("test/acc"),
+        "val_curve": (result.get("val_curve") or {}).get("val/acc"),
+        "git": result.get("git"),
+        "cpu": result.get("cpu"),
+        "torch": result.get("torch"),
+        "command": result.get("command"),
+        "timing": result.get("timing"),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The analysis
+# ------------------------------------------------------------------------------------------------------------------
+def slope_test(runs: list[dict[str, Any]], cet: str, baseline: str, power: float = 0.8) -> dict[str, Any] | None:
+    """``beta`` of ``acc = budget intercept + gamma * is_cet + beta * is_cet * log2(epochs)`` (accuracy in points)
+    over the 64-token runs of ``cet`` and ``baseline``: the change of the gap per doubling of the budget, its 95%
+    t interval, and the smallest slope this design detects with ``power`` at the 5% level (at the fit's own
+    residual spread). ``None`` when the runs cannot identify it (fewer than two budgets, or no residual freedom)."""
+    pair = [r for r in runs if r["tokens"] == 64 and r["model"] in (cet, baseline) and r["test_acc"] is not None]
+    budgets = sorted({r["epochs"] for r in pair})
+    if len(budgets) < 2:
+        return None
+
+    def row(r: dict[str, Any]) -> list[float]:
+        is_cet = float(r["model"] == cet)
+        return [*(float(r["epochs"] == b) for b in budgets), is_cet, is_cet * math.log2(r["epochs"])]
+
+    X = np.array([row(r) for r in pair])
+    y = np.array([100 * r["test_acc"] for r in pair])
+    rank = np.linalg.matrix_rank(X)
+    dof = len(y) - rank
+    if rank < X.shape[1] or dof < 1:
+        return None
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    residual = y - X @ coef
+    sigma = math.sqrt(float(residual @ residual) / dof)
+    se = sigma * math.sqrt(float(np.linalg.inv(X.T @ X)[-1, -1]))
+    t = float(stats.t.ppf(0.975, dof))
+    beta = float(coef[-1])
+    low, high = beta - t * se, beta + t * se
+    detectable = _detectable(se, dof, power) if se > 0 else math.nan
+    if low > 0:
+        verdict = "holds"
+    elif high < 0:
+        verdict = "does not hold"
+    else:
+        verdict = "not resolved at this power"
+    return {
+        "beta_points_per_doubling": beta,
+        "ci95": [low, high],
+        "se": se,
+        "dof": dof,
+        "runs": len(y),
+        "budgets": budgets,
+        "residual_sd_points": sigma,
+        "detectable_slope_80pct": detectable,
+        "verdict": verdict,
+    }
+
+
+def _detectable(se: float, dof: int, power: float) -> float:
+    """The slope a two-sided t test at 5% detects with ``power`` (noncentral t)."""
+    from scipy.optimize import brentq
+
+    t = stats.t.ppf(0.975, dof)
+
+    def miss(slope: float) -> float:
+        nc = slope / se
+        return 1 - stats.nct.cdf(t, dof, nc) + stats.nct.cdf(-t, dof, nc) - power
+
+    upper = 4 * se
+    while True:  # widen until the power is reached; far out the noncentral t's tail is NaN
+        value = miss(upper)
+        if math.isnan(value) or upper > 1e3 * se:
+            return math.nan
+        if value > 0:
+            return float(brentq(miss, 1e-6 * se, upper))
+        upper *= 2
+
+
+def per_budget(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (tokens, epochs, model): the seeds' test accuracies, and the Welch difference of each CET-ViT variant
+    against each baseline."""
+    from vitlab.evaluation.stats import welch_interval, welch_ttest
+
+    cells: dict[tuple[int, int], dict[str, list[float]]] = {}
+    for r in runs:
+        if r["test_acc"] is not None:
+            cells.setdefault((r["tokens"], r["epochs"]), {}).setdefault(r["model"], []).append(100 * r["test_acc"])
+    rows = []
+    for (tokens, epochs), models in sorted(cells.items()):
+        row: dict[str, Any] = {"tokens": tokens, "epochs": epochs, "models": models, "gaps": {}}
+        for cet in ("cet_card", "cet_global"):
+            for base in ("vit", "swin", "tome"):
+                a, b = models.get(cet, []), models.get(base, [])
+                if len(a) >= 2 and len(b) >= 2:
+                    diff, low, high = welch_interval(a, b)
+                    _, p = welch_ttest(a, b)
+                    row["gaps"][f"{cet}-{base}"] = {"diff": diff, "ci95": [low, high], "p": p}
+        rows.append(row)
+    return rows
+
+
+def summarise(results: Path) -> dict[str, Any]:
+    runs = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
+    if not runs:
+        raise SystemExit(f"error: no per-run results in {results}; run benchmarks/experiments/card_claim.sh first")
+    return {
+        "protocol": "docs/card_claim.md",
+        "runs": runs,
+        "per_budget": per_budget(runs),
+        "hypotheses": {
+            name: {"statement": text, "cet": cet, "baseline": base, **(slope_test(runs, cet, base) or {})}
+            for name, (cet, base, text) in HYPOTHESES.items()
+        },
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    lines = ["| tokens | epochs | model | test top-1 per seed, % | mean |", "|---|---|---|---|---|"]
+    for row in summary["per_budget"]:
+        for model in MODELS:
+            values = row["models"].get(model)
+            if values:
+                seeds = ", ".join(f"{v:.2f}" for v in values)
+                lines.append(f"| {row['tokens']} | {row['epochs']} | {model} | {seeds} | {np.mean(values):.2f} |")
+    lines += ["", "| tokens | epochs | gap | difference [95% Welch CI], p |", "|---|---|---|---|"]
+    for row in summary["per_budget"]:
+        for name, gap in row["gaps"].items():
+            low, high = gap["ci95"]
+            lines.append(
+                f"| {row['tokens']} | {row['epochs']} | {name} | {gap['diff']:+.2f} [{low:+.2f}, {high:+.2f}], "
+                f"p = {gap['p']:.2g} |"
+            )
+    lines += [
+        "",
+        "| hypothesis | beta (points per doubling) [95% CI] | detectable at 80% | verdict |",
+        "|---|---|---|---|",
+    ]
+    for name, h in summary["hypotheses"].items():
+        if "beta_points_per_doubling" not in h:
+            lines.append(f"| {name}: {h['statement']} | not enough budgets yet | | not tested |")
+            continue
+        low, high = h["ci95"]
+        lines.append(
+            f"| {name}: {h['statement']} | {h['beta_points_per_doubling']:+.2f} [{low:+.2f}, {high:+.2f}] "
+            f"({h['runs']} runs, {h['dof']} dof) | {h['detectable_slope_80pct']:.2f} | {h['verdict']} |"
+        )
+    return "\n".join(lines)
+
+
+def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
+    """``card_claim_accuracy.png`` (test accuracy against budget per model, every seed shown) and
+    ``card_claim_gaps.png`` (the CET-ViT gaps against budget with their Welch intervals)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vitlab.atomic import save_figure
+
+    written = []
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for model in MODELS:
+        points = [
+            (r["epochs"], v) for r in summary["per_budget"] if r["tokens"] == 64 for v in r["models"].get(model, [])
+        ]
+        if not points:
+            continue
+        epochs = sorted({e for e, _ in points})
+        means = [np.mean([v for e2, v in points if e2 == e]) for e in epochs]
+        (line,) = ax.plot(epochs, means, marker="o", label=model)
+        ax.scatter(*zip(*points, strict=True), color=line.get_color(), s=10, alpha=0.6)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("epochs of the 10k-image protocol (log scale)")
+    ax.set_ylabel("test top-1, %")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(save_figure(fig, folder / "card_claim_accuracy.png", dpi=150))
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for name in ("cet_card-vit", "cet_card-swin", "cet_global-vit"):
+        rows = [r for r in summary["per_budget"] if r["tokens"] == 64 and name in r["gaps"]]
+        if rows:
+            e = np.array([r["epochs"] for r in rows], dtype=float)
+            d = np.array([r["gaps"][name]["diff"] for r in rows])
+            err = np.array(
+                [[d[i] - r["gaps"][name]["ci95"][0], r["gaps"][name]["ci95"][1] - d[i]] for i, r in enumerate(rows)]
+            ).T
+            ax.errorbar(e, d, yerr=err, marker="o", capsize=3, label=name)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("epochs (log scale)")
+    ax.set_ylabel("difference of test top-1, points (95% Welch CI)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(save_figure(fig, folder / "card_claim_gaps.png", dpi=150))
+    plt.close(fig)
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="one finished run -> its results file")
+    rec.add_argument("run", type=Path)
+    rec.add_argument("--model", required=True, choices=MODELS)
+    rec.add_argument("--epochs", type=int, required=True)
+    rec.add_argument("--seed", type=int, required=True)
+    rec.add_argument("--tokens", type=int, required=True)
+    rec.add_argument("--out", type=Path, required=True)
+    summ = sub.add_parser("summarise", help="every results file -> card_claim.json and the tables")
+    summ.add_argument("results", type=Path)
+    summ.add_argument("--out", type=Path)
+    summ.add_argument("--figures", type=Path)
+    args = parser.parse_args()
+
+    from vitlab.atomic import atomic_write_text
+
+    if args.command == "record":
+        if not (args.run / "test_metrics.json").is_file():
+            raise SystemExit(f"error: {args.run} has not finished (no test_metrics.json); resume it first")
+        atomic_write_text(
+            args.out, json.dumps(record(args.run, args.model, args.epochs, args.seed, args.tokens), indent=1)
+        )
+        return
+    summary = summarise(args.results)
+    if args.out is not None:
+        atomic_write_text(args.out, json.dumps(summary, indent=1) + "\n")
+    if args.figures is not None:
+        figures(summary, args.figures)
+    print(render(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The pre-registered budget curve of docs/card_claim.md: the card-shaped CET-ViT, cet_vit_nano_global and the matched
+# ViT, Swin and ToMe at 8, 24 and 48 epochs (seeds 0, 1; 0, 1, 2 at 48), then the 256-token arm (patch 2, 8 epochs,
+# seeds 0, 1). Finished runs are skipped, interrupted ones resumed from their last.ckpt, so the script can be started
+# again in a later session; each finished run gets one JSON in RESULTS at once (benchmarks/experiments/card_claim.py record).
+#
+#   VITLAB=.venv/bin/vitlab JOBS=2 bash benchmarks/experiments/card_claim.sh ../shared/datasets/cifar10.npz runs/card-claim
+#   BUDGETS="8" SEEDS_MAX=1 bash benchmarks/experiments/card_claim.sh DATA RUNS trainer.limit_train_batches=2   # a quick look
+#
+# JOBS (default 2): trainings at once, one thread each. RESULTS (default benchmarks/results/experiments/card_claim).
+set -euo pipefail
+if [[ $# -lt 2 ]]; then
+    echo "usage: $0 PATH/TO/cifar10.npz RUNS_DIR [config overrides...]" >&2
+    exit 2
+fi
+data=$1 runs=$2
+shift 2
+[[ -f $data ]] || { echo "error: $data is not a file; pass the CIFAR-10 npz (x_train, y_train, x_test, y_test)" >&2; exit 2; }
+VITLAB=${VITLAB:-vitlab}
+PYTHON=${PYTHON:-python}
+RESULTS=${RESULTS:-benchmarks/results/experiments/card_claim}
+BUDGETS=${BUDGETS:-8 24 48}
+SEEDS_MAX=${SEEDS_MAX:-3}
+jobs_max=${JOBS:-2}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+mkdir -p "$runs" "$RESULTS"
+
+train() {  # key config epochs seed tokens [overrides...]
+    local key=$1 config=$2 epochs=$3 seed=$4 tokens=$5
+    shift 5
+    local name=$key-e$epochs-t$tokens-seed$seed
+    local dir=$runs/$name
+    if [[ ! -f $dir/test_metrics.json ]]; then
+        if [[ -f $dir/checkpoints/last.ckpt ]]; then
+            echo "resuming: $dir"
+            "$VITLAB" fit --resume "$dir" >> "$dir.log" 2>&1 || { echo "failed: $dir (see $dir.log)" >&2; return 0; }
+        else
+            echo "training: $dir"
+            # the EI ramp at the card's proportions of this budget (epochs 50 -> 200 of 300)
+            local start end
+            start=$("$PYTHON" -c "print(round($epochs / 6, 3))") end=$("$PYTHON" -c "print(round(2 * $epochs / 3, 3))")
+            "$VITLAB" fit --config "$config" data.path="$data" run.seed="$seed" run.dir="$dir" run.name="card-$name" \
+                trainer.max_epochs="$epochs" loss.ei_start="$start" loss.ei_end="$end" \
+                trainer.enable_progress_bar=false "$@" > "$dir.log" 2>&1 || { echo "failed: $dir (see $dir.log)" >&2; return 0; }
+        fi
+    fi
+    [[ -f $RESULTS/$name.json ]] || "$PYTHON" benchmarks/experiments/card_claim.py record "$dir" --model "$key" \
+        --epochs "$epochs" --seed "$seed" --tokens "$tokens" --out "$RESULTS/$name.json"
+}
+
+launch() {  # the same arguments as train, at most JOBS at once
+    while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
+    train "$@" &
+}
+
+for epochs in $BUDGETS; do
+    seeds="0 1"
+    [[ $epochs == 48 ]] && seeds="0 1 2"
+    for seed in $seeds; do
+        (( seed < SEEDS_MAX )) || continue
+        launch cet_card compare/card_p4 "$epochs" "$seed" 64 "$@"
+        launch cet_global compare/cifar10_p4_global "$epochs" "$seed" 64 "$@"
+        launch vit compare/cifar10_p4_vit "$epochs" "$seed" 64 "$@"
+        launch swin compare/cifar10_p4_swin "$epochs" "$seed" 64 "$@"
+        launch tome compare/cifar10_p4_tome "$epochs" "$seed" 64 "$@"
+    done
+    if [[ $epochs == 8 ]]; then  # the 256-token arm, at the smallest budget
+        for seed in 0 1; do
+            (( seed < SEEDS_MAX )) || continue
+            launch cet_card compare/card_p2 8 "$seed" 256 "$@"
+            launch swin compare/card_p2_swin 8 "$seed" 256 "$@"
+        done
+    fi
+done
+wait || true
+echo "results: $RESULTS ($(ls "$RESULTS" | wc -l) runs); summary: python benchmarks/experiments/card_claim.py summarise $RESULTS"

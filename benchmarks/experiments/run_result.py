@@ -1,0 +1,122 @@
+"""One finished run as a small results file: the per-seed record that a summary table is computed from.
+
+Writes ``OUT`` (JSON) with the run's test metrics, generative metrics, the controller's end state and its
+convergence rule, the timing, the command, git revision, CPU and torch version (from the run's ``env.json``), and,
+for a controlled ViTCAE run, how many head-epochs the paper's tau clause would have blocked on the recorded drift
+(the measurement behind ``dynamics.tau_clause: none``). Drivers call it as each run finishes, so every run's
+result can be committed as soon as it exists.
+
+    python -m benchmarks.experiments.run_result RUN_DIR --experiment table1_digits --arm controlled --seed 0 \
+        --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitlab.rundir import RunDir
+
+if __package__ in (
+    None,
+    "",
+):  # run as a file (python -m benchmarks.experiments.run_result): the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.reports.table1_summary import _freeze_epochs as first_converged
+from benchmarks.reports.table1_summary import paper_rule_replay
+
+
+def tau_clause_replay(records: list[dict[str, Any]], eps_tau: float = 0.05, alpha: float = 4.0) -> dict[str, Any]:
+    """On the recorded directedness: head-epochs that pass the directedness test, and how many of them the tau
+    clause blocks, with the head's own tau (``own``: the paper's clause; in a fixed arm it never blocks) and with
+    the tau the schedule would set from the recorded drift (``schedule``: the clause applied alike in both arms)."""
+    passing = blocked_own = blocked_schedule = 0
+    previous_tau = previous_implied = None
+    rho = next((r.get("rho") for r in records if r.get("rho") is not None), None)
+    if rho is None:
+        return {}
+    for record in records:
+        tau = torch.tensor(record["tau"], dtype=torch.float64)
+        implied = None if record.get("drift") is None else 1 / (1 + alpha * torch.tensor(record["drift"]))
+        if record.get("directedness") is not None and previous_tau is not None:
+            frozen = torch.tensor(record["frozen"])
+            stable = (torch.tensor(record["directedness"]) < rho) & ~frozen
+            passing += int(stable.sum())
+            blocked_own += int((stable & ((tau - previous_tau).abs() >= eps_tau)).sum())
+            if implied is not None and previous_implied is not None:
+                blocked_schedule += int((stable & ((implied - previous_implied).abs() >= eps_tau)).sum())
+        previous_tau, previous_implied = tau, implied
+    return {
+        "rho": rho,
+        "head_epochs_passing_directedness": passing,
+        "blocked_by_own_tau_clause": blocked_own,
+        "blocked_by_schedule_tau_clause": blocked_schedule,
+    }
+
+
+def run_result(run: Path) -> dict[str, Any]:
+    rundir = RunDir(run)
+    env, test, timing = rundir.env() or {}, rundir.test_metrics() or {}, rundir.timing() or {}
+    if not test:
+        raise SystemExit(f"{run} has no test_metrics.json: the run has not finished")
+    records = rundir.dynamics()
+    last = records[-1] if records else {}
+    hardware = env.get("hardware", {})
+    result: dict[str, Any] = {
+        "run": run.name,
+        "command": env.get("command"),
+        "git": env.get("git"),
+        "cpu": hardware.get("cpu_model"),
+        "torch": (env.get("versions") or {}).get("torch"),
+        "test": test,
+        "generate": rundir.generate_metrics() or {},
+        "timing": timing,
+    }
+    epochs = rundir.metrics()
+    if epochs:
+        keys = ["val/acc", "val/slot_k", "val/reversibility"]
+        keys += sorted({k for e in epochs for k in e if k.startswith("train/k_frac_")})
+        result["val_curve"] = {k: [e.get(k) for e in epochs] for k in keys if any(k in e for e in epochs)}
+    grouping = rundir.json("grouping.json") or {}
+    if grouping:
+        result["grouping"] = {"final": grouping.get("final"), "init": grouping.get("init")}
+    if records:
+        result["dynamics"] = {
+            "mode": last.get("mode"),
+            "convergence": last.get("convergence"),
+            "rho": last.get("rho"),
+            "tau_clause": last.get("tau_clause", "own"),
+            "epochs": last.get("epoch"),
+            "non_converged": last.get("non_converged"),
+            "frozen": sum(sum(row) for row in last.get("frozen", [])),
+            "mean_drift_last_epoch": last.get("mean_drift"),
+            "first_converged_epochs": first_converged(records),
+            "tau_clause_replay": tau_clause_replay(records),
+            "non_converged_paper_rule_replay": paper_rule_replay(rundir, records, None),
+        }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--arm", required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    result = {"experiment": args.experiment, "arm": args.arm, "seed": args.seed, **run_result(args.run)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()

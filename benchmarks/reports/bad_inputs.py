@@ -1,0 +1,258 @@
+"""Every bad input tried on the ``vitlab`` command, and the message it gets: the table of ``docs/errors.md``.
+
+Each case runs the real command line (in this process, in a scratch folder, on data the script makes) and records
+the exit code and the first line of standard error. A case that prints a traceback or exits 0 is marked as a
+failure; the script fails if any command changed a file of the user's folder ``mine/`` or left a half-written
+(temporary or empty) file. Run from the repository root::
+
+    python -m benchmarks.reports.bad_inputs > /tmp/bad_inputs.md
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+import vitlab
+from vitlab.cli.main import main
+
+TINY = ["trainer.accelerator=cpu", "model.depth=1", "data.limit_train=128", "run.generate=false", "run.report=false"]
+FIT = ["fit", "--config", "vit/digits", "trainer.max_epochs=1", *TINY]
+REPO = str(Path(vitlab.__file__).resolve().parents[2])  # where this checkout is: <repo> in the table
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse
+            rc = e.code
+    return rc, err.getvalue()
+
+
+def make_inputs(work: Path) -> dict[str, Path]:
+    """A trained run, a truncated and a foreign checkpoint, a folder with a user's file, an npz without labels,
+    an image folder with a broken image."""
+    run_dir = work / "run"
+    with contextlib.redirect_stdout(sys.stderr):
+        assert main([*FIT, f"run.dir={run_dir}", "trainer.enable_progress_bar=false"]) == 0
+    ckpt = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
+    (work / "truncated.ckpt").write_bytes(ckpt[: len(ckpt) // 2])
+    (work / "foreign.ckpt").write_bytes(b"not a checkpoint")
+    (work / "mine").mkdir()
+    (work / "mine" / "notes.txt").write_text("my notes")
+    (work / "file.txt").write_text("a file")
+    x = np.zeros((8, 8, 8), np.uint8)
+    np.savez(work / "nolabels.npz", x_train=x, x_test=x)
+    for label in ("a", "b"):
+        for i in range(4):
+            (work / "pets" / label).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(work / "pets" / label / f"{i}.png")
+    broken = work / "pets" / "b" / "3.png"
+    broken.write_bytes(broken.read_bytes()[:30])
+    images, labels = np.random.default_rng(0).integers(0, 256, (40, 8, 8), dtype=np.uint8), np.arange(40) % 4
+    npz = {"x_train": images, "y_train": labels, "x_test": images[:20], "y_test": labels[:20]}
+    np.savez(work / "short_labels.npz", **{**npz, "y_train": labels[:30]})
+    np.savez(work / "float_labels.npz", **{**npz, "y_train": np.random.default_rng(0).random(40)})
+    np.savez(work / "sparse_labels.npz", **{**npz, "y_train": labels * 100, "y_test": labels[:20] * 100})
+    np.savez(work / "unseen_labels.npz", **{**npz, "y_test": np.arange(20) % 5})
+    np.savez(work / "one_class.npz", **{**npz, "y_train": labels * 0, "y_test": labels[:20] * 0})
+    nchw = np.random.default_rng(0).integers(0, 256, (40, 3, 8, 8), dtype=np.uint8)
+    np.savez(work / "nchw.npz", **{**npz, "x_train": nchw, "x_test": nchw[:20]})
+    (work / "text.npz").write_text("not an npz file")
+    (work / "folder.npz").mkdir()
+    for label in ("a", "b"):
+        for i in range(6):
+            (work / "empty_class" / label).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((8, 8), i, np.uint8)).save(work / "empty_class" / label / f"{i}.png")
+    (work / "empty_class" / "c").mkdir()
+    (work / "one_class" / "cat").mkdir(parents=True)
+    (work / "two_images" / "dog").mkdir(parents=True)
+    for folder in ("one_class/cat", "two_images/dog"):
+        for i in range(6 if folder.startswith("one") else 1):
+            Image.fromarray(np.full((8, 8), i, np.uint8)).save(work / folder / f"{i}.png")
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(work / "two_images" / "cat.png")
+    (work / "two_images" / "cat").mkdir()
+    os.replace(work / "two_images" / "cat.png", work / "two_images" / "cat" / "0.png")
+    (work / "tab.yaml").write_text("trainer:\n\tmax_epochs: 2\n")
+    (work / "syntax.yaml").write_text("model: {name: vit_pico\n")
+    (work / "loop.yaml").write_text("defaults: [loop.yaml]\n")
+    (work / "busy").mkdir()
+    (work / "busy" / ".lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")  # this process: alive
+    for name in ("report.html", "predictions.csv", "compare.md", "bench.json", "probe.json"):
+        (work / "mine" / name).write_text(f"the user's {name}")
+    for folder, name in (("generate", "metrics.json"), ("evaluation", "evaluation.json")):
+        (work / "mine" / folder).mkdir()
+        (work / "mine" / folder / name).write_text(f"the user's {name}")
+    return {"run": run_dir}
+
+
+@contextlib.contextmanager
+def disk_full():
+    """Every file written after this point meets a full disk (what a 5 MiB tmpfs does to a checkpoint)."""
+    real = os.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    os.fsync = full
+    try:
+        yield
+    finally:
+        os.fsync = real
+
+
+def cases(work: Path, run_dir: Path) -> list[tuple]:
+    """``(name, argv)`` or ``(name, argv, context)``: ``context()`` is entered around the command (a full disk)."""
+
+    def mine(name: str) -> str:
+        return str(work / "mine" / name)
+
+    return [
+        ("unknown config key", [*FIT, "optim.lrr=1e-3"]),
+        ("value of the wrong type", [*FIT, "trainer.max_epochs=ten"]),
+        ("malformed override", [*FIT, "optim.lr"]),
+        ("unknown command-line flag", ["fit", "--config", "vit/digits", "--lr", "1e-3"]),
+        ("config file not found", ["fit", "--config", "vit/digitz"]),
+        ("unknown model", [*FIT, "model.name=vit_tinyy"]),
+        ("unknown model option", [*FIT, "model.embed_dimm=64"]),
+        ("patch size does not divide the image", [*FIT, "model.patch_size=3", f"run.dir={work / 'p3'}"]),
+        ("unknown dataset", [*FIT, "data.name=imagenet-1k"]),
+        ("dataset files missing", [*FIT, "data.name=mnist", f"data.root={work / 'nothing'}"]),
+        ("npz file not given", [*FIT, "data.name=npz"]),
+        ("npz without labels", [*FIT, "data.name=npz", f"data.path={work / 'nolabels.npz'}"]),
+        (
+            "unreadable image, data.strict_images=true",
+            [*FIT, "data.name=imagefolder", f"data.path={work / 'pets'}", "data.strict_images=true"],
+        ),
+        ("data.in_chans on a fixed dataset", [*FIT, "data.in_chans=3"]),
+        ("negative batch size", [*FIT, "data.batch_size=0"]),
+        ("run directory already holds a run", [*FIT, f"run.dir={run_dir}"]),
+        ("training diverges (NaN loss)", [*FIT, "optim.lr=1e3", "trainer.max_epochs=10", f"run.dir={work / 'nan'}"]),
+        ("--resume of a folder that does not exist", ["fit", "--resume", str(work / "runs" / "nope")]),
+        ("--resume of a truncated checkpoint", ["fit", "--resume", str(work / "truncated.ckpt")]),
+        ("test on a foreign file", ["test", str(work / "foreign.ckpt")]),
+        ("export of a truncated checkpoint", ["export", str(work / "truncated.ckpt")]),
+        ("export into a folder with a user's files", ["export", str(run_dir), "--out", str(work / "mine")]),
+        ("export onto a file", ["export", str(run_dir), "--out", str(work / "file.txt")]),
+        ("dynamics of a run trained without them", ["dynamics", str(run_dir)]),
+        ("evaluate a folder that is not a run", ["evaluate", str(work / "mine")]),
+        ("load a model option that changes the weights", ["evaluate", str(run_dir), "--model", "embed_dim=32"]),
+        ("a model option that does not exist", ["evaluate", str(run_dir), "--model", "tome_rr=2"]),
+        ("dynamics of a folder that does not exist", ["dynamics", str(work / "nope")]),
+        ("test of a run that does not exist", ["test", str(work / "nope")]),
+        ("report of a folder that is not a run", ["report", str(work / "mine")]),
+        ("compare of a folder that is not a run", ["compare", str(run_dir), str(work / "mine")]),
+        ("generate on a run that is not a ViTCAE", ["generate", str(run_dir)]),
+        ("slot assignments of a run that is not a CET-ViT", ["probe", "slot-k", str(run_dir)]),
+        ("bench of an unknown model", ["bench", "vit_tinyy"]),
+        ("list-models with a pattern that matches nothing", ["list-models", "zzz*"]),
+        # issue 26: nothing lost
+        ("--resume with another config", ["fit", "--config", "vitcae/digits", "--resume", str(run_dir)]),
+        ("--resume with another model", ["fit", "--resume", str(run_dir), "model.name=vit_pico"]),
+        ("a run folder another vitlab fit is writing", [*FIT, f"run.dir={work / 'busy'}"]),
+        ("report onto a user's file", ["report", str(run_dir), "--out", str(work / "mine" / "report.html")]),
+        (
+            "predict onto a user's file",
+            ["predict", str(run_dir), str(work / "pets" / "a"), "--out", mine("predictions.csv")],
+        ),
+        ("compare onto a user's file", ["compare", str(run_dir), "--out", mine("compare.md")]),
+        ("generate into a folder with a metrics.json", ["generate", str(run_dir), "--out", mine("generate")]),
+        ("evaluate into a folder with an evaluation.json", ["evaluate", str(run_dir), "--out", mine("evaluation")]),
+        ("probe --json onto a user's file", ["probe", "reversibility", "--json", mine("probe.json")]),
+        ("bench onto a user's file", ["bench", "vit_pico", "--out", mine("bench.json")]),
+        (
+            "a full disk during predict --out",
+            ["predict", str(run_dir), str(work / "pets" / "a"), "--out", mine("new.csv")],
+            disk_full,
+        ),
+        ("a full disk during fit", [*FIT, f"run.dir={work / 'full'}"], disk_full),
+        ("a full disk during export", ["export", str(run_dir), "--out", str(work / "exported")], disk_full),
+        # issue 26: nothing silently wrong
+        ("npz with fewer labels than images", [*FIT, "data.name=npz", f"data.path={work / 'short_labels.npz'}"]),
+        ("npz with fractional float labels", [*FIT, "data.name=npz", f"data.path={work / 'float_labels.npz'}"]),
+        ("npz labels 0, 100, 200, 300", [*FIT, "data.name=npz", f"data.path={work / 'sparse_labels.npz'}"]),
+        (
+            "npz test labels outside the training labels",
+            [*FIT, "data.name=npz", f"data.path={work / 'unseen_labels.npz'}"],
+        ),
+        ("npz with a single class", [*FIT, "data.name=npz", f"data.path={work / 'one_class.npz'}"]),
+        ("model.num_classes below the labels", [*FIT, "model.num_classes=5"]),
+        (
+            "image folder with an empty class folder",
+            [*FIT, "data.name=imagefolder", f"data.path={work / 'empty_class'}"],
+        ),
+        ("image folder with one class", [*FIT, "data.name=imagefolder", f"data.path={work / 'one_class'}"]),
+        ("image folder with two images", [*FIT, "data.name=imagefolder", f"data.path={work / 'two_images'}"]),
+        ("compare with the same run twice", ["compare", str(run_dir), str(run_dir)]),
+        ("trainer.max_epochs=0", [*FIT, "trainer.max_epochs=0"]),
+        # issue 26: tracebacks that are one line now
+        ("YAML syntax error", ["fit", "--config", str(work / "syntax.yaml")]),
+        ("YAML indented with a tab", ["fit", "--config", str(work / "tab.yaml")]),
+        ("defaults that include themselves", ["fit", "--config", str(work / "loop.yaml")]),
+        ("npz that is not a zip", [*FIT, "data.name=npz", f"data.path={work / 'text.npz'}"]),
+        ("npz path that is a folder", [*FIT, "data.name=npz", f"data.path={work / 'folder.npz'}"]),
+        ("npz images in NCHW order", [*FIT, "data.name=npz", f"data.path={work / 'nchw.npz'}"]),
+        ("an image size whose first batch cannot fit in memory", [*FIT, "data.img_size=100000"]),
+        ("negative learning rate", [*FIT, "optim.lr=-1e-3"]),
+        ("a trainer value Lightning refuses", [*FIT, "trainer.strategy=ddpp"]),
+        ("evaluate --severities outside 1..5", ["evaluate", str(run_dir), "--severities", "9"]),
+    ]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def main_table() -> int:
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        cwd = os.getcwd()
+        os.chdir(work)
+        try:
+            inputs = make_inputs(work)
+            rows = []
+            before = snapshot(work / "mine")
+            for name, argv, *context in cases(work, inputs["run"]):
+                with (context[0] if context else contextlib.nullcontext)():
+                    rc, err = run(argv)
+                lines = err.strip().splitlines()
+                first = next(
+                    (line for line in lines if "error:" in line or "stopped:" in line), lines[0] if lines else ""
+                )
+                ok = rc != 0 and "Traceback" not in err and first != ""
+                failures += not ok
+                shown = first.replace(str(work), "<tmp>").replace(REPO, "<repo>").replace("|", "\\|")
+                shown_argv = ["fit", "--config", "vit/digits", *argv[len(FIT) :]] if argv[: len(FIT)] == FIT else argv
+                command = " ".join(a.replace(str(work), "<tmp>") for a in shown_argv)
+                flag = "" if ok else " **(not a clean error)**"
+                rows.append(f"| {name} | `vitlab {command}` | {rc} | {shown}{flag} |")
+            if snapshot(work / "mine") != before:
+                print("a command changed or deleted a user's file in mine/", file=sys.stderr)
+                failures += 1
+            half = [p for p in work.rglob("*") if p.is_file() and (p.name.endswith(".tmp") or p.stat().st_size == 0)]
+            half = [p for p in half if p.parent.name not in ("empty_class", "c")]
+            if half:
+                print(f"half-written files left: {', '.join(map(str, half))}", file=sys.stderr)
+                failures += 1
+        finally:
+            os.chdir(cwd)
+    print("| input | command | exit | message (first line of stderr) |")
+    print("|---|---|---|---|")
+    print("\n".join(rows))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_table())
