@@ -8,10 +8,10 @@ waits for the data loader) and the step alone; from the bench, the median wall-c
 ``fit_train_per_batch / bench_step_per_batch`` is what the data path (augmentation, collation, Lightning's
 per-batch work) adds to the step; within 1.10 the data path is not the bottleneck.
 
-    python benchmarks/fit_vs_bench.py --config compare/cifar10_p4_vit --data ../shared/datasets/cifar10.npz \\
-        --out benchmarks/results/fit_vs_bench_cifar10_p4_vit_<cpu>.json
+    python -m benchmarks.micro.fit_vs_bench --config compare/cifar10_p4_vit --data ../shared/datasets/cifar10.npz
 
-Writes JSON with the per-round values, the command, git revision, lscpu and the load average.
+Writes ``benchmarks/results/micro/fit_vs_bench_<device>_<date>.json`` (or ``--out``) with the per-round values,
+the command, git revision, lscpu and the load average.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ from vitlab.bench import bench
 from vitlab.config import build_config
 from vitlab.environment import environment
 from vitlab.jsonio import strict_dumps
+
+if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.naming import results_path
 
 
 def fit_epoch(config: str, data: str, limit: int, run_dir: Path, extra: list[str]) -> dict[str, Any]:
@@ -66,9 +71,10 @@ def main() -> None:
     parser.add_argument("--limit-train", type=int, default=2560)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5, help="bench rounds per fit round")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/micro/fit_vs_bench_<device>_<date>.json")
     parser.add_argument("overrides", nargs="*", help="config overrides for both (e.g. trainer.precision=32-true)")
     args = parser.parse_args()
+    args.out = args.out or results_path("micro", "fit_vs_bench")
     if args.out.exists():
         raise SystemExit(f"error: {args.out} exists; choose another --out")
     cfg = build_config(args.config, [f"data.path={args.data}", *args.overrides])
