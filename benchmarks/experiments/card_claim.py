@@ -169,10 +169,18 @@ def per_budget(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def summarise(results: Path) -> dict[str, Any]:
-    runs = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
+def summarise(results: Path | list[Path]) -> dict[str, Any]:
+    """Every per-run file of the folders ``results`` (one per session and machine: the runs of one design, wherever
+    they ran); a run recorded twice (the same model, epochs, tokens and seed) is refused."""
+    folders = [results] if isinstance(results, Path) else list(results)
+    runs = [json.loads(p.read_text()) for folder in folders for p in sorted(folder.glob("*.json"))]
     if not runs:
-        raise SystemExit(f"error: no per-run results in {results}; run benchmarks/experiments/card_claim.sh first")
+        names = " ".join(map(str, folders))
+        raise SystemExit(f"error: no per-run results in {names}; run benchmarks/experiments/card_claim.sh first")
+    keys = [(r["model"], r["epochs"], r["tokens"], r["seed"]) for r in runs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise SystemExit(f"error: runs recorded twice (model, epochs, tokens, seed): {twice}; keep one file each")
     return {
         "protocol": "docs/card_claim.md",
         "runs": runs,
@@ -279,7 +287,7 @@ def main() -> None:
     rec.add_argument("--tokens", type=int, required=True)
     rec.add_argument("--out", type=Path, required=True)
     summ = sub.add_parser("summarise", help="every results file -> card_claim.json and the tables")
-    summ.add_argument("results", type=Path)
+    summ.add_argument("results", type=Path, nargs="+", help="folders of per-run files (one per session)")
     summ.add_argument("--out", type=Path)
     summ.add_argument("--figures", type=Path)
     args = parser.parse_args()

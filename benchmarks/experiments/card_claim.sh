@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The pre-registered budget curve of docs/card_claim.md: the card-shaped CET-ViT, cet_vit_nano_global and the matched
 # ViT, Swin and ToMe at 8, 24 and 48 epochs (seeds 0, 1; 0, 1, 2 at 48), then the 256-token arm (patch 2, 8 epochs,
-# seeds 0, 1). Finished runs are skipped, interrupted ones resumed from their last.ckpt, so the script can be started
-# again in a later session; each finished run gets one JSON in RESULTS at once (benchmarks/experiments/card_claim.py record).
+# seeds 0, 1). Runs already recorded (a JSON of their name in any RECORDED folder, the committed results of earlier
+# sessions) and finished runs are skipped, interrupted ones resumed from their last.ckpt, so the script can be started
+# again in a later session, on a fresh machine too; each finished run gets one JSON in RESULTS at once
+# (benchmarks/experiments/card_claim.py record).
 #
 #   VITLAB=.venv/bin/vitlab JOBS=2 bash benchmarks/experiments/card_claim.sh ../shared/datasets/cifar10.npz runs/card-claim
 #   BUDGETS="8" SEEDS_MAX=1 bash benchmarks/experiments/card_claim.sh DATA RUNS trainer.limit_train_batches=2   # a quick look
 #
-# JOBS (default 2): trainings at once, one thread each. RESULTS (default benchmarks/results/experiments/card_claim).
+# JOBS (default 2): trainings at once, one thread each. RESULTS (default
+# benchmarks/results/experiments/card_claim_<device>_<date>, the naming scheme of benchmarks/naming.py). RECORDED
+# (default benchmarks/results/experiments/card_claim_*): the folders of runs that count as done.
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 PATH/TO/cifar10.npz RUNS_DIR [config overrides...]" >&2
@@ -18,7 +22,11 @@ shift 2
 [[ -f $data ]] || { echo "error: $data is not a file; pass the CIFAR-10 npz (x_train, y_train, x_test, y_test)" >&2; exit 2; }
 VITLAB=${VITLAB:-vitlab}
 PYTHON=${PYTHON:-python}
-RESULTS=${RESULTS:-benchmarks/results/experiments/card_claim}
+if [[ -z ${RESULTS:-} ]]; then
+    device=$("$PYTHON" -c "from benchmarks.naming import cpu_model, device_name; print(device_name(cpu_model()))")
+    RESULTS=benchmarks/results/experiments/card_claim_${device}_$(date -u +%F)
+fi
+RECORDED=${RECORDED:-benchmarks/results/experiments/card_claim_*}
 BUDGETS=${BUDGETS:-8 24 48}
 SEEDS_MAX=${SEEDS_MAX:-3}
 jobs_max=${JOBS:-2}
@@ -29,7 +37,13 @@ train() {  # key config epochs seed tokens [overrides...]
     local key=$1 config=$2 epochs=$3 seed=$4 tokens=$5
     shift 5
     local name=$key-e$epochs-t$tokens-seed$seed
-    local dir=$runs/$name
+    local dir=$runs/$name recorded
+    for recorded in $RECORDED; do
+        if [[ -f $recorded/$name.json && $recorded != "$RESULTS" ]]; then
+            echo "recorded: $recorded/$name.json"
+            return 0
+        fi
+    done
     if [[ ! -f $dir/test_metrics.json ]]; then
         if [[ -f $dir/checkpoints/last.ckpt ]]; then
             echo "resuming: $dir"

@@ -56,6 +56,8 @@ def test_one_budget_cannot_test_a_slope(card_claim):
 def test_the_summary_has_every_run_and_every_hypothesis(card_claim, tmp_path):
     rng = np.random.default_rng(2)
     runs = _runs(1.0, 0.5, rng) + _runs(0.0, 0.5, rng, cet="cet_global") + _runs(0.0, 0.5, rng, base="swin")
+    cells = {(r["model"], r["epochs"], r["tokens"], r["seed"]): r for r in runs}  # the baseline once per cell
+    runs = list(cells.values())
     for i, run in enumerate(runs):
         (tmp_path / f"{i}.json").write_text(json.dumps(run))
     summary = card_claim.summarise(tmp_path)
@@ -63,7 +65,7 @@ def test_the_summary_has_every_run_and_every_hypothesis(card_claim, tmp_path):
     assert set(summary["hypotheses"]) == {"H1a", "H1b", "H2"}
     assert all("verdict" in h for h in summary["hypotheses"].values())
     cell = next(r for r in summary["per_budget"] if r["epochs"] == 48)
-    assert len(cell["models"]["cet_card"]) == 6 and "cet_card-vit" in cell["gaps"]
+    assert len(cell["models"]["cet_card"]) == 3 and "cet_card-vit" in cell["gaps"]  # seeds 0, 1, 2, once each
     table = card_claim.render(summary)
     assert "| H1a:" in table and "| 64 | 48 | cet_card-swin |" in table
     written = card_claim.figures(summary, tmp_path / "figs")
@@ -97,12 +99,17 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     runs, results = tmp_path / "runs", tmp_path / "results"
     (runs / "vit-e24-t64-seed1" / "checkpoints").mkdir(parents=True)
     (runs / "vit-e24-t64-seed1" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    earlier = tmp_path / "earlier_session"  # a run recorded in an earlier session is not trained again
+    earlier.mkdir()
+    (earlier / "swin-e8-t64-seed0.json").write_text("{}")
     env = {**os.environ, "VITLAB": str(vitlab), "PYTHON": str(python), "RESULTS": str(results), "JOBS": "2"}
+    env["RECORDED"] = f"{earlier} {results}"
     command = ["bash", str(ROOT / "benchmarks" / "experiments" / "card_claim.sh"), str(data), str(runs)]
     first = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert first.returncode == 0, first.stderr
     names = sorted(p.stem for p in results.glob("*.json"))
-    assert len(names) == 5 * (2 + 2 + 3) + 2 * 2
+    assert len(names) == 5 * (2 + 2 + 3) + 2 * 2 - 1 and "swin-e8-t64-seed0" not in names
+    assert "recorded: " + str(earlier / "swin-e8-t64-seed0.json") in first.stdout
     assert "cet_card-e8-t256-seed1" in names and "tome-e48-t64-seed2" in names and "swin-e24-t64-seed2" not in names
     log = calls.read_text().splitlines()
     assert len(log) == len(names)
@@ -142,3 +149,18 @@ def test_the_gpu_protocol_records_when_no_gpu_was_there(tmp_path):
     assert gpu.main(["--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "card_claim_gpu.json").read_text())
     assert report["gpu"] is None and "no CUDA" in report["note"]
+
+
+def test_the_summary_reads_the_folders_of_several_sessions_and_refuses_a_run_recorded_twice(card_claim, tmp_path):
+    runs = _runs(1.0, 0.5, np.random.default_rng(3))
+    first, second = tmp_path / "card_claim_epyc_2026-12-02", tmp_path / "card_claim_xeon_2026-12-03"
+    for folder, part in ((first, runs[::2]), (second, runs[1::2])):
+        folder.mkdir()
+        for run in part:
+            (folder / f"{run['model']}-e{run['epochs']}-t{run['tokens']}-seed{run['seed']}.json").write_text(
+                json.dumps(run)
+            )
+    assert len(card_claim.summarise([first, second])["runs"]) == len(runs)
+    (second / "again.json").write_text(json.dumps(runs[0]))
+    with pytest.raises(SystemExit, match="recorded twice"):
+        card_claim.summarise([first, second])
