@@ -9,6 +9,7 @@
 #   VITLAB=.venv/bin/vitlab JOBS=2 bash benchmarks/experiments/card_claim.sh ../shared/datasets/cifar10.npz runs/card-claim
 #   BUDGETS="8" SEEDS_MAX=1 bash benchmarks/experiments/card_claim.sh DATA RUNS trainer.limit_train_batches=2   # a quick look
 #
+# Every run in fp32 (trainer.precision=32-true; docs/card_claim.md, "Changes after the pre-registration").
 # JOBS (default 2): trainings at once, one thread each. RESULTS (default
 # benchmarks/results/experiments/card_claim_<device>_<date>, the naming scheme of benchmarks/naming.py). RECORDED
 # (default benchmarks/results/experiments/card_claim_*): the folders of runs that count as done.
@@ -54,7 +55,7 @@ train() {  # key config epochs seed tokens [overrides...]
             local start end
             start=$("$PYTHON" -c "print(round($epochs / 6, 3))") end=$("$PYTHON" -c "print(round(2 * $epochs / 3, 3))")
             "$VITLAB" fit --config "$config" data.path="$data" run.seed="$seed" run.dir="$dir" run.name="card-$name" \
-                trainer.max_epochs="$epochs" loss.ei_start="$start" loss.ei_end="$end" \
+                trainer.max_epochs="$epochs" loss.ei_start="$start" loss.ei_end="$end" trainer.precision=32-true \
                 trainer.enable_progress_bar=false "$@" > "$dir.log" 2>&1 || { echo "failed: $dir (see $dir.log)" >&2; return 0; }
         fi
     fi

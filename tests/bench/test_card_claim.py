@@ -116,6 +116,7 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     assert sum("--resume" in line for line in log) == 1
     fresh = next(line for line in log if "run.dir=" + str(runs / "cet_card-e48-t64-seed0") in line)
     assert "trainer.max_epochs=48" in fresh and "loss.ei_start=8.0" in fresh and "loss.ei_end=32.0" in fresh
+    assert "trainer.precision=32-true" in fresh  # one precision for every cell, whatever CPU a session draws
     again = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0 and len(calls.read_text().splitlines()) == len(names)  # nothing re-trained
     missing = subprocess.run(
