@@ -41,7 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from vitlab.acceleration import choose_precision
 from vitlab.bench import bootstrap_median
+from vitlab.bench.timing import autocast
 from vitlab.diagnostics import FrozenHeadGuard
 from vitlab.environment import environment
 from vitlab.models.vit import VisionTransformer
@@ -133,7 +135,7 @@ def cuda_clock() -> float:
     return time.perf_counter()
 
 
-def timed_step(model, optimizer, x, y, clock=time.thread_time) -> tuple[float, float, float]:
+def timed_step(model, optimizer, x, y, clock=time.thread_time, precision="32-true") -> tuple[float, float, float]:
     """Seconds of forward, backward and optimizer step (the guard's hooks included) on ``clock``.
 
     The default clock is the calling thread's CPU time (``time.thread_time``): single-threaded, all the work runs on
@@ -142,7 +144,9 @@ def timed_step(model, optimizer, x, y, clock=time.thread_time) -> tuple[float, f
     """
     optimizer.zero_grad(set_to_none=True)
     start = clock()
-    loss = F.cross_entropy(model(x), y)
+    with autocast(precision, x.device):  # bf16-mixed as `vitlab fit` runs it, where `--precision` resolves to it
+        logits = model(x)
+    loss = F.cross_entropy(logits.float(), y)
     after_forward = clock()
     loss.backward()
     after_backward = clock()
@@ -235,7 +239,7 @@ def benchmark(tokens: int, args: argparse.Namespace) -> dict:
     for repeat in range(args.warmup + args.repeats):
         order = range(len(variants)) if repeat % 2 == 0 else reversed(range(len(variants)))
         for index in order:
-            sample = timed_step(*setups[index], x, y, clock)
+            sample = timed_step(*setups[index], x, y, clock, getattr(args, "precision_used", "32-true"))
             if repeat >= args.warmup:
                 times[index].append(sample)
     base_samples, base_flops = times[0], rows[0]["flops"]
@@ -315,6 +319,12 @@ def main() -> None:
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the wall clock, synchronised")
     parser.add_argument("--out", help="default: benchmarks/results/micro/freezing_<device>_<date>.json")
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "32-true", "bf16-mixed"),
+        default="auto",
+        help="auto (the default of vitlab fit): bf16-mixed where the device computes bf16 natively, else fp32",
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
@@ -323,6 +333,9 @@ def main() -> None:
     if args.clock == "thread" and args.threads != 1:
         parser.error("--clock thread counts one thread's CPU time: use it with --threads 1, or pass --clock wall")
     args.out = args.out or str(results_path("micro", "freezing", device=args.device))
+    choice = choose_precision(args.precision, args.device)
+    args.precision_used = choice.precision
+    print(f"precision {choice.precision} ({args.precision}: {choice.reason})")
     torch.set_num_threads(args.threads)
     results = {
         "benchmark": "freezing",
@@ -330,6 +343,7 @@ def main() -> None:
         "environment": environment(),
         "processor": platform.processor() or platform.machine(),
         "threads": args.threads,
+        "precision_choice": choice.record(),
         "settings": vars(args),
         "cases": [benchmark(tokens, args) for tokens in args.tokens],
     }
