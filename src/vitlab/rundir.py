@@ -70,6 +70,7 @@ ENV_FILE = "env.json"
 METRICS_FILE = "metrics.jsonl"
 STEPS_FILE = "steps.jsonl"
 TIMING_FILE = "timing.json"
+ATTENTION_PATHS_FILE = "attention_paths.json"
 TEST_METRICS_FILE = "test_metrics.json"
 DDP_CHECK_FILE = "ddp_check.json"
 DYNAMICS_FILE = "dynamics.jsonl"
@@ -98,6 +99,7 @@ RUN_OUTPUTS = (
     METRICS_FILE,
     STEPS_FILE,
     TIMING_FILE,
+    ATTENTION_PATHS_FILE,
     TEST_METRICS_FILE,
     DDP_CHECK_FILE,
     DYNAMICS_FILE,

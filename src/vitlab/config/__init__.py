@@ -99,6 +99,11 @@ class TrainerConfig:
     #: recompute the blocks' activations in the backward pass instead of keeping them (the model's
     #: ``set_grad_checkpointing``): less activation memory for one more forward of the blocks, same loss and gradients
     grad_checkpointing: bool = False
+    #: the attention kernel: ``auto`` (measured per call shape, :mod:`vitlab.layers.attention_path`; the choices go to
+    #: the run's ``attention_paths.json`` and a resumed run reuses them) or one of ``sdpa``, ``math``, ``eager`` for
+    #: every call. The paths round differently, so two fresh ``auto`` runs that measure differently are not
+    #: bit-identical; a fixed path is
+    attention_path: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_epochs == -1 and self.max_time is None:
@@ -110,6 +115,10 @@ class TrainerConfig:
             )
         if self.log_every_n_steps < 1 or self.check_val_every_n_epoch < 1:
             raise ConfigError("trainer.log_every_n_steps and trainer.check_val_every_n_epoch must be >= 1")
+        if self.attention_path not in ATTENTION_PATHS:
+            raise ConfigError(
+                f"trainer.attention_path must be one of {', '.join(ATTENTION_PATHS)}, got {self.attention_path!r}"
+            )
         if str(self.precision) not in PRECISIONS:
             raise ConfigError(
                 f"trainer.precision must be auto or one of Lightning's precisions ({', '.join(PRECISIONS[1:])}), "
@@ -139,7 +148,9 @@ PRECISIONS: tuple[str, ...] = (
 )
 
 #: keys of :class:`TrainerConfig` that vitlab uses itself, not passed to Lightning
-VITLAB_KEYS: tuple[str, ...] = ("compile", "compile_mode", "compile_backend", "grad_checkpointing")
+VITLAB_KEYS: tuple[str, ...] = ("compile", "compile_mode", "compile_backend", "grad_checkpointing", "attention_path")
+#: ``trainer.attention_path``: ``auto`` and :data:`vitlab.layers.attention_path.PATHS` (kept here: no torch import)
+ATTENTION_PATHS: tuple[str, ...] = ("auto", "sdpa", "math", "eager")
 
 
 @dataclass

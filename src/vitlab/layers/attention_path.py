@@ -29,10 +29,11 @@ attention dropout on, its eager softmax runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -83,6 +84,18 @@ def force_attention_path(path: str | None) -> None:
     _forced = path
 
 
+@contextlib.contextmanager
+def forcing(path: str | None) -> Iterator[None]:
+    """:func:`force_attention_path` for a block (None: no change), the previous setting restored after it."""
+    previous = _forced
+    if path is not None:
+        force_attention_path(path)
+    try:
+        yield
+    finally:
+        force_attention_path(previous)
+
+
 def forced_path() -> str | None:
     """The forced path: :func:`force_attention_path`'s, else ``VITLAB_ATTENTION_PATH``'s, else None."""
     path = _forced or os.environ.get(ENV_VARIABLE) or None
@@ -94,6 +107,22 @@ def forced_path() -> str | None:
 def decisions() -> list[dict]:
     """Every key decided in this process: the key's fields, the ``path`` chosen and ``seconds`` per candidate."""
     return [{**asdict(key), "path": path, "seconds": _timings.get(key, {})} for key, path in _decisions.items()]
+
+
+def load_decisions(records: list[dict]) -> int:
+    """Take the decisions of :func:`decisions` records (a run's ``attention_paths.json``) as this process's, so a
+    resumed run computes every attention of a known key by the path it used before; returns how many were taken."""
+    fields = set(AttentionKey.__dataclass_fields__)
+    taken = 0
+    for record in records:
+        if record.get("path") not in PATHS or not fields <= set(record):
+            continue
+        values = {name: record[name] for name in fields}
+        key = AttentionKey(**{**values, "shape": tuple(values["shape"])})
+        _decisions[key] = record["path"]
+        _timings[key] = dict(record.get("seconds") or {})
+        taken += 1
+    return taken
 
 
 def clear_decisions() -> None:

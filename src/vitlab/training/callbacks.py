@@ -20,7 +20,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from vitlab.atomic import append_line, staged_file
 from vitlab.jsonio import strict_dumps
-from vitlab.rundir import DDP_CHECK_FILE, STEPS_FILE, TIMING_FILE, atomic_write_text
+from vitlab.layers import attention_path
+from vitlab.rundir import ATTENTION_PATHS_FILE, DDP_CHECK_FILE, STEPS_FILE, TIMING_FILE, atomic_write_text
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -275,6 +276,9 @@ class StepTimer(pl.Callback):
         self.totals["epochs"] += 1
         if trainer.is_global_zero:
             atomic_write_text(self.run_dir / TIMING_FILE, strict_dumps(self.totals, indent=2))
+            # the attention kernels measured so far (a resumed run takes them up again: the same rounding)
+            record = {"forced": attention_path.forced_path(), "decisions": attention_path.decisions()}
+            atomic_write_text(self.run_dir / ATTENTION_PATHS_FILE, strict_dumps(record, indent=1))
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.totals, "in_progress": self._epoch_sums() if self._epoch_t0 is not None else None}

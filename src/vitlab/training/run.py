@@ -33,11 +33,13 @@ from vitlab.dynamics import DynamicsController
 from vitlab.errors import RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
+from vitlab.layers import attention_path
 from vitlab.models.builder import create_model
 from vitlab.models.protocols import GradCheckpointing, PretrainedConfigured
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.models.sizing import parameter_count
 from vitlab.rundir import (
+    ATTENTION_PATHS_FILE,
     METRICS_FILE,
     RESUMES_FILE,
     RUN_DIR_ENV,
@@ -489,7 +491,10 @@ def _fit_claimed(
             print("no validation set (data.val_fraction=0): best.ckpt is the last epoch's", flush=True)
         if ckpt_path is not None:
             print(f"resuming from {ckpt_path}", flush=True)
-    with quiet_warnings():
+    if ckpt_path is not None and (run / ATTENTION_PATHS_FILE).is_file():  # the kernels the run measured before
+        attention_path.load_decisions(run.json(ATTENTION_PATHS_FILE).get("decisions", []))
+    forced = None if cfg.trainer.attention_path == "auto" else cfg.trainer.attention_path
+    with quiet_warnings(), attention_path.forcing(forced):
         try:
             trainer.fit(task, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
         except SystemExit:  # Lightning's answer to Ctrl+C: shut down cleanly, then sys.exit(1)
