@@ -28,13 +28,18 @@ class ModelConfig(TypedDict):
     pretrained: NotRequired[str | None]
 
 
-class VisionTransformerConfig(ModelConfig, total=False):
-    """Options of :class:`vitlab.models.vit.VisionTransformer` (and the ToMe presets)."""
+class ImageModelConfig(ModelConfig, total=False):
+    """What every image model's section may set: the input and the classes."""
 
     img_size: int
     patch_size: int
     in_chans: int
     num_classes: int
+
+
+class ViTEncoderConfig(ImageModelConfig, total=False):
+    """The options of a ViT encoder (the plain ViT's, ToMe's and ViTCAE's)."""
+
     embed_dim: int
     depth: int
     num_heads: int
@@ -43,19 +48,20 @@ class VisionTransformerConfig(ModelConfig, total=False):
     drop_rate: float
     attn_drop_rate: float
     drop_path_rate: float
-    global_pool: Literal["token", "avg"]
     temperature: bool
     temperature_form: Literal["inverse", "divide"]
+
+
+class VisionTransformerConfig(ViTEncoderConfig, total=False):
+    """Options of :class:`vitlab.models.vit.VisionTransformer` (and the ToMe presets)."""
+
+    global_pool: Literal["token", "avg"]
     tome_r: int
 
 
-class SwinTransformerConfig(ModelConfig, total=False):
+class SwinTransformerConfig(ImageModelConfig, total=False):
     """Options of :class:`vitlab.models.swin.SwinTransformer`: ``depths`` and ``num_heads`` give one entry per stage."""
 
-    img_size: int
-    patch_size: int
-    in_chans: int
-    num_classes: int
     embed_dim: int
     depths: list[int]
     num_heads: list[int]

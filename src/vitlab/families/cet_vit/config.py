@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vitlab.config.model import ModelConfig
+from vitlab.config.model import ImageModelConfig
 
 #: the values of CET-ViT's string options (``vitlab.families.cet_vit.options`` checks the model's with these; the
 #: pooling, EI variant and degeneracy slots are the core's ``layers.slots.POOLS``, ``losses.ei.EI_VARIANTS`` and
@@ -20,16 +20,12 @@ EIVariant = Literal["full", "two_term", "entropy_only", "none"]
 DegenSlots = Literal["occupied", "all"]
 
 
-class CETViTConfig(ModelConfig, total=False):
+class CETViTConfig(ImageModelConfig, total=False):
     """Options of :class:`vitlab.families.cet_vit.model.CETViT`: ``embed_dims``, ``depths`` and ``num_heads`` give one
     entry per stage; each string option one of its values. The combinations (widths and heads, slots and ``topk``,
     the Dynamic-K budgets) are checked by the model's constructor, which ``fit`` runs before it claims the run
     folder."""
 
-    img_size: int
-    patch_size: int
-    in_chans: int
-    num_classes: int
     embed_dims: list[int]
     depths: list[int]
     num_heads: list[int]

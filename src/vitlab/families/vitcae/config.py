@@ -4,9 +4,8 @@ checks them before anything imports torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from vitlab.config.model import ModelConfig
+from vitlab.config.model import ViTEncoderConfig
 
 WAE_IMQ_SCALES: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 MMD_KERNEL_SCALES = ("prior", "unit")
@@ -14,30 +13,16 @@ MMD_CALIBRATIONS = ("kl", "none")
 MONITORS = ("continuous", "objective")
 
 
-class ViTCAEConfig(ModelConfig, total=False):
+class ViTCAEConfig(ViTEncoderConfig, total=False):
     """Options of :class:`vitlab.families.vitcae.model.ViTCAE`: the encoder's (a ViT's), the latents' and the
     decoder's."""
 
-    img_size: int
-    patch_size: int
-    in_chans: int
-    num_classes: int
-    embed_dim: int
-    depth: int
-    num_heads: int
-    mlp_ratio: float
-    qkv_bias: bool
     latent_dim: int
     patch_latent_dim: int
     decoder_dim: int
     decoder_depth: int
     decoder_heads: int
     num_cond_tokens: int
-    temperature: bool
-    temperature_form: Literal["inverse", "divide"]
-    drop_rate: float
-    attn_drop_rate: float
-    drop_path_rate: float
 
 
 @dataclass
