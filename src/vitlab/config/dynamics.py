@@ -19,8 +19,8 @@ FREEZE_SCOPES = ("qkv", "pattern")
 @dataclass
 class DynamicsConfig:
     """The ``dynamics`` section of a run config. Thresholds are in the units of the measurements: ``d`` in image
-    sides by default (``drift_units``), tau dimensionless. ``docs/dynamics.md`` gives the measured drift curves
-    behind the defaults.
+    sides by default (``drift_units``), tau dimensionless. ``docs/experiments/dynamics_table1_paper_rule.md``,
+    "Measured drift, and the defaults", has the drift curves behind them.
 
     Attributes:
         mode: ``schedule`` (eq. 20 sets tau each epoch; tau also learns by gradient within the epoch), ``learn``
@@ -37,14 +37,15 @@ class DynamicsConfig:
         probe_batch_size: probe images per forward pass (bounds the memory of the materialised attention).
         probe_tau: the temperature of the probe pass whose drift drives eq. 20 and the convergence decision.
             ``unit`` (default): tau = 1 during the probe, so the drift and the clusters follow the head's Q/K weights
-            alone and the controlled and uncontrolled arms are measured alike (a schedule value tau = 0.67 alone
-            lowered the measured drift of the same weights by 15%); ``model``: each head's own tau (the paper's
-            literal reading: the drift then includes the change of tau that the schedule itself made).
+            alone and the controlled and uncontrolled arms are measured alike (a lower tau alone lowers the drift
+            of the same weights: docs/dynamics.md, "Decisions where the paper is silent"); ``model``: each head's
+            own tau (the paper's literal reading: the drift then includes the change of tau that the schedule itself
+            made).
         log_model_tau: with ``probe_tau: unit`` in ``schedule``/``learn`` mode, also probe at each head's own tau
             and write that drift beside the decision's (``drift_model_tau``; one more probe pass and one more set
-            of transport problems per epoch, no clusters). It decides nothing, and cost a third of the
-            controller's time (docs/dynamics.md, "What the controller costs with the noise rule"), so it is off
-            by default; the Table I recipe (benchmarks/experiments/table1.sh) turns it on.
+            of transport problems per epoch, no clusters). It decides nothing and costs a large part of the
+            controller's time (docs/experiments/dynamics_costs.md, "What the controller costs with the noise rule"),
+            so it is off by default; the Table I recipe (benchmarks/experiments/table1.sh) turns it on.
         eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
         convergence: ``noise`` (default): a head is stable when its movement no longer accumulates (``rho``);
             ``relative``: a head is stable in an epoch when its drift is below ``rel_d`` times
@@ -74,8 +75,9 @@ class DynamicsConfig:
         freeze: freeze converged heads (eq. 26).
         freeze_scope: what freezing fixes. ``qkv`` (eq. 26 as printed): the head's rows of ``W_q``, ``W_k``,
             ``W_v`` and its tau. ``pattern``: only what the drift measured and found settled, the attention pattern
-            (``W_q``, ``W_k``, tau); its rows of ``W_v`` keep training (``docs/dynamics.md``, "Freezing only the
-            pattern", for the measurement behind it).
+            (``W_q``, ``W_k``, tau); its rows of ``W_v`` keep training
+            (``docs/experiments/dynamics_table1_noise_rule.md``, "Freezing only the pattern", for the measurement
+            behind it).
         target: module-name prefix of the controlled attention modules; ``""`` controls every shared ``Attention``.
             ``None``: the model's ``dynamics_target`` attribute if it has one, else the modules with a temperature
             if there are any (ViTCAE's encoder, not its decoder), else every module.
@@ -84,8 +86,8 @@ class DynamicsConfig:
         kappa_every: count the clusters every this many epochs (and at epoch 0); between, a record repeats the last
             count and names its epoch in ``kappa_epoch``. ``1``: every epoch (the paper's figures).
         kappa_dtype: ``float64`` (default) or ``float32`` eigenvalues for ``kappa``; float32 gave the same counts on
-            the measured probes (``docs/dynamics.md``), but a modulus within float32 rounding of ``1 - eps`` can count
-            differently.
+            the measured probes (``docs/experiments/dynamics_costs.md``), but a modulus within float32 rounding of
+            ``1 - eps`` can count differently.
         probe_min: ``None`` (default): every epoch measures the drift of every head on all ``probe_size`` images, as
             the paper does. An integer turns on the adaptive probe: the probe pass and the drift run on the first
             ``probe_min`` images, and are extended to all ``probe_size`` images only for heads whose decision is

@@ -128,9 +128,10 @@ class CETViT(ModelContract, nn.Module):
         fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
             dropout, and stochastic depth (linear over all blocks in forward order).
-        grouping: ``card`` (the card's pipeline) or ``none``, an ablation switch (docs/cet_vit.md, "Which element
-            costs the accuracy"): PatchEmbed, the MicroEncoder and ``fc(LN(mean(h_micro)))`` only; no V-CEO,
-            MacroEncoder, CrossScaleAttention or DeepEncoder are built, and there is no S and no EI term.
+        grouping: ``card`` (the card's pipeline) or ``none``, an ablation switch
+            (docs/experiments/cet_vit_ablation.md, "Which element costs the accuracy"): PatchEmbed, the
+            MicroEncoder and ``fc(LN(mean(h_micro)))`` only; no V-CEO, MacroEncoder, CrossScaleAttention or
+            DeepEncoder are built, and there is no S and no EI term.
 
     ``assignment_ablation`` (an attribute, not a constructor option): ``none``, or ``random`` / ``uniform`` to
     replace S at test time (:func:`ablate_assignment`; :func:`vitlab.evaluation.grouping.grouping_ablation`).

@@ -25,8 +25,8 @@ PRESETS: dict[str, dict] = {
         deep_depth=1,
     ),
     # cet_vit_nano's parameters (within 1% at patch 4) moved into the micro encoder: one width-96 Swin stage of 6
-    # blocks (3 shifted) at the full token grid, and a width-64 part after the V-CEO (docs/cet_vit.md, "Which element
-    # costs the accuracy").
+    # blocks (3 shifted) at the full token grid, and a width-64 part after the V-CEO
+    # (docs/experiments/cet_vit_ablation.md, "Which element costs the accuracy").
     "cet_vit_nano_wide": dict(
         embed_dims=(96,),
         depths=(6,),
@@ -39,7 +39,7 @@ PRESETS: dict[str, dict] = {
     # cet_vit_nano's size with a micro encoder shaped like the matched ViT's blocks: 3 blocks of width 128, 4 heads of
     # 32, MLP ratio 2, and global attention (a window of 16 shrinks to the grid: 8x8 at patch 4, 16x16 at patch 2),
     # then the card's V-CEO (8:1 slots, empty ones masked), MacroEncoder, CrossScaleAttention and DeepEncoder at the
-    # same width (docs/cet_vit.md, "The micro encoder's shape is the cost").
+    # same width (docs/experiments/cet_vit_ablation.md, "The micro encoder's shape is the cost").
     "cet_vit_nano_global": dict(
         embed_dims=(128,),
         depths=(3,),
