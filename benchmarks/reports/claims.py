@@ -150,6 +150,16 @@ TABLE1 = {
 CONTROL_PARTS = "experiments/control_parts_digits_epyc_2026-12-02"
 COMPARE_CIFAR10_P4 = "experiments/compare_cifar10_p4_cpu_2026-11-30.json"
 CET_EI_CIFAR10 = "experiments/cet_ei_cifar10_epyc_2026-12-02"
+#: the card-claim protocol's per-run files, one folder per session (docs/card_claim.md)
+CARD_CLAIM = "experiments/card_claim_*"
+
+
+def card_claim_seeds(model: str, epochs: int = 8, tokens: int = 64) -> list[float]:
+    """Test top-1 (points) of every recorded run of ``model`` in one cell of the card-claim protocol."""
+    files = sorted(RESULTS.glob(f"{CARD_CLAIM}/{model}-e{epochs}-t{tokens}-seed*.json"))
+    if not files:
+        raise FileNotFoundError(f"no results files match benchmarks/results/{CARD_CLAIM}/{model}-e{epochs}-...")
+    return [100 * float(json.loads(f.read_text())["test_acc"]) for f in files]
 
 
 def _table1(dataset: str) -> Callable[[], Difference]:
@@ -248,6 +258,20 @@ CLAIMS = [
         "dynamics.mode=fixed dynamics.freeze=true",
         _part("fixedfreeze"),
         lambda d: [f"freezing at tau = 1 alone {fmt_ci(d).split(', p')[0]}"],
+    ),
+    Claim(
+        "cet-card-budget-8",
+        "CET-ViT v4 model card, CIFAR-100 table; its budget curve pre-registered in docs/card_claim.md",
+        "the card-shaped CET-ViT beats the matched ViT (the budget curve's 8-epoch cell)",
+        "CET-ViT above its size-matched baselines (CIFAR-100, 300 epochs); the budget slopes H1a, H1b, H2 need the "
+        "24- and 48-epoch cells",
+        "raises",
+        "CIFAR-10 subset, 8 epochs of 10k images, ~0.8M parameters, 64 tokens, fp32; one cell of three",
+        "VITLAB=.venv/bin/vitlab JOBS=2 bash benchmarks/experiments/card_claim.sh ../shared/datasets/cifar10.npz "
+        "runs/card-claim",
+        lambda: Difference(card_claim_seeds("cet_card"), card_claim_seeds("vit")),
+        lambda d: [f"card-shaped CET-ViT {d.mean_a:.1f}% ({len(d.a)} seeds), ViT {d.mean_b:.1f}% ({len(d.b)} seed"],
+        required=False,
     ),
     Claim(
         "cet-vs-swin",
