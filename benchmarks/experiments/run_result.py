@@ -74,6 +74,7 @@ def run_result(run: Path) -> dict[str, Any]:
         "git": env.get("git"),
         "cpu": hardware.get("cpu_model"),
         "torch": (env.get("versions") or {}).get("torch"),
+        "precision": env.get("precision"),
         "test": test,
         "generate": rundir.generate_metrics() or {},
         "timing": timing,

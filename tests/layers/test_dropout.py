@@ -10,7 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.layers.dropout import Dropout, dropout, quantized_drop_probability, use_fast_dropout
+from vitlab.layers.dropout import (
+    Dropout,
+    drop_mask,
+    dropout,
+    keep_multiplier,
+    quantized_drop_probability,
+    use_fast_dropout,
+)
 from vitlab.models import create_model
 
 
@@ -70,3 +77,31 @@ def test_models_built_by_create_model_use_it_and_keep_their_keys():
     ours = [m for m in model.modules() if isinstance(m, Dropout)]
     assert not plain and ours and all(m.p in (0.0, 0.1) for m in ours)
     assert set(use_fast_dropout(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1))).state_dict()) == {"0.weight", "0.bias"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_the_multiplier_gives_what_a_masked_fill_and_a_scale_give_bit_for_bit(dtype):
+    x = torch.randn(3, 37, 29).to(dtype).requires_grad_()
+    p = 0.1
+    scale = 1 / (1 - quantized_drop_probability(p))
+    torch.manual_seed(5)
+    out = dropout(x, p)
+    torch.manual_seed(5)
+    dropped = drop_mask(x.shape, p)
+    assert dropped.any() and not dropped.all()
+    assert out.dtype == dtype and torch.equal(out, x.detach().masked_fill(dropped, 0).mul_(scale))
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    assert torch.equal(x.grad, grad.masked_fill(dropped, 0).mul_(scale))
+    torch.manual_seed(5)
+    kept = keep_multiplier(x.shape, p, dtype, 1.0)
+    assert kept.dtype == dtype and torch.equal(kept == 0, dropped) and set(kept.unique().tolist()) == {0.0, 1.0}
+
+
+def test_a_compiled_dropout_draws_the_eager_mask():
+    x = torch.randn(4, 9, 16)
+    compiled = torch.compile(lambda t: dropout(t, 0.2) * 2)
+    torch.manual_seed(7)
+    ours = compiled(x)
+    torch.manual_seed(7)
+    assert torch.equal(ours, dropout(x, 0.2) * 2)
