@@ -27,7 +27,7 @@ def _record(folder, config, precision, resolved, seed, acc):
 
 def test_each_precision_is_tested_against_fp32_per_config(tmp_path):
     bf16, fp32 = [0.41, 0.43, 0.42], [0.40, 0.44, 0.45]
-    for seed, (a, b) in enumerate(zip(bf16, fp32)):
+    for seed, (a, b) in enumerate(zip(bf16, fp32, strict=True)):
         _record(tmp_path, "cifar10_p4_vit", "bf16-mixed", "bf16-mixed", seed, a)
         _record(tmp_path, "cifar10_p4_vit", "32-true", "32-true", seed, b)
     _record(tmp_path, "cifar10_p4_global", "auto", "32-true", 0, 0.5)
