@@ -50,13 +50,18 @@ MODELS = ["cet_card", "cet_global", "vit", "swin", "tome"]
 # ------------------------------------------------------------------------------------------------------------------
 # One run
 # ------------------------------------------------------------------------------------------------------------------
-def record(run: Path, model: str, epochs: int, seed: int, tokens: int) -> dict[str, Any]:
-    """The per-run record of ``card_claim.json`` for a finished run directory."""
+def record(run: Path, model: str, epochs: int, seed: int, tokens: int, git: str | None = None) -> dict[str, Any]:
+    """The per-run record of ``card_claim.json`` for a finished run directory. ``git``: the revision, where the run's
+    own ``env.json`` has none (a copy of the tree without its history, as on a lent GPU machine)."""
     from benchmarks.experiments.run_result import run_result
     from vitlab.export import load_model
     from vitlab.models.sizing import count_params, flops_per_image
+    from vitlab.rundir import RunDir
 
     result = run_result(run)
+    rundir = RunDir(run)
+    hardware = (rundir.env() or {}).get("hardware", {})
+    on_gpu = str(rundir.config_dict().get("trainer", {}).get("accelerator")) in ("gpu", "cuda", "auto")
     network = load_model(run)
     return {
         "model": model,
@@ -68,8 +73,10 @@ def record(run: Path, model: str, epochs: int, seed: int, tokens: int) -> dict[s
         "gflops": flops_per_image(network) / 1e9,
         "test_acc": result["test"].get("test/acc"),
         "val_curve": (result.get("val_curve") or {}).get("val/acc"),
-        "git": result.get("git"),
+        "git": result.get("git") if (result.get("git") or {}).get("revision") or git is None else {"revision": git},
         "cpu": result.get("cpu"),
+        "gpu": (hardware.get("cuda") or [None])[0] if on_gpu else None,
+        "precision": result.get("precision"),
         "torch": result.get("torch"),
         "command": result.get("command"),
         "timing": result.get("timing"),
@@ -286,6 +293,7 @@ def main() -> None:
     rec.add_argument("--seed", type=int, required=True)
     rec.add_argument("--tokens", type=int, required=True)
     rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument("--git", help="the revision, where the run's env.json has none")
     summ = sub.add_parser("summarise", help="every results file -> card_claim.json and the tables")
     summ.add_argument("results", type=Path, nargs="+", help="folders of per-run files (one per session)")
     summ.add_argument("--out", type=Path)
@@ -298,7 +306,7 @@ def main() -> None:
         if not (args.run / "test_metrics.json").is_file():
             raise SystemExit(f"error: {args.run} has not finished (no test_metrics.json); resume it first")
         atomic_write_text(
-            args.out, json.dumps(record(args.run, args.model, args.epochs, args.seed, args.tokens), indent=1)
+            args.out, json.dumps(record(args.run, args.model, args.epochs, args.seed, args.tokens, args.git), indent=1)
         )
         return
     summary = summarise(args.results)

@@ -12,7 +12,8 @@
 # Every run in fp32 (trainer.precision=32-true; docs/card_claim.md, "Changes after the pre-registration").
 # JOBS (default 2): trainings at once, one thread each. RESULTS (default
 # benchmarks/results/experiments/card_claim_<device>_<date>, the naming scheme of benchmarks/naming.py). RECORDED
-# (default benchmarks/results/experiments/card_claim_*): the folders of runs that count as done.
+# (default benchmarks/results/experiments/card_claim_*): the folders of runs that count as done. GIT_REVISION: the
+# revision to record where the runs' env.json has none (a tree copied without its history).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 PATH/TO/cifar10.npz RUNS_DIR [config overrides...]" >&2
@@ -60,7 +61,7 @@ train() {  # key config epochs seed tokens [overrides...]
         fi
     fi
     [[ -f $RESULTS/$name.json ]] || "$PYTHON" benchmarks/experiments/card_claim.py record "$dir" --model "$key" \
-        --epochs "$epochs" --seed "$seed" --tokens "$tokens" --out "$RESULTS/$name.json"
+        --epochs "$epochs" --seed "$seed" --tokens "$tokens" --out "$RESULTS/$name.json" ${GIT_REVISION:+--git "$GIT_REVISION"}
 }
 
 launch() {  # the same arguments as train, at most JOBS at once
