@@ -51,8 +51,9 @@ MODELS = ["cet_card", "cet_global", "vit", "swin", "tome"]
 # One run
 # ------------------------------------------------------------------------------------------------------------------
 def record(run: Path, model: str, epochs: int, seed: int, tokens: int, git: str | None = None) -> dict[str, Any]:
-    """The per-run record of ``card_claim.json`` for a finished run directory. ``git``: the revision, where the run's
-    own ``env.json`` has none (a copy of the tree without its history, as on a lent GPU machine)."""
+    """The per-run record of ``card_claim.json`` for a finished run directory. ``git``: the revision the caller ran,
+    which wins over the run's own ``env.json`` (a copy of the tree whose history is missing or stale, as on a lent GPU
+    machine, where it named the parent commit)."""
     from benchmarks.experiments.run_result import run_result
     from vitlab.export import load_model
     from vitlab.models.sizing import count_params, flops_per_image
@@ -73,7 +74,7 @@ def record(run: Path, model: str, epochs: int, seed: int, tokens: int, git: str 
         "gflops": flops_per_image(network) / 1e9,
         "test_acc": result["test"].get("test/acc"),
         "val_curve": (result.get("val_curve") or {}).get("val/acc"),
-        "git": result.get("git") if (result.get("git") or {}).get("revision") or git is None else {"revision": git},
+        "git": result.get("git") if git is None else {"revision": git, "recorded_in_run": result.get("git")},
         "cpu": result.get("cpu"),
         "gpu": (hardware.get("cuda") or [None])[0] if on_gpu else None,
         "precision": result.get("precision"),
@@ -293,7 +294,7 @@ def main() -> None:
     rec.add_argument("--seed", type=int, required=True)
     rec.add_argument("--tokens", type=int, required=True)
     rec.add_argument("--out", type=Path, required=True)
-    rec.add_argument("--git", help="the revision, where the run's env.json has none")
+    rec.add_argument("--git", help="the revision that ran (wins over the run's env.json)")
     summ = sub.add_parser("summarise", help="every results file -> card_claim.json and the tables")
     summ.add_argument("results", type=Path, nargs="+", help="folders of per-run files (one per session)")
     summ.add_argument("--out", type=Path)

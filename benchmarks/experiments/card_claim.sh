@@ -13,7 +13,7 @@
 # JOBS (default 2): trainings at once, one thread each. RESULTS (default
 # benchmarks/results/experiments/card_claim_<device>_<date>, the naming scheme of benchmarks/naming.py). RECORDED
 # (default benchmarks/results/experiments/card_claim_*): the folders of runs that count as done. GIT_REVISION: the
-# revision to record where the runs' env.json has none (a tree copied without its history).
+# revision to record, over the runs' env.json (a tree copied without its history, or with a stale one).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 PATH/TO/cifar10.npz RUNS_DIR [config overrides...]" >&2
@@ -39,8 +39,9 @@ train() {  # key config epochs seed tokens [overrides...]
     local key=$1 config=$2 epochs=$3 seed=$4 tokens=$5
     shift 5
     local name=$key-e$epochs-t$tokens-seed$seed
-    local dir=$runs/$name recorded
+    local dir=$runs/$name recorded fresh=()
     for recorded in $RECORDED; do
+        case $(basename "$recorded") in card_claim_replicate_* | card_claim_gpu_*) continue ;; esac  # other designs
         if [[ -f $recorded/$name.json && $recorded != "$RESULTS" ]]; then
             echo "recorded: $recorded/$name.json"
             return 0
@@ -51,13 +52,15 @@ train() {  # key config epochs seed tokens [overrides...]
             echo "resuming: $dir"
             "$VITLAB" fit --resume "$dir" >> "$dir.log" 2>&1 || { echo "failed: $dir (see $dir.log)" >&2; return 0; }
         else
+            # a run stopped before its first checkpoint holds nothing to resume: it starts again
+            [[ -e $dir ]] && fresh=(run.overwrite=true)
             echo "training: $dir"
             # the EI ramp at the card's proportions of this budget (epochs 50 -> 200 of 300)
             local start end
             start=$("$PYTHON" -c "print(round($epochs / 6, 3))") end=$("$PYTHON" -c "print(round(2 * $epochs / 3, 3))")
             "$VITLAB" fit --config "$config" data.path="$data" run.seed="$seed" run.dir="$dir" run.name="card-$name" \
                 trainer.max_epochs="$epochs" loss.ei_start="$start" loss.ei_end="$end" trainer.precision=32-true \
-                trainer.enable_progress_bar=false "$@" > "$dir.log" 2>&1 || { echo "failed: $dir (see $dir.log)" >&2; return 0; }
+                trainer.enable_progress_bar=false "${fresh[@]}" "$@" > "$dir.log" 2>&1 || { echo "failed: $dir (see $dir.log)" >&2; return 0; }
         fi
     fi
     [[ -f $RESULTS/$name.json ]] || "$PYTHON" benchmarks/experiments/card_claim.py record "$dir" --model "$key" \

@@ -156,7 +156,11 @@ CARD_CLAIM = "experiments/card_claim_*"
 
 def card_claim_seeds(model: str, epochs: int = 8, tokens: int = 64) -> list[float]:
     """Test top-1 (points) of every recorded run of ``model`` in one cell of the card-claim protocol."""
-    files = sorted(RESULTS.glob(f"{CARD_CLAIM}/{model}-e{epochs}-t{tokens}-seed*.json"))
+    files = [  # the CPU design's sessions; a replicate of it on another device (a GPU) is a design of its own
+        f
+        for f in sorted(RESULTS.glob(f"{CARD_CLAIM}/{model}-e{epochs}-t{tokens}-seed*.json"))
+        if not f.parent.name.startswith("card_claim_replicate_")
+    ]
     if not files:
         raise FileNotFoundError(f"no results files match benchmarks/results/{CARD_CLAIM}/{model}-e{epochs}-...")
     return [100 * float(json.loads(f.read_text())["test_acc"]) for f in files]
