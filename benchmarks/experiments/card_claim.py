@@ -45,6 +45,8 @@ HYPOTHESES = {
     "H2": ("cet_global", "vit", "the grouping branch's value (cet_vit_nano_global - ViT) grows with the budget"),
 }
 MODELS = ["cet_card", "cet_global", "vit", "swin", "tome"]
+#: the baselines among themselves: reported beside the CET-ViT gaps, no hypothesis of their own
+BASELINE_PAIRS = [("vit", "swin"), ("vit", "tome"), ("tome", "swin")]
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -156,7 +158,7 @@ def _detectable(se: float, dof: int, power: float) -> float:
 
 def per_budget(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (tokens, epochs, model): the seeds' test accuracies, and the Welch difference of each CET-ViT variant
-    against each baseline."""
+    against each baseline, and of the baselines among themselves (reported, not tested)."""
     from vitlab.evaluation.stats import welch_interval, welch_ttest
 
     cells: dict[tuple[int, int], dict[str, list[float]]] = {}
@@ -166,13 +168,13 @@ def per_budget(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (tokens, epochs), models in sorted(cells.items()):
         row: dict[str, Any] = {"tokens": tokens, "epochs": epochs, "models": models, "gaps": {}}
-        for cet in ("cet_card", "cet_global"):
-            for base in ("vit", "swin", "tome"):
-                a, b = models.get(cet, []), models.get(base, [])
-                if len(a) >= 2 and len(b) >= 2:
-                    diff, low, high = welch_interval(a, b)
-                    _, p = welch_ttest(a, b)
-                    row["gaps"][f"{cet}-{base}"] = {"diff": diff, "ci95": [low, high], "p": p}
+        pairs = [(cet, base) for cet in ("cet_card", "cet_global") for base in ("vit", "swin", "tome")]
+        for first, second in pairs + BASELINE_PAIRS:
+            a, b = models.get(first, []), models.get(second, [])
+            if len(a) >= 2 and len(b) >= 2:
+                diff, low, high = welch_interval(a, b)
+                _, p = welch_ttest(a, b)
+                row["gaps"][f"{first}-{second}"] = {"diff": diff, "ci95": [low, high], "p": p}
         rows.append(row)
     return rows
 
@@ -198,6 +200,39 @@ def summarise(results: Path | list[Path]) -> dict[str, Any]:
             for name, (cet, base, text) in HYPOTHESES.items()
         },
     }
+
+
+def devices(first: list[Path], second: list[Path]) -> dict[str, Any]:
+    """The same runs (model, epochs, tokens, seed) recorded on two devices (folders ``first``, e.g. a GPU replicate,
+    and ``second``, e.g. the CPU sessions): each run's difference of test top-1 (points, first minus second), and
+    their mean with its 95% t interval: the device's effect on a result, beside the seed spread."""
+    from scipy import stats as st
+
+    def load(folders: list[Path]) -> dict[tuple, dict[str, Any]]:
+        runs = [json.loads(p.read_text()) for folder in folders for p in sorted(folder.glob("*.json"))]
+        return {(r["model"], r["epochs"], r["tokens"], r["seed"]): r for r in runs if r["test_acc"] is not None}
+
+    a, b = load(first), load(second)
+    pairs = [
+        {
+            "model": k[0],
+            "epochs": k[1],
+            "tokens": k[2],
+            "seed": k[3],
+            "first": 100 * a[k]["test_acc"],
+            "second": 100 * b[k]["test_acc"],
+            "difference": 100 * (a[k]["test_acc"] - b[k]["test_acc"]),
+            "devices": [a[k].get("gpu") or a[k].get("cpu"), b[k].get("gpu") or b[k].get("cpu")],
+        }
+        for k in sorted(set(a) & set(b))
+    ]
+    d = np.array([p["difference"] for p in pairs])
+    out: dict[str, Any] = {"first": [str(f) for f in first], "second": [str(f) for f in second], "runs": pairs}
+    if len(d) >= 2:
+        half = float(st.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+        out |= {"mean": float(d.mean()), "sd": float(d.std(ddof=1)), "ci95": [d.mean() - half, d.mean() + half]}
+        out |= {"max_abs": float(np.abs(d).max()), "n": len(d)}
+    return out
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -299,6 +334,10 @@ def main() -> None:
     summ.add_argument("results", type=Path, nargs="+", help="folders of per-run files (one per session)")
     summ.add_argument("--out", type=Path)
     summ.add_argument("--figures", type=Path)
+    dev = sub.add_parser("devices", help="the same runs on two devices: their differences")
+    dev.add_argument("first", type=Path, nargs="+", help="folders of the first device (then --against)")
+    dev.add_argument("--against", type=Path, nargs="+", required=True, help="folders of the second device")
+    dev.add_argument("--out", type=Path)
     args = parser.parse_args()
 
     from vitlab.atomic import atomic_write_text
@@ -309,6 +348,17 @@ def main() -> None:
         atomic_write_text(
             args.out, json.dumps(record(args.run, args.model, args.epochs, args.seed, args.tokens, args.git), indent=1)
         )
+        return
+    if args.command == "devices":
+        result = devices(args.first, args.against)
+        if args.out is not None:
+            atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+        for p in result["runs"]:
+            run = f"{p['model']} e{p['epochs']} t{p['tokens']} seed {p['seed']}"
+            print(f"{run}: {p['first']:.2f} - {p['second']:.2f} = {p['difference']:+.2f}")
+        if "mean" in result:
+            low, high = result["ci95"]
+            print(f"mean {result['mean']:+.2f} [{low:+.2f}, {high:+.2f}], sd {result['sd']:.2f}, n {result['n']}")
         return
     summary = summarise(args.results)
     if args.out is not None:

@@ -165,3 +165,33 @@ def test_the_summary_reads_the_folders_of_several_sessions_and_refuses_a_run_rec
     (second / "again.json").write_text(json.dumps(runs[0]))
     with pytest.raises(SystemExit, match="recorded twice"):
         card_claim.summarise([first, second])
+
+
+def test_devices_pairs_the_same_runs_of_two_folders_and_gives_the_mean_difference_its_interval(card_claim, tmp_path):
+    gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
+    gpu.mkdir(), cpu.mkdir()
+    diffs = [0.5, -1.0, 1.5]
+    for seed, d in enumerate(diffs):
+        base = {"model": "vit", "epochs": 8, "tokens": 64, "seed": seed}
+        (cpu / f"vit-e8-t64-seed{seed}.json").write_text(json.dumps(base | {"test_acc": 0.40, "cpu": "x"}))
+        (gpu / f"vit-e8-t64-seed{seed}.json").write_text(json.dumps(base | {"test_acc": 0.40 + d / 100, "gpu": "g"}))
+    (gpu / "swin-e8-t64-seed0.json").write_text(  # on one device only: not paired
+        json.dumps({"model": "swin", "epochs": 8, "tokens": 64, "seed": 0, "test_acc": 0.5})
+    )
+    result = card_claim.devices([gpu], [cpu])
+    assert [r["seed"] for r in result["runs"]] == [0, 1, 2] and result["n"] == 3
+    assert [round(r["difference"], 6) for r in result["runs"]] == diffs
+    assert result["mean"] == pytest.approx(np.mean(diffs))
+    half = 4.302652729911275 * np.std(diffs, ddof=1) / np.sqrt(3)  # t(0.975, 2)
+    assert result["ci95"] == pytest.approx([np.mean(diffs) - half, np.mean(diffs) + half])
+    assert result["runs"][0]["devices"] == ["g", "x"]
+
+
+def test_the_baselines_are_compared_among_themselves_in_each_cell(card_claim):
+    runs = [
+        {"model": m, "epochs": 24, "tokens": 64, "seed": s, "test_acc": acc / 100}
+        for m, accs in (("vit", (53.0, 54.0)), ("swin", (50.0, 50.5)))
+        for s, acc in enumerate(accs)
+    ]
+    gaps = card_claim.per_budget(runs)[0]["gaps"]
+    assert list(gaps) == ["vit-swin"] and gaps["vit-swin"]["diff"] == pytest.approx(3.25)
