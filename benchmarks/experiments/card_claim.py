@@ -341,6 +341,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from vitlab.atomic import atomic_write_text
+    from vitlab.environment import environment
 
     if args.command == "record":
         if not (args.run / "test_metrics.json").is_file():
@@ -351,6 +352,7 @@ def main() -> None:
         return
     if args.command == "devices":
         result = devices(args.first, args.against)
+        result["environment"] = environment()
         if args.out is not None:
             atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
         for p in result["runs"]:
@@ -362,6 +364,7 @@ def main() -> None:
         return
     summary = summarise(args.results)
     if args.out is not None:
+        summary["environment"] = environment()
         atomic_write_text(args.out, json.dumps(summary, indent=1) + "\n")
     if args.figures is not None:
         figures(summary, args.figures)
