@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from vitlab.dynamics import FrozenHeadAttention
 from vitlab.layers import attention_capture
+from vitlab.layers.dropout import dropout
 
 
 def _attn(**kw):
@@ -184,7 +185,7 @@ def test_frozen_heads_apply_attention_dropout():
     q, k, v = m.qkv(x).view(B, N, 3, 4, 8).permute(2, 0, 3, 1, 4)
     probs = ((q @ k.transpose(-2, -1)) * m.scale).softmax(-1).detach()
     torch.manual_seed(3)
-    dropped = F.dropout(probs, p=0.5)  # the same draw: the frozen branch is the only consumer of the RNG
+    dropped = dropout(probs, 0.5)  # vitlab's mask, the same draw: the frozen branch is the only consumer of the RNG
     reference = m.proj((dropped @ v).transpose(1, 2).reshape(B, N, C))
     torch.testing.assert_close(out, reference)
     assert not torch.allclose(out, m.eval()(x), atol=1e-3)

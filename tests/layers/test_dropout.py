@@ -1,5 +1,6 @@
-"""vitlab's dropout draws its mask from the bits of one random call, and keeps torch's dropout's distribution: the
-same keep rate and scaling (statistically), exact expectation, seeded masks, the mask's gradient, identity in eval."""
+"""vitlab's dropout draws only the dropped positions (p <= SPARSE_MAX_P) or its mask from the bits of one random call,
+and keeps torch's dropout's distribution: the same keep rate and scaling (statistically), exact expectation,
+independent elements, seeded masks, the mask's gradient, identity in eval, bit for bit what a masked fill gives."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.layers.dropout import (
+    SPARSE_MAX_P,
     Dropout,
     drop_mask,
     dropout,
+    dropped_positions,
     keep_multiplier,
     quantized_drop_probability,
+    realised_drop_probability,
     use_fast_dropout,
 )
 from vitlab.models import create_model
@@ -37,15 +41,37 @@ def test_keep_rate_and_scaling_match_torchs_dropout(p, dtype):
     assert abs(quantized_drop_probability(p) - p) <= 2**-17
 
 
-def test_the_expectation_is_the_input_and_masks_are_independent_across_elements():
+@pytest.mark.parametrize("p", [0.2, 0.3])  # the sparse way and the dense one
+def test_the_expectation_is_the_input_and_masks_are_independent_across_elements(p):
     torch.manual_seed(1)
     x = torch.randn(64, 1000)
-    draws = torch.stack([dropout(x, 0.3) for _ in range(200)])
-    assert torch.allclose(draws.mean(0), x, atol=6 * x.abs().max().item() * math.sqrt(0.3 / 0.7 / 200))
+    draws = torch.stack([dropout(x, p) for _ in range(200)])
+    assert torch.allclose(draws.mean(0), x, atol=6 * x.abs().max().item() * math.sqrt(p / (1 - p) / 200))
     dropped = (draws == 0).float()
-    # neighbouring elements (which share a 64-bit word) are uncorrelated: P(both dropped) = p^2
+    # neighbouring elements (one 64-bit word; one geometric gap) are uncorrelated: P(both dropped) = p^2
     both = (dropped[:, :, :-1] * dropped[:, :, 1:]).mean().item()
-    assert abs(both - 0.09) < 0.005
+    assert abs(both - p * p) < 0.005
+    # and so are elements two apart, and the first and last of a row (the gaps do not restart per row)
+    assert abs((dropped[:, :, :-2] * dropped[:, :, 2:]).mean().item() - p * p) < 0.005
+    assert abs((dropped[:, :, 0] * dropped[:, :, -1]).mean().item() - p * p) < 0.01
+
+
+def test_dropped_positions_are_a_bernoulli_process_over_the_whole_range():
+    torch.manual_seed(0)
+    n, p = 1_000_000, 0.05
+    positions = dropped_positions(n, p)
+    assert positions.dtype == torch.int64 and (positions.diff() > 0).all()
+    assert positions[0] >= 0 and positions[-1] < n
+    assert abs(len(positions) / n - p) < 5 * math.sqrt(p * (1 - p) / n)
+    # each tenth of the range holds its share (no shortfall at the end), and the gaps are geometric: P(gap = 1) = p
+    counts = torch.bincount(positions // (n // 10), minlength=10).float()
+    assert (counts - n * p / 10).abs().max() < 5 * math.sqrt(n / 10 * p * (1 - p))
+    gaps = positions.diff()
+    assert abs((gaps == 1).float().mean().item() - p) < 5 * math.sqrt(p * (1 - p) / len(gaps))
+    torch.manual_seed(0)
+    # drawn 7 gaps at a time (the loop that tops up a short draw): the same generator stream, the same positions
+    assert torch.equal(dropped_positions(n, p, draw=7), positions)
+    assert realised_drop_probability(0.05) == 0.05 and realised_drop_probability(0.5) == quantized_drop_probability(0.5)
 
 
 def test_masks_are_reproducible_under_a_seed_and_differ_without():
@@ -80,9 +106,27 @@ def test_models_built_by_create_model_use_it_and_keep_their_keys():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_the_positions_give_what_a_masked_fill_and_a_scale_give_bit_for_bit(dtype):
+    x = torch.randn(3, 37, 29).to(dtype).transpose(1, 2).requires_grad_()  # not contiguous
+    p = 0.1
+    torch.manual_seed(5)
+    out = dropout(x, p)
+    torch.manual_seed(5)
+    dropped = torch.zeros(x.numel(), dtype=torch.bool)
+    dropped[dropped_positions(x.numel(), p)] = True
+    dropped = dropped.view(x.shape)
+    assert dropped.any() and not dropped.all()
+    assert out.dtype == dtype and torch.equal(out, x.detach().masked_fill(dropped, 0).mul_(1 / (1 - p)))
+    grad = torch.randn_like(out).transpose(0, 1).contiguous().transpose(0, 1)  # not contiguous either
+    out.backward(grad)
+    assert torch.equal(x.grad, grad.masked_fill(dropped, 0).mul_(1 / (1 - p)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_the_multiplier_gives_what_a_masked_fill_and_a_scale_give_bit_for_bit(dtype):
     x = torch.randn(3, 37, 29).to(dtype).requires_grad_()
-    p = 0.1
+    p = 0.5
+    assert p > SPARSE_MAX_P  # the dense way
     scale = 1 / (1 - quantized_drop_probability(p))
     torch.manual_seed(5)
     out = dropout(x, p)
@@ -98,10 +142,11 @@ def test_the_multiplier_gives_what_a_masked_fill_and_a_scale_give_bit_for_bit(dt
     assert kept.dtype == dtype and torch.equal(kept == 0, dropped) and set(kept.unique().tolist()) == {0.0, 1.0}
 
 
-def test_a_compiled_dropout_draws_the_eager_mask():
+@pytest.mark.parametrize("p", [0.2, 0.5])
+def test_a_compiled_dropout_draws_the_eager_mask(p):
     x = torch.randn(4, 9, 16)
-    compiled = torch.compile(lambda t: dropout(t, 0.2) * 2)
+    compiled = torch.compile(lambda t: dropout(t, p) * 2)
     torch.manual_seed(7)
     ours = compiled(x)
     torch.manual_seed(7)
-    assert torch.equal(ours, dropout(x, 0.2) * 2)
+    assert torch.equal(ours, dropout(x, p) * 2)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitlab.layers.attention import Attention, attention_probs
+from vitlab.layers.dropout import dropout
 from vitlab.layers.heads import permute_heads
 
 
@@ -240,7 +241,7 @@ class _FrozenHeadAttention(torch.autograd.Function):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
         probs = attention_probs(q, k, bias, scale)
         if dropout_p > 0:
-            probs = F.dropout(probs, p=dropout_p)
+            probs = dropout(probs, dropout_p)  # vitlab's mask (vitlab.layers.dropout)
         ctx.save_for_backward(probs)
         return probs @ v
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.layers.attention_path import attend
+from vitlab.layers.dropout import dropout
 
 TemperatureForm = Literal["inverse", "divide"]
 
@@ -144,5 +145,5 @@ class Attention(nn.Module):
         if self.capture:
             self.captured = attn.detach()
         if drop > 0:
-            attn = F.dropout(attn, p=drop)
+            attn = dropout(attn, drop)  # vitlab's mask, as on the eager path
         return attn @ v

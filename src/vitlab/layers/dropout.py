@@ -1,9 +1,20 @@
 """Dropout (Srivastava et al. 2014, sec. 2) whose mask costs what its arithmetic costs.
 
 torch's CPU dropout draws one Bernoulli variate per element, each from its own call of the generator; on a ViT's
-MLP hidden ``[B, N, 4C]`` that costs several times the matrix product next to it. :func:`dropout` cuts the mask
-from the bits of one ``random_`` over int64 words, 16 bits per element (a quarter of the generator calls of
-one draw per element), and applies it as one multiplication by a mask in the input's dtype, forward and backward:
+MLP hidden ``[B, N, 4C]`` that costs several times the matrix product next to it. On a CPU, :func:`dropout` has two
+ways, chosen by ``p`` alone (so a seed gives the same masks on every machine):
+
+**Sparse, ``p <= SPARSE_MAX_P``** (the ViTs' 0.05-0.1): only the dropped elements are drawn. In a row of independent
+Bernoulli(p) trials the gaps between consecutive successes are independent geometric variates, so the sorted
+positions of the dropped elements are the cumulative sums of ``geometric_(p)`` draws (:func:`dropped_positions`):
+about ``p * n`` generator calls instead of ``n``, and each element is dropped independently with probability ``p``
+exactly, as with torch's. The output is ``x * (1 / (1 - p))`` with the dropped positions set to 0, and the gradient
+the same of ``grad``: one pass over the tensor each way, plus a fill of ``p * n`` elements; the saved state is the
+positions, ``8 p`` bytes per element. Measured in ``benchmarks/micro/cpu_step_speed.py`` (the dropout section).
+
+**Dense, ``p > SPARSE_MAX_P``**: the mask is cut from the bits of one ``random_`` over int64 words, 16 bits per
+element (a quarter of the generator calls of one draw per element), and applied as one multiplication by a mask in
+the input's dtype, forward and backward:
 
 - element ``i`` is dropped when its 16 bits, read as a signed integer, fall below ``-2**15 + round(p * 2**16)``:
   with probability ``p_q = round(p * 2**16) / 2**16``, within ``2**-17`` of ``p``;
@@ -36,13 +47,69 @@ from torch import nn
 
 #: bits of the random word per element; the drop probability is rounded to a multiple of ``2**-MASK_BITS``
 MASK_BITS = 16
+#: up to this drop probability the dropped positions are drawn (sparse way), above it a mask of every element
+SPARSE_MAX_P = 0.25
 
 
 def quantized_drop_probability(p: float) -> float:
-    """The drop probability :func:`dropout` realises for ``p``: ``round(p * 2**16) / 2**16`` (at least one step
-    above zero for ``p > 0``)."""
+    """The drop probability of the dense mask for ``p``: ``round(p * 2**16) / 2**16`` (at least one step above zero
+    for ``p > 0``)."""
     steps = 2**MASK_BITS
     return max(round(p * steps), 1 if p > 0 else 0) / steps
+
+
+def realised_drop_probability(p: float) -> float:
+    """The drop probability :func:`dropout` realises on a CPU: ``p`` itself on the sparse way (``p <=
+    SPARSE_MAX_P``), :func:`quantized_drop_probability` on the dense one."""
+    return p if p <= SPARSE_MAX_P else quantized_drop_probability(p)
+
+
+def dropped_positions(
+    count: int, p: float, device: torch.device | str = "cpu", draw: int | None = None
+) -> torch.Tensor:
+    """int64 ``[k]``: the sorted flat indices of the dropped elements among ``count``, each element dropped
+    independently with probability ``0 < p < 1``: the cumulative sums of geometric gaps (trials up to and including
+    a success), minus one. Drawn from torch's default generator, in float64 (exact integers up to ``2**53``), ``draw``
+    gaps at a time (default: the mean count plus 8 standard deviations)."""
+    if draw is None:
+        mean = count * p
+        draw = int(mean + 8 * math.sqrt(mean) + 16)
+    ends = torch.empty(draw, dtype=torch.float64, device=device).geometric_(p).cumsum_(0)
+    while ends[-1] <= count:  # every trial up to ``count`` covered; a shortfall has probability below 1e-15
+        more = torch.empty(draw, dtype=torch.float64, device=device).geometric_(p).cumsum_(0).add_(ends[-1])
+        ends = torch.cat([ends, more])
+    positions = ends.to(torch.int64).sub_(1)
+    return positions[: int(torch.searchsorted(positions, count))]
+
+
+def _scaled_with_zeros(x: torch.Tensor, scale: float, positions: torch.Tensor) -> torch.Tensor:
+    """``x * scale`` (row-major contiguous) with the flat ``positions`` set to 0."""
+    out = x.mul(scale)
+    if not out.is_contiguous():
+        out = out.contiguous()
+    out.view(-1).index_fill_(0, positions, 0)
+    return out
+
+
+class _DropPositions(torch.autograd.Function):
+    """``x * scale`` with ``positions`` zeroed; the gradient ``grad * scale`` with the same positions zeroed."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(positions)
+        ctx.scale = scale
+        return _scaled_with_zeros(x, scale, positions)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (positions,) = ctx.saved_tensors
+        return _scaled_with_zeros(grad, ctx.scale, positions), None, None
+
+
+@torch.compiler.disable
+def _eager_positions(count: int, p: float, device: torch.device) -> torch.Tensor:
+    """:func:`dropped_positions` outside any compiled graph (its length depends on the draw)."""
+    return dropped_positions(count, p, device)
 
 
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -113,6 +180,11 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x * 0
     if x.device.type == "cuda" or not x.is_floating_point():
         return F.dropout(x, p, training=True)
+    if p <= SPARSE_MAX_P:
+        positions = _eager_positions(x.numel(), p, x.device)
+        if torch.compiler.is_compiling():  # the compiler fuses the scale and the fill
+            return x.mul(1 / (1 - p)).reshape(-1).index_fill(0, positions, 0).view(x.shape)
+        return _DropPositions.apply(x, positions, 1 / (1 - p))
     scale = 1 / (1 - quantized_drop_probability(p))
     if torch.compiler.is_compiling():  # the compiler fuses the fill and the scale into one pass
         dropped = drop_mask(x.shape, p, x.device)
