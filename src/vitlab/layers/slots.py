@@ -64,6 +64,12 @@ def occupied_slots(S: torch.Tensor) -> torch.Tensor:
     return S.detach().sum(1) > 0
 
 
+def budget_values(k_candidates: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """The candidate budgets as a ``[C]`` tensor of ``like``'s dtype and device, filled there: a tensor made from a
+    host list (``torch.tensor(k_candidates, device=...)``) is a blocking copy that waits for a CUDA device."""
+    return torch.stack([like.new_full((), k) for k in k_candidates])
+
+
 def exact_k_targets(
     candidate_losses: torch.Tensor, k_candidates: Sequence[int], num_slots: int, lambda_k: float
 ) -> torch.Tensor:
@@ -78,7 +84,7 @@ def exact_k_targets(
             f"candidate_losses must be [C, B] with C = {len(k_candidates)} candidates, "
             f"got {list(candidate_losses.shape)}"
         )
-    cost = torch.tensor(k_candidates, dtype=candidate_losses.dtype, device=candidate_losses.device) / num_slots
+    cost = budget_values(k_candidates, candidate_losses) / num_slots
     return (candidate_losses + lambda_k * cost[:, None]).argmin(0)
 
 

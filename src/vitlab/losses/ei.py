@@ -36,7 +36,9 @@ def assignment_singular_values(S: torch.Tensor) -> torch.Tensor:
     """Singular values of each image's assignment matrix, descending. ``S: [B, N, K] -> [B, min(N, K)]``.
 
     Computed in float32 (SVD has no half-precision kernel); ``svdvals`` has a stable gradient even for repeated
-    singular values, which balanced assignments produce.
+    singular values, which balanced assignments produce. On CUDA it is the one host synchronisation of a CET-ViT
+    step with the EI term: torch's cuSOLVER SVD checks on the host that every matrix converged, and has no variant
+    that skips the check.
     """
     if S.ndim != 3:
         raise ValueError(f"S must be [B, N, K] (one assignment matrix per image), got shape {list(S.shape)}")

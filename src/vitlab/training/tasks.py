@@ -147,8 +147,9 @@ class BaseTask(pl.LightningModule):
         losses = self.compute_losses(batch, "train")
         self._stop_if_not_finite(losses["loss"])
         self._log_losses(losses, "train")
-        # A host float, so no device sync; the epoch mean lands in metrics.jsonl and TensorBoard.
-        lr = self.optimizers().param_groups[0]["lr"]
+        # Filled on the device: Lightning turns a logged Python number into torch.tensor(value, device=...), a
+        # blocking copy that waits for a CUDA device at every step. The epoch mean lands in metrics.jsonl.
+        lr = torch.full((), self.optimizers().param_groups[0]["lr"], device=self.device)
         self.log("train/lr", lr, on_step=False, on_epoch=True)
         # Per-step curves (TensorBoard, steps.jsonl): Lightning reads them every trainer.log_every_n_steps steps
         # only, so the device is not synchronised at every step.

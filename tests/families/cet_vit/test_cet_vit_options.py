@@ -95,6 +95,39 @@ def test_exact_dynamic_k_target_equals_a_brute_force_loop_over_candidates():
     assert torch.equal(targets, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_budgets_filled_on_the_device_train_exactly_as_budgets_copied_from_the_host(dtype, monkeypatch):
+    """``budget_values`` (filled where the tensors live) against ``torch.tensor(k_candidates)`` (a copy from the
+    host): the same logits, Dynamic-K targets, loss and gradients, bit for bit, with the exact estimator and the
+    dense straight-through selection (the two paths that use the budgets as a tensor)."""
+    from vitlab.families.cet_vit import parts
+    from vitlab.families.cet_vit.config import CETLossConfig
+    from vitlab.families.cet_vit.task import regularisation
+    from vitlab.layers import slots
+
+    def from_host(k_candidates, like):
+        return torch.tensor(k_candidates, dtype=like.dtype, device=like.device)
+
+    like = torch.zeros((), dtype=dtype)
+    assert torch.equal(slots.budget_values((4, 8, 16), like), from_host((4, 8, 16), like))
+    x, y = torch.randn(6, 3, 16, 16, dtype=dtype), torch.tensor([0, 1, 2, 3, 0, 1])
+    # every budget in use, so that the dense straight-through gradient is masked at each of them
+    choice = F.one_hot(torch.tensor([0, 1, 2, 0, 1, 2]), 3).to(dtype)
+    runs = []
+    for budgets in (slots.budget_values, from_host):
+        monkeypatch.setattr(parts, "budget_values", budgets)
+        monkeypatch.setattr(slots, "budget_values", budgets)
+        model = _pico(dynamic_k="exact", select_grad="dense_st").to(dtype).train()
+        torch.manual_seed(1)
+        logits, aux = model.forward_with_aux(x, force_choice=choice)
+        reg, extras = regularisation(model, aux, y, 0.05, CETLossConfig(), list(model.k_estimator.k_candidates))
+        loss = F.cross_entropy(logits, y) + reg
+        loss.backward()
+        runs.append([logits, aux.S, extras["k_fit"], loss, *(p.grad for p in model.parameters())])
+    for new, old in zip(*runs, strict=True):
+        assert new.dtype == dtype and torch.equal(new, old)
+
+
 def test_exact_dynamic_k_trains_every_estimator_parameter():
     model = _pico(dynamic_k="exact").train()
     x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))

@@ -13,7 +13,7 @@ from timm.models.swin_transformer import SwinTransformerStage
 from torch import nn
 
 from vitlab.layers import Block, CrossAttention, Mlp, trunc_normal_
-from vitlab.layers.slots import dense_straight_through, dynamic_k_assignment, topk_softmax
+from vitlab.layers.slots import budget_values, dense_straight_through, dynamic_k_assignment, topk_softmax
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ class VCEO(nn.Module):
             S = dynamic_k_assignment(logits, choice, k_candidates, self.topk)
             if self.select_grad == "dense_st":
                 slot = torch.arange(logits.shape[-1], device=logits.device)
-                budget = choice @ torch.tensor(k_candidates, dtype=choice.dtype, device=choice.device)
+                budget = choice @ budget_values(k_candidates, choice)
                 logits = logits.masked_fill(slot >= budget.detach()[:, None, None], float("-inf"))
         if self.select_grad == "dense_st":
             S = dense_straight_through(S, logits)
