@@ -1,7 +1,7 @@
 """Where a training step's time goes: ``torch.profiler`` over a few training steps of a preset, eager or compiled.
 
     python -m benchmarks.micro.profile_step vit_small img_size=32 patch_size=4 num_classes=10 [--compile] [--timm]
-        [--batch-size 32] [--steps 3] [--out FILE.json]
+        [--batch-size 32] [--steps 3] [--precision auto|32-true|bf16-mixed] [--out FILE.json]
 
 The step is ``vitlab bench``'s (``vitlab.bench.Subject``: forward, cross-entropy, backward, AdamW), one thread;
 ``--compile`` compiles the blocks as ``trainer.compile`` does, ``--timm`` profiles timm's network of the same shape
@@ -19,8 +19,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from vitlab.acceleration import choose_precision
 from vitlab.bench import NetworkSpec, Runner, Subject, timm_counterpart
 from vitlab.config import parse_overrides
+from vitlab.environment import environment
 
 GROUPS = (  # (group, substrings of the op name), first match wins
     ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "mkldnn", "aten::matmul")),
@@ -28,7 +30,7 @@ GROUPS = (  # (group, substrings of the op name), first match wins
     ("optimiser", ("adam", "_foreach", "fused_adamw")),
     ("inductor kernels", ("cpp_fused", "kernel_cpp", "graph_", "triton")),
     ("copies", ("copy_", "aten::cat", "aten::clone", "contiguous", "aten::stack")),
-    ("dropout", ("dropout", "bernoulli")),
+    ("dropout", ("dropout", "bernoulli", "geometric_", "index_fill", "droppositions", "aten::random_")),
     ("top-k routing, scatter", ("topk", "scatter", "aten::sort", "gather")),
     ("softmax", ("softmax",)),
     ("GELU", ("gelu",)),
@@ -49,6 +51,7 @@ def main() -> None:
     parser.add_argument("--timm", action="store_true")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--precision", choices=("auto", "32-true", "bf16-mixed"), default="32-true")
     parser.add_argument("--out")
     args, rest = parser.parse_known_args()
     torch.set_num_threads(1)
@@ -56,8 +59,9 @@ def main() -> None:
     spec = timm_counterpart(args.model, overrides) if args.timm else NetworkSpec("vitlab", args.model, overrides)
     runner = Runner(compile="blocks" if args.compile else "none", fused=False if args.timm else "auto")
     torch.manual_seed(0)
+    precision = choose_precision(args.precision, "cpu").precision
     subject = Subject(
-        spec.build(), batch_size=args.batch_size, precision="32-true", device=torch.device("cpu"), runner=runner
+        spec.build(), batch_size=args.batch_size, precision=precision, device=torch.device("cpu"), runner=runner
     )
     for _ in range(2):  # warm-up (and compilation)
         subject.train_step()
@@ -76,10 +80,12 @@ def main() -> None:
         "network": spec.describe(),
         "runner": runner.describe(),
         "batch_size": args.batch_size,
+        "precision": precision,
         "steps": args.steps,
         "shares": table,
         "top_ops": {e.key: e.self_cpu_time_total / total for e in top},
         "step_s": total / 1e6 / args.steps,
+        "environment": environment(),
     }
     for group, share in table.items():
         print(f"{group:<22} {share:6.1%}")
