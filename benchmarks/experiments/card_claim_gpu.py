@@ -3,6 +3,7 @@ a scale that can judge the card, within a time budget.
 
     python -m benchmarks.experiments.card_claim_gpu --data ../shared/datasets/cifar10.npz --out DIR [--budget-s 540]
     python -m benchmarks.experiments.card_claim_gpu --dry-run --out DIR   # the same code paths on the CPU, in seconds
+    python -m benchmarks.experiments.card_claim_gpu --data PART1 PART2 --out DIR   # npz_transport's parts, joined
 
 On CUDA: the card-shaped CET-ViT (``cet_vit_tiny`` with 8:1 slots, empty slots masked, a learned position
 embedding) and its size-matched ViT, Swin and ToMe (``*_matched_cet_vit_tiny``, ~2.3M parameters) at patch 2 (256
@@ -78,6 +79,20 @@ def load_data(path: Path | None, dry_run: bool, device: torch.device) -> dict[st
             "test": (x_test, y_test),
         }
     return {f"{k}_{i}": t.to(device) for k, (xs, ys) in parts.items() for i, t in (("x", xs), ("y", ys))}
+
+
+def npz_of(paths: list[Path] | None) -> Path | None:
+    """The npz to read: the one given, or the packed parts given (a lent machine's copy,
+    ``benchmarks/experiments/npz_transport.py``) joined into a temporary npz after their SHA-256 check."""
+    if not paths or not paths[0].is_dir():
+        return paths[0] if paths else None
+    import tempfile
+
+    from benchmarks.experiments.npz_transport import unpack
+
+    joined = Path(tempfile.mkdtemp(prefix="card_claim_gpu_")) / "data.npz"
+    unpack(paths, joined)
+    return joined
 
 
 MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
@@ -205,7 +220,12 @@ def train_run(key, models, seed, data, epochs, batch, autocast, device) -> dict[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path)
+    parser.add_argument(
+        "--data",
+        type=Path,
+        nargs="+",
+        help="the CIFAR-10 npz, or every part of it packed by benchmarks/experiments/npz_transport.py",
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=100, help="planned epochs, shrunk to fit --budget-s")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -230,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     def autocast():
         return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
-    data = load_data(args.data, args.dry_run, device)
+    data = load_data(npz_of(args.data), args.dry_run, device)
     steps_per_epoch = math.ceil(len(data["train_x"]) / batch)
     timing = {}
     for key in models:

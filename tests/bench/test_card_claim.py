@@ -195,3 +195,24 @@ def test_the_baselines_are_compared_among_themselves_in_each_cell(card_claim):
     ]
     gaps = card_claim.per_budget(runs)[0]["gaps"]
     assert list(gaps) == ["vit-swin"] and gaps["vit-swin"]["diff"] == pytest.approx(3.25)
+
+
+def test_the_gpu_protocol_reads_the_data_as_parts_carried_apart(tmp_path):
+    from benchmarks.experiments import npz_transport
+
+    rng = np.random.default_rng(0)
+    arrays = {
+        "x_train": rng.integers(0, 256, (40, 8, 8, 3), dtype=np.uint8),
+        "y_train": np.arange(40) % 4,
+        "x_test": rng.integers(0, 256, (10, 8, 8, 3), dtype=np.uint8),
+        "y_test": np.arange(10) % 4,
+    }
+    np.savez(tmp_path / "data.npz", **arrays)
+    npz_transport.pack(tmp_path / "data.npz", tmp_path / "pack", "any", [0], all_train=True, workers=1, parts=2)
+    joined = card_claim_gpu.npz_of([tmp_path / "pack" / "part1", tmp_path / "pack" / "part2"])
+    with np.load(joined) as f:
+        for key, value in arrays.items():
+            np.testing.assert_array_equal(f[key], value)
+    assert (
+        card_claim_gpu.npz_of([tmp_path / "data.npz"]) == tmp_path / "data.npz" and card_claim_gpu.npz_of(None) is None
+    )

@@ -52,3 +52,23 @@ def test_an_existing_output_is_never_overwritten(npz, tmp_path):
     with pytest.raises(SystemExit, match="exists"):
         npz_transport.unpack(tmp_path / "pack", tmp_path / "back.npz")
     assert (tmp_path / "back.npz").read_text() == "mine"
+
+
+def test_parts_carried_apart_join_into_the_whole_and_a_missing_or_foreign_part_is_refused(npz, tmp_path):
+    npz_transport.pack(npz, tmp_path / "pack", "any", [0], all_train=True, workers=1, parts=2)
+    first, second = tmp_path / "pack" / "part1", tmp_path / "pack" / "part2"
+    npz_transport.unpack([second, first], tmp_path / "back.npz")  # in any order
+    with np.load(npz) as a, np.load(tmp_path / "back.npz") as b:
+        for key in a.files:
+            np.testing.assert_array_equal(a[key], b[key])
+    with pytest.raises(SystemExit, match="each of its 2 parts once"):
+        npz_transport.unpack([first], tmp_path / "half.npz")
+    with pytest.raises(SystemExit, match="each of its 2 parts once"):
+        npz_transport.unpack([first, first], tmp_path / "twice.npz")
+    other = tmp_path / "other.npz"
+    with np.load(npz) as a:
+        np.savez(other, **{k: (a[k] + 1 if k == "x_test" else a[k]) for k in a.files})
+    npz_transport.pack(other, tmp_path / "pack2", "any", [0], all_train=True, workers=1, parts=2)
+    with pytest.raises(SystemExit, match="each of its 2 parts once"):
+        npz_transport.unpack([first, tmp_path / "pack2" / "part2"], tmp_path / "mixed.npz")
+    assert not list(tmp_path.glob("half*")) + list(tmp_path.glob("twice*")) + list(tmp_path.glob("mixed*"))
