@@ -40,6 +40,10 @@ train() {  # key config epochs seed tokens [overrides...]
     shift 5
     local name=$key-e$epochs-t$tokens-seed$seed
     local dir=$runs/$name recorded fresh=()
+    if [[ -f $RESULTS/$name.json ]]; then  # recorded here already (a fresh machine has no run folder for it)
+        echo "recorded: $RESULTS/$name.json"
+        return 0
+    fi
     for recorded in $RECORDED; do
         case $(basename "$recorded") in card_claim_replicate_* | card_claim_gpu_*) continue ;; esac  # other designs
         if [[ -f $recorded/$name.json && $recorded != "$RESULTS" ]]; then

@@ -3,6 +3,7 @@ protocol's CPU dry run."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,7 +104,11 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     earlier.mkdir()
     (earlier / "swin-e8-t64-seed0.json").write_text("{}")
     env = {**os.environ, "VITLAB": str(vitlab), "PYTHON": str(python), "RESULTS": str(results), "JOBS": "2"}
-    env["RECORDED"] = f"{earlier} {results}"
+    replicate = tmp_path / "card_claim_replicate_gpu_2026-12-04"  # another design's runs: not counted as done
+    replicate.mkdir()
+    (replicate / "vit-e8-t64-seed0.json").write_text("{}")
+    (runs / "tome-e8-t64-seed1").mkdir()  # stopped before its first checkpoint: started again over it
+    env["RECORDED"] = f"{earlier} {replicate} {results}"
     command = ["bash", str(ROOT / "benchmarks" / "experiments" / "card_claim.sh"), str(data), str(runs)]
     first = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert first.returncode == 0, first.stderr
@@ -117,8 +122,14 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     fresh = next(line for line in log if "run.dir=" + str(runs / "cet_card-e48-t64-seed0") in line)
     assert "trainer.max_epochs=48" in fresh and "loss.ei_start=8.0" in fresh and "loss.ei_end=32.0" in fresh
     assert "trainer.precision=32-true" in fresh  # one precision for every cell, whatever CPU a session draws
+    assert "vit-e8-t64-seed0" in names
+    restarted = next(line for line in log if "run.dir=" + str(runs / "tome-e8-t64-seed1") in line)
+    assert "run.overwrite=true" in restarted and "run.overwrite=true" not in fresh
     again = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0 and len(calls.read_text().splitlines()) == len(names)  # nothing re-trained
+    shutil.rmtree(runs)  # a fresh machine: the runs recorded in RESULTS are not trained again
+    fresh_machine = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fresh_machine.returncode == 0 and len(calls.read_text().splitlines()) == len(names)
     missing = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "experiments" / "card_claim.sh"), str(tmp_path / "none.npz"), str(runs)],
         env=env,
