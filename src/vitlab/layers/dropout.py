@@ -28,7 +28,8 @@ the input's dtype, forward and backward:
   the backward pass multiplies the gradient by the same saved multiplier (4 bytes per element in fp32, where a
   bool mask kept 1).
 
-On CUDA, torch's fused dropout kernel is already as cheap as its arithmetic, and :func:`dropout` calls it.
+On an accelerator (CUDA and any other non-CPU device), torch's fused dropout kernel is already as cheap as its
+arithmetic, and :func:`dropout` calls it.
 
 :class:`Dropout` is ``nn.Dropout`` with this mask (no parameters: state-dict keys do not change);
 :func:`use_fast_dropout` swaps it into a built model, for vitlab's own modules and timm's alike. Under
@@ -178,7 +179,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if p == 1:
         return x * 0
-    if x.device.type == "cuda" or not x.is_floating_point():
+    if x.device.type != "cpu" or not x.is_floating_point():  # an accelerator: its own fused kernel
         return F.dropout(x, p, training=True)
     if p <= SPARSE_MAX_P:
         positions = _eager_positions(x.numel(), p, x.device)
