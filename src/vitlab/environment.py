@@ -64,4 +64,6 @@ def environment() -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(),
             "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         },
+        # the switches vitlab reads from the environment (VITLAB_ATTENTION_PATH, VITLAB_DROPOUT, ...)
+        "vitlab_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("VITLAB_")},
     }

@@ -41,6 +41,7 @@ Drop-path (stochastic depth) draws one variate per sample, ``[B, 1, 1]``, and is
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +49,10 @@ from torch import nn
 
 #: bits of the random word per element; the drop probability is rounded to a multiple of ``2**-MASK_BITS``
 MASK_BITS = 16
-#: up to this drop probability the dropped positions are drawn (sparse way), above it a mask of every element
-SPARSE_MAX_P = 0.25
+#: up to this drop probability the dropped positions are drawn (sparse way), above it a mask of every element;
+#: ``VITLAB_DROPOUT=mask`` in the environment takes the mask way at every ``p`` (the dropout of revisions before
+#: aa4d241, for comparisons)
+SPARSE_MAX_P = -1.0 if os.environ.get("VITLAB_DROPOUT", "auto") == "mask" else 0.25
 
 
 def quantized_drop_probability(p: float) -> float:
