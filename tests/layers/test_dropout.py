@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitlab.layers import dropout as dropout_module
 from vitlab.layers.dropout import (
     SPARSE_MAX_P,
     Dropout,
@@ -25,9 +26,17 @@ from vitlab.layers.dropout import (
 from vitlab.models import create_model
 
 
+@pytest.fixture
+def sparse(monkeypatch):
+    """The sparse way on (``VITLAB_DROPOUT=sparse`` at import)."""
+    monkeypatch.setattr(dropout_module, "SPARSE_MAX_P", 0.25)
+
+
+@pytest.mark.parametrize("way", ["mask", "sparse"])
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_keep_rate_and_scaling_match_torchs_dropout(p, dtype):
+def test_keep_rate_and_scaling_match_torchs_dropout(p, dtype, way, monkeypatch):
+    monkeypatch.setattr(dropout_module, "SPARSE_MAX_P", 0.25 if way == "sparse" else -1.0)
     torch.manual_seed(0)
     x = torch.ones(256, 65, 64, dtype=dtype)
     ours, theirs = dropout(x, p), F.dropout(x, p)
@@ -41,8 +50,10 @@ def test_keep_rate_and_scaling_match_torchs_dropout(p, dtype):
     assert abs(quantized_drop_probability(p) - p) <= 2**-17
 
 
-@pytest.mark.parametrize("p", [0.2, 0.3])  # the sparse way and the dense one
-def test_the_expectation_is_the_input_and_masks_are_independent_across_elements(p):
+@pytest.mark.parametrize("way", ["mask", "sparse"])
+@pytest.mark.parametrize("p", [0.2, 0.3])
+def test_the_expectation_is_the_input_and_masks_are_independent_across_elements(p, way, monkeypatch):
+    monkeypatch.setattr(dropout_module, "SPARSE_MAX_P", 0.25 if way == "sparse" else -1.0)
     torch.manual_seed(1)
     x = torch.randn(64, 1000)
     draws = torch.stack([dropout(x, p) for _ in range(200)])
@@ -56,7 +67,7 @@ def test_the_expectation_is_the_input_and_masks_are_independent_across_elements(
     assert abs((dropped[:, :, 0] * dropped[:, :, -1]).mean().item() - p * p) < 0.01
 
 
-def test_dropped_positions_are_a_bernoulli_process_over_the_whole_range():
+def test_dropped_positions_are_a_bernoulli_process_over_the_whole_range(sparse):
     torch.manual_seed(0)
     n, p = 1_000_000, 0.05
     positions = dropped_positions(n, p)
@@ -72,6 +83,21 @@ def test_dropped_positions_are_a_bernoulli_process_over_the_whole_range():
     # drawn 7 gaps at a time (the loop that tops up a short draw): the same generator stream, the same positions
     assert torch.equal(dropped_positions(n, p, draw=7), positions)
     assert realised_drop_probability(0.05) == 0.05 and realised_drop_probability(0.5) == quantized_drop_probability(0.5)
+
+
+def test_the_default_is_the_mask_way_and_the_switch_is_read_from_the_environment():
+    import subprocess
+    import sys
+
+    code = "import vitlab.layers.dropout as d; print(d.SPARSE_MAX_P)"
+    values = {}
+    for setting in ("", "sparse", "mask"):
+        env = {k: v for k, v in __import__("os").environ.items() if k != "VITLAB_DROPOUT"}
+        if setting:
+            env["VITLAB_DROPOUT"] = setting
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        values[setting] = float(out.stdout)
+    assert values == {"": -1.0, "sparse": 0.25, "mask": -1.0}
 
 
 def test_masks_are_reproducible_under_a_seed_and_differ_without():
@@ -106,7 +132,7 @@ def test_models_built_by_create_model_use_it_and_keep_their_keys():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-def test_the_positions_give_what_a_masked_fill_and_a_scale_give_bit_for_bit(dtype):
+def test_the_positions_give_what_a_masked_fill_and_a_scale_give_bit_for_bit(dtype, sparse):
     x = torch.randn(3, 37, 29).to(dtype).transpose(1, 2).requires_grad_()  # not contiguous
     p = 0.1
     torch.manual_seed(5)
@@ -126,7 +152,7 @@ def test_the_positions_give_what_a_masked_fill_and_a_scale_give_bit_for_bit(dtyp
 def test_the_multiplier_gives_what_a_masked_fill_and_a_scale_give_bit_for_bit(dtype):
     x = torch.randn(3, 37, 29).to(dtype).requires_grad_()
     p = 0.5
-    assert p > SPARSE_MAX_P  # the dense way
+    assert p > SPARSE_MAX_P or SPARSE_MAX_P < 0  # the dense way
     scale = 1 / (1 - quantized_drop_probability(p))
     torch.manual_seed(5)
     out = dropout(x, p)
@@ -142,8 +168,10 @@ def test_the_multiplier_gives_what_a_masked_fill_and_a_scale_give_bit_for_bit(dt
     assert kept.dtype == dtype and torch.equal(kept == 0, dropped) and set(kept.unique().tolist()) == {0.0, 1.0}
 
 
+@pytest.mark.parametrize("way", ["mask", "sparse"])
 @pytest.mark.parametrize("p", [0.2, 0.5])
-def test_a_compiled_dropout_draws_the_eager_mask(p):
+def test_a_compiled_dropout_draws_the_eager_mask(p, way, monkeypatch):
+    monkeypatch.setattr(dropout_module, "SPARSE_MAX_P", 0.25 if way == "sparse" else -1.0)
     x = torch.randn(4, 9, 16)
     compiled = torch.compile(lambda t: dropout(t, p) * 2)
     torch.manual_seed(7)
