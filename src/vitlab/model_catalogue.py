@@ -19,6 +19,7 @@ MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
         "dynamic_k",
         "ei",
         "ei_degen_slots",
+        "ei_svd",
         "embed_dims",
         "fused_window_attention",
         "fusion_dim",

@@ -112,11 +112,12 @@ def test_the_cet_vit_schedules_are_the_ei_weights():
 def test_cet_vits_option_values_are_the_cores():
     from vitlab.families.cet_vit import config
     from vitlab.layers.slots import POOLS
-    from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS
+    from vitlab.losses.ei import DEGEN_SLOTS, EI_SVD_WAYS, EI_VARIANTS
 
     assert typing.get_args(config.Pool) == POOLS
     assert typing.get_args(config.EIVariant) == EI_VARIANTS
     assert typing.get_args(config.DegenSlots) == DEGEN_SLOTS
+    assert typing.get_args(config.EISvd) == EI_SVD_WAYS
 
 
 def test_a_run_config_built_in_python_is_checked_too():

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.diagnostics import probes
-from vitlab.losses.ei import ei_terms, ei_weight, macro_degeneracy, reversibility
+from vitlab.losses.ei import assignment_singular_values, ei_terms, ei_weight, macro_degeneracy, reversibility
 from vitlab.models.cet_vit import topk_softmax
 
 N, K = 256, 32
@@ -134,7 +134,28 @@ def test_gradient_is_finite_for_repeated_and_zero_singular_values():
     assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+)
+def test_the_host_svd_gives_the_devices_values_and_gradient(device):
+    logits = torch.randn(6, 64, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    S = topk_softmax(logits, k=3).float().to(device)
+    weight = torch.randn(6, 8, generator=torch.Generator().manual_seed(1)).to(device)
+    values, grads = {}, {}
+    for way in ("device", "host"):
+        x = S.clone().requires_grad_()
+        values[way] = assignment_singular_values(x, way)
+        (values[way] * weight).sum().backward()
+        grads[way] = x.grad
+        assert values[way].device == S.device and x.grad.device == S.device
+    torch.testing.assert_close(values["host"], values["device"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads["host"], grads["device"], rtol=1e-4, atol=1e-5)
+    assert grads["host"].abs().sum() > 0
+
+
 def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="EI SVD way must be one of device, host"):
+        ei_terms(torch.rand(1, 4, 3), torch.rand(1, 3, 2), svd="gpu")
     with pytest.raises(ValueError, match="unknown EI variant"):
         ei_terms(torch.rand(1, 4, 3), torch.rand(1, 3, 2), variant="double_well")
     with pytest.raises(ValueError, match="matching S"):

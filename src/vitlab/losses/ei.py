@@ -30,18 +30,29 @@ import torch.nn.functional as F
 
 EIVariant = Literal["full", "two_term", "entropy_only", "none"]
 EI_VARIANTS: tuple[str, ...] = ("full", "two_term", "entropy_only", "none")
+#: where the assignment matrices' SVD runs: on S's device, or on the host CPU (the values and the gradient copied)
+EI_SVD_WAYS: tuple[str, ...] = ("device", "host")
 
 
-def assignment_singular_values(S: torch.Tensor) -> torch.Tensor:
+def assignment_singular_values(S: torch.Tensor, way: str = "device") -> torch.Tensor:
     """Singular values of each image's assignment matrix, descending. ``S: [B, N, K] -> [B, min(N, K)]``.
 
     Computed in float32 (SVD has no half-precision kernel); ``svdvals`` has a stable gradient even for repeated
     singular values, which balanced assignments produce. On CUDA it is the one host synchronisation of a CET-ViT
-    step with the EI term: torch's cuSOLVER SVD checks on the host that every matrix converged, and has no variant
-    that skips the check.
+    step with the EI term: torch's cuSOLVER SVD checks on the host that every matrix converged, has no variant
+    that skips the check, and for matrices over 32 rows calls the solver once per image.
+
+    ``way="host"`` computes the same singular values (LAPACK on the CPU, as a CPU run does) from a copy of ``S`` on
+    the host and copies the values back; autograd carries the gradient across both copies. On a GPU that trades
+    B solver calls for two copies of ``[B, N, K]`` (one synchronisation in the forward, one in the backward);
+    ``benchmarks/micro/ei_svd_cuda.py`` measures both. On the CPU both ways are the same call.
     """
     if S.ndim != 3:
         raise ValueError(f"S must be [B, N, K] (one assignment matrix per image), got shape {list(S.shape)}")
+    if way not in EI_SVD_WAYS:
+        raise ValueError(f"the EI SVD way must be one of {', '.join(EI_SVD_WAYS)}, got {way!r}")
+    if way == "host" and S.device.type != "cpu":
+        return torch.linalg.svdvals(S.float().cpu()).to(S.device)
     return torch.linalg.svdvals(S.float())
 
 
@@ -113,6 +124,7 @@ def ei_terms(
     rev_weight: float = 2.0,
     degen_weight: float = 0.1,
     degen_slots: str = "occupied",
+    svd: str = "device",
 ) -> dict[str, torch.Tensor]:
     """Every EI term of the card and the loss of the chosen ``variant`` (CET-ViT v4 model card, "EI loss, as
     actually implemented").
@@ -127,6 +139,7 @@ def ei_terms(
             ``none`` (the no-EI ablation: the terms are still returned for logging, the loss is zero).
         degen_slots: ``occupied`` (default) or ``all``, see :func:`macro_degeneracy`. A slot is occupied when
             its column of ``S`` has mass (``S.sum(1) > 0``).
+        svd: where the singular values are computed, ``device`` or ``host`` (:func:`assignment_singular_values`).
 
     Returns:
         ``norm_entropy``, ``entropy_penalty``, ``reversibility``, ``rev_penalty``, ``degen`` (each ``[B]``) and
@@ -139,7 +152,7 @@ def ei_terms(
         raise ValueError(
             f"h_macro must be [B, K, D] matching S [B, N, K]; got S {list(S.shape)} and h_macro {list(h_macro.shape)}"
         )
-    sigma = assignment_singular_values(S)
+    sigma = assignment_singular_values(S, svd)
     norm_entropy = normalized_spectral_entropy(sigma, S.shape[-1])
     rev = sigma[:, 0] / sigma.sum(-1).clamp_min(1e-12)
     terms = {

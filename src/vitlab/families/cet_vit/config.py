@@ -18,6 +18,7 @@ Grouping = Literal["card", "none"]
 Pool = Literal["mean", "sum"]
 EIVariant = Literal["full", "two_term", "entropy_only", "none"]
 DegenSlots = Literal["occupied", "all"]
+EISvd = Literal["device", "host"]
 
 
 class CETViTConfig(ImageModelConfig, total=False):
@@ -49,6 +50,7 @@ class CETViTConfig(ImageModelConfig, total=False):
     k_tau: float
     ei: EIVariant
     ei_degen_slots: DegenSlots
+    ei_svd: EISvd
     fused_window_attention: bool
     drop_rate: float
     attn_drop_rate: float

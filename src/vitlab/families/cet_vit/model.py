@@ -125,6 +125,9 @@ class CETViT(ModelContract, nn.Module):
         ei_degen_slots: the pairs of the EI degeneracy term: ``occupied`` (default, the slots with assignment mass)
             or ``all`` (the card's mean over every pair, an empty slot counting as cosine 0); an empty slot is never
             normalised either way (:func:`vitlab.losses.ei.macro_degeneracy`).
+        ei_svd: where the EI term's SVD runs: ``device`` (default, the model's device) or ``host`` (the CPU, the
+            values and gradient copied; the same numbers, for a GPU where cuSOLVER's per-image calls and
+            synchronisation cost more than the copies: :func:`vitlab.losses.ei.assignment_singular_values`).
         fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
             dropout, and stochastic depth (linear over all blocks in forward order).
@@ -169,6 +172,7 @@ class CETViT(ModelContract, nn.Module):
         k_tau: float = 1.0,
         ei: EIVariant = "full",
         ei_degen_slots: str = "occupied",
+        ei_svd: str = "device",
         fused_window_attention: bool = False,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
@@ -200,6 +204,7 @@ class CETViT(ModelContract, nn.Module):
                 "select_grad": select_grad,
                 "grouping": grouping,
                 "ei_degen_slots": ei_degen_slots,
+                "ei_svd": ei_svd,
             },
         )
         self.grouping = grouping
@@ -208,6 +213,7 @@ class CETViT(ModelContract, nn.Module):
         self.pool = pool
         self.ei_variant = ei
         self.ei_degen_slots = ei_degen_slots
+        self.ei_svd = ei_svd
         self.mask_empty_slots = mask_empty_slots
         self.dynamic_k = dynamic_k
         self.assignment_ablation = "none"
@@ -509,7 +515,7 @@ class CETViT(ModelContract, nn.Module):
             S=enc.S,
             h_macro=enc.h_macro,
             slot_usage_k=slot_usage_k(enc.S.detach()),
-            ei=ei_terms(enc.S, enc.h_macro, variant=self.ei_variant, degen_slots=self.ei_degen_slots)
+            ei=ei_terms(enc.S, enc.h_macro, variant=self.ei_variant, degen_slots=self.ei_degen_slots, svd=self.ei_svd)
             if want_ei
             else {},
             k_cost=logits.new_zeros(()),

@@ -9,7 +9,7 @@ from typing import get_args
 
 from vitlab.families.cet_vit.config import DynamicK, Grouping, PosEmbed, SelectGrad
 from vitlab.layers.slots import POOLS
-from vitlab.losses.ei import DEGEN_SLOTS, EI_VARIANTS
+from vitlab.losses.ei import DEGEN_SLOTS, EI_SVD_WAYS, EI_VARIANTS
 
 DYNAMIC_K_MODES: tuple[str, ...] = get_args(DynamicK)
 POS_EMBEDS: tuple[str, ...] = get_args(PosEmbed)
@@ -22,6 +22,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "select_grad": SELECT_GRADS,
     "grouping": GROUPINGS,
     "ei_degen_slots": DEGEN_SLOTS,
+    "ei_svd": EI_SVD_WAYS,
 }
 
 
