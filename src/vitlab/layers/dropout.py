@@ -17,14 +17,18 @@ positions, ``8 p`` bytes per element. Measured in ``benchmarks/micro/cpu_step_sp
 element (a quarter of the generator calls of one draw per element), and applied as one multiplication by a mask in
 the input's dtype, forward and backward:
 
-- element ``i`` is dropped when its 16 bits, read as a signed integer, fall below ``-2**15 + round(p * 2**16)``:
-  with probability ``p_q = round(p * 2**16) / 2**16``, within ``2**-17`` of ``p``;
+- element ``i`` is dropped when its 16 bits, read as a signed integer and shifted right by one (15 uniform bits,
+  ``[-2**14, 2**14)``), fall below ``-2**14 + round(p * 2**15)``: with probability
+  ``p_q = round(p * 2**15) / 2**15``, within ``2**-16`` of ``p``. 15 bits, not 16, so that the comparison is one
+  subtraction in int16 that cannot overflow: the mask is built in the 2 bytes per element the bits came in, and a
+  bf16 or fp16 input's multiplier never widens to int32 and back (those two copies were 13% of the protocol ViT's
+  bf16 step, docs/benchmarks.md);
 - a kept element is scaled by ``1 / (1 - p_q)``, so the expectation is the input's exactly, as with torch's;
 - the bits come from torch's default generator of the tensor's device, so ``torch.manual_seed`` makes the masks
   reproducible;
 - the multiplier (``1 / (1 - p_q)`` where kept, 0 where dropped; 1 and 0 for bf16 and fp16, whose kept elements are
-  then scaled by the Python float, so the scale is not rounded to 8 bits) is built by integer arithmetic on the
-  bits and viewed as floats: on a CPU, torch's bool masks (``masked_fill``, ``bool.to(float)``) run element by
+  scaled by the Python float in the same pass, ``addcmul``, so the scale is not rounded to 8 bits) is built by
+  integer arithmetic on the bits and viewed as floats: on a CPU, torch's bool masks (``masked_fill``, ``bool.to(float)``) run element by
   element, 3-6x the cost of a multiplication. The output is bit for bit what a masked fill and a scale give, and
   the backward pass multiplies the gradient by the same saved multiplier (4 bytes per element in fp32, where a
   bool mask kept 1).
@@ -48,8 +52,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: bits of the random word per element; the drop probability is rounded to a multiple of ``2**-MASK_BITS``
-MASK_BITS = 16
+#: uniform bits per element (of the 16 drawn, the sign-extended top 15); the drop probability is rounded to a
+#: multiple of ``2**-MASK_BITS``
+MASK_BITS = 15
 #: with ``VITLAB_DROPOUT=sparse`` in the environment, up to this drop probability the dropped positions are drawn
 #: (the sparse way); by default (``mask``) every ``p`` takes the mask way. The sparse way is opt-in: in one session
 #: (2026-12-04, docs/benchmarks.md, "Sparse dropout") ``cet_vit_nano_global`` trained 0.87 points [0.08, 1.66] below
@@ -58,7 +63,7 @@ SPARSE_MAX_P = 0.25 if os.environ.get("VITLAB_DROPOUT", "mask") == "sparse" else
 
 
 def quantized_drop_probability(p: float) -> float:
-    """The drop probability of the dense mask for ``p``: ``round(p * 2**16) / 2**16`` (at least one step above zero
+    """The drop probability of the dense mask for ``p``: ``round(p * 2**15) / 2**15`` (at least one step above zero
     for ``p > 0``)."""
     steps = 2**MASK_BITS
     return max(round(p * steps), 1 if p > 0 else 0) / steps
@@ -122,7 +127,7 @@ _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _threshold(p: float) -> int:
-    """Element ``i`` is dropped when its 16 bits, as a signed integer, are below this."""
+    """Element ``i`` is dropped when its 16 bits, as a signed integer shifted right by one, are below this."""
     return -(2 ** (MASK_BITS - 1)) + round(quantized_drop_probability(p) * 2**MASK_BITS)
 
 
@@ -136,25 +141,39 @@ def drop_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     """A bool mask of ``shape``, True where an element is dropped, each with probability
     :func:`quantized_drop_probability` of ``p``, independently."""
     count = math.prod(shape)
-    return _random_words(count, device).view(torch.int16)[:count].view(shape) < _threshold(p)
+    return _random_words(count, device).view(torch.int16)[:count].bitwise_right_shift_(1).view(shape) < _threshold(p)
+
+
+def kept_bits(bits: torch.Tensor, p: float) -> torch.Tensor:
+    """int16 ``bits`` (overwritten) -> int16, -1 (all ones) where the element is kept and 0 where it is dropped:
+    ``~(((bits >> 1) - threshold) >> 15)``, every step in place and within int16's range."""
+    return bits.bitwise_right_shift_(1).sub_(_threshold(p)).bitwise_right_shift_(15).bitwise_not_()
 
 
 def keep_multiplier(
     shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype, value: float, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """A tensor of ``shape`` and ``dtype`` that is ``value`` where an element is kept and 0 where it is dropped,
-    with the mask :func:`drop_mask` draws from the same generator state. Built without bool tensors: the sign of
-    ``bits - threshold`` (-1 dropped, 0 kept), inverted, selects the bit pattern of ``value``."""
+    with the mask :func:`drop_mask` draws from the same generator state. Built without bool tensors, in place on the
+    int16 bits: the sign of ``(bits >> 1) - threshold`` (in ``[-2**15, 2**15)``, no overflow; -1 dropped, 0 kept),
+    inverted, selects the bit pattern of ``value`` (widened first for a 4- or 8-byte dtype)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     int_dtype = _SAME_SIZE_INT[itemsize]
     pattern = torch.tensor(value, dtype=dtype).view(int_dtype).item()
     count = math.prod(shape)
-    bits = _random_words(count, device).view(torch.int16)[:count].to(torch.int32)
-    keep = bits.sub_(_threshold(p)).bitwise_right_shift_(31).bitwise_not_()  # all ones where kept, 0 where dropped
-    if itemsize == 8:
-        keep = keep.to(torch.int64)
-    keep = keep.bitwise_and_(pattern)
-    return (keep if itemsize != 2 else keep.to(torch.int16)).view(dtype).view(shape)
+    keep = kept_bits(_random_words(count, device).view(torch.int16)[:count], p)
+    if itemsize != 2:
+        keep = keep.to(int_dtype)
+    return keep.bitwise_and_(pattern).view(dtype).view(shape)
+
+
+def _times(x: torch.Tensor, multiplier: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x * multiplier * scale`` in one pass: ``addcmul`` onto a broadcast zero computes ``scale * x * multiplier``
+    in the dtype's accumulation type and rounds once, as a multiplication and a scale in place do (the tests check
+    bit for bit), without a second pass over the output."""
+    if scale == 1.0:
+        return torch.mul(x, multiplier)
+    return torch.addcmul(x.new_zeros(()).expand_as(x), x, multiplier, value=scale)
 
 
 class _Multiply(torch.autograd.Function):
@@ -165,14 +184,12 @@ class _Multiply(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, multiplier: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.save_for_backward(multiplier)
         ctx.scale = scale
-        out = torch.mul(x, multiplier)
-        return out if scale == 1.0 else out.mul_(scale)
+        return _times(x, multiplier, scale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (multiplier,) = ctx.saved_tensors
-        out = torch.mul(grad, multiplier)
-        return (out if ctx.scale == 1.0 else out.mul_(ctx.scale)), None, None
+        return _times(grad, multiplier, ctx.scale), None, None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
