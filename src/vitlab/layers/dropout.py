@@ -28,10 +28,10 @@ the input's dtype, forward and backward:
   reproducible;
 - the multiplier (``1 / (1 - p_q)`` where kept, 0 where dropped; 1 and 0 for bf16 and fp16, whose kept elements are
   scaled by the Python float in the same pass, ``addcmul``, so the scale is not rounded to 8 bits) is built by
-  integer arithmetic on the bits and viewed as floats: on a CPU, torch's bool masks (``masked_fill``, ``bool.to(float)``) run element by
-  element, 3-6x the cost of a multiplication. The output is bit for bit what a masked fill and a scale give, and
-  the backward pass multiplies the gradient by the same saved multiplier (4 bytes per element in fp32, where a
-  bool mask kept 1).
+  integer arithmetic on the bits and viewed as floats: on a CPU, torch's bool masks (``masked_fill``,
+  ``bool.to(float)``) run element by element, 3-6x the cost of a multiplication. The output is bit for bit what a
+  masked fill and a scale give, and the backward pass multiplies the gradient by the same saved multiplier (4 bytes
+  per element in fp32, where a bool mask kept 1).
 
 On an accelerator (CUDA and any other non-CPU device), torch's fused dropout kernel is already as cheap as its
 arithmetic, and :func:`dropout` calls it.
