@@ -20,7 +20,7 @@ PYTHON=${PYTHON:-python3}
 [[ -d $recorded ]] || { echo "error: $recorded is not a folder of recorded runs" >&2; exit 2; }
 [[ -n ${GIT_REVISION:-} ]] || { echo "error: set GIT_REVISION (the revision the runs record)" >&2; exit 2; }
 start=$(date +%s)
-device=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0).lower().replace('nvidia ', 'nvidia-').replace(' ', '-'))")
+device=$(PYTHONPATH="$PWD" "$PYTHON" -c "import torch; from benchmarks.naming import device_name; print(device_name(torch.cuda.get_device_name(0)))")
 day=$(date -u +%F)
 svd_json=$out/ei_svd_cuda_${device}_${day}.json
 PYTHONPATH="$PWD/src:$PWD" "$PYTHON" -m benchmarks.micro.ei_svd_cuda --out "$svd_json" | tee "$out/ei_svd_cuda.log"

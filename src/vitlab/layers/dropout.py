@@ -57,8 +57,9 @@ from torch import nn
 MASK_BITS = 15
 #: with ``VITLAB_DROPOUT=sparse`` in the environment, up to this drop probability the dropped positions are drawn
 #: (the sparse way); by default (``mask``) every ``p`` takes the mask way. The sparse way is opt-in: in one session
-#: (2026-12-04, docs/benchmarks.md, "Sparse dropout") ``cet_vit_nano_global`` trained 0.87 points [0.08, 1.66] below
-#: the mask way with it, a difference its distribution does not explain and three seeds do not settle.
+#: (2026-12-04, docs/benchmarks.md, "Sparse dropout"; docs/experiments/dropout_mask15.md) ``cet_vit_nano_global``
+#: trained 0.87 points [0.08, 1.66] below the 16-bit mask and 1.13 [0.25, 2.01] below the 15-bit mask with it, a
+#: difference its distribution does not explain.
 SPARSE_MAX_P = 0.25 if os.environ.get("VITLAB_DROPOUT", "mask") == "sparse" else -1.0
 
 
