@@ -454,16 +454,34 @@ class RunClaim:
             )
         for _ in range(3):
             try:
-                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, umask_mode())
+                self._create_lock()
             except FileExistsError:
                 self._take_over_if_stale()
                 continue
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()} {socket.gethostname()}\n")
             self._held = True
             return self
         self._refuse()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _create_lock(self) -> None:
+        """Create the lock with its owner already in it: the line is written to a private file, then hard-linked
+        to ``.lock`` (atomic, and fails if the lock exists), so a second process never reads a lock without its
+        pid. A filesystem without hard links falls back to ``O_EXCL`` with the line written just after."""
+        line = f"{os.getpid()} {socket.gethostname()}\n"
+        private = self.path / f"{LOCK_FILE}.{os.getpid()}.new"
+        fd = os.open(private, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, umask_mode())
+        with os.fdopen(fd, "w") as f:
+            f.write(line)
+        try:
+            os.link(private, self.lock)
+        except FileExistsError:
+            raise
+        except OSError:  # no hard links here (some network and FAT filesystems)
+            fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, umask_mode())
+            with os.fdopen(fd, "w") as f:
+                f.write(line)
+        finally:
+            private.unlink(missing_ok=True)
 
     def _owner(self) -> tuple[int, str] | None:
         try:

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -102,8 +103,6 @@ def test_a_live_claim_refuses_a_second_one_and_a_stale_one_is_taken_over(tmp_pat
             RunClaim(folder).acquire()
     assert not (folder / LOCK_FILE).exists() and folder.is_dir(), "a folder the claim did not create is kept"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    import socket
-
     (folder / LOCK_FILE).write_text(f"{int(gone.stdout)} {socket.gethostname()}\n")  # a run killed with SIGKILL
     with RunClaim(folder):
         assert (folder / LOCK_FILE).read_text().split()[0] == str(os.getpid())
@@ -111,6 +110,33 @@ def test_a_live_claim_refuses_a_second_one_and_a_stale_one_is_taken_over(tmp_pat
     fresh = tmp_path / "fresh"
     RunClaim(fresh).acquire().release()
     assert not fresh.exists(), "a folder the claim created and nothing was written to is removed"
+
+
+def test_the_lock_appears_with_its_owner_in_it_and_without_hard_links_too(tmp_path, monkeypatch):
+    """CI once saw a lock created but not yet written: the refusal could not name the pid. The lock is now linked
+    into place whole; where hard links fail, ``O_EXCL`` is the fallback. No private file is left either way."""
+    seen = []
+    real_link = os.link
+
+    def watching_link(src, dst):
+        real_link(src, dst)
+        seen.append(Path(dst).read_text())  # the instant the lock exists
+
+    monkeypatch.setattr(os, "link", watching_link)
+    folder = tmp_path / "run"
+    with RunClaim(folder):
+        assert seen == [f"{os.getpid()} {socket.gethostname()}\n"]
+        assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILE]
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with RunClaim(folder):
+        assert (folder / LOCK_FILE).read_text().split()[0] == str(os.getpid())
+        assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILE]
+        with pytest.raises(RunDirError, match=rf"is being written by vitlab process {os.getpid()}"):
+            RunClaim(folder).acquire()
 
 
 def test_a_fit_that_fails_before_training_leaves_no_folder(tmp_path, capsys):
