@@ -80,9 +80,9 @@ def _stub(path, body):
     return path
 
 
-def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path):
-    calls = tmp_path / "calls.txt"
-    # a vitlab stand-in: `fit --resume DIR` or `fit ... run.dir=DIR ...` finishes DIR; every call is logged
+def _driver_stubs(tmp_path: Path, calls: Path) -> tuple[Path, Path]:
+    """Stand-ins for vitlab (``fit --resume DIR`` or ``fit ... run.dir=DIR ...`` finishes DIR; every call is logged
+    in ``calls``) and for python (``-c`` runs for real; ``record ... --out F`` writes F)."""
     vitlab = _stub(
         tmp_path / "vitlab",
         f'echo "$*" >> {calls}\n'
@@ -95,6 +95,12 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
         'if [ "$1" = -c ]; then exec ' + sys.executable + ' "$@"; fi\n'
         'for a in "$@"; do [ "$prev" = --out ] && echo "{}" > "$a"; prev=$a; done\n',
     )
+    return vitlab, python
+
+
+def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path):
+    calls = tmp_path / "calls.txt"
+    vitlab, python = _driver_stubs(tmp_path, calls)
     data = tmp_path / "cifar10.npz"
     data.write_bytes(b"stand-in")
     runs, results = tmp_path / "runs", tmp_path / "results"
@@ -139,6 +145,28 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
         check=False,
     )
     assert missing.returncode == 2 and "is not a file" in missing.stderr
+
+
+def test_the_driver_runs_only_the_models_asked_for_and_refuses_an_unknown_one(tmp_path):
+    vitlab, python = _driver_stubs(tmp_path, tmp_path / "calls.txt")
+    data = tmp_path / "cifar10.npz"
+    data.write_bytes(b"stand-in")
+    results = tmp_path / "results"
+    env = {
+        **os.environ,
+        "VITLAB": str(vitlab),
+        "PYTHON": str(python),
+        "RESULTS": str(results),
+        "RECORDED": str(results),
+    }
+    command = ["bash", str(ROOT / "benchmarks" / "experiments" / "card_claim.sh"), str(data), str(tmp_path / "runs")]
+    some = {**env, "MODELS": "cet_card vit", "BUDGETS": "24"}
+    done = subprocess.run(command, env=some, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    expected = [f"{m}-e24-t64-seed{s}" for m in ("cet_card", "vit") for s in (0, 1)]
+    assert sorted(p.stem for p in results.glob("*.json")) == expected
+    typo = subprocess.run(command, env={**env, "MODELS": "vit deit"}, cwd=ROOT, capture_output=True, text=True)
+    assert typo.returncode == 2 and "MODELS names 'deit'" in typo.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script trains the GPU protocol")
