@@ -231,15 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of the training")
     parser.add_argument("--dry-run", action="store_true", help="tiny models, random data, the CPU, one epoch")
+    parser.add_argument("--note", default="", help="why no GPU ran it, recorded beside 'no CUDA device'")
     args = parser.parse_args(argv)
     out_json = args.out / "card_claim_gpu.json"
     if out_json.exists():
         raise SystemExit(f"error: {out_json} exists; pass another --out (results are never overwritten)")
     env = environment()
     if not torch.cuda.is_available() and not args.dry_run:
-        atomic_write_text(
-            out_json, json.dumps({"gpu": None, "note": "no CUDA device: nothing ran", "environment": env})
-        )
+        note = "no CUDA device: nothing ran" + (f" ({args.note})" if args.note else "")
+        atomic_write_text(out_json, json.dumps({"gpu": None, "note": note, "environment": env}, indent=1))
         print(f"no CUDA device; recorded in {out_json}")
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")

@@ -186,9 +186,11 @@ def test_the_gpu_protocol_records_when_no_gpu_was_there(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
     gpu = card_claim_gpu
-    assert gpu.main(["--out", str(tmp_path)]) == 0
+    assert gpu.main(["--out", str(tmp_path), "--note", "no machine lent this session"]) == 0
     report = json.loads((tmp_path / "card_claim_gpu.json").read_text())
-    assert report["gpu"] is None and "no CUDA" in report["note"]
+    assert report["gpu"] is None and report["note"] == "no CUDA device: nothing ran (no machine lent this session)"
+    with pytest.raises(SystemExit, match="exists; pass another --out"):
+        gpu.main(["--out", str(tmp_path)])
 
 
 def test_the_summary_reads_the_folders_of_several_sessions_and_refuses_a_run_recorded_twice(card_claim, tmp_path):
