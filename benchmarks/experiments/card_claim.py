@@ -269,9 +269,10 @@ def render(summary: dict[str, Any]) -> str:
 
 
 def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
-    """``card_claim_accuracy.png`` (test accuracy against budget per model, every seed shown) and
-    ``card_claim_gaps.png`` (the CET-ViT gaps against budget with their Welch intervals; the baselines' gaps among
-    themselves dashed)."""
+    """``card_claim_accuracy.png`` (test accuracy against budget per model, every seed shown; the 256-token arm as
+    open squares) and ``card_claim_gaps.png`` (the CET-ViT gaps against budget with their Welch intervals, the
+    baselines' gaps among themselves dashed; the series side by side around each budget so no interval hides
+    another). The x axis is log-scaled and labelled with the budgets themselves."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -279,43 +280,61 @@ def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
 
     from vitlab.atomic import save_figure
 
+    budgets = sorted({r["epochs"] for r in summary["per_budget"]})
+
+    def budget_axis(ax: Any, label: str) -> None:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(e) for e in budgets])
+        ax.minorticks_off()
+        ax.set_xlim(min(budgets) / 1.35, max(budgets) * 1.35)
+        ax.set_xlabel(label)
+
     written = []
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for model in MODELS:
-        points = [
-            (r["epochs"], v) for r in summary["per_budget"] if r["tokens"] == 64 for v in r["models"].get(model, [])
-        ]
-        if not points:
-            continue
-        epochs = sorted({e for e, _ in points})
-        means = [np.mean([v for e2, v in points if e2 == e]) for e in epochs]
-        (line,) = ax.plot(epochs, means, marker="o", label=model)
-        ax.scatter(*zip(*points, strict=True), color=line.get_color(), s=10, alpha=0.6)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("epochs of the 10k-image protocol (log scale)")
-    ax.set_ylabel("test top-1, %")
-    ax.legend(fontsize=8)
+    colors = {model: f"C{i}" for i, model in enumerate(MODELS)}
+    for tokens, marker, fill in ((64, "o", True), (256, "s", False)):
+        for model in MODELS:
+            rows = [r for r in summary["per_budget"] if r["tokens"] == tokens and r["models"].get(model)]
+            if not rows:
+                continue
+            epochs = [r["epochs"] for r in rows]
+            means = [float(np.mean(r["models"][model])) for r in rows]
+            face = colors[model] if fill else "none"
+            label = model if tokens == 64 else f"{model}, {tokens} tokens"
+            ax.plot(epochs, means, marker=marker, color=colors[model], mfc=face, ls="-" if fill else ":", label=label)
+            seeds = [(r["epochs"], v) for r in rows for v in r["models"][model]]
+            ax.scatter(*zip(*seeds, strict=True), color=colors[model], marker=marker, s=10, alpha=0.6)
+    budget_axis(ax, "epochs of the 10k-image protocol (log scale)")
+    ax.set_ylabel("test top-1, % (seeds as small marks)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     written.append(save_figure(fig, folder / "card_claim_accuracy.png", dpi=150))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     baselines = [f"{a}-{b}" for a, b in BASELINE_PAIRS]
-    for name in ("cet_card-vit", "cet_card-swin", "cet_global-vit", *baselines):
-        rows = [r for r in summary["per_budget"] if r["tokens"] == 64 and name in r["gaps"]]
-        if rows:
-            e = np.array([r["epochs"] for r in rows], dtype=float)
-            d = np.array([r["gaps"][name]["diff"] for r in rows])
-            err = np.array(
-                [[d[i] - r["gaps"][name]["ci95"][0], r["gaps"][name]["ci95"][1] - d[i]] for i, r in enumerate(rows)]
-            ).T
-            style = dict(ls="--", alpha=0.6, label=f"{name} (baselines)") if name in baselines else dict(label=name)
-            ax.errorbar(e, d, yerr=err, marker="o", capsize=3, **style)
+    series = [(name, 64) for name in ("cet_card-vit", "cet_card-swin", "cet_global-vit", *baselines)]
+    series.append(("cet_card-swin", 256))
+    for k, (name, tokens) in enumerate(series):
+        rows = [r for r in summary["per_budget"] if r["tokens"] == tokens and name in r["gaps"]]
+        if not rows:
+            continue
+        dodge = 2 ** (0.045 * (k - (len(series) - 1) / 2))  # side by side, in the log axis's own units
+        e = np.array([r["epochs"] for r in rows], dtype=float) * dodge
+        d = np.array([r["gaps"][name]["diff"] for r in rows])
+        err = np.array(
+            [[d[i] - r["gaps"][name]["ci95"][0], r["gaps"][name]["ci95"][1] - d[i]] for i, r in enumerate(rows)]
+        ).T
+        label = name if tokens == 64 else f"{name}, {tokens} tokens"
+        if name in baselines:
+            style: dict[str, Any] = dict(ls="--", alpha=0.5, label=f"{label} (baselines)")
+        else:
+            style = dict(label=label, marker="o" if tokens == 64 else "s", mfc=None if tokens == 64 else "none")
+        ax.errorbar(e, d, yerr=err, capsize=3, **{"marker": "o", **style})
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("epochs (log scale)")
-    ax.set_ylabel("top-1 difference, points (95% CI)")
-    ax.legend(fontsize=8)
+    budget_axis(ax, "epochs (log scale)")
+    ax.set_ylabel("top-1 difference, points (95% Welch CI)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     written.append(save_figure(fig, folder / "card_claim_gaps.png", dpi=150))
     plt.close(fig)
