@@ -15,11 +15,16 @@ The whole data set lives on the GPU and is augmented there (pad-4 random crop, h
 could not feed these models. That leaves out the CPU protocol's AutoAugment, RandomErasing and Mixup, for every
 model alike (a named deviation from docs/baselines.md's protocol, stated in the output).
 
-Before training, the script times a few steps of each model and estimates the run's time (also from the models'
-training FLOPs and the measured rate); if the planned epochs (default 100) do not fit ``--budget-s``, it shrinks
-them to fit and says so. It writes ``DIR/card_claim_gpu.json`` (every run: test accuracy of the best-validation
-epoch, the validation curve, time, the plan and its estimate, the environment) and ``DIR/card_claim_gpu.md``.
-Without CUDA and without ``--dry-run`` it records that no GPU was available and exits 0.
+Before training, the script measures two ways to share the device and keeps the faster: one after another (a few
+steps of each model alone) or all runs at once (one process per model and seed, spawned, each timing a few steps
+while the others do: small models leave a GPU mostly idle between one process's kernels, and CET-ViT's per-step
+host synchronisation, its SVD, then stalls only its own process). From the chosen way's measured step times it
+estimates the run's time (also from the models' training FLOPs); if the planned epochs (default 100) do not fit
+``--budget-s``, it shrinks them to fit and says so. Each finished run is written at once to
+``DIR/runs/<model>-seed<seed>.json`` (a call cut off by its time limit keeps what finished); at the end
+``DIR/card_claim_gpu.json`` (every run: test accuracy of the best-validation epoch, the validation curve, time, the
+plan, both ways' measurements and its estimate, the environment) and ``DIR/card_claim_gpu.md``. Without CUDA and
+without ``--dry-run`` it records that no GPU was available and exits 0.
 """
 
 from __future__ import annotations
@@ -218,6 +223,112 @@ def train_run(key, models, seed, data, epochs, batch, autocast, device) -> dict[
     }
 
 
+def _save_run(folder: Path, run: dict[str, Any]) -> None:
+    atomic_write_text(folder / f"{run['model']}-seed{run['seed']}.json", json.dumps(run, indent=1) + "\n")
+
+
+def _setting(dry_run: bool) -> tuple[dict[str, tuple[str, dict[str, Any]]], torch.device, Any]:
+    """The models, the device and the autocast context factory of a run (the dry run: tiny models, the CPU)."""
+    device = torch.device("cuda" if torch.cuda.is_available() and not dry_run else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else None
+
+    def autocast():
+        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+    return (DRY_MODELS if dry_run else GPU_MODELS), device, autocast
+
+
+def _worker(key, seed, npz, dry_run, batch, folder, calibration_steps, start, inbox, outbox) -> None:
+    """One run of the "at once" way, in its own process: once every run has its data and model (``start``, a
+    barrier), time ``calibration_steps`` steps while the others do, report them, wait for the parent's number of
+    epochs (0: stop), train, save the run and report it."""
+    import traceback
+
+    torch.set_num_threads(1)
+    try:
+        models, device, autocast = _setting(dry_run)
+        data = load_data(npz, dry_run, device)
+        model = build(key, models, seed, device)
+        start.wait()
+        step_s = step_time(model, data, batch, autocast, calibration_steps)
+        del model
+        outbox.put(("calibrated", key, seed, step_s))
+        epochs = inbox.get()
+        if epochs:
+            run = train_run(key, models, seed, data, epochs, batch, autocast, device)
+            _save_run(folder, run)
+            outbox.put(("done", key, seed, run))
+    except BaseException:  # every failure goes to the parent, which names the run
+        outbox.put(("failed", key, seed, traceback.format_exc()))
+
+
+class _Concurrent:
+    """The "at once" way: one spawned process per (model, seed), each with its own copy of the data on the device."""
+
+    def __init__(self, specs, npz, dry_run, batch, folder, calibration_steps) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.specs = specs
+        self.outbox = ctx.Queue()
+        self.inboxes = {spec: ctx.Queue() for spec in specs}
+        self.start = start = ctx.Barrier(len(specs))  # kept: the children open it after the parent's __init__
+        self.procs = {
+            spec: ctx.Process(
+                target=_worker,
+                args=(*spec, npz, dry_run, batch, folder, calibration_steps, start, self.inboxes[spec], self.outbox),
+                daemon=True,
+            )
+            for spec in specs
+        }
+        for proc in self.procs.values():
+            proc.start()
+
+    def _collect(self, kind: str) -> dict[tuple[str, int], Any]:
+        """Every run's ``kind`` message; a run that reports a failure, or whose process dies without a word (killed,
+        out of memory), stops them all with an error that names it."""
+        import queue
+
+        got: dict[tuple[str, int], Any] = {}
+        while len(got) < len(self.specs):
+            try:
+                what, key, seed, value = self.outbox.get(timeout=5)
+            except queue.Empty:
+                dead = [spec for spec, proc in self.procs.items() if spec not in got and proc.exitcode not in (None, 0)]
+                if dead:
+                    self.stop()
+                    key, seed = dead[0]
+                    raise SystemExit(
+                        f"error: the run {key} seed {seed} died (exit code {self.procs[dead[0]].exitcode})"
+                    ) from None
+                continue
+            if what == "failed":
+                self.stop()
+                raise SystemExit(f"error: the run {key} seed {seed} failed in its process:\n{value}")
+            if what == kind:
+                got[(key, seed)] = value
+        return got
+
+    def calibrate(self) -> dict[tuple[str, int], float]:
+        return self._collect("calibrated")
+
+    def train(self, epochs: int) -> list[dict[str, Any]]:
+        for inbox in self.inboxes.values():
+            inbox.put(epochs)
+        done = self._collect("done")
+        for proc in self.procs.values():
+            proc.join()
+        return [done[spec] for spec in self.specs]
+
+    def stop(self) -> None:
+        for inbox in self.inboxes.values():
+            inbox.put(0)
+        for proc in self.procs.values():
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -232,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of the training")
     parser.add_argument("--dry-run", action="store_true", help="tiny models, random data, the CPU, one epoch")
     parser.add_argument("--note", default="", help="why no GPU ran it, recorded beside 'no CUDA device'")
+    parser.add_argument(
+        "--way", choices=["at once", "one after another"], help="with --dry-run: force a way (tests of both paths)"
+    )
     args = parser.parse_args(argv)
     out_json = args.out / "card_claim_gpu.json"
     if out_json.exists():
@@ -242,16 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(out_json, json.dumps({"gpu": None, "note": note, "environment": env}, indent=1))
         print(f"no CUDA device; recorded in {out_json}")
         return 0
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
-    models = DRY_MODELS if args.dry_run else GPU_MODELS
+    models, device, autocast = _setting(args.dry_run)
     batch = 16 if args.dry_run else 128
-    dtype = torch.bfloat16 if device.type == "cuda" else None
-
-    def autocast():
-        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
-
-    data = load_data(npz_of(args.data), args.dry_run, device)
+    npz = npz_of(args.data)
+    data = load_data(npz, args.dry_run, device)
     steps_per_epoch = math.ceil(len(data["train_x"]) / batch)
+    eval_share = (len(data["val_x"]) + len(data["test_x"])) / (3 * len(data["train_x"]))  # forward only, ~1/3
     timing = {}
     for key in models:
         model = build(key, models, 0, device)
@@ -259,13 +369,28 @@ def main(argv: list[str] | None = None) -> int:
             "step_s": step_time(model, data, batch, autocast, 2 if args.dry_run else 10),
             "train_gflops_per_image": 3 * flops_per_image(model) / 1e9,
         }
-    per_epoch = sum(t["step_s"] for t in timing.values()) * steps_per_epoch * len(args.seeds)
+    del model
+    sequential_epoch_s = sum(t["step_s"] for t in timing.values()) * steps_per_epoch * len(args.seeds)
+    sequential_epoch_s *= 1 + eval_share
+    specs = [(key, seed) for seed in args.seeds for key in models]
+    (args.out / "runs").mkdir(parents=True, exist_ok=True)
+    pool = _Concurrent(specs, npz, args.dry_run, batch, args.out / "runs", 2 if args.dry_run else 10)
+    concurrent = pool.calibrate()  # seconds per step of each run while every run steps at once
+    concurrent_epoch_s = max(concurrent.values()) * steps_per_epoch * (1 + eval_share)
+    way = "at once" if concurrent_epoch_s < sequential_epoch_s else "one after another"
+    if args.dry_run and args.way:
+        way = args.way
+    per_epoch = concurrent_epoch_s if way == "at once" else sequential_epoch_s
     epochs = 1 if args.dry_run else max(1, min(args.epochs, int(0.85 * args.budget_s / per_epoch)))
     images = len(data["train_x"]) * epochs * len(args.seeds)
     plan = {
         "epochs_planned": args.epochs,
         "epochs_run": epochs,
+        "way": way,
         "estimate_s": per_epoch * epochs,
+        "epoch_s_one_after_another": sequential_epoch_s,
+        "epoch_s_at_once": concurrent_epoch_s,
+        "step_s_at_once": {f"{k}-seed{s}": t for (k, s), t in concurrent.items()},
         "train_tflop": sum(t["train_gflops_per_image"] for t in timing.values()) * images / 1e3,
         "measured_tflops_per_s": {
             k: t["train_gflops_per_image"] * batch / t["step_s"] / 1e3 for k, t in timing.items()
@@ -275,12 +400,19 @@ def main(argv: list[str] | None = None) -> int:
         "deviations": DEVIATIONS,
     }
     print(
-        f"plan: {len(models)} models x {len(args.seeds)} seeds x {epochs} epochs (planned {args.epochs}), "
-        f"estimated {plan['estimate_s']:.0f} s on {device}"
+        f"plan: {len(models)} models x {len(args.seeds)} seeds x {epochs} epochs (planned {args.epochs}), {way} "
+        f"(an epoch of every run: {sequential_epoch_s:.1f} s one after another, {concurrent_epoch_s:.1f} s at "
+        f"once), estimated {plan['estimate_s']:.0f} s on {device}",
+        flush=True,
     )
-    runs = [
-        train_run(key, models, seed, data, epochs, batch, autocast, device) for seed in args.seeds for key in models
-    ]
+    if way == "at once":
+        runs = pool.train(epochs)
+    else:
+        pool.stop()
+        runs = []
+        for key, seed in specs:
+            runs.append(train_run(key, models, seed, data, epochs, batch, autocast, device))
+            _save_run(args.out / "runs", runs[-1])
     result = {
         "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
         "dry_run": args.dry_run,

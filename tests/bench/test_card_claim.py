@@ -170,16 +170,27 @@ def test_the_driver_runs_only_the_models_asked_for_and_refuses_an_unknown_one(tm
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script trains the GPU protocol")
-def test_the_gpu_protocol_dry_runs_on_the_cpu(tmp_path):
+def test_the_gpu_protocol_dry_runs_on_the_cpu_both_ways_with_the_same_results(tmp_path):
     gpu = card_claim_gpu
-    assert gpu.main(["--dry-run", "--out", str(tmp_path), "--seeds", "0"]) == 0
-    report = json.loads((tmp_path / "card_claim_gpu.json").read_text())
-    assert report["dry_run"] and report["plan"]["epochs_run"] == 1
-    assert {r["model"] for r in report["runs"]} == {"cet_card", "vit"}
-    assert all(0 <= r["test_acc"] <= 1 and len(r["val_curve"]) == 1 for r in report["runs"])
-    assert all(t["step_s"] > 0 for t in report["plan"]["timing"].values())
-    with pytest.raises(SystemExit, match="never overwritten"):
-        gpu.main(["--dry-run", "--out", str(tmp_path), "--seeds", "0"])
+    reports = {}
+    for way in ("at once", "one after another"):
+        out = tmp_path / way.replace(" ", "_")
+        torch.set_num_threads(1)  # as each process of the "at once" way: the same arithmetic
+        assert gpu.main(["--dry-run", "--out", str(out), "--seeds", "0", "--way", way]) == 0
+        report = reports[way] = json.loads((out / "card_claim_gpu.json").read_text())
+        plan = report["plan"]
+        assert report["dry_run"] and plan["epochs_run"] == 1 and plan["way"] == way
+        assert plan["epoch_s_at_once"] > 0 and plan["epoch_s_one_after_another"] > 0
+        assert set(plan["step_s_at_once"]) == {"cet_card-seed0", "vit-seed0"}
+        assert {r["model"] for r in report["runs"]} == {"cet_card", "vit"}
+        assert all(0 <= r["test_acc"] <= 1 and len(r["val_curve"]) == 1 for r in report["runs"])
+        assert all(t["step_s"] > 0 for t in plan["timing"].values())
+        saved = {p.name: json.loads(p.read_text()) for p in (out / "runs").glob("*.json")}
+        assert saved == {f"{r['model']}-seed0.json": r for r in report["runs"]}  # each run saved as it finished
+        with pytest.raises(SystemExit, match="never overwritten"):
+            gpu.main(["--dry-run", "--out", str(out), "--seeds", "0"])
+    curves = {way: [r["val_curve"] for r in report["runs"]] for way, report in reports.items()}
+    assert curves["at once"] == curves["one after another"]  # the same seeds train the same runs either way
 
 
 def test_the_gpu_protocol_records_when_no_gpu_was_there(tmp_path):
