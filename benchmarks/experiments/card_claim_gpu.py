@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.atomic import atomic_write_text
-from vitlab.losses.ei import ei_weight
+from vitlab.losses.ei import assignment_singular_values, ei_weight
 from vitlab.models import create_model
 from vitlab.models.sizing import count_params, flops_per_image
 from vitlab.rundir import environment
@@ -227,36 +227,59 @@ def _save_run(folder: Path, run: dict[str, Any]) -> None:
     atomic_write_text(folder / f"{run['model']}-seed{run['seed']}.json", json.dumps(run, indent=1) + "\n")
 
 
-def _setting(dry_run: bool) -> tuple[dict[str, tuple[str, dict[str, Any]]], torch.device, Any]:
-    """The models, the device and the autocast context factory of a run (the dry run: tiny models, the CPU)."""
+def _setting(dry_run: bool, ei_svd: str) -> tuple[dict[str, tuple[str, dict[str, Any]]], torch.device, Any]:
+    """The models (CET-ViT's EI singular values computed the ``ei_svd`` way), the device and the autocast context
+    factory of a run (the dry run: tiny models, the CPU)."""
     device = torch.device("cuda" if torch.cuda.is_available() and not dry_run else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else None
 
     def autocast():
         return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
-    return (DRY_MODELS if dry_run else GPU_MODELS), device, autocast
+    models = dict(DRY_MODELS if dry_run else GPU_MODELS)
+    preset, overrides = models["cet_card"]
+    models["cet_card"] = (preset, {**overrides, "ei_svd": ei_svd})
+    return models, device, autocast
 
 
-def _worker(key, seed, npz, dry_run, batch, folder, calibration_steps, start, inbox, outbox) -> None:
+def choose_ei_svd(device: torch.device, dry_run: bool) -> dict[str, Any]:
+    """CET-ViT's EI singular values timed two ways on ``device`` at the GPU models' shape (``[128, 256, 32]``,
+    forward and backward; ``benchmarks/micro/ei_svd_cuda.py``): ``svdvals`` (``device``) and the float64 Gram
+    eigenvalues (``gram``, the same values to about 1e-8 of the largest). The faster is used; the choice changes the
+    arithmetic's rounding, not the model or the loss."""
+    from benchmarks.micro.ei_svd_cuda import assignment, time_way
+
+    batch, tokens, slots = (4, 64, 8) if dry_run else (128, 256, 32)
+    S = assignment(batch, tokens, slots, torch.Generator().manual_seed(0)).float().to(device)
+    weight = torch.ones(batch, slots, device=device)
+    ms = {
+        way: float(np.median(time_way(lambda x, way=way: assignment_singular_values(x, way), S, weight, 5)))
+        for way in ("device", "gram")
+    }
+    return {"ei_svd": min(ms, key=ms.get), "ms_forward_backward": ms, "shape": [batch, tokens, slots]}
+
+
+def _worker(key: str, seed: int, common: dict[str, Any], start: Any, inbox: Any, outbox: Any) -> None:
     """One run of the "at once" way, in its own process: once every run has its data and model (``start``, a
-    barrier), time ``calibration_steps`` steps while the others do, report them, wait for the parent's number of
-    epochs (0: stop), train, save the run and report it."""
+    barrier), time ``common["calibration_steps"]`` steps while the others do, report them, wait for the parent's
+    number of epochs (0: stop), train, save the run and report it. ``common``: ``npz``, ``dry_run``, ``ei_svd``,
+    ``batch``, ``folder``, ``calibration_steps``."""
     import traceback
 
     torch.set_num_threads(1)
     try:
-        models, device, autocast = _setting(dry_run)
-        data = load_data(npz, dry_run, device)
+        models, device, autocast = _setting(common["dry_run"], common["ei_svd"])
+        data = load_data(common["npz"], common["dry_run"], device)
+        batch = common["batch"]
         model = build(key, models, seed, device)
         start.wait()
-        step_s = step_time(model, data, batch, autocast, calibration_steps)
+        step_s = step_time(model, data, batch, autocast, common["calibration_steps"])
         del model
         outbox.put(("calibrated", key, seed, step_s))
         epochs = inbox.get()
         if epochs:
             run = train_run(key, models, seed, data, epochs, batch, autocast, device)
-            _save_run(folder, run)
+            _save_run(common["folder"], run)
             outbox.put(("done", key, seed, run))
     except BaseException:  # every failure goes to the parent, which names the run
         outbox.put(("failed", key, seed, traceback.format_exc()))
@@ -265,7 +288,7 @@ def _worker(key, seed, npz, dry_run, batch, folder, calibration_steps, start, in
 class _Concurrent:
     """The "at once" way: one spawned process per (model, seed), each with its own copy of the data on the device."""
 
-    def __init__(self, specs, npz, dry_run, batch, folder, calibration_steps) -> None:
+    def __init__(self, specs: list[tuple[str, int]], common: dict[str, Any]) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
@@ -276,7 +299,7 @@ class _Concurrent:
         self.procs = {
             spec: ctx.Process(
                 target=_worker,
-                args=(*spec, npz, dry_run, batch, folder, calibration_steps, start, self.inboxes[spec], self.outbox),
+                args=(*spec, common, start, self.inboxes[spec], self.outbox),
                 daemon=True,
             )
             for spec in specs
@@ -346,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--way", choices=["at once", "one after another"], help="with --dry-run: force a way (tests of both paths)"
     )
+    parser.add_argument(
+        "--ei-svd", choices=["device", "gram"], help="CET-ViT's EI singular values this way (default: the faster)"
+    )
     args = parser.parse_args(argv)
     out_json = args.out / "card_claim_gpu.json"
     if out_json.exists():
@@ -356,7 +382,11 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(out_json, json.dumps({"gpu": None, "note": note, "environment": env}, indent=1))
         print(f"no CUDA device; recorded in {out_json}")
         return 0
-    models, device, autocast = _setting(args.dry_run)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
+    svd_choice = choose_ei_svd(device, args.dry_run)
+    if args.ei_svd:
+        svd_choice |= {"ei_svd": args.ei_svd, "forced": True}
+    models, device, autocast = _setting(args.dry_run, svd_choice["ei_svd"])
     batch = 16 if args.dry_run else 128
     npz = npz_of(args.data)
     data = load_data(npz, args.dry_run, device)
@@ -374,7 +404,15 @@ def main(argv: list[str] | None = None) -> int:
     sequential_epoch_s *= 1 + eval_share
     specs = [(key, seed) for seed in args.seeds for key in models]
     (args.out / "runs").mkdir(parents=True, exist_ok=True)
-    pool = _Concurrent(specs, npz, args.dry_run, batch, args.out / "runs", 2 if args.dry_run else 10)
+    common = {
+        "npz": npz,
+        "dry_run": args.dry_run,
+        "ei_svd": svd_choice["ei_svd"],
+        "batch": batch,
+        "folder": args.out / "runs",
+        "calibration_steps": 2 if args.dry_run else 10,
+    }
+    pool = _Concurrent(specs, common)
     concurrent = pool.calibrate()  # seconds per step of each run while every run steps at once
     concurrent_epoch_s = max(concurrent.values()) * steps_per_epoch * (1 + eval_share)
     way = "at once" if concurrent_epoch_s < sequential_epoch_s else "one after another"
@@ -396,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             k: t["train_gflops_per_image"] * batch / t["step_s"] / 1e3 for k, t in timing.items()
         },
         "steps_per_epoch": steps_per_epoch,
+        "ei_svd": svd_choice,
         "timing": timing,
         "deviations": DEVIATIONS,
     }

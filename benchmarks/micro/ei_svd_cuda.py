@@ -11,6 +11,8 @@ solver once per matrix. This script times, forward and backward, on the device's
 - ``host``: ``svdvals`` of ``S`` copied to the CPU, the values copied back;
 - ``gram_eigvalsh``: the square roots of ``eigvalsh(S^T S)`` (squares the condition number: its error is reported,
   not recommended);
+- ``gram_f64``: the same in float64 with ``svdvals``'s gradient, CET-ViT's ``model.ei_svd=gram``
+  (``assignment_singular_values(S, "gram")``);
 
 each with its largest relative error against a float64 CPU reference, values and gradient, and the number of host
 synchronisations ``torch.cuda.set_sync_debug_mode`` reports per call. Without CUDA, ``--dry-run`` runs the same
@@ -35,6 +37,7 @@ import torch
 
 from vitlab.atomic import atomic_write_text
 from vitlab.environment import environment
+from vitlab.losses.ei import assignment_singular_values
 
 
 def _host(S: torch.Tensor) -> torch.Tensor:
@@ -54,6 +57,7 @@ WAYS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "qr_then_svdvals": _qr,
     "host": _host,
     "gram_eigvalsh": _gram,
+    "gram_f64": lambda S: assignment_singular_values(S, "gram"),
 }
 
 

@@ -176,12 +176,14 @@ def test_the_gpu_protocol_dry_runs_on_the_cpu_both_ways_with_the_same_results(tm
     for way in ("at once", "one after another"):
         out = tmp_path / way.replace(" ", "_")
         torch.set_num_threads(1)  # as each process of the "at once" way: the same arithmetic
-        assert gpu.main(["--dry-run", "--out", str(out), "--seeds", "0", "--way", way]) == 0
+        assert gpu.main(["--dry-run", "--out", str(out), "--seeds", "0", "--way", way, "--ei-svd", "gram"]) == 0
         report = reports[way] = json.loads((out / "card_claim_gpu.json").read_text())
         plan = report["plan"]
         assert report["dry_run"] and plan["epochs_run"] == 1 and plan["way"] == way
         assert plan["epoch_s_at_once"] > 0 and plan["epoch_s_one_after_another"] > 0
         assert set(plan["step_s_at_once"]) == {"cet_card-seed0", "vit-seed0"}
+        assert plan["ei_svd"]["ei_svd"] == "gram" and plan["ei_svd"]["forced"]
+        assert set(plan["ei_svd"]["ms_forward_backward"]) == {"device", "gram"}  # measured all the same
         assert {r["model"] for r in report["runs"]} == {"cet_card", "vit"}
         assert all(0 <= r["test_acc"] <= 1 and len(r["val_curve"]) == 1 for r in report["runs"])
         assert all(t["step_s"] > 0 for t in plan["timing"].values())
@@ -268,3 +270,10 @@ def test_the_gpu_protocol_reads_the_data_as_parts_carried_apart(tmp_path):
     assert (
         card_claim_gpu.npz_of([tmp_path / "data.npz"]) == tmp_path / "data.npz" and card_claim_gpu.npz_of(None) is None
     )
+
+
+def test_the_ei_svd_way_is_the_faster_of_the_two_measured():
+    choice = card_claim_gpu.choose_ei_svd(torch.device("cpu"), dry_run=True)
+    ms = choice["ms_forward_backward"]
+    assert set(ms) == {"device", "gram"} and all(v > 0 for v in ms.values())
+    assert choice["ei_svd"] == min(ms, key=ms.get) and choice["shape"] == [4, 64, 8]

@@ -142,19 +142,45 @@ def test_the_host_svd_gives_the_devices_values_and_gradient(device):
     S = topk_softmax(logits, k=3).float().to(device)
     weight = torch.randn(6, 8, generator=torch.Generator().manual_seed(1)).to(device)
     values, grads = {}, {}
-    for way in ("device", "host"):
+    for way in ("device", "host", "gram"):
         x = S.clone().requires_grad_()
         values[way] = assignment_singular_values(x, way)
         (values[way] * weight).sum().backward()
         grads[way] = x.grad
         assert values[way].device == S.device and x.grad.device == S.device
-    torch.testing.assert_close(values["host"], values["device"], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(grads["host"], grads["device"], rtol=1e-4, atol=1e-5)
+        assert values[way].dtype == torch.float32 and x.grad.dtype == S.dtype
+    for way in ("host", "gram"):
+        torch.testing.assert_close(values[way], values["device"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grads[way], grads["device"], rtol=1e-4, atol=1e-5)
     assert grads["host"].abs().sum() > 0
 
 
+def test_the_gram_way_keeps_svdvals_values_and_gradient_and_stays_finite_at_empty_slots():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, 256, 32, generator=g, dtype=torch.float64)
+    logits[:, :, 5:9] = -1e9  # four empty slots per image: four zero singular values
+    S = topk_softmax(logits, k=3)
+    weight = torch.randn(4, 32, generator=g, dtype=torch.float64)
+    x = S.clone().requires_grad_()
+    gram = assignment_singular_values(x, "gram")
+    (gram * weight).sum().backward()
+    reference = torch.linalg.svdvals(S)  # float64 LAPACK
+    torch.testing.assert_close(gram.double(), reference, rtol=1e-6, atol=1e-7)  # the zeros included
+    assert (gram[:, -4:] < 1e-6 * gram[:, :1]).all() and torch.isfinite(x.grad).all()
+    # the gradient of the nonzero singular values is svdvals'; the zero ones' directions are arbitrary there (any
+    # unit vector in S's left null space), and the gram way gives them none
+    live = torch.zeros_like(weight)
+    live[:, :28] = weight[:, :28]
+    y = S.clone().requires_grad_()
+    (torch.linalg.svdvals(y) * live).sum().backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-5, atol=1e-6)
+    balanced = torch.full((2, 64, 8), 1 / 8, dtype=torch.float64, requires_grad=True)  # rank one: seven zeros
+    ei_terms(balanced, torch.randn(2, 8, 4, dtype=torch.float64), svd="gram")["ei_loss"].backward()
+    assert torch.isfinite(balanced.grad).all()
+
+
 def test_bad_input_is_named():
-    with pytest.raises(ValueError, match="EI SVD way must be one of device, host"):
+    with pytest.raises(ValueError, match="EI SVD way must be one of device, host, gram"):
         ei_terms(torch.rand(1, 4, 3), torch.rand(1, 3, 2), svd="gpu")
     with pytest.raises(ValueError, match="unknown EI variant"):
         ei_terms(torch.rand(1, 4, 3), torch.rand(1, 3, 2), variant="double_well")

@@ -31,7 +31,35 @@ import torch.nn.functional as F
 EIVariant = Literal["full", "two_term", "entropy_only", "none"]
 EI_VARIANTS: tuple[str, ...] = ("full", "two_term", "entropy_only", "none")
 #: where the assignment matrices' SVD runs: on S's device, or on the host CPU (the values and the gradient copied)
-EI_SVD_WAYS: tuple[str, ...] = ("device", "host")
+EI_SVD_WAYS: tuple[str, ...] = ("device", "host", "gram")
+#: the ``gram`` way's gradient drops a singular value below this fraction of the image's largest (a zero singular
+#: value's direction is arbitrary; 0 is in its subdifferential)
+GRAM_RELATIVE_FLOOR = 1e-6
+
+
+class _GramSingularValues(torch.autograd.Function):
+    """``S: [B, N, K] -> [B, K]`` singular values, descending, from the eigenvalues of ``S^T S`` in float64.
+
+    Forming the Gram matrix squares the condition number; float64 keeps the values to about ``1e-8`` of the
+    largest (float32 would keep ``1e-4``). The gradient is ``U diag(g) V^T`` with ``U = S V / sigma`` written as
+    ``S V diag(g / sigma) V^T``: ``svdvals``'s gradient, without eigenvector derivatives (so repeated singular values
+    are safe); a singular value below :data:`GRAM_RELATIVE_FLOOR` of the largest contributes none."""
+
+    @staticmethod
+    def forward(ctx, S: torch.Tensor) -> torch.Tensor:
+        S64 = S.double()
+        lam, V = torch.linalg.eigh(S64.mT @ S64)  # ascending
+        sigma, V = lam.clamp_min(0).sqrt().flip(-1), V.flip(-1)
+        ctx.save_for_backward(S64, V, sigma)
+        ctx.dtype = S.dtype
+        return sigma.to(torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        S64, V, sigma = ctx.saved_tensors
+        floor = sigma[..., :1] * GRAM_RELATIVE_FLOOR
+        scale = torch.where(sigma > floor, grad.double() / sigma.clamp_min(1e-300), 0.0)
+        return ((S64 @ V) * scale.unsqueeze(-2) @ V.mT).to(ctx.dtype)
 
 
 def assignment_singular_values(S: torch.Tensor, way: str = "device") -> torch.Tensor:
@@ -46,6 +74,12 @@ def assignment_singular_values(S: torch.Tensor, way: str = "device") -> torch.Te
     the host and copies the values back; autograd carries the gradient across both copies. On a GPU that trades
     B solver calls for two copies of ``[B, N, K]`` (one synchronisation in the forward, one in the backward);
     ``benchmarks/micro/ei_svd_cuda.py`` measures both. On the CPU both ways are the same call.
+
+    ``way="gram"`` takes the square roots of the eigenvalues of ``S^T S`` (``[B, K, K]``, one batched symmetric
+    eigensolver call) in float64 (:class:`_GramSingularValues`): the same singular values to about ``1e-8`` of the
+    largest, ``svdvals``'s gradient for every singular value above :data:`GRAM_RELATIVE_FLOOR` of the largest and
+    none for those below (an empty slot's zero). For tall ``S`` on a GPU, where ``svdvals`` calls the solver once
+    per image.
     """
     if S.ndim != 3:
         raise ValueError(f"S must be [B, N, K] (one assignment matrix per image), got shape {list(S.shape)}")
@@ -53,6 +87,8 @@ def assignment_singular_values(S: torch.Tensor, way: str = "device") -> torch.Te
         raise ValueError(f"the EI SVD way must be one of {', '.join(EI_SVD_WAYS)}, got {way!r}")
     if way == "host" and S.device.type != "cpu":
         return torch.linalg.svdvals(S.float().cpu()).to(S.device)
+    if way == "gram":
+        return _GramSingularValues.apply(S)[..., : min(S.shape[-2:])]
     return torch.linalg.svdvals(S.float())
 
 

@@ -18,7 +18,7 @@ Grouping = Literal["card", "none"]
 Pool = Literal["mean", "sum"]
 EIVariant = Literal["full", "two_term", "entropy_only", "none"]
 DegenSlots = Literal["occupied", "all"]
-EISvd = Literal["device", "host"]
+EISvd = Literal["device", "host", "gram"]
 
 
 class CETViTConfig(ImageModelConfig, total=False):

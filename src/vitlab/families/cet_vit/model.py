@@ -125,9 +125,10 @@ class CETViT(ModelContract, nn.Module):
         ei_degen_slots: the pairs of the EI degeneracy term: ``occupied`` (default, the slots with assignment mass)
             or ``all`` (the card's mean over every pair, an empty slot counting as cosine 0); an empty slot is never
             normalised either way (:func:`vitlab.losses.ei.macro_degeneracy`).
-        ei_svd: where the EI term's SVD runs: ``device`` (default, the model's device) or ``host`` (the CPU, the
-            values and gradient copied; the same numbers, for a GPU where cuSOLVER's per-image calls and
-            synchronisation cost more than the copies: :func:`vitlab.losses.ei.assignment_singular_values`).
+        ei_svd: how the EI term's singular values are computed: ``device`` (default, ``svdvals`` on the model's
+            device), ``host`` (the CPU, the values and gradient copied; the same numbers, for a GPU where cuSOLVER's
+            per-image calls and synchronisation cost more than the copies) or ``gram`` (the eigenvalues of
+            ``S^T S`` in float64, one batched call; :func:`vitlab.losses.ei.assignment_singular_values`).
         fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
             dropout, and stochastic depth (linear over all blocks in forward order).
