@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on a lent CUDA GPU for the card claim's GPU replicate (docs/card_claim.md, amendments of 2026-12-04):
-#   1. benchmarks/micro/ei_svd_cuda.py times the EI term's SVD on this GPU, on the device and on the host (the same
-#      values; its errors against a float64 reference are in its JSON);
-#   2. the faster of the two for the design's shapes (N=64, K=8 and N=256, K=32, summed) becomes model.ei_svd;
+#   1. benchmarks/micro/ei_svd_cuda.py times the EI term's singular values on this GPU: svdvals on the device, on
+#      the host, and the float64 Gram way (the same values; its errors against a float64 reference are in its JSON);
+#   2. the fastest of the three for the design's shapes (N=64, K=8 and N=256, K=32, summed) becomes model.ei_svd;
 #   3. benchmarks/experiments/card_claim_cuda.sh runs the design's budgets (BUDGETS, default "8 24") until TIMEOUT_S,
 #      skipping the runs already recorded in RECORDED_FROM (copied into the results first);
 #   4. what comes back is packed into at most four files under OUT: the SVD benchmark's JSON, the way chosen, the new
@@ -27,9 +27,10 @@ PYTHONPATH="$PWD/src:$PWD" "$PYTHON" -m benchmarks.micro.ei_svd_cuda --out "$svd
 way=$("$PYTHON" - "$svd_json" <<'EOF'
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
+ways = {"svdvals": "device", "host": "host", "gram_f64": "gram"}  # the benchmark's names -> model.ei_svd
 cost = {way: sum(r["ms_median"] for r in rows if r["way"] == way and (r["tokens"], r["slots"]) in {(64, 8), (256, 32)})
-        for way in ("svdvals", "host")}
-print("host" if cost["host"] < cost["svdvals"] else "device")
+        for way in ways}
+print(ways[min(cost, key=cost.get)])
 EOF
 )
 echo "model.ei_svd=$way (from $svd_json)" | tee "$out/ei_svd_chosen.txt"
