@@ -173,10 +173,14 @@ def test_the_driver_runs_only_the_models_asked_for_and_refuses_an_unknown_one(tm
 def test_the_gpu_protocol_dry_runs_on_the_cpu_both_ways_with_the_same_results(tmp_path):
     gpu = card_claim_gpu
     reports = {}
+    threads = torch.get_num_threads()
     for way in ("at once", "one after another"):
         out = tmp_path / way.replace(" ", "_")
         torch.set_num_threads(1)  # as each process of the "at once" way: the same arithmetic
-        assert gpu.main(["--dry-run", "--out", str(out), "--seeds", "0", "--way", way, "--ei-svd", "gram"]) == 0
+        try:
+            assert gpu.main(["--dry-run", "--out", str(out), "--seeds", "0", "--way", way, "--ei-svd", "gram"]) == 0
+        finally:
+            torch.set_num_threads(threads)
         report = reports[way] = json.loads((out / "card_claim_gpu.json").read_text())
         plan = report["plan"]
         assert report["dry_run"] and plan["epochs_run"] == 1 and plan["way"] == way
