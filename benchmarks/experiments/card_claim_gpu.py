@@ -344,12 +344,17 @@ class _Concurrent:
         return [done[spec] for spec in self.specs]
 
     def stop(self) -> None:
+        """End every process: those waiting at the barrier are released (a run that failed before it never
+        arrives), those waiting for their epochs get 0; one still alive after that is killed."""
+        self.start.abort()
         for inbox in self.inboxes.values():
             inbox.put(0)
+        deadline = time.monotonic() + 30
         for proc in self.procs.values():
-            proc.join(timeout=60)
+            proc.join(timeout=max(0.1, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
+                proc.join()
 
 
 def main(argv: list[str] | None = None) -> int:

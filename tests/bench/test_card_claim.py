@@ -281,3 +281,22 @@ def test_the_ei_svd_way_is_the_faster_of_the_two_measured():
     ms = choice["ms_forward_backward"]
     assert set(ms) == {"device", "gram"} and all(v > 0 for v in ms.values())
     assert choice["ei_svd"] == min(ms, key=ms.get) and choice["shape"] == [4, 64, 8]
+
+
+def test_a_run_that_fails_in_its_process_is_named_and_the_others_released(tmp_path):
+    import time
+
+    common = {
+        "npz": None,
+        "dry_run": True,
+        "ei_svd": "device",
+        "batch": 16,
+        "folder": tmp_path,
+        "calibration_steps": 1,
+    }
+    start = time.monotonic()
+    pool = card_claim_gpu._Concurrent([("vit", 0), ("no_such_model", 0)], common)  # vit waits at the barrier
+    with pytest.raises(SystemExit, match="the run no_such_model seed 0 failed in its process"):
+        pool.calibrate()
+    assert not any(proc.is_alive() for proc in pool.procs.values())
+    assert time.monotonic() - start < 60  # released, not left to a timeout
