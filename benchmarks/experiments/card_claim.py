@@ -105,7 +105,7 @@ def slope_test(runs: list[dict[str, Any]], cet: str, baseline: str, power: float
 
     X = np.array([row(r) for r in pair])
     y = np.array([100 * r["test_acc"] for r in pair])
-    rank = np.linalg.matrix_rank(X)
+    rank = int(np.linalg.matrix_rank(X))
     dof = len(y) - rank
     if rank < X.shape[1] or dof < 1:
         return None

@@ -65,6 +65,7 @@ def test_the_summary_has_every_run_and_every_hypothesis(card_claim, tmp_path):
     assert len(summary["runs"]) == len(runs)
     assert set(summary["hypotheses"]) == {"H1a", "H1b", "H2"}
     assert all("verdict" in h for h in summary["hypotheses"].values())
+    assert json.loads(json.dumps(summary))["hypotheses"]["H1a"]["dof"] > 0  # what `summarise --out` writes
     cell = next(r for r in summary["per_budget"] if r["epochs"] == 48)
     assert len(cell["models"]["cet_card"]) == 3 and "cet_card-vit" in cell["gaps"]  # seeds 0, 1, 2, once each
     table = card_claim.render(summary)
