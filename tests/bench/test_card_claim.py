@@ -75,6 +75,15 @@ def test_the_summary_has_every_run_and_every_hypothesis(card_claim, tmp_path):
     assert all(p.stat().st_size > 1000 for p in written)
 
 
+def test_a_slope_over_fewer_budgets_than_registered_is_an_interim_reading(card_claim, tmp_path):
+    runs = [r for r in _runs(1.0, 0.5, np.random.default_rng(4)) if r["epochs"] != 48]
+    for i, run in enumerate(runs):
+        (tmp_path / f"{i}.json").write_text(json.dumps(run))
+    h1a = card_claim.summarise(tmp_path)["hypotheses"]["H1a"]
+    assert h1a["interim"] and h1a["budgets"] == [8, 24]
+    assert h1a["verdict"].startswith("interim, ") and h1a["verdict"].endswith("(budgets 8, 24 of 8, 24, 48)")
+
+
 def _stub(path, body):
     path.write_text("#!/usr/bin/env bash\n" + body)
     path.chmod(0o755)
