@@ -82,6 +82,12 @@ def test_a_slope_over_fewer_budgets_than_registered_is_an_interim_reading(card_c
     h1a = card_claim.summarise(tmp_path)["hypotheses"]["H1a"]
     assert h1a["interim"] and h1a["budgets"] == [8, 24]
     assert h1a["verdict"].startswith("interim, ") and h1a["verdict"].endswith("(budgets 8, 24 of 8, 24, 48)")
+    # the baseline alone at the third budget (a session ran only its cells) does not complete the test
+    extra = [r for r in _runs(1.0, 0.5, np.random.default_rng(5)) if r["epochs"] == 48 and r["model"] == "vit"]
+    for i, run in enumerate(extra):
+        (tmp_path / f"extra{i}.json").write_text(json.dumps(run))
+    h1a = card_claim.summarise(tmp_path)["hypotheses"]["H1a"]
+    assert h1a["budgets"] == [8, 24, 48] and h1a["verdict"].endswith("(budgets 8, 24 of 8, 24, 48)")
 
 
 def _stub(path, body):
