@@ -227,10 +227,15 @@ def _save_run(folder: Path, run: dict[str, Any]) -> None:
     atomic_write_text(folder / f"{run['model']}-seed{run['seed']}.json", json.dumps(run, indent=1) + "\n")
 
 
+def _device(dry_run: bool) -> torch.device:
+    """CUDA when there is one, except in the dry run (the CPU)."""
+    return torch.device("cuda" if torch.cuda.is_available() and not dry_run else "cpu")
+
+
 def _setting(dry_run: bool, ei_svd: str) -> tuple[dict[str, tuple[str, dict[str, Any]]], torch.device, Any]:
     """The models (CET-ViT's EI singular values computed the ``ei_svd`` way), the device and the autocast context
     factory of a run (the dry run: tiny models, the CPU)."""
-    device = torch.device("cuda" if torch.cuda.is_available() and not dry_run else "cpu")
+    device = _device(dry_run)
     dtype = torch.bfloat16 if device.type == "cuda" else None
 
     def autocast():
@@ -389,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(out_json, json.dumps({"gpu": None, "note": note, "environment": env}, indent=1))
         print(f"no CUDA device; recorded in {out_json}")
         return 0
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
-    svd_choice = choose_ei_svd(device, args.dry_run)
+    svd_choice = choose_ei_svd(_device(args.dry_run), args.dry_run)
     if args.ei_svd:
         svd_choice |= {"ei_svd": args.ei_svd, "forced": True}
     models, device, autocast = _setting(args.dry_run, svd_choice["ei_svd"])
