@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         load_dataset,
     )
     from vitlab.data.transforms import (
+        BatchAugment,
         NormalizeCollate,
         channel_mean_std,
         denormalize,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 #: public name -> the module that defines it
 _LAZY = {
+    "BatchAugment": "vitlab.data.transforms",
     "DATASETS": "vitlab.data.datasets",
     "DataError": "vitlab.data.datasets",
     "DatasetInfo": "vitlab.data.datasets",
@@ -66,6 +68,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 __all__ = [
     "DATASETS",
     "AugmentConfig",
+    "BatchAugment",
     "DataConfig",
     "DataError",
     "DatasetInfo",

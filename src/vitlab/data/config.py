@@ -37,8 +37,10 @@ def check_dataset_name(name: str) -> str:
 
 @dataclass
 class AugmentConfig:
-    """Training-time augmentation. Per-image ops run on uint8 ``[C, H, W]`` images in the dataset; random erasing,
-    MixUp and CutMix run on the normalised batch in the collate function."""
+    """Training-time augmentation. Pad-and-crop, flip and AutoAugment run on the uint8 batch in the collate function
+    (``batched``, the default: the same images bit for bit as torchvision's per-image transforms from the same
+    random state, a few times faster) or image by image in the dataset (``batched: false``); random erasing, MixUp
+    and CutMix run on the normalised batch in the collate function."""
 
     random_crop: bool = False  # pad-and-crop (padding = crop_padding)
     crop_padding: int = 4
@@ -47,6 +49,7 @@ class AugmentConfig:
     random_erasing: float = 0.0  # probability for torchvision RandomErasing
     mixup_alpha: float = 0.0  # torchvision.transforms.v2.MixUp on batches (collate), soft labels out
     cutmix_alpha: float = 0.0  # v2.CutMix; with both > 0, RandomChoice between them
+    batched: bool = True  # crop/flip/AutoAugment a batch at a time (same images as false, which runs them per image)
 
 
 @dataclass

@@ -207,7 +207,9 @@ class VisionDataModule(pl.LightningDataModule):
         if self._mean_std is None:
             self._mean_std = channel_mean_std(ImageSplit(source.train, train_indices), seed=cfg.seed)
         self._class_names = source.class_names
-        self.train_set = ImageSplit(source.train, train_indices, build_train_transform(cfg.augment, self.img_size))
+        # with augment.batched the collate function augments the whole batch (BatchAugment): no per-image transform
+        per_image = None if cfg.augment.batched else build_train_transform(cfg.augment, self.img_size)
+        self.train_set = ImageSplit(source.train, train_indices, per_image)
         self._carved_val = source.val is None
 
     def check_trainable(self) -> None:
