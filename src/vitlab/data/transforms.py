@@ -67,7 +67,7 @@ class BatchAugment:
         """Whether ``augment`` asks for any of the operations this class makes."""
         return augment.random_crop or augment.hflip or augment.autoaugment
 
-    def _magnitude(self, transform_id: str, index: int, height: int, width: int) -> Tensor | None:
+    def _magnitude_bins(self, transform_id: str, height: int, width: int) -> Tensor | None:
         key = (transform_id, height, width)
         if key not in self._magnitudes:  # torchvision rebuilds these bins (a linspace) at every call
             bins, _ = self.autoaugment._AUGMENTATION_SPACE[transform_id]
@@ -93,7 +93,7 @@ class BatchAugment:
             for stage, (transform_id, probability, index) in enumerate(policy):
                 if not torch.rand(()) <= probability:
                     continue
-                magnitudes = self._magnitude(transform_id, index, height, width)
+                magnitudes = self._magnitude_bins(transform_id, height, width)
                 magnitude = 0.0
                 if magnitudes is not None:
                     magnitude = float(magnitudes[index])
