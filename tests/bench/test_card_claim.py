@@ -90,6 +90,26 @@ def test_a_slope_over_fewer_budgets_than_registered_is_an_interim_reading(card_c
     assert h1a["budgets"] == [8, 24, 48] and h1a["verdict"].endswith("(budgets 8, 24 of 8, 24, 48)")
 
 
+def test_a_slope_with_fewer_seeds_than_registered_at_a_budget_is_an_interim_reading(card_claim, tmp_path):
+    rng = np.random.default_rng(6)
+    runs = _runs(1.0, 0.5, rng) + _runs(0.0, 0.5, rng, base="swin")
+    cells = {(r["model"], r["epochs"], r["tokens"], r["seed"]): r for r in runs}  # the CET-ViT once per cell
+    runs = [r for key, r in cells.items() if key[1:] != (48, 64, 2) or key[0] not in ("cet_card", "vit")]
+    for i, run in enumerate(runs):
+        (tmp_path / f"{i}.json").write_text(json.dumps(run))
+    hypotheses = card_claim.summarise(tmp_path)["hypotheses"]
+    h1a = hypotheses["H1a"]
+    assert h1a["interim"] and h1a["budgets_of_both"] == [8, 24, 48]  # every budget, but seed 2 missing at 48
+    assert h1a["verdict"].endswith("(cet_card 2 of 3 seeds at 48; vit 2 of 3 seeds at 48)")
+    assert hypotheses["H1b"]["verdict"].endswith("(cet_card 2 of 3 seeds at 48)")  # Swin has its three
+    # with every registered seed the reading is the test
+    for i, key in enumerate([("cet_card", 48, 64, 2), ("vit", 48, 64, 2)]):
+        (tmp_path / f"seed2-{i}.json").write_text(json.dumps(cells[key]))
+    hypotheses = card_claim.summarise(tmp_path)["hypotheses"]
+    assert "interim" not in hypotheses["H1a"] and not hypotheses["H1a"]["verdict"].startswith("interim")
+    assert "interim" not in hypotheses["H1b"]
+
+
 def _stub(path, body):
     path.write_text("#!/usr/bin/env bash\n" + body)
     path.chmod(0o755)
