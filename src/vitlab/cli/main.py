@@ -75,6 +75,10 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
     return run
 
 
+#: the share of the training epochs spent waiting for data above which ``vitlab fit`` says so in its summary
+DATA_WAIT_NOTE = 0.15
+
+
 def _print_summary(run_dir: Path) -> None:
     from vitlab.report.collect import fmt
     from vitlab.rundir import EXPORT_DIR, GENERATE_DIR, REPORT_FILE, RunDir
@@ -91,6 +95,12 @@ def _print_summary(run_dir: Path) -> None:
     for name, label in ((EXPORT_DIR, "exported model"), (REPORT_FILE, "report"), (GENERATE_DIR, "generated grids")):
         if (run_dir / name).exists():
             lines.append(f"{label}: {run_dir / name}")
+    wait = (run.timing() or {}).get("data_wait_share")
+    if wait is not None and wait >= DATA_WAIT_NOTE:
+        lines.append(
+            f"data: the training waited for batches {wait:.0%} of its epochs (timing.json); where a core is free, "
+            "data.num_workers=1 prepares them while the step runs"
+        )
     print("\n".join(lines))
 
 
