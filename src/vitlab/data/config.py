@@ -39,8 +39,8 @@ def check_dataset_name(name: str) -> str:
 class AugmentConfig:
     """Training-time augmentation. Pad-and-crop, flip and AutoAugment run on the uint8 batch in the collate function
     (``batched``, the default: the same images bit for bit as torchvision's per-image transforms from the same
-    random state, a few times faster) or image by image in the dataset (``batched: false``); random erasing, MixUp
-    and CutMix run on the normalised batch in the collate function."""
+    random state, about half the CPU time per batch) or image by image in the dataset (``batched: false``); random
+    erasing, MixUp and CutMix run on the normalised batch in the collate function."""
 
     random_crop: bool = False  # pad-and-crop (padding = crop_padding)
     crop_padding: int = 4
