@@ -49,3 +49,25 @@ def test_the_verdict_rule(claims):
     assert claims.verdict("raises", D([2.0], [1.0])) == "not tested (1 seed)"
     low, high = D([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]).interval()
     assert low == pytest.approx(1 - 2.7764 * (2 / 3) ** 0.5, abs=1e-3) and high == pytest.approx(2 - low, abs=1e-9)
+
+
+def test_the_budget_slopes_are_recomputed_from_the_per_run_files(claims, tmp_path):
+    """The pre-registered slopes (docs/card_claim.md) come from the per-run files, agree with the committed summary,
+    and an edited slope in the README fails the check."""
+    import json
+
+    results = claims.evaluate()
+    summaries = sorted((ROOT / "benchmarks/results/experiments").glob("card_claim_summary_cpu_*.json"))
+    hypotheses = json.loads(summaries[-1].read_text())["hypotheses"]
+    for slope in claims.SLOPES:
+        r, committed = results[slope.id], hypotheses[slope.hypothesis]
+        assert r["beta_points_per_doubling"] == pytest.approx(committed["beta_points_per_doubling"], abs=1e-9)
+        assert r["ci95"] == pytest.approx(committed["ci95"], abs=1e-9) and r["verdict"] == committed["verdict"]
+        assert [e for e, _ in r["gaps"]] == [8, 24, 48]
+    expected = results["cet-card-slope-swin"]["readme"][0]
+    readme = (ROOT / "README.md").read_text()
+    assert expected in readme
+    edited = tmp_path / "README.md"
+    edited.write_text(readme.replace(expected, expected.replace("holds", "does not hold")))
+    problems = claims.check(results, edited, ROOT / "docs" / "results.md")
+    assert len(problems) == 1 and problems[0].startswith("cet-card-slope-swin")
