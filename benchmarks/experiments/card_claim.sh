@@ -103,4 +103,14 @@ for epochs in $BUDGETS; do
     fi
 done
 wait || true
-echo "results: $RESULTS ($(ls "$RESULTS" | wc -l) runs); summary: python benchmarks/experiments/card_claim.py summarise $RESULTS"
+design=("$RESULTS")  # the CPU design's folders: every session's, not another design's (a replicate, the GPU protocol)
+for folder in $RECORDED; do
+    [[ -d $folder && $folder != "$RESULTS" ]] || continue
+    case $(basename "$folder") in card_claim_replicate_*) continue ;; esac
+    design+=("$folder")
+done
+echo "results: $RESULTS ($(ls "$RESULTS" | wc -l) runs); summary: $PYTHON -m benchmarks.experiments.card_claim summarise ${design[*]}"
+# the README's claims are recomputed from these files in CI: a new result can make them stale
+"$PYTHON" -m benchmarks.reports.claims --check > /dev/null 2>&1 || echo "note: README.md or docs/results.md do not show \
+the claims recomputed with these results; before committing them: $PYTHON -m benchmarks.reports.claims --write \
+docs/results.md, then the README rows that $PYTHON -m benchmarks.reports.claims --check names"

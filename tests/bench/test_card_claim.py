@@ -157,6 +157,8 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     names = sorted(p.stem for p in results.glob("*.json"))
     assert len(names) == 5 * (2 + 2 + 3) + 2 * 2 - 1 and "swin-e8-t64-seed0" not in names
     assert "recorded: " + str(earlier / "swin-e8-t64-seed0.json") in first.stdout
+    summary = next(line for line in first.stdout.splitlines() if line.startswith("results: "))
+    assert f"summarise {results} {earlier}" in summary and str(replicate) not in summary  # the design's folders
     assert "cet_card-e8-t256-seed1" in names and "tome-e48-t64-seed2" in names and "swin-e24-t64-seed2" not in names
     log = calls.read_text().splitlines()
     assert len(log) == len(names)
