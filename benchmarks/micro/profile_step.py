@@ -28,7 +28,9 @@ GROUPS = (  # (group, substrings of the op name), first match wins
     ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "mkldnn", "aten::matmul")),
     ("attention (SDPA)", ("scaled_dot_product", "flash_attention")),
     ("optimiser", ("adam", "_foreach", "fused_adamw")),
-    ("inductor kernels", ("cpp_fused", "kernel_cpp", "graph_", "triton")),
+    # a compiled graph's own time: its kernels, and its autograd node (torch 2.14 names them "## Call CompiledFxGraph
+    # <hash> ##" and "CompiledFunctionBackward")
+    ("inductor kernels", ("cpp_fused", "kernel_cpp", "graph_", "triton", "compiledfxgraph", "compiledfunction")),
     ("copies", ("copy_", "aten::cat", "aten::clone", "contiguous", "aten::stack")),
     ("dropout", ("dropout", "bernoulli", "geometric_", "index_fill", "droppositions", "aten::random_")),
     ("top-k routing, scatter", ("topk", "scatter", "aten::sort", "gather")),
