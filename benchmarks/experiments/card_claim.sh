@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # The pre-registered budget curve of docs/card_claim.md: the card-shaped CET-ViT, cet_vit_nano_global and the matched
 # ViT, Swin and ToMe at 8, 24 and 48 epochs (seeds 0, 1; 0, 1, 2 at 48), then the 256-token arm (patch 2, 8 epochs,
-# seeds 0, 1). Runs already recorded (a JSON of their name in any RECORDED folder, the committed results of earlier
+# seeds 0-3: SEEDS_256). Runs already recorded (a JSON of their name in any RECORDED folder, the committed results of earlier
 # sessions) and finished runs are skipped, interrupted ones resumed from their last.ckpt, so the script can be started
 # again in a later session, on a fresh machine too; each finished run gets one JSON in RESULTS at once
 # (benchmarks/experiments/card_claim.py record).
 #
 #   VITLAB=.venv/bin/vitlab JOBS=2 bash benchmarks/experiments/card_claim.sh ../shared/datasets/cifar10.npz runs/card-claim
-#   BUDGETS="8" SEEDS_MAX=1 bash benchmarks/experiments/card_claim.sh DATA RUNS trainer.limit_train_batches=2   # a quick look
+#   BUDGETS="8" SEEDS_MAX=1 SEEDS_256=0 bash benchmarks/experiments/card_claim.sh DATA RUNS trainer.limit_train_batches=2   # a quick look
 #   MODELS="cet_card vit" BUDGETS=24 bash benchmarks/experiments/card_claim.sh DATA RUNS   # some cells first
 #
 # Every run in fp32 (trainer.precision=32-true; docs/card_claim.md, "Changes after the pre-registration").
 # JOBS (default 2): trainings at once, one thread each. RESULTS (default
 # benchmarks/results/experiments/card_claim_<device>_<date>, the naming scheme of benchmarks/naming.py). RECORDED
-# (default benchmarks/results/experiments/card_claim_*): the folders of runs that count as done. GIT_REVISION: the
+# (default benchmarks/results/experiments/card_claim_*): the folders of runs that count as done. SEEDS_256 (default
+# "0 1 2 3"): the seeds of the 256-token arm. GIT_REVISION: the
 # revision to record, over the runs' env.json (a tree copied without its history, or with a stale one).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
@@ -32,6 +33,11 @@ fi
 RECORDED=${RECORDED:-benchmarks/results/experiments/card_claim_*}
 BUDGETS=${BUDGETS:-8 24 48}
 SEEDS_MAX=${SEEDS_MAX:-3}
+# the 256-token arm's seeds: 0 1 as registered; 2 3 added by the amendment of 2026-12-06 (docs/card_claim.md)
+SEEDS_256=${SEEDS_256:-0 1 2 3}
+for seed in $SEEDS_256; do
+    [[ $seed =~ ^[0-9]+$ ]] || { echo "error: SEEDS_256 names '$seed'; give seeds as numbers, e.g. SEEDS_256=\"0 1\"" >&2; exit 2; }
+done
 ALL_MODELS="cet_card cet_global vit swin tome"
 MODELS=${MODELS:-$ALL_MODELS}  # which models' cells to run (the order of launch stays the design's)
 for model in $MODELS; do
@@ -95,8 +101,7 @@ for epochs in $BUDGETS; do
         launch tome compare/cifar10_p4_tome "$epochs" "$seed" 64 "$@"
     done
     if [[ $epochs == 8 ]]; then  # the 256-token arm, at the smallest budget
-        for seed in 0 1; do
-            (( seed < SEEDS_MAX )) || continue
+        for seed in $SEEDS_256; do
             launch cet_card compare/card_p2 8 "$seed" 256 "$@"
             launch swin compare/card_p2_swin 8 "$seed" 256 "$@"
         done

@@ -155,11 +155,11 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     first = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert first.returncode == 0, first.stderr
     names = sorted(p.stem for p in results.glob("*.json"))
-    assert len(names) == 5 * (2 + 2 + 3) + 2 * 2 - 1 and "swin-e8-t64-seed0" not in names
+    assert len(names) == 5 * (2 + 2 + 3) + 2 * 4 - 1 and "swin-e8-t64-seed0" not in names  # 256 tokens: 4 seeds
     assert "recorded: " + str(earlier / "swin-e8-t64-seed0.json") in first.stdout
     summary = next(line for line in first.stdout.splitlines() if line.startswith("results: "))
     assert f"summarise {results} {earlier}" in summary and str(replicate) not in summary  # the design's folders
-    assert "cet_card-e8-t256-seed1" in names and "tome-e48-t64-seed2" in names and "swin-e24-t64-seed2" not in names
+    assert "cet_card-e8-t256-seed3" in names and "tome-e48-t64-seed2" in names and "swin-e24-t64-seed2" not in names
     log = calls.read_text().splitlines()
     assert len(log) == len(names)
     assert sum("--resume" in line for line in log) == 1
@@ -205,6 +205,13 @@ def test_the_driver_runs_only_the_models_asked_for_and_refuses_an_unknown_one(tm
     assert sorted(p.stem for p in results.glob("*.json")) == expected
     typo = subprocess.run(command, env={**env, "MODELS": "vit deit"}, cwd=ROOT, capture_output=True, text=True)
     assert typo.returncode == 2 and "MODELS names 'deit'" in typo.stderr
+    bad = subprocess.run(command, env={**env, "SEEDS_256": "0,1"}, cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "SEEDS_256 names '0,1'" in bad.stderr
+    two = {**env, "MODELS": "swin", "BUDGETS": "8", "SEEDS_MAX": "1", "SEEDS_256": "1"}
+    quick = subprocess.run(command, env=two, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert quick.returncode == 0, quick.stderr
+    assert {"swin-e8-t64-seed0", "swin-e8-t256-seed1"} <= {p.stem for p in results.glob("*.json")}
+    assert not (results / "swin-e8-t256-seed0.json").exists() and not (results / "swin-e8-t64-seed1.json").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script trains the GPU protocol")
