@@ -23,6 +23,7 @@ recomputed one (each claim lists the text it puts in those files), or when a cla
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -158,15 +159,18 @@ CET_EI_CIFAR10 = "experiments/cet_ei_cifar10_epyc_2026-12-02"
 CARD_CLAIM = "experiments/card_claim_*"
 
 
+def card_claim_folders() -> list[Path]:
+    """The CPU design's per-session folders of the card-claim protocol (a replicate of it on another device, a GPU,
+    is a design of its own and is left out)."""
+    return sorted(f for f in RESULTS.glob(CARD_CLAIM) if f.is_dir() and not f.name.startswith("card_claim_replicate_"))
+
+
 def card_claim_seeds(model: str, epochs: int = 8, tokens: int = 64) -> list[float]:
     """Test top-1 (points) of every recorded run of ``model`` in one cell of the card-claim protocol."""
-    files = [  # the CPU design's sessions; a replicate of it on another device (a GPU) is a design of its own
-        f
-        for f in sorted(
-            RESULTS.glob(f"{CARD_CLAIM}/{model}-e{epochs}-t{tokens}-seed*.json"), key=lambda f: (f.name, f.parent.name)
-        )
-        if not f.parent.name.startswith("card_claim_replicate_")
-    ]
+    pattern = f"{model}-e{epochs}-t{tokens}-seed*.json"
+    files = sorted(
+        (f for folder in card_claim_folders() for f in folder.glob(pattern)), key=lambda f: (f.name, f.parent.name)
+    )
     if not files:
         raise FileNotFoundError(f"no results files match benchmarks/results/{CARD_CLAIM}/{model}-e{epochs}-...")
     return [100 * float(json.loads(f.read_text())["test_acc"]) for f in files]
@@ -360,10 +364,16 @@ CLAIMS = [
 # ------------------------------------------------------------------------------------------------------------------
 # The pre-registered budget slopes (docs/card_claim.md): a claim about a trend, judged by its own registered rule
 # ------------------------------------------------------------------------------------------------------------------
-def card_claim_folders() -> list[Path]:
-    """The CPU design's per-session folders of the card-claim protocol (a replicate on another device is a design of
-    its own and is left out, as in :func:`card_claim_seeds`)."""
-    return sorted(f for f in RESULTS.glob(CARD_CLAIM) if f.is_dir() and not f.name.startswith("card_claim_replicate_"))
+@functools.cache
+def card_claim_summary() -> tuple[list[Path], dict[str, Any]]:
+    """The CPU design's folders and their :func:`benchmarks.experiments.card_claim.summarise`, computed once for all
+    the slopes."""
+    from benchmarks.experiments.card_claim import summarise
+
+    folders = card_claim_folders()
+    if not folders:
+        raise FileNotFoundError(f"no folders match benchmarks/results/{CARD_CLAIM}")
+    return folders, summarise(folders)
 
 
 @dataclass
@@ -380,12 +390,7 @@ class SlopeClaim:
     required: bool = True  # the CPU design has every registered run: a missing file is an error
 
     def compute(self) -> dict[str, Any]:
-        from benchmarks.experiments.card_claim import summarise
-
-        folders = card_claim_folders()
-        if not folders:
-            raise FileNotFoundError(f"no folders match benchmarks/results/{CARD_CLAIM}")
-        summary = summarise(folders)
+        folders, summary = card_claim_summary()
         test = summary["hypotheses"][self.hypothesis]
         if "beta_points_per_doubling" not in test:
             raise FileNotFoundError(f"{self.hypothesis}: the per-run files of {CARD_CLAIM} cannot identify a slope yet")
