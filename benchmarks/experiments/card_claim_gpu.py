@@ -223,6 +223,24 @@ def train_run(key, models, seed, data, epochs, batch, autocast, device) -> dict[
     }
 
 
+def provenance(env: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """What every per-run file records beside its numbers (the results files' rule): the command (the script's path
+    relative to the repository), git revision, CPU, torch, GPU and the precision."""
+    root = Path(__file__).resolve().parents[2]
+    command = [
+        str(Path(a).resolve().relative_to(root)) if Path(a).resolve().is_relative_to(root) and Path(a).exists() else a
+        for a in env["command"]
+    ]
+    return {
+        "command": ["python", *command],
+        "git": env["git"],
+        "cpu": env["hardware"]["cpu_model"],
+        "torch": env["versions"]["torch"],
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "precision": "bf16 autocast" if device.type == "cuda" else "fp32",
+    }
+
+
 def _save_run(folder: Path, run: dict[str, Any]) -> None:
     atomic_write_text(folder / f"{run['model']}-seed{run['seed']}.json", json.dumps(run, indent=1) + "\n")
 
@@ -283,7 +301,7 @@ def _worker(key: str, seed: int, common: dict[str, Any], start: Any, inbox: Any,
         outbox.put(("calibrated", key, seed, step_s))
         epochs = inbox.get()
         if epochs:
-            run = train_run(key, models, seed, data, epochs, batch, autocast, device)
+            run = train_run(key, models, seed, data, epochs, batch, autocast, device) | common["provenance"]
             _save_run(common["folder"], run)
             outbox.put(("done", key, seed, run))
     except BaseException:  # every failure goes to the parent, which names the run
@@ -422,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": batch,
         "folder": args.out / "runs",
         "calibration_steps": 2 if args.dry_run else 10,
+        "provenance": provenance(env, device),
     }
     pool = _Concurrent(specs, common)
     concurrent = pool.calibrate()  # seconds per step of each run while every run steps at once
@@ -461,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         pool.stop()
         runs = []
         for key, seed in specs:
-            runs.append(train_run(key, models, seed, data, epochs, batch, autocast, device))
+            runs.append(train_run(key, models, seed, data, epochs, batch, autocast, device) | common["provenance"])
             _save_run(args.out / "runs", runs[-1])
     result = {
         "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,

@@ -161,8 +161,9 @@ CARD_CLAIM = "experiments/card_claim_*"
 
 def card_claim_folders() -> list[Path]:
     """The CPU design's per-session folders of the card-claim protocol (a replicate of it on another device, a GPU,
-    is a design of its own and is left out)."""
-    return sorted(f for f in RESULTS.glob(CARD_CLAIM) if f.is_dir() and not f.name.startswith("card_claim_replicate_"))
+    and the GPU protocol, ``card_claim_gpu.py``, are designs of their own and are left out)."""
+    others = ("card_claim_replicate_", "card_claim_gpu_")
+    return sorted(f for f in RESULTS.glob(CARD_CLAIM) if f.is_dir() and not f.name.startswith(others))
 
 
 def card_claim_seeds(model: str, epochs: int = 8, tokens: int = 64) -> list[float]:

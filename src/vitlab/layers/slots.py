@@ -27,7 +27,8 @@ def topk_softmax(logits: torch.Tensor, k: int) -> torch.Tensor:
     if not 1 <= k <= logits.shape[-1]:
         raise ValueError(f"top-k softmax needs 1 <= k <= K = {logits.shape[-1]} slots, got k={k}")
     values, index = logits.topk(k, dim=-1)
-    return torch.zeros_like(logits).scatter(-1, index, values.softmax(-1))
+    weights = values.softmax(-1)  # float32 under autocast, whatever the logits' dtype
+    return weights.new_zeros(logits.shape).scatter(-1, index, weights)
 
 
 def dense_straight_through(S: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

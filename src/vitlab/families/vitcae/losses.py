@@ -112,10 +112,12 @@ def imq_mmd(
             f"imq_mmd needs at least 2 samples on each side for the unbiased estimate, got {n} and {m}; "
             "use batches of 2 or more (e.g. DataLoader(drop_last=True))"
         )
-    c = 2.0 * x.shape[1] * torch.tensor(scales, dtype=x.dtype, device=x.device) * variance  # [S]
+    # C_s = 2 d s sigma^2 per scale s, summed over the scales one by one: a tensor of the scales made on the device
+    # would copy them from the host each call, a synchronising copy on CUDA
+    base = 2.0 * x.shape[1] * variance
 
     def kernel_sum(d2: torch.Tensor) -> torch.Tensor:
-        return (c / (c + d2.unsqueeze(-1))).sum(-1)
+        return sum(base * s / (base * s + d2) for s in scales)
 
     k_xx = kernel_sum(_squared_distances(x, x))
     k_yy = kernel_sum(_squared_distances(y, y))
