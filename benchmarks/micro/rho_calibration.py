@@ -1,5 +1,5 @@
 """The noise rule's rho against simulated drifts (ViTCAE spec, "Convergence"): for each probe grid and image count,
-the calibrated rho (:func:`vitlab.diagnostics.dynamics.calibrate_rho`) and, on fresh seeds and step sizes, the share
+the calibrated rho (:func:`vitlab.diagnostics.convergence.calibrate_rho`) and, on fresh seeds and step sizes, the share
 of epochs in which directed motion, a random walk and jitter around a settled pattern are judged stable, under the
 calibrated rho and under the earlier default 0.75; with patience 3, the share of epochs at which a head would be
 declared converged.
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from vitlab.diagnostics.dynamics import (
+from vitlab.diagnostics.convergence import (
     DRIFT_KINDS,
     calibrate_rho,
     directedness_series,
-    patch_grid_cost,
     simulate_attention_paths,
 )
+from vitlab.diagnostics.dynamics import patch_grid_cost
 from vitlab.rundir import environment
 
 # (grid side, probe images): digits and MNIST (4x4 patches), CelebA-32 (8x8), and smaller probes

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from vitlab.diagnostics.dynamics import ConvergenceTracker
+from vitlab.diagnostics.convergence import ConvergenceTracker
 from vitlab.evaluation.stats import summarize, welch_interval, welch_ttest
 from vitlab.rundir import RunDir
 

@@ -15,7 +15,7 @@ from vitlab.cli.main import main
 from vitlab.config import build_config
 from vitlab.diagnostics import DynamicsConfig, DynamicsController, FrozenHeadGuard, ProbeMeasurement
 from vitlab.diagnostics.controller import controlled_modules, select_probe
-from vitlab.diagnostics.dynamics import directedness_standard_error
+from vitlab.diagnostics.convergence import directedness_standard_error
 from vitlab.diagnostics.plots import frozen_at_epoch, head_table, read_dynamics
 from vitlab.dynamics import FrozenHeadAttention
 from vitlab.errors import ConfigError
@@ -316,7 +316,9 @@ def test_drift_workers_change_no_record():
     the same as on one."""
     records = []
     for workers in (1, 2):
-        config = DynamicsConfig(burn_in=0, patience=1, probe_size=6, kappa_images=2, rho=0.95, drift_workers=workers)
+        config = DynamicsConfig(
+            convergence="noise", burn_in=0, patience=1, probe_size=6, kappa_images=2, rho=0.95, drift_workers=workers
+        )
         controller = DynamicsController(config)
         controller.attach(tiny_vit())
         generator = torch.Generator().manual_seed(0)

@@ -9,7 +9,8 @@ import torch
 from model_fixtures import tiny_vit
 from vitlab.diagnostics import DynamicsConfig, DynamicsController
 from vitlab.diagnostics.controller import controlled_modules
-from vitlab.diagnostics.dynamics import ConvergenceTracker, attention_drift, patch_grid_cost
+from vitlab.diagnostics.convergence import ConvergenceTracker
+from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost
 from vitlab.errors import ConfigError
 from vitlab.models import create_model
 
@@ -96,7 +97,9 @@ def point_mass_path(patches: list[int], side: int = 4) -> list[torch.Tensor]:
 def test_controller_directedness_tells_moving_attention_from_jitter():
     from vitlab.diagnostics import ProbeMeasurement
 
-    controller = DynamicsController(DynamicsConfig(mode="fixed", burn_in=0, patience=2, probe_size=4, kappa_images=4))
+    controller = DynamicsController(
+        DynamicsConfig(mode="fixed", convergence="noise", burn_in=0, patience=2, probe_size=4, kappa_images=4)
+    )
     controller.attach(create_model("vit_pico", img_size=8, patch_size=2, in_chans=1, num_classes=3, depth=1))
     moving, jitter = point_mass_path([0, 1, 2, 3, 7, 11]), point_mass_path([5, 6, 5, 6, 5, 6])
     kappa = torch.ones(1, 4, dtype=torch.float64)
@@ -161,9 +164,10 @@ def test_config_names_the_bad_units_and_rule():
         DynamicsConfig(rel_d=1.5)
 
 
-def test_defaults_are_image_units_the_relative_rule_and_the_unit_tau_probe():
+def test_defaults_are_image_units_the_decay_rule_and_the_unit_tau_probe():
     cfg = DynamicsConfig()
-    assert (cfg.drift_units, cfg.convergence, cfg.probe_tau, cfg.alpha) == ("image", "noise", "unit", 4.0)
+    assert (cfg.drift_units, cfg.convergence, cfg.probe_tau, cfg.alpha) == ("image", "decay", "unit", 4.0)
+    assert (cfg.decay_ratio, cfg.decay_window, cfg.patience) == (0.5, 3, 3)
 
 
 def lr_records(rates: list[float], scale: float) -> list[dict]:

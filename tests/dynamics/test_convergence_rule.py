@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from vitlab.diagnostics.controller import DynamicsConfig, DynamicsController
-from vitlab.diagnostics.dynamics import (
+from vitlab.diagnostics.convergence import (
     ConvergenceTracker,
     calibrate_rho,
     directedness_series,
-    patch_grid_cost,
     simulate_attention_paths,
 )
+from vitlab.diagnostics.dynamics import patch_grid_cost
 
 GRID, IMAGES, EPOCHS = (4, 4), 64, 40
 
@@ -77,13 +77,13 @@ def _arm_tracker(mode):
 
 def test_both_arms_are_judged_by_the_same_function_with_the_same_arguments():
     controlled, uncontrolled = _arm_tracker("schedule"), _arm_tracker("fixed")
-    settings = ("eps_d", "eps_tau", "patience", "rule", "rel_d", "rho", "tau_clause")
+    settings = ("eps_d", "eps_tau", "patience", "rule", "rel_d", "rho", "tau_clause", "decay_ratio", "decay_window")
     assert [getattr(controlled, k) for k in settings] == [getattr(uncontrolled, k) for k in settings]
     assert controlled.tau_clause == "none"
     g = torch.Generator().manual_seed(0)
-    for _ in range(12):  # the same drift, but tau scheduled in one arm and held at 1 in the other
+    for epoch in range(12):  # the same decaying drift, but tau scheduled in one arm and held at 1 in the other
         shape = (controlled.num_layers, controlled.num_heads)
-        drift = torch.rand(shape, generator=g, dtype=torch.float64) / 20
+        drift = torch.rand(shape, generator=g, dtype=torch.float64) / 20 * 0.6**epoch
         ratio = 0.4 + 0.6 * torch.rand(shape, generator=g, dtype=torch.float64)
         scheduled = 1 / (1 + 4 * drift)
         a = controlled.update(drift, scheduled, ratio)

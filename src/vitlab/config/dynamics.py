@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from vitlab.errors import ConfigError
 
 DRIFT_UNITS = ("image", "patch")
-CONVERGENCE_RULES = ("noise", "relative", "absolute")
+CONVERGENCE_RULES = ("decay", "noise", "relative", "absolute")
 TAU_CLAUSES = ("none", "own")
 MODES = ("schedule", "learn", "fixed")
 PROBE_TAUS = ("model", "unit")
@@ -47,7 +47,11 @@ class DynamicsConfig:
             controller's time (docs/experiments/dynamics_costs.md, "What the controller costs with the noise rule"),
             so it is off by default; the Table I recipe (benchmarks/experiments/table1.sh) turns it on.
         eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
-        convergence: ``noise`` (default): a head is stable when its movement no longer accumulates (``rho``);
+        convergence: ``decay`` (default): a head is stable when it has settled: each of its last ``decay_window``
+            drifts is below ``decay_ratio`` times the median of its earlier drifts (a head that keeps moving by a
+            constant step, in any direction, is never stable; docs/dynamics.md, "The convergence rule");
+            ``noise`` (the default before 2026-12-06): a head is stable when its movement no longer accumulates
+            (``rho``);
             ``relative``: a head is stable in an epoch when its drift is below ``rel_d`` times
             its own peak drift so far, a rule with no units (the same on any grid) that a constant rescaling of the
             whole drift curve (another constant learning rate) does not change; ``absolute``: below ``eps_d`` (the
@@ -57,9 +61,11 @@ class DynamicsConfig:
             walk; 0.5: jitter around one pattern), a ratio free of the grid and of a constant learning rate's scale.
             ``auto`` (default): calibrated for this run's patch grid and probe image count so that a simulated random
             walk is stable in at most 5% of its epochs and directed motion never is
-            (:func:`vitlab.diagnostics.dynamics.calibrate_rho`); a number sets it (the earlier default was 0.75,
+            (:func:`vitlab.diagnostics.convergence.calibrate_rho`); a number sets it (the earlier default was 0.75,
             which a random walk averaged over 256 probe images is below in almost every epoch) ...
         rel_d: the fraction of the peak drift of the ``relative`` rule ...
+        decay_ratio: the ``decay`` rule's fraction of the head's typical earlier drift (median) ...
+        decay_window: ... that each of its last this many drifts must be below.
         eps_d: the threshold of the ``absolute`` rule, in ``drift_units`` (default 0.0125 image sides = the
             earlier 0.05 patch widths on a 4x4 grid) ...
         tau_clause: ``none`` (default): the decision reads the drift alone, so both arms of a comparison are judged
@@ -93,7 +99,7 @@ class DynamicsConfig:
             ``probe_min`` images, and are extended to all ``probe_size`` images only for heads whose decision is
             uncertain: under the threshold rules a drift within ``probe_z`` standard errors of the threshold, under
             the noise rule a directedness within ``probe_z`` standard errors of ``rho`` (delta method,
-            :func:`~vitlab.diagnostics.dynamics.directedness_standard_error`). An approximation of eq. 20's ``d``
+            :func:`~vitlab.diagnostics.convergence.directedness_standard_error`). An approximation of eq. 20's ``d``
             for the other heads (standard error about ``d / sqrt(probe_min)``).
         probe_z: the standard errors of the adaptive probe (see ``probe_min``).
         drift_workers: threads that solve the drift's transport problems; ``None`` (default): as many as torch uses
@@ -110,10 +116,12 @@ class DynamicsConfig:
     probe_tau: str = "unit"
     log_model_tau: bool = False
     eps: float = 0.1
-    convergence: str = "noise"
+    convergence: str = "decay"
     rho: float | str = "auto"
     tau_clause: str = "none"
     rel_d: float = 0.2
+    decay_ratio: float = 0.5
+    decay_window: int = 3
     eps_d: float = 0.0125
     eps_tau: float = 0.05
     patience: int = 3
@@ -151,6 +159,17 @@ class DynamicsConfig:
             problems.append(f"dynamics.rho must be 'auto' or a directedness in (0, 1], got {self.rho!r}")
         if self.tau_clause not in TAU_CLAUSES:
             problems.append(f"dynamics.tau_clause must be one of {', '.join(TAU_CLAUSES)}, got {self.tau_clause!r}")
+        if (
+            isinstance(self.decay_ratio, bool)
+            or not isinstance(self.decay_ratio, int | float)
+            or not 0 < self.decay_ratio < 1
+        ):
+            problems.append(
+                "dynamics.decay_ratio must be in (0, 1) (a fraction of the head's earlier drift), "
+                f"got {self.decay_ratio!r}"
+            )
+        if isinstance(self.decay_window, bool) or not isinstance(self.decay_window, int) or self.decay_window < 1:
+            problems.append(f"dynamics.decay_window must be an integer >= 1 (epochs), got {self.decay_window!r}")
         if not 0 < self.rel_d < 1:
             problems.append(f"dynamics.rel_d must be in (0, 1) (a fraction of the peak drift), got {self.rel_d}")
         if not self.alpha > 0:

@@ -4,8 +4,8 @@ probes and the segment maps. The controller that applies the dynamics during tra
 
 from typing import TYPE_CHECKING
 
+from vitlab.diagnostics.convergence import ConvergenceTracker
 from vitlab.diagnostics.dynamics import (
-    ConvergenceTracker,
     attention_drift,
     attention_to_cls_distribution,
     consensus_clusters,

@@ -15,14 +15,16 @@ from torch import nn
 
 from vitlab.config import from_dict
 from vitlab.config.dynamics import DynamicsConfig
-from vitlab.diagnostics.dynamics import (
+from vitlab.diagnostics.convergence import (
     ConvergenceTracker,
-    attention_drift,
-    attention_to_cls_distribution,
     calibrate_rho,
-    consensus_clusters,
     directedness,
     directedness_standard_error,
+)
+from vitlab.diagnostics.dynamics import (
+    attention_drift,
+    attention_to_cls_distribution,
+    consensus_clusters,
     patch_grid_cost,
     temperature_update,
 )
@@ -231,6 +233,8 @@ class DynamicsPolicy:
             rel_d=cfg.rel_d,
             rho=rho,
             tau_clause=cfg.tau_clause,
+            decay_ratio=cfg.decay_ratio,
+            decay_window=cfg.decay_window,
         )
 
     def wants_kappa(self, epoch: int) -> bool:
@@ -275,7 +279,7 @@ class DynamicsPolicy:
         drift = drift_images = two_epoch_mean = None
         if self.previous is not None:
             drift, drift_images, current, two_epoch_mean = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
-            self.tracker.observe(drift)  # the relative rule's peak counts the burn-in epochs too
+            self.tracker.observe(drift)  # every epoch: the relative rule's peak, the decay rule's history
             if cfg.mode == "schedule":
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
         # the whole probe for the first decision: the epoch before it, and under the noise rule (d(t-2, t)) the one
@@ -297,7 +301,7 @@ class DynamicsPolicy:
         if epoch >= cfg.burn_in:
             # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
             # placeholder.
-            converged = self.tracker.update(torch.zeros_like(tau) if drift is None else drift, tau, directed)
+            converged = self.tracker.decide(torch.zeros_like(tau) if drift is None else drift, tau, directed)
         else:
             converged = self.tracker.converged.clone()
         if cfg.freeze and (converged & ~self.frozen).any():
@@ -329,7 +333,9 @@ class DynamicsPolicy:
             "freeze_scope": cfg.freeze_scope,
             "drift": None if drift is None else drift.tolist(),
             "directedness": None if directed is None else directed.tolist(),
-            "threshold": None if cfg.convergence == "noise" else self.tracker.threshold().tolist(),
+            "threshold": None if cfg.convergence == "noise" else _nan_to_none(self.tracker.threshold()),
+            # the decay rule's statistic: the largest of the head's last decay_window drifts (None: too few yet)
+            "decay_level": _nan_to_none(self.tracker.decay_level()[0]) if cfg.convergence == "decay" else None,
             "kappa": self.kappa.tolist(),
             "tau": tau.tolist(),
             "converged": converged.tolist(),
@@ -458,3 +464,8 @@ class DynamicsPolicy:
         self.tracker.load_state_dict({**state["tracker"], **thresholds})
         if self.frozen is not None:
             self.guard.freeze(self.frozen)
+
+
+def _nan_to_none(values: torch.Tensor) -> list[list[float | None]]:
+    """``[L, H]`` as nested lists with ``None`` for NaN (JSON has no NaN)."""
+    return [[None if math.isnan(v) else v for v in row] for row in values.tolist()]
