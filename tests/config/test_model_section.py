@@ -62,6 +62,23 @@ def test_a_wrong_model_value_or_key_is_refused(config, override, message):
 
 
 @pytest.mark.parametrize(
+    ("config", "override"),
+    [
+        ("vit/digits", "model.depth=0"),
+        ("vit/digits", "model.embed_dim=-64"),
+        ("vit/digits", "model.num_heads=0"),
+        ("vit/digits", "model.patch_size=0"),
+        ("cet_vit/digits", "model.depths=[2,0]"),
+        ("compare/cifar10_cpu_swin", "model.num_heads=[2,-1]"),
+    ],
+)
+def test_a_zero_or_negative_model_size_is_refused(config, override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key} must be at least 1, got .*; set {key} to a positive size"):
+        build_config(config, [override])
+
+
+@pytest.mark.parametrize(
     ("config", "loss_type"),
     [
         ("vit/digits", "ClassificationLossConfig"),

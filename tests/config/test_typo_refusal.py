@@ -52,6 +52,7 @@ def test_the_checks_load_no_deep_learning_library():
         ("model.depthh=2", "Did you mean depth"),
         ("loss.foo=1", "unknown config key 'loss.foo'"),
         ("model.patch_size=two", "model.patch_size must be of type int"),
+        ("model.patch_size=0", "model.patch_size must be at least 1, got 0"),
     ],
 )
 def test_a_typo_in_the_model_or_loss_of_any_task_exits_2_without_a_folder(config, override, message, tmp_path):

@@ -18,7 +18,7 @@ import yaml
 from vitlab.config.coerce import build_section, from_dict, to_dict
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.config.loss import ClassificationLossConfig, check_loss_section
-from vitlab.config.model import ModelConfig, model_class_name, model_config_type
+from vitlab.config.model import ModelConfig, check_model_sizes, model_class_name, model_config_type
 from vitlab.data.config import AugmentConfig, DataConfig, check_dataset_name
 from vitlab.errors import ConfigError
 
@@ -245,6 +245,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         class_name = model_class_name(self.model)
         self.model = build_section(model_config_type(class_name), self.model, "model")
+        check_model_sizes(self.model)
         self.loss = check_loss_section(class_name, self.loss)
 
 

@@ -18,6 +18,19 @@ from vitlab.model_catalogue import MODEL_OPTIONS, PRESET_CLASSES
 
 #: model keys that are no constructor option
 MODEL_KEYS = ("name", "pretrained")
+#: model options that count or size something (an int, or one int per stage): each must be at least 1, since a
+#: zero-depth or zero-width model trains and predicts while it ignores its input
+SIZE_OPTIONS = (
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "embed_dim",
+    "depth",
+    "depths",
+    "num_heads",
+    "window_size",
+)
 
 
 class ModelConfig(TypedDict):
@@ -107,6 +120,15 @@ def model_class_name(model: Any) -> str | None:
                 f"model {name!r} ({cls}) has no option {key!r}.{hint} Valid options: {', '.join(sorted(valid))}"
             )
     return cls
+
+
+def check_model_sizes(model: dict[str, Any]) -> None:
+    """Every size the ``model`` section sets (:data:`SIZE_OPTIONS`) is at least 1, else a :class:`ConfigError`."""
+    for key in SIZE_OPTIONS:
+        value = model.get(key)
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, int) and v < 1 for v in values):
+            raise ConfigError(f"model.{key} must be at least 1, got {value}; set model.{key} to a positive size")
 
 
 def model_config_type(class_name: str | None) -> type:
