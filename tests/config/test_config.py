@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from vitlab.config import ConfigError, build_config, dump_yaml, parse_overrides
+from vitlab.config import ConfigError, build_config, dump_yaml, parse_overrides, read_yaml
 
 
 def test_overrides_parse_both_styles_and_yaml_types():
@@ -99,3 +99,16 @@ def test_a_list_of_any_length_fits_a_variadic_tuple_field():
         build_config("vitcae/digits", [f"loss.mmd_scales={scales}"])
     with pytest.raises(ConfigError, match=r"loss.mmd_scales\[1\]"):
         build_config("vitcae/digits", ["loss.mmd_scales=[1.0,abc]"])
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_refused_naming_the_key_and_file(tmp_path):
+    config = tmp_path / "twice.yaml"
+    config.write_text("optim:\n  lr: 0.1\n  weight_decay: 0.0\n  lr: 0.5\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml, line 4, column 3 is not valid YAML: duplicate key 'lr'"):
+        build_config(config)
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
+    config = tmp_path / "merge.yaml"
+    config.write_text("base: &base {lr: 0.1, weight_decay: 0.2}\noptim:\n  <<: *base\n  lr: 0.5\n")
+    assert read_yaml(config)["optim"] == {"lr": 0.5, "weight_decay": 0.2}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,12 +269,32 @@ def resolve_config_path(name: str | Path) -> Path:
     )
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last value silently; the
+    YAML 1.2 spec, sec. 3.2.1.3, requires keys to be unique)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):  # PyYAML's own error names it
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (remove one of the two)", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """A YAML file's content; a syntax error (a tab in the indentation, an unclosed bracket) is a
-    :class:`ConfigError` that names the file, the line and the column."""
+    """A YAML file's content; a syntax error (a tab in the indentation, an unclosed bracket) or a key given twice is
+    a :class:`ConfigError` that names the file, the line and the column."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
