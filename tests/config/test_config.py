@@ -112,3 +112,9 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
     config = tmp_path / "merge.yaml"
     config.write_text("base: &base {lr: 0.1, weight_decay: 0.2}\noptim:\n  <<: *base\n  lr: 0.5\n")
     assert read_yaml(config)["optim"] == {"lr": 0.5, "weight_decay": 0.2}
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "a\\b", ".", "..", ""])
+def test_a_run_name_must_be_one_folder_name(name):
+    with pytest.raises(ConfigError, match=r"must be one folder name .*set run.root="):
+        build_config(None, [f"run.name={name}"])

@@ -172,6 +172,11 @@ class RunSection:
     part_stats_every: int = 0
 
     def __post_init__(self) -> None:
+        if self.name in ("", ".", "..") or any(sep in self.name for sep in ("/", "\\")):
+            raise ConfigError(
+                f"run.name={self.name!r} must be one folder name (no '/' or '\\', not '.' or '..'): the run goes to "
+                "<run.root>/<run.name>-<time>; set run.root= to choose the folder it goes in"
+            )
         if self.part_stats_every < 0:
             raise ConfigError(
                 f"run.part_stats_every must be 0 (off) or a number of optimisation steps, got {self.part_stats_every}"
