@@ -13,7 +13,7 @@ from vitlab.version import __version__
 
 if TYPE_CHECKING:
     from vitlab.explain import explain
-    from vitlab.export import load_model
+    from vitlab.export import export_model, load_model
     from vitlab.layers import attention_capture, capture_attention
     from vitlab.models import create_model, from_timm, list_models
 
@@ -23,6 +23,7 @@ _LAZY = {
     "capture_attention": "vitlab.layers",
     "create_model": "vitlab.models",
     "explain": "vitlab.explain",
+    "export_model": "vitlab.export",
     "from_timm": "vitlab.models",
     "list_models": "vitlab.models",
     "load_model": "vitlab.export",
@@ -37,6 +38,7 @@ __all__ = [
     "capture_attention",
     "create_model",
     "explain",
+    "export_model",
     "from_timm",
     "list_models",
     "load_model",
