@@ -33,6 +33,22 @@ def _first_sentence(text: str) -> str:
     return line[: end if end > 0 else len(line)].rstrip(".")
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``; a device this machine does not have (CUDA without a GPU, ``cuda:2`` with
+    two GPUs, MPS off a Mac) is a :class:`ConfigError` that says so."""
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"unknown device {str(device)!r}; use cpu, cuda, cuda:1 or mps") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("CUDA is not available on this machine; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"device {device} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("MPS is not available on this machine; use --device cpu")
+    return device
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a Lightning checkpoint safely (``weights_only=True``), with a clear error when it is unusable."""
     path = Path(path)
@@ -175,6 +191,7 @@ def load_model(
     ``overrides``: constructor options to change that leave the weights alone, e.g. ``{"tome_r": 8}`` to merge
     tokens at inference in a ViT trained without merging (an option that changes the weights is a ``ConfigError``).
     """
+    check_device(map_location)
     location = locate_model(path)  # one rule for a run directory, an export folder and a checkpoint
     path = location.source
     if location.is_export:

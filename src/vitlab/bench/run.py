@@ -14,6 +14,7 @@ from vitlab.bench.timing import Runner, measure_networks, round_ratio, torch_thr
 from vitlab.config import OptimConfig
 from vitlab.environment import environment as run_environment
 from vitlab.errors import ConfigError
+from vitlab.export import check_device
 from vitlab.layers import attention_path
 
 #: the networks a run compares ``ours`` with, each as ``ours_over_<name>``
@@ -75,8 +76,7 @@ def bench(
     if vs not in (None, "timm"):
         raise ConfigError(f"--vs compares with 'timm' only, got {vs!r}")
     check_compile_mode(compile_mode)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA device; use --device cpu")
+    check_device(device)
     overrides = dict(overrides or {})
     ours = NetworkSpec("vitlab", model, overrides)
     specs = {"ours": NetworkSpec("vitlab", model, overrides, grad_checkpointing=True) if grad_checkpointing else ours}

@@ -27,6 +27,7 @@ def _predict(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.errors import ConfigError
         from vitlab.evaluation.predict import image_files, load_predictor, predict, rows, write_rows
+        from vitlab.export import check_device
         from vitlab.rundir import check_outputs
 
         if overrides:
@@ -35,8 +36,9 @@ def _predict(p: argparse.ArgumentParser) -> Runner:
             raise ConfigError("--topk and --batch-size must be >= 1")
         if args.out:
             check_outputs([args.out], force=args.force)
+        device = check_device(args.device)
         model, info = load_predictor(args.model)
-        model = model.to(args.device)
+        model = model.to(device)
         skipped: list[str] = []
 
         def bad(path: Path, e: Exception) -> None:
