@@ -1,11 +1,14 @@
 """Exported models: ``model.safetensors`` + ``config.json``, rebuilt offline with no pickle.
 
 ``config.json`` names the preset and holds the full constructor arguments, so a later vitlab rebuilds the same
-network even if the preset's defaults change. Checkpoints are read with ``torch.load(weights_only=True)``.
+network even if the preset's defaults change, and the SHA-256 of ``model.safetensors`` (``weights_sha256``), which
+:func:`load_model` checks: safetensors checks the header, not the bytes of the tensors, so a flipped byte would
+otherwise load. Checkpoints are read with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,12 @@ def check_device(device: str | torch.device) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("MPS is not available on this machine; use --device cpu")
     return device
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -172,6 +181,7 @@ def export_model(
     try:
         with staging_folder(out_dir) as stage:
             st_save_model(model, str(stage / EXPORT_WEIGHTS_FILE))
+            meta["weights_sha256"] = file_sha256(stage / EXPORT_WEIGHTS_FILE)
             atomic_write_text(stage / EXPORT_CONFIG_FILE, json.dumps(meta, indent=2, default=str))
             publish_files(stage, out_dir, EXPORT_FILES, whole=not existing)
     except OSError as e:
@@ -179,6 +189,12 @@ def export_model(
             raise OSError(e.errno, e.strerror, str(out_dir)) from e
         raise
     return out_dir
+
+
+def _check_weights(weights: Path, sha256: str | None) -> None:
+    """The export's weights file has the checksum its ``config.json`` records (none recorded: nothing to check)."""
+    if sha256 is not None and weights.is_file() and file_sha256(weights) != sha256:
+        raise CheckpointError(f"{weights} is corrupt (checksum mismatch): export the model again")
 
 
 def load_model(
@@ -205,6 +221,7 @@ def load_model(
         get_preset(meta["model"])
         model = create_model(meta["model"], **_rebuild_kwargs(meta["model"], meta["kwargs"], overrides))
         weights = path / EXPORT_WEIGHTS_FILE
+        _check_weights(weights, meta.get("weights_sha256"))  # an export older than the checksum has none
         try:
             state = st_load_file(str(weights), device=str(map_location))
             model.load_state_dict(state_in_original_order(model, state), strict=True)
