@@ -58,12 +58,31 @@ def file_sha256(path: str | Path) -> str:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
 
+def checksum_file(path: str | Path) -> Path:
+    """The SHA-256 sidecar of a checkpoint, ``best.ckpt`` -> ``best.ckpt.sha256``, in ``sha256sum``'s format."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def write_checksum(path: str | Path) -> None:
+    """Write the sidecar of ``path`` (:func:`checksum_file`), atomically."""
+    atomic_write_text(checksum_file(path), f"{file_sha256(path)}  {Path(path).name}\n")
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a Lightning checkpoint safely (``weights_only=True``), with a clear error when it is unusable."""
+    """Load a Lightning checkpoint safely (``weights_only=True``), with a clear error when it is unusable. A
+    checkpoint with a sidecar (:func:`checksum_file`; ``vitlab fit`` writes one) must match it: ``torch.load``
+    checks the archive's layout, not the bytes of the tensors."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(
             f"checkpoint {path} does not exist; pass a run directory or a .ckpt file (runs/<run>/checkpoints/last.ckpt)"
+        )
+    sidecar = checksum_file(path)
+    if sidecar.is_file() and sidecar.read_text().split()[:1] != [file_sha256(path)]:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt (checksum mismatch with {sidecar.name}): use another checkpoint of the run "
+            "(checkpoints/best.ckpt or last.ckpt) or train again"
         )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)

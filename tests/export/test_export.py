@@ -1,4 +1,4 @@
-"""Exported models: the public names, the weights' checksum, the device check."""
+"""Exported models and checkpoints: the public names, the weights' checksums, the device check."""
 
 import json
 
@@ -9,7 +9,7 @@ import vitlab
 import vitlab.export
 from tests.model_fixtures import tiny_vit
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.export import export_model, load_model
+from vitlab.export import checksum_file, export_model, file_sha256, load_model, read_checkpoint
 
 
 def test_export_model_is_a_top_level_name():
@@ -17,10 +17,12 @@ def test_export_model_is_a_top_level_name():
     assert "export_model" in vitlab.__all__ and "export_model" in dir(vitlab)
 
 
-def _flip_a_tensor_byte(weights):
-    data = bytearray(weights.read_bytes())
-    data[-3] ^= 0xFF  # the last tensor's bytes: the header stays valid, so safetensors reads it
-    weights.write_bytes(bytes(data))
+def _flip_a_tensor_byte(path, tensor_bytes=None):
+    """Flip one byte of a tensor's data (the file's last tensor, or where ``tensor_bytes`` are): the header and the
+    archive stay valid, so safetensors and ``torch.load`` read the file."""
+    data = bytearray(path.read_bytes())
+    data[data.find(tensor_bytes) if tensor_bytes else -3] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 def test_a_corrupted_export_is_refused_by_its_checksum(tmp_path):
@@ -45,3 +47,22 @@ def test_cuda_without_a_gpu_says_so(tmp_path):
     out = export_model(tiny_vit().eval(), tmp_path / "export")
     with pytest.raises(ConfigError, match=r"^CUDA is not available on this machine; use --device cpu$"):
         load_model(out, map_location="cuda")
+
+
+def test_a_corrupted_checkpoint_is_refused_by_its_sidecar_checksum(tmp_path):
+    from vitlab.training.callbacks import AtomicCheckpointIO
+
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir()
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"state_dict": {"model.w": torch.arange(1000.0)}}, ckpt)
+    assert checksum_file(ckpt).read_text().split() == [file_sha256(ckpt), "last.ckpt"]  # `sha256sum -c` reads it
+    assert read_checkpoint(ckpt)["state_dict"]["model.w"][500] == 500
+    _flip_a_tensor_byte(ckpt, torch.arange(1000.0)[500:502].numpy().tobytes())
+    with pytest.raises(CheckpointError, match=r"last.ckpt is corrupt \(checksum mismatch with last.ckpt.sha256\)"):
+        read_checkpoint(ckpt)
+    checksum_file(ckpt).unlink()  # a checkpoint without a sidecar (written before them) is read as it is
+    assert read_checkpoint(ckpt)["state_dict"]["model.w"][500] != 500
+    io.save_checkpoint({"state_dict": {}}, ckpt)
+    io.remove_checkpoint(ckpt)
+    assert list(ckpt.parent.iterdir()) == []

@@ -19,17 +19,26 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
 from vitlab.atomic import append_line, staged_file
+from vitlab.export import checksum_file, write_checksum
 from vitlab.jsonio import strict_dumps
 from vitlab.layers import attention_path
 from vitlab.rundir import ATTENTION_PATHS_FILE, DDP_CHECK_FILE, STEPS_FILE, TIMING_FILE, atomic_write_text
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints are written to a temporary file and renamed: a killed run never leaves a truncated ``.ckpt``."""
+    """Checkpoints are written to a temporary file and renamed: a killed run never leaves a truncated ``.ckpt``. Each
+    gets a SHA-256 sidecar (:func:`vitlab.export.checksum_file`) that :func:`vitlab.export.read_checkpoint` checks;
+    the old one goes first, so a run killed in between leaves a checkpoint without a sidecar, never a wrong one."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        checksum_file(path).unlink(missing_ok=True)
         with staged_file(path) as tmp:
             torch.save(checkpoint, tmp)
+        write_checksum(path)
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        super().remove_checkpoint(path)
+        checksum_file(path).unlink(missing_ok=True)
 
 
 STEP_PREFIX = "train_step/"  # per-step values (the task logs them on_step); they go to steps.jsonl
