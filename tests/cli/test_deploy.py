@@ -152,3 +152,23 @@ def test_predict_reads_a_checkpoint_once(tmp_path, monkeypatch):
     assert len(reads) == 1 and not model.training and info["num_classes"] == expected.head.out_features
     x = torch.randn(2, info["in_chans"], info["img_size"], info["img_size"])
     assert torch.equal(model(x), expected.eval()(x))
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [(["cat", "dog"], "names 2 classes, the model has 3"), (["cat", "cat", "owl"], "names 'cat' 2 times")],
+)
+def test_predict_refuses_class_names_that_do_not_name_the_heads_classes(checkpoint, tmp_path, capsys, names, message):
+    run, _ = checkpoint
+    assert main(["export", str(run)]) == 0
+    config = run / "export" / "config.json"
+    meta = json.loads(config.read_text())
+    meta["data"]["class_names"] = names
+    config.write_text(json.dumps(meta))
+    _write_images(tmp_path / "one", 1)
+    capsys.readouterr()
+    assert main(["predict", str(run / "export"), str(tmp_path / "one")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"the class_names of {config} {message}" in err and "export the model again" in err and "Traceback" not in err
+    )

@@ -75,6 +75,12 @@ def test_npz_label_ranges_are_checked(tmp_path, capsys):
     assert dm.num_classes == 4, "class_names keeps a class the training set lacks"
 
 
+def test_npz_class_names_must_be_distinct(tmp_path, capsys):
+    twice = _npz(tmp_path / "t.npz", class_names=np.array(["a", "b", "a", "c"]))
+    line = _refused(capsys, tmp_path, "data.name=npz", twice)
+    assert "the class_names of" in line and "names 'a' 2 times; give each class its own name" in line
+
+
 def test_model_num_classes_must_cover_the_labels(tmp_path, capsys):
     line = _refused(capsys, tmp_path, "model.num_classes=5")
     assert "model.num_classes=5 but the data has 10 classes" in line

@@ -49,6 +49,7 @@ from vitlab.data.sources import (
     _locate,
     _native_size,
     _require,
+    class_names_problem,
 )
 
 
@@ -469,6 +470,9 @@ def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
             )
         y_train, y_test = (_class_indices(arrays[key], f"npz {key} of {path}") for key in ("y_train", "y_test"))
         num_classes = len(stored_names) if stored_names else int(y_train.max()) + 1
+        problem = class_names_problem(stored_names, num_classes) if stored_names else None
+        if problem:
+            raise DataError(f"npz: the class_names of {path} {problem}; give each class its own name")
         _check_label_range(y_train, y_test, num_classes, stored_names is not None, f"npz {path}")
         class_names = stored_names or [str(label) for label in range(num_classes)]
     size = cfg.img_size or min(images["x_train"].shape[-2:])

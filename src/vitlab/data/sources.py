@@ -4,6 +4,8 @@ pools (tensors in memory, files read on access), the splits, and the checks of f
 from __future__ import annotations
 
 import difflib
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +180,15 @@ def _class_indices(y: np.ndarray, where: str) -> Tensor:
     if len(labels) and labels.min() < 0:
         raise DataError(f"{where}: negative label {int(labels.min())}; labels must be class indices 0..K-1")
     return labels
+
+
+def class_names_problem(names: Sequence[str], num_classes: int) -> str | None:
+    """What keeps ``names`` from naming the classes of a ``num_classes``-way head one to one (a count that differs,
+    a name given twice), as the rest of a sentence whose subject holds the names; None when they fit."""
+    if len(names) != num_classes:
+        return f"names {len(names)} classes, the model has {num_classes}"
+    twice = [name for name, count in Counter(names).items() if count > 1]
+    return f"names {twice[0]!r} {names.count(twice[0])} times" if twice else None
 
 
 def _check_label_range(train: Tensor, test: Tensor, num_classes: int, named: bool, where: str) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitlab.data.sources import class_names_problem
 from vitlab.data.transforms import normalize, resize_to_square
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.export_formats import ClassifierGraph
@@ -52,9 +53,16 @@ def load_predictor(target: str | Path) -> tuple[nn.Module, dict[str, Any]]:
             raise CheckpointError(
                 f"{source / EXPORT_CONFIG_FILE} has no data description; export it with `vitlab export`"
             )
-        return load_model(source), info
-    model, hparams = model_from_loaded_checkpoint(read_checkpoint(source))  # the file is read once
-    return model.eval(), hparams["data_info"]
+        model = load_model(source)
+        source = source / EXPORT_CONFIG_FILE
+    else:
+        model, hparams = model_from_loaded_checkpoint(read_checkpoint(source))  # the file is read once
+        model, info = model.eval(), hparams["data_info"]
+    classes = getattr(model, "num_classes", info.get("num_classes"))
+    problem = class_names_problem(info["class_names"], classes) if info.get("class_names") else None
+    if problem:
+        raise CheckpointError(f"the class_names of {source} {problem}; export the model again")
+    return model, info
 
 
 def image_files(inputs: Iterable[str | Path]) -> Iterator[Path]:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitlab.data.sources import class_names_problem
 from vitlab.data.transforms import denormalize
 from vitlab.errors import ConfigError
 from vitlab.evaluation.evaluate import load_evaluation_target
@@ -61,8 +62,9 @@ def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
 def _check_names(names: Sequence[str] | None, model: torch.nn.Module) -> None:
     """``names`` (``--class-names``) must name every class of ``model``."""
     classes = getattr(model, "num_classes", None)
-    if names is not None and classes is not None and len(names) != classes:
-        raise ConfigError(f"--class-names names {len(names)} classes, the model has {classes}; give one name each")
+    problem = class_names_problem(names, classes) if names is not None and classes is not None else None
+    if problem:
+        raise ConfigError(f"--class-names {problem}; give each class one name")
 
 
 def explain_files(
