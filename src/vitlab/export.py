@@ -24,7 +24,7 @@ from vitlab.layers.heads import state_in_original_order
 from vitlab.models.builder import create_model
 from vitlab.models.protocols import PretrainedConfigured
 from vitlab.models.registry import get_preset
-from vitlab.rundir import EXPORT_CONFIG_FILE, EXPORT_WEIGHTS_FILE, locate_model
+from vitlab.rundir import CHECKPOINTS_DIR, EXPORT_CONFIG_FILE, EXPORT_DIR, EXPORT_WEIGHTS_FILE, locate_model
 
 EXPORT_FORMAT = "vitlab-export/1"
 
@@ -167,6 +167,18 @@ EXPORT_FILES = (EXPORT_WEIGHTS_FILE, EXPORT_CONFIG_FILE)
 
 class ExportError(VitlabError, FileExistsError):
     """The export folder cannot be written as asked (it holds other files, or it is not a folder)."""
+
+
+def default_export_dir(checkpoint: str | Path) -> Path:
+    """``<run>/export`` of the run that owns a checkpoint, the folder that holds its ``checkpoints/``. A checkpoint
+    elsewhere has no run to export into: a :class:`ConfigError` asks for a folder."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.parent.name != CHECKPOINTS_DIR:
+        raise ConfigError(
+            f"{checkpoint} is not in a run's {CHECKPOINTS_DIR}/ folder, so it has no <run>/{EXPORT_DIR} to export to; "
+            "pass --out FOLDER"
+        )
+    return checkpoint.parent.parent / EXPORT_DIR
 
 
 def export_model(

@@ -172,3 +172,18 @@ def test_predict_refuses_class_names_that_do_not_name_the_heads_classes(checkpoi
     assert (
         f"the class_names of {config} {message}" in err and "export the model again" in err and "Traceback" not in err
     )
+
+
+def test_export_of_a_checkpoint_outside_a_run_asks_for_out(checkpoint, tmp_path, capsys):
+    run, _ = checkpoint
+    assert main(["export", str(run / "checkpoints" / "best.ckpt")]) == 0
+    assert (run / "export" / "model.safetensors").is_file()  # the run that owns checkpoints/
+    lone = tmp_path / "dir" / "x.ckpt"
+    lone.parent.mkdir()
+    (run / "checkpoints" / "best.ckpt").rename(lone)
+    capsys.readouterr()
+    assert main(["export", str(lone)]) == 2
+    err = capsys.readouterr().err
+    assert f"{lone} is not in a run's checkpoints/ folder" in err and "pass --out FOLDER" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "run"]  # nothing written beside dir/
+    assert main(["export", str(lone), "--out", str(tmp_path / "out")]) == 0

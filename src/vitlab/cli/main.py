@@ -128,7 +128,7 @@ command("test", "run the test loop of a run directory or checkpoint")(_evaluatio
 @command("export", "checkpoint -> model.safetensors + config.json (loadable offline)")
 def _export(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("checkpoint", help=".ckpt file or run directory (its best.ckpt)")
-    p.add_argument("--out", help="output folder, new or empty (default: <run>/export)")
+    p.add_argument("--out", help="output folder, new or empty (default: <run>/export; required for a .ckpt elsewhere)")
     p.add_argument(
         "--force", action="store_true", help="write into a folder that holds files: replace only the export's own files"
     )
@@ -137,12 +137,12 @@ def _export(p: argparse.ArgumentParser) -> Runner:
     add_format_option(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.export import export_model, model_from_checkpoint
-        from vitlab.rundir import BEST_CHECKPOINT, EXPORT_DIR, locate_checkpoint
+        from vitlab.export import default_export_dir, export_model, model_from_checkpoint
+        from vitlab.rundir import BEST_CHECKPOINT, locate_checkpoint
 
         ckpt = locate_checkpoint(args.checkpoint, prefer=(BEST_CHECKPOINT,))
         model, hp = model_from_checkpoint(ckpt)
-        out = Path(args.out) if args.out else ckpt.parent.parent / EXPORT_DIR
+        out = Path(args.out) if args.out else default_export_dir(ckpt)
         out = export_model(model, out, {"data": hp["data_info"]}, force=args.force)
         print(f"exported {hp['config']['model']['name']} to {out}")
         write_extra_format(model, out, args.format)
