@@ -187,3 +187,18 @@ def test_export_of_a_checkpoint_outside_a_run_asks_for_out(checkpoint, tmp_path,
     assert f"{lone} is not in a run's checkpoints/ folder" in err and "pass --out FOLDER" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "run"]  # nothing written beside dir/
     assert main(["export", str(lone), "--out", str(tmp_path / "out")]) == 0
+
+
+def test_predict_reads_16_bit_images_as_their_8_bit_levels_and_names_a_float_image(checkpoint, tmp_path, capsys):
+    from vitlab.evaluation.predict import read_image  # explain reads its images with it too
+
+    eight = np.random.default_rng(0).integers(0, 256, (16, 16), dtype=np.uint8)
+    Image.fromarray(eight).save(tmp_path / "eight.png")
+    Image.fromarray(eight.astype(np.uint16) * 257).save(tmp_path / "sixteen.png")  # mode I;16
+    assert Image.open(tmp_path / "sixteen.png").mode == "I;16"
+    assert torch.equal(read_image(tmp_path / "sixteen.png", INFO), read_image(tmp_path / "eight.png", INFO))
+    Image.fromarray(eight.astype(np.float32)).save(tmp_path / "float.tiff")
+    run, _ = checkpoint
+    assert main(["predict", str(run), str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "skipped" in err and "float.tiff" in err and "(PIL mode F) has no agreed range" in err

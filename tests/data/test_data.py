@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from sklearn.datasets import load_digits
 
 from data_fixtures import (
@@ -14,6 +15,7 @@ from data_fixtures import (
     write_cifar10,
     write_imagefolder,
     write_mnist,
+    write_png,
     write_svhn,
     write_tiny_imagenet,
 )
@@ -249,6 +251,21 @@ def test_imagefolder_flat_gray_folder_gets_a_seeded_test_split(tmp_path):
     assert len(datamodule.test_set) == 6 and torch.bincount(datamodule.test_set.labels).tolist() == [2, 2, 2]
     assert not set(datamodule.test_set.indices.tolist()) & set(datamodule.train_set.indices.tolist())
     assert_batch(datamodule)
+
+
+def test_imagefolder_scales_16_bit_images_and_refuses_float_ones_by_mode(tmp_path):
+    levels = {"dark": 257, "mid": 128 * 257, "white": 65535}  # 1, 128 and 255 in 8 bits
+    for name, level in levels.items():
+        for i in range(4):
+            write_png(tmp_path / "deep" / name / f"{i}.png", np.full((6, 6), level, dtype=np.uint16))  # mode I;16
+    datamodule = make(tmp_path, name="imagefolder", path=str(tmp_path / "deep"), img_size=6)
+    assert datamodule.in_chans == 1 and datamodule.class_names == ["dark", "mid", "white"]
+    pool = datamodule.train_set.pool
+    pixels = {(int(pool.labels[i]), int(pool[i][0].min()), int(pool[i][0].max())) for i in range(len(pool))}
+    assert pixels == {(0, 1, 1), (1, 128, 128), (2, 255, 255)}
+    Image.fromarray(np.full((6, 6), 0.5, dtype=np.float32)).save(tmp_path / "deep" / "mid" / "float.tiff")
+    with pytest.raises(DataError, match=r"float.tiff \(DataError: 32-bit float image \(PIL mode F\)"):
+        make(tmp_path, name="imagefolder", path=str(tmp_path / "deep"), img_size=6, strict_images=True)
 
 
 def test_celeba_attribute_as_class_with_the_official_partition(tmp_path):

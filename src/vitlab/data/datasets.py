@@ -50,6 +50,7 @@ from vitlab.data.sources import (
     _native_size,
     _require,
     class_names_problem,
+    image_pixels,
 )
 
 
@@ -295,7 +296,7 @@ def _load_tiny_imagenet(cfg: DataConfig, download: bool) -> DatasetSource:
     )
 
 
-_GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
+_GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
 _reported_bad_images: set[str] = set()
 
 
@@ -333,7 +334,7 @@ def _image_mode_and_size(path: str, mtime_ns: int, size: int) -> tuple[str, int]
     try:
         with Image.open(path) as image:
             mode, shorter = image.mode, min(image.size)
-            image.load()  # a full decode: a truncated file opens fine and fails only here
+            image_pixels(image, "L")  # a full decode (a truncated file opens fine and fails only here), a bit depth
         return mode, shorter
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError... on broken files
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"

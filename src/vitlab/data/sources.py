@@ -74,6 +74,34 @@ class TensorImagePool(Dataset):
         return resize_to_square(self.images[index], self.size), int(self.labels[index])
 
 
+def image_pixels(image: Image.Image, mode: str) -> Tensor:
+    """``uint8 [C, H, W]`` of a PIL image in ``mode`` (``"L"``: 1 channel, ``"RGB"``: 3), every bit depth PIL reads
+    scaled to 0..255. PIL's ``convert`` clips integer images (a 16-bit PNG, mode ``I;16``) to 0..255, which makes
+    every pixel >= 1 white: their 0..65535 is divided by 257 (= 65535 / 255) here instead. A float image (mode ``F``)
+    or an integer one outside 0..65535 has no range to scale from, and is a :class:`DataError`."""
+    if image.mode == "F":
+        raise DataError("32-bit float image (PIL mode F) has no agreed range; save it as an 8- or 16-bit image")
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        values = np.asarray(image)
+        if values.size and (values.min() < 0 or values.max() > 65535):
+            raise DataError(
+                f"32-bit integer image (PIL mode I) with values in {values.min()}..{values.max()}, outside 0..65535; "
+                "save it as an 8- or 16-bit image"
+            )
+        image = Image.fromarray(np.rint(values / 257).astype(np.uint8))
+    return pil_to_tensor(image.convert(mode))
+
+
+def read_image_file(path: str | Path, mode: str) -> Tensor:
+    """``uint8 [C, H, W]`` of an image file in ``mode`` (:func:`image_pixels`): the one reader of image files, for
+    training (imagefolder), ``predict`` and ``explain``. PIL's errors (and :class:`DataError`) pass through."""
+    with Image.open(path) as image:
+        try:
+            return image_pixels(image, mode)
+        except DataError as e:
+            raise DataError(f"{path}: {e}") from e
+
+
 class ImageFilePool(Dataset):
     """Image files decoded on access to ``mode`` (``"L"``: 1 channel, ``"RGB"``: 3) and served at square size
     ``size``; labels ``int64 [N]``."""
@@ -90,8 +118,7 @@ class ImageFilePool(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         try:
-            with Image.open(self.paths[index]) as image:
-                pixels = pil_to_tensor(image.convert(self.mode))
+            pixels = read_image_file(self.paths[index], self.mode)
         except Exception as e:  # PIL's many error types; the user needs the file's name, not PIL's traceback
             raise DataError(
                 f"cannot read image {self.paths[index]} ({type(e).__name__}: {e}); remove or replace it"

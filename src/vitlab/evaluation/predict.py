@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from vitlab.data.sources import class_names_problem
+from vitlab.data.sources import class_names_problem, read_image_file
 from vitlab.data.transforms import normalize, resize_to_square
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.export_formats import ClassifierGraph
@@ -80,14 +79,8 @@ def image_files(inputs: Iterable[str | Path]) -> Iterator[Path]:
 def read_image(path: Path, info: dict[str, Any]) -> torch.Tensor:
     """``uint8 [C, S, S]``: the file in the run's channel count, resized and centre-cropped to its image size.
     Raises ``OSError``/``ValueError`` for a file that is not a readable image."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        image = image.convert("L" if info["in_chans"] == 1 else "RGB")
-        pixels = np.asarray(image, dtype=np.uint8)
-    tensor = torch.from_numpy(pixels.copy())
-    tensor = tensor.unsqueeze(0) if tensor.ndim == 2 else tensor.permute(2, 0, 1)
-    return resize_to_square(tensor, int(info["img_size"]))
+    pixels = read_image_file(path, "L" if info["in_chans"] == 1 else "RGB")
+    return resize_to_square(pixels, int(info["img_size"]))
 
 
 def normalise(images: torch.Tensor, info: dict[str, Any]) -> torch.Tensor:
