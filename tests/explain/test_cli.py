@@ -34,6 +34,17 @@ def test_explain_files_writes_overlays_and_maps_then_refuses_to_overwrite(traine
     assert np.load(out / "maps.npz")["target"].tolist() == [3, 3]
 
 
+def test_explain_keeps_no_figure_open(trained_run, tmp_path) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    for i in range(3):
+        write_png(tmp_path / "images" / f"img{i}.png")
+    args = ["explain", str(trained_run), str(tmp_path / "images"), "--method", "rollout", "--out", str(tmp_path / "o")]
+    assert main(args) == 0
+    assert plt.get_fignums() == [], "each figure is freed once saved"
+
+
 def test_explain_evaluate_writes_the_table_figures_and_per_image_values(trained_run, tmp_path, capsys) -> None:
     out = tmp_path / "evaluation"
     args = ["explain", str(trained_run), "--evaluate", "--num-images", "4", "--methods", "rollout", "lrp"]

@@ -1,14 +1,15 @@
-"""Overlays of explanation maps on their images, and the faithfulness figure of ``vitlab explain --evaluate``."""
+"""Overlays of explanation maps on their images, and the faithfulness figure of ``vitlab explain --evaluate``.
+
+The figures are plain ``matplotlib.figure.Figure`` objects, not pyplot's: pyplot keeps every figure it makes open
+until it is closed, so explaining a folder image by image grew by a figure per image; these are freed with their last
+reference (matplotlib's "Embedding in a web application server" example).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.figure import Figure
@@ -51,7 +52,8 @@ def overlay_grid(
     """Rows of images, columns: the image, then one overlay per method. ``images: [B, C, H, W]`` in [0, 1],
     ``maps[method]: [B, H, W]``; ``captions[i]`` labels row ``i``."""
     rows, cols = images.shape[0], 1 + len(maps)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols, 1.6 * rows), squeeze=False)
+    fig = Figure(figsize=(1.6 * cols, 1.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for i in range(rows):
         axes[i, 0].imshow(_display(images[i]), cmap="gray" if images.shape[1] == 1 else None, interpolation="bilinear")
         axes[i, 0].set_axis_off()
@@ -70,7 +72,8 @@ def faithfulness_figure(results: Mapping[str, Any], title: str) -> Figure:
     order's, and the randomisation rank correlation (lower is better)."""
     methods = list(results["methods"])
     summary = [results["methods"][m]["summary"] for m in methods]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    fig = Figure(figsize=(11, 3.2))
+    axes = fig.subplots(1, 3)
     x = np.arange(len(methods))
     for ax, key, label in (
         (axes[0], "deletion_auc", "deletion AUC (lower: faithful)"),
