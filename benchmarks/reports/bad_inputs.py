@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import os
 import socket
 import sys
@@ -94,7 +95,39 @@ def make_inputs(work: Path) -> dict[str, Path]:
     for folder, name in (("generate", "metrics.json"), ("evaluation", "evaluation.json")):
         (work / "mine" / folder).mkdir()
         (work / "mine" / folder / name).write_text(f"the user's {name}")
+    make_round_3_inputs(work, run_dir)
     return {"run": run_dir}
+
+
+def make_round_3_inputs(work: Path, run_dir: Path) -> None:
+    """A flipped byte in an export and in a checkpoint, an export whose class names miss classes, a checkpoint
+    outside a run, an npz naming a class twice, a config giving a key twice, a float image."""
+    for name in ("flipped_export", "two_names_export"):
+        (work / name).mkdir()
+        for file in ("model.safetensors", "config.json"):
+            (work / name / file).write_bytes((run_dir / "export" / file).read_bytes())
+    weights = bytearray((work / "flipped_export" / "model.safetensors").read_bytes())
+    weights[-3] ^= 0xFF
+    (work / "flipped_export" / "model.safetensors").write_bytes(bytes(weights))
+    config = json.loads((work / "two_names_export" / "config.json").read_text())
+    config["data"]["class_names"] = config["data"]["class_names"][:2]
+    (work / "two_names_export" / "config.json").write_text(json.dumps(config))
+    (work / "flipped" / "checkpoints").mkdir(parents=True)
+    for file in ("last.ckpt", "last.ckpt.sha256"):
+        (work / "flipped" / "checkpoints" / file).write_bytes((run_dir / "checkpoints" / file).read_bytes())
+    checkpoint = bytearray((run_dir / "checkpoints" / "last.ckpt").read_bytes())
+    checkpoint[len(checkpoint) // 2] ^= 0xFF
+    (work / "flipped" / "checkpoints" / "last.ckpt").write_bytes(bytes(checkpoint))
+    (work / "lone.ckpt").write_bytes((run_dir / "checkpoints" / "last.ckpt").read_bytes())
+    images, labels = np.random.default_rng(0).integers(0, 256, (40, 8, 8), dtype=np.uint8), np.arange(40) % 4
+    names = np.array(["cat", "dog", "cat", "owl"])
+    np.savez(work / "twice_named.npz", x_train=images, y_train=labels, x_test=images, y_test=labels, class_names=names)
+    (work / "twice.yaml").write_text("defaults: [vit/digits]\noptim:\n  lr: 0.001\n  lr: 0.01\n")
+    for label in ("a", "b"):
+        (work / "float_images" / label).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((8, 8), i, np.uint16)).save(work / "float_images" / label / f"{i}.png")
+    Image.fromarray(np.full((8, 8), 0.5, np.float32)).save(work / "float_images" / "b" / "float.tiff")
 
 
 @contextlib.contextmanager
@@ -207,6 +240,23 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         ("negative learning rate", [*FIT, "optim.lr=-1e-3"]),
         ("a trainer value Lightning refuses", [*FIT, "trainer.strategy=ddpp"]),
         ("evaluate --severities outside 1..5", ["evaluate", str(run_dir), "--severities", "9"]),
+        # issue 43: nothing lost, nothing silently wrong, round 3
+        ("a model of depth 0", [*FIT, "model.depth=0"]),
+        ("a key given twice in a config file", ["fit", "--config", str(work / "twice.yaml")]),
+        ("a run name that leaves run.root", [*FIT, "run.name=../../x"]),
+        ("an export with a flipped byte", ["predict", str(work / "flipped_export"), str(work / "pets" / "a")]),
+        ("a checkpoint with a flipped byte", ["test", str(work / "flipped" / "checkpoints" / "last.ckpt")]),
+        ("an export naming 2 of 10 classes", ["predict", str(work / "two_names_export"), str(work / "pets" / "a")]),
+        ("npz naming a class twice", [*FIT, "data.name=npz", f"data.path={work / 'twice_named.npz'}"]),
+        ("export of a checkpoint outside a run, no --out", ["export", str(work / "lone.ckpt")]),
+        (
+            "--device cuda on a machine without CUDA",
+            ["predict", str(run_dir), str(work / "pets" / "a"), "--device", "cuda"],
+        ),
+        (
+            "a float image (PIL mode F), data.strict_images=true",
+            [*FIT, "data.name=imagefolder", f"data.path={work / 'float_images'}", "data.strict_images=true"],
+        ),
     ]
 
 
