@@ -3,6 +3,9 @@
 # (tau = 1, no freezing), same data, budget and seeds; then the comparison over seeds.
 #   bash benchmarks/experiments/table1.sh [CONFIG] [OUT] [extra overrides...]     e.g. bash benchmarks/experiments/table1.sh vitcae/digits runs/table1-digits
 # The two arms of a seed train at the same time; JOBS=1 trains one run at a time (for timing on a shared machine).
+# ARMS="controlled nofreeze uncontrolled" adds the counterfactual arm of issue 44: the schedule and the same
+# convergence decisions without freezing, identical to the controlled arm (same seed, machine and threads) until
+# the first head freezes, so the pair is a fork at the rule's first firing.
 set -euo pipefail
 CONFIG=${1:-vitcae/digits}
 OUT=${2:-runs/table1-$(basename "$CONFIG")}
@@ -21,6 +24,7 @@ run() {  # mode seed
       # log_model_tau (off by default) also records the controlled arm's drift at its own tau, beside the decision's
       local args=(dynamics.mode=schedule dynamics.freeze=true dynamics.log_model_tau=true)
       [ "$1" = uncontrolled ] && args=(dynamics.mode=fixed dynamics.freeze=false)
+      [ "$1" = nofreeze ] && args=(dynamics.mode=schedule dynamics.freeze=false dynamics.log_model_tau=true)
       OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$VITLAB" fit --config "$CONFIG" "${args[@]}" run.seed="$2" \
         data.seed="$2" run.dir="$dir" run.name="table1-$1" run.overwrite=true trainer.enable_progress_bar=false \
         ${EXTRA[@]+"${EXTRA[@]}"} > "$dir.log" 2>&1
@@ -33,14 +37,16 @@ run() {  # mode seed
 }
 mkdir -p "$OUT"
 SEEDS=${SEEDS:-0 1 2}
+ARMS=${ARMS:-controlled uncontrolled}
 for seed in $SEEDS; do
-  if [ "${JOBS:-2}" = 1 ]; then
-    run controlled "$seed"
-    run uncontrolled "$seed"
-  else
-    run controlled "$seed" &
-    run uncontrolled "$seed" &
-    wait
-  fi
+  for arm in $ARMS; do
+    if [ "${JOBS:-2}" = 1 ]; then
+      run "$arm" "$seed"
+    else
+      run "$arm" "$seed" &
+      while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-2}" ]; do wait -n || true; done
+    fi
+  done
 done
-"$VITLAB" compare "$OUT"/*-seed*/ --group-by dynamics.mode --metric test/acc --out "$OUT/table1"
+wait
+"$VITLAB" compare "$OUT"/controlled-seed*/ "$OUT"/uncontrolled-seed*/ --group-by dynamics.mode --metric test/acc --out "$OUT/table1"
