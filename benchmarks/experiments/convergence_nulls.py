@@ -92,6 +92,13 @@ def jittered(p: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return (p.log() + FLOOR_JITTER * torch.randn(p.shape, generator=g, dtype=torch.float64)).softmax(-1)
 
 
+def jitter_floor(grid: tuple[int, int], images: int, cost: torch.Tensor, g: torch.Generator) -> float:
+    """The decay control's floor: the median drift of the same jitter around a fixed pattern."""
+    fixed = torch.randn(images, grid[0] * grid[1], generator=g, dtype=torch.float64).softmax(-1)
+    still = jittered(fixed.expand(EPOCHS + 1, -1, -1), g)
+    return float(attention_drift(still[:-1], still[1:], cost).mean(-1).median())
+
+
 def attention_walk(grid: tuple[int, int], images: int, lr: float, g: torch.Generator) -> torch.Tensor:
     """CLS-to-patch attention of a real ``Attention`` (dim 64, 4 heads) on fixed random tokens while AdamW steps its
     ``W_qkv`` on pure-noise gradients, 50 steps an epoch: ``[EPOCHS + 1, 4, images, N]``."""
@@ -162,10 +169,8 @@ def run(runs: int, settings: tuple, quick: bool) -> dict[str, Any]:
                 g = torch.Generator().manual_seed(1000 * len(rows) + 1)
                 heads = [h for _ in range(runs) for h in paths(kind, grid, images, step, g).unbind(1)]
                 floors = None
-                if kind == "decay":  # the floor's own drift: the same jitter around a fixed pattern
-                    fixed = torch.randn(images, grid[0] * grid[1], generator=g, dtype=torch.float64).softmax(-1)
-                    still = jittered(fixed.expand(EPOCHS + 1, -1, -1), g)
-                    floors = attention_drift(still[:-1], still[1:], cost).mean(-1).median()
+                if kind == "decay":
+                    floors = jitter_floor(grid, images, cost, g)
                 for rule in RULES:
                     results = [decisions(h, cost, rule, rho) for h in heads]
                     row = {

@@ -189,7 +189,7 @@ def test_evaluation_dynamics_and_other_outputs(tmp_path):
     assert "1/4 frozen" in dynamics.text and "3/4 heads not converged" in dynamics.text
     assert len(drawn(dynamics)) == 3  # drawn from dynamics.jsonl: drift/clusters, tau, frozen epochs
     (heads,) = dynamics.find(Table)
-    assert heads.rows[0][:2] == (0, 0) and heads.rows[0][-1] == 2  # head (0, 0) frozen at epoch 2
+    assert heads.rows[0][:2] == (0, 0) and heads.rows[0][-2] == 2  # head (0, 0) frozen at epoch 2 (then: why)
     other = page.section("other")
     assert [f.caption for f in other.figures] == ["probe/slot_k.png"]
     assert "probe/slot_k.json" in other.text and "<probe>" in other.text

@@ -50,6 +50,7 @@ def format_table(rows: list[dict], epoch: int) -> str:
         lines.append(
             f"{row['layer']:>5} {row['head']:>4} {number(row['d'], 4):>8} {number(row['kappa'], 2):>6} "
             f"{number(row['tau'], 3):>6} {'yes' if row['converged'] else 'no':>9} {frozen:>9}"
+            + (f"  {row['decision']}" if row.get("decision") else "")
         )
     converged = sum(row["converged"] for row in rows)
     lines.append(f"converged {converged}/{len(rows)}, non-converged {len(rows) - converged}")

@@ -75,8 +75,26 @@ def frozen_at_epoch(records: list[dict[str, Any]]) -> np.ndarray:
     return first.astype(float)
 
 
+def decision(records: list[dict[str, Any]], layer: int, head: int, frozen_at: int | None) -> str | None:
+    """Why a head is or is not converged under the decay rule, from its records: the largest of its last drifts
+    against the threshold (``decay_ratio`` times its earlier median drift) at the epoch it converged, or at the last
+    epoch. ``None`` for the other rules."""
+    at = next((r for r in records if r["converged"][layer][head]), records[-1])
+    level, threshold = (at.get(k) for k in ("decay_level", "threshold"))
+    if at.get("convergence") != "decay" or level is None or threshold is None:
+        return None
+    level, threshold = level[layer][head], threshold[layer][head]
+    if level is None or threshold is None:
+        return "too few epochs to judge"
+    if at["converged"][layer][head]:
+        what = "frozen" if frozen_at is not None else "converged"
+        return f"{what} at epoch {at['epoch']}: recent drifts <= {level:.3g} < threshold {threshold:.3g}"
+    return f"still moving: a recent drift {level:.3g} >= threshold {threshold:.3g}"
+
+
 def head_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per head of the final epoch: layer, head, d, kappa, tau, converged, frozen_at (epoch or None)."""
+    """One row per head of the final epoch: layer, head, d, kappa, tau, converged, frozen_at (epoch or None) and,
+    under the decay rule, the decision's reason (:func:`decision`)."""
     final = records[-1]
     frozen_at = frozen_at_epoch(records)
     rows = []
@@ -91,6 +109,9 @@ def head_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "tau": tau,
                     "converged": final["converged"][layer][head],
                     "frozen_at": None if np.isnan(frozen_at[layer, head]) else int(frozen_at[layer, head]),
+                    "decision": decision(
+                        records, layer, head, None if np.isnan(frozen_at[layer, head]) else frozen_at[layer, head]
+                    ),
                 }
             )
     return rows

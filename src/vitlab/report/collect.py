@@ -296,10 +296,11 @@ def dynamics_section(run: RunRecord) -> Section | None:
         f"{final['non_converged']}/{heads} heads not converged, {frozen}/{heads} frozen."
     )
     rows = [
-        (r["layer"], r["head"], r["d"], r["kappa"], r["tau"], r["converged"], r["frozen_at"])
+        (r["layer"], r["head"], r["d"], r["kappa"], r["tau"], r["converged"], r["frozen_at"], r["decision"] or "")
         for r in head_table(records)
     ]
-    table = Table(["layer", "head", "drift d", "clusters κ", "tau", "converged", "frozen at epoch"], rows)
+    columns = ["layer", "head", "drift d", "clusters κ", "tau", "converged", "frozen at epoch", "why"]
+    table = Table(columns, rows)
     return Section(
         "dynamics", "Attention dynamics", [Text(text), Figures(figures), Details("Heads at the last epoch", [table])]
     )
