@@ -11,6 +11,7 @@ git revision, CPU, torch version) under ``environment``, or the run's own fields
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -61,3 +62,29 @@ def results_path(kind: str, what: str, *, device: str = "cpu", suffix: str = ".j
     else:
         machine = device_name(cpu_model())
     return RESULTS / kind / f"{what}_{machine}_{dt.date.today().isoformat()}{suffix}"
+
+
+ROOT = RESULTS.parents[1]
+
+
+def repo_relative(command: list[str] | str | None, root: Path = ROOT) -> list[str] | str | None:
+    """A recorded command with every absolute path beside the checkout (under its parent folder: the checkout
+    itself, ``../shared``, ``../runs``) written relative to the repository root, also as the value of a
+    ``key=value`` override, so that a results file names no one machine's folders; an interpreter
+    (``/opt/torch/.venv/bin/python3``) by its name. Other paths (``/tmp``) stay."""
+    if command is None:
+        return None
+    if isinstance(command, str):
+        return " ".join(repo_relative(command.split(" "), root))  # type: ignore[arg-type]
+    base = root.parent
+
+    def one(arg: str) -> str:
+        key, sep, value = arg.rpartition("=") if "=" in arg and not arg.startswith("/") else ("", "", arg)
+        path = Path(value)
+        if path.is_absolute() and path.is_relative_to(base):
+            value = Path(os.path.relpath(path, root)).as_posix()
+        elif path.is_absolute() and path.name.startswith("python"):
+            value = path.name
+        return f"{key}{sep}{value}"
+
+    return [one(arg) for arg in command]

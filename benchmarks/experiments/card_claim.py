@@ -38,6 +38,8 @@ if __package__ in (
 ):  # run as a file (python -m benchmarks.experiments.card_claim): the suite is imported from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.naming import repo_relative
+
 #: the pre-registered hypotheses: name -> (CET-ViT variant, baseline, statement)
 HYPOTHESES = {
     "H1a": ("cet_card", "vit", "the card-shaped CET-ViT's gap to the matched ViT shrinks as the budget grows"),
@@ -85,7 +87,7 @@ def record(run: Path, model: str, epochs: int, seed: int, tokens: int, git: str 
         "gpu": (hardware.get("cuda") or [None])[0] if on_gpu else None,
         "precision": result.get("precision"),
         "torch": result.get("torch"),
-        "command": result.get("command"),
+        "command": repo_relative(result.get("command")),
         "timing": result.get("timing"),
     }
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.naming import repo_relative
 from vitlab.atomic import atomic_write_text
 from vitlab.losses.ei import assignment_singular_values, ei_weight
 from vitlab.models import create_model
@@ -226,13 +227,8 @@ def train_run(key, models, seed, data, epochs, batch, autocast, device) -> dict[
 def provenance(env: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """What every per-run file records beside its numbers (the results files' rule): the command (the script's path
     relative to the repository), git revision, CPU, torch, GPU and the precision."""
-    root = Path(__file__).resolve().parents[2]
-    command = [
-        str(Path(a).resolve().relative_to(root)) if Path(a).resolve().is_relative_to(root) and Path(a).exists() else a
-        for a in env["command"]
-    ]
     return {
-        "command": ["python", *command],
+        "command": ["python", *repo_relative(env["command"])],
         "git": env["git"],
         "cpu": env["hardware"]["cpu_model"],
         "torch": env["versions"]["torch"],
@@ -488,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         "plan": plan,
         "runs": runs,
         "environment": env,
-        "command": [sys.executable, *sys.argv],
+        "command": ["python", *repo_relative(sys.argv)],
     }
     lines = ["| model | seed | epochs | params | test top-1 | best val | s |", "|---|---|---|---|---|---|---|"]
     lines += [

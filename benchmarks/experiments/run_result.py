@@ -28,6 +28,7 @@ if __package__ in (
 ):  # run as a file (python -m benchmarks.experiments.run_result): the suite is imported from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.naming import repo_relative
 from benchmarks.reports.table1_summary import _freeze_epochs as first_converged
 from benchmarks.reports.table1_summary import paper_rule_replay
 
@@ -70,7 +71,7 @@ def run_result(run: Path) -> dict[str, Any]:
     hardware = env.get("hardware", {})
     result: dict[str, Any] = {
         "run": run.name,
-        "command": env.get("command"),
+        "command": repo_relative(env.get("command")),
         "git": env.get("git"),
         "cpu": hardware.get("cpu_model"),
         "torch": (env.get("versions") or {}).get("torch"),

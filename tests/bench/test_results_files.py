@@ -97,3 +97,31 @@ def test_every_results_file_is_named_by_a_page_or_a_script():
     assert unnamed == [], (
         f"named by no page or script (docs still on the old names? see benchmarks/RENAMES.tsv): {unnamed}"
     )
+
+
+def _commands(record):
+    if isinstance(record, dict):
+        for key, value in record.items():
+            if key == "command" and isinstance(value, list | str):
+                yield value
+            else:
+                yield from _commands(value)
+    elif isinstance(record, list):
+        for value in record:
+            yield from _commands(value)
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if p.suffix == ".json"], ids=_relative)
+def test_recorded_commands_name_paths_relative_to_the_repository(path):
+    """A command names the checkout's files and its neighbours (../shared, ../runs) relative to the repository root
+    (benchmarks.naming.repo_relative), never one machine's absolute folders."""
+    for command in _commands(json.loads(path.read_text())):
+        args = command.split() if isinstance(command, str) else command
+        absolute = [
+            a.rpartition("=")[2]
+            for a in args
+            if re.match(r"^/\S*/(\.venv|benchmarks|src|configs|shared)/", a.rpartition("=")[2])
+        ]
+        assert absolute == [], (
+            f"{_relative(path)} records absolute paths {absolute}; see benchmarks.naming.repo_relative"
+        )
