@@ -5,11 +5,13 @@ A reader never sees a partial file: :func:`atomic_write_bytes` (and its text, JS
 the target and renames; :func:`staged_file` gives a writer that needs a path (``torch.save``, ONNX, ``torch.export``)
 a temporary file that becomes the target only when the block succeeds; :func:`staging_folder` and
 :func:`publish_files` do the same for several files that appear together (an export's weights and config, an
-archive torchvision unpacks). :func:`append_line` writes a JSON line with one ``write`` on an append-only
-descriptor, so concurrent appenders never interleave and a crash can cut at most the last line (which
-``read_jsonl`` reports). Nothing else in ``src/`` opens a file for writing, but for the run directory's claim
-(``rundir.RunClaim``: a lock file created with ``O_EXCL``, which is the point of it) and the kernel file
-``/proc/self/clear_refs`` of the memory benchmark (a control file, not an output).
+archive torchvision unpacks). Each file written inside a folder that keeps a manifest (a run directory, an export)
+is recorded in it as it appears (:func:`vitlab.manifest.note_written`). :func:`append_line` writes a JSON line
+with one ``write`` on an append-only descriptor, so concurrent appenders never interleave and a crash can cut at
+most the last line (which ``read_jsonl`` reports). Nothing else in ``src/`` opens a file for writing, but for the
+claims of a folder (``claim.RunClaim``: a lock file created with ``O_EXCL``, which is the point of it), the
+manifest's own lines (:mod:`vitlab.manifest`, appended the same way) and the kernel file ``/proc/self/clear_refs``
+of the memory benchmark (a control file, not an output).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 from vitlab.errors import OutputError
 from vitlab.jsonio import strict_dumps
+from vitlab.manifest import note_written
 
 
 def umask_mode(directory: bool = False) -> int:
@@ -46,6 +49,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
+        note_written(path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         if e.filename is None:  # a full disk names no file: name the one that was being written
@@ -134,6 +138,7 @@ def append_line(path: str | Path, line: str) -> None:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
+    note_written(path)
 
 
 @contextlib.contextmanager
@@ -149,6 +154,7 @@ def staged_file(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
         yield tmp
         os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
+        note_written(path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -179,7 +185,11 @@ def publish_files(stage: str | Path, target: str | Path, names: Sequence[str], *
     if whole:
         os.chmod(stage, umask_mode(directory=True))
         os.replace(stage, target)  # rename(2) replaces an empty folder
-        return
-    target.mkdir(parents=True, exist_ok=True)
+    else:
+        target.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            os.replace(stage / name, target / name)
     for name in names:
-        os.replace(stage / name, target / name)
+        note_written(target / name)
+    if whole:
+        note_written(target)

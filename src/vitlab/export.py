@@ -18,6 +18,7 @@ from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_model as st_save_model
 from torch import nn
 
+from vitlab import manifest
 from vitlab.atomic import atomic_write_text, publish_files, staging_folder
 from vitlab.errors import CheckpointError, ConfigError, VitlabError
 from vitlab.layers.heads import state_in_original_order
@@ -211,6 +212,8 @@ def export_model(
     }
     try:
         with staging_folder(out_dir) as stage:
+            for folder in (stage, out_dir) if existing else (stage,):  # the export names its own files
+                manifest.start(folder, note=False)
             st_save_model(model, str(stage / EXPORT_WEIGHTS_FILE))
             meta["weights_sha256"] = file_sha256(stage / EXPORT_WEIGHTS_FILE)
             atomic_write_text(stage / EXPORT_CONFIG_FILE, json.dumps(meta, indent=2, default=str))

@@ -13,7 +13,8 @@ Layout::
     config.yaml  env.json  metrics.jsonl  steps.jsonl  timing.json  test_metrics.json  ddp_check.json
     dynamics.jsonl  dynamics/  tb/  checkpoints/{best,last}.ckpt  export/{model.safetensors,config.json}
     generate/  evaluation/  evaluation-KEY=VALUE/  report.html  resumes.jsonl
-    .lock   (while a `vitlab fit` writes the folder: its pid and host; see :class:`RunClaim`)
+    .lock   (while a `vitlab fit` writes the folder: its pid and host; see :class:`vitlab.claim.RunClaim`)
+    .vitlab-manifest.jsonl   (every file vitlab wrote here, as it wrote it: :mod:`vitlab.manifest`)
 
 Files a user names (``--out``) follow one rule, :func:`check_outputs` and :func:`write_output`: an existing file is
 refused unless ``--force``, and a file is written whole or not at all.
@@ -21,14 +22,9 @@ refused unless ``--force``, and a file is written whole or not at all.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import shutil
-import socket
-import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +56,7 @@ from vitlab.atomic import (
     write_output as write_output,
 )
 from vitlab.environment import environment as environment
-from vitlab.errors import CheckpointError, ConfigError, RunDirError
+from vitlab.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from vitlab.config import RunConfig
@@ -88,7 +84,6 @@ GENERATE_METRICS_FILE = "metrics.json"
 EVALUATION_DIR = "evaluation"
 EVALUATION_FILE = "evaluation.json"
 RESUMES_FILE = "resumes.jsonl"
-LOCK_FILE = ".lock"
 RUN_DIR_ENV = "VITLAB_RUN_DIR"
 
 #: what ``vitlab fit`` (and the commands that add to a run) write into a run directory; ``run.overwrite=true``
@@ -405,142 +400,6 @@ class RunDir:
         path = self.path / relative
         atomic_write_json(path, obj)
         return path
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# One writer per run directory
-# -------------------------------------------------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-class RunClaim:
-    """The exclusive right of one process to write a run directory: ``<run>/.lock``, created with ``O_EXCL`` and
-    holding ``<pid> <host>``.
-
-    A lock whose process is gone (a run killed with SIGKILL, a crashed machine's pid on this host) is stale and
-    taken over; a live one is a :class:`~vitlab.errors.RunDirError` that names the pid. Whether the folder holds
-    a run is decided after the lock is held, so two ``vitlab fit`` started together on one folder cannot both
-    pass the check. :meth:`release` removes the lock, and the folder too when this claim created it and nothing
-    else was written (a run that failed before it started leaves no empty folder).
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.lock = self.path / LOCK_FILE
-        self.created = False
-        self._made: list[Path] = []
-        self._held = False
-
-    def acquire(self) -> RunClaim:
-        self._made = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]  # deepest first
-        self.created = bool(self._made)
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RunDirError(
-                f"cannot create run directory {self.path} ({e.strerror}); set run.root= (or run.dir=) to a folder "
-                "you can write"
-            ) from e
-        if not os.access(self.path, os.W_OK | os.X_OK):
-            raise RunDirError(
-                f"run directory {self.path} is not writable; set run.root= (or run.dir=) to a folder you can write"
-            )
-        for _ in range(3):
-            try:
-                self._create_lock()
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            self._held = True
-            return self
-        self._refuse()
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _create_lock(self) -> None:
-        """Create the lock with its owner already in it: the line is written to a private file, then hard-linked
-        to ``.lock`` (atomic, and fails if the lock exists), so a second process never reads a lock without its
-        pid. A filesystem without hard links falls back to ``O_EXCL`` with the line written just after."""
-        line = f"{os.getpid()} {socket.gethostname()}\n"
-        private = self.path / f"{LOCK_FILE}.{os.getpid()}.new"
-        fd = os.open(private, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, umask_mode())
-        with os.fdopen(fd, "w") as f:
-            f.write(line)
-        try:
-            os.link(private, self.lock)
-        except FileExistsError:
-            raise
-        except OSError:  # no hard links here (some network and FAT filesystems)
-            fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, umask_mode())
-            with os.fdopen(fd, "w") as f:
-                f.write(line)
-        finally:
-            private.unlink(missing_ok=True)
-
-    def _owner(self) -> tuple[int, str] | None:
-        try:
-            pid, host = self.lock.read_text().split()
-            return int(pid), host
-        except (OSError, ValueError):
-            return None
-
-    def _refuse(self) -> None:
-        owner = self._owner()
-        who = f"vitlab process {owner[0]} on {owner[1]}" if owner else "another vitlab process"
-        raise RunDirError(
-            f"run directory {self.path} is being written by {who}; wait for it to finish, or choose another run.dir "
-            f"(if no such process runs, delete {self.lock})"
-        )
-
-    def _take_over_if_stale(self) -> None:
-        """Remove the lock if its process is gone; otherwise refuse. The lock is first renamed aside and checked to
-        be the same file, so two processes that find one stale lock cannot remove each other's fresh one."""
-        try:
-            before = self.lock.stat()
-        except FileNotFoundError:
-            return  # released meanwhile: try again
-        owner = self._owner()
-        if owner is None:
-            if time.time() - before.st_mtime < 10:  # being written this instant
-                self._refuse()
-        elif owner[1] != socket.gethostname() or _pid_alive(owner[0]):
-            self._refuse()
-        aside = self.path / f"{LOCK_FILE}.stale-{os.getpid()}"
-        try:
-            os.rename(self.lock, aside)
-        except FileNotFoundError:
-            return
-        if aside.stat().st_ino != before.st_ino:  # another process took it over between our look and the rename
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, self.lock)
-            aside.unlink()
-            self._refuse()
-        aside.unlink()
-        print(f"removed the stale lock of vitlab process {owner[0] if owner else '?'} in {self.path}", file=sys.stderr)
-
-    def release(self) -> None:
-        if not self._held:
-            return
-        self._held = False
-        self.lock.unlink(missing_ok=True)
-        if self.created:
-            for folder in self._made:  # this folder, and the parents made for it (`runs/`), while they are empty
-                try:
-                    folder.rmdir()
-                except OSError:  # not empty: the run wrote something, keep it
-                    break
-
-    def __enter__(self) -> RunClaim:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def config_with_overrides(

@@ -16,6 +16,7 @@ from vitlab.cli.main import main
 from vitlab.evaluation.predict import load_predictor
 from vitlab.export import export_model
 from vitlab.export_formats import ClassifierGraph, ExportFormatError, write_format
+from vitlab.manifest import MANIFEST_FILE
 
 KWARGS = dict(img_size=16, patch_size=4, in_chans=3, num_classes=3)
 INFO = {
@@ -52,7 +53,7 @@ def test_onnx_agrees_with_onnxruntime_on_another_batch_size(tmp_path):
         got = session.run(["logits"], {"images": x.numpy()})[0]
         assert got.shape == (batch, 3)
         assert np.abs(got - model(x).detach().numpy()).max() <= 1e-4
-    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no staging file left
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == [MANIFEST_FILE]  # no staging file left
 
 
 def test_torch_export_program_and_vitcae_classifier(tmp_path):

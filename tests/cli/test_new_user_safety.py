@@ -26,6 +26,7 @@ from vitlab.config import DataConfig, build_config
 from vitlab.data import DataError, build_datamodule
 from vitlab.export import ExportError, export_model
 from vitlab.jsonio import strict_dumps
+from vitlab.manifest import MANIFEST_FILE
 from vitlab.rundir import RunDir
 from vitlab.training.callbacks import JSONLinesLogger
 from vitlab.training.run import fit
@@ -65,7 +66,7 @@ def test_export_refuses_a_folder_with_files_and_keeps_them(trained, tmp_path, ca
     # --force writes the export's own files beside the user's and leaves those alone
     rc, _, _ = _cli(capsys, "export", str(trained / "checkpoints" / "best.ckpt"), "--out", str(out), "--force")
     assert rc == 0 and (out / "notes.txt").read_text() == "my notes"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST_FILE, "config.json", "model.safetensors", "notes.txt"]
     x = torch.randn(2, 1, 8, 8)
     torch.testing.assert_close(vitlab.load_model(out)(x), vitlab.load_model(trained / "export")(x))
 
@@ -82,7 +83,7 @@ def test_export_to_the_current_folder(trained, tmp_path, monkeypatch, capsys):
     empty.mkdir()
     rc, _, _ = _cli(capsys, "export", str(trained), "--out", str(empty))
     assert rc == 0 and (empty / "config.json").is_file(), "an empty folder is a fine target"
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "staging folders left behind"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != MANIFEST_FILE], "staging left"
 
 
 # -- 2. a non-finite loss stops the run; metrics files are strict JSON ----------------------------------------------

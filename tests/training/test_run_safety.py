@@ -17,9 +17,10 @@ import pytest
 
 import vitlab
 from run_fixtures import TINY, make_run, write_png
+from vitlab.claim import LOCK_FILE, RunClaim
 from vitlab.cli.main import main
 from vitlab.errors import RunDirError
-from vitlab.rundir import LOCK_FILE, RESUMES_FILE, RunClaim, RunDir
+from vitlab.rundir import RESUMES_FILE, RunDir
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:

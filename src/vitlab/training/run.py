@@ -24,8 +24,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from vitlab import manifest
 from vitlab.acceleration import PrecisionChoice, choose_precision
 from vitlab.atomic import append_line
+from vitlab.claim import RunClaim
 from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.config.loss import build_loss
 from vitlab.data import VisionDataModule, build_datamodule
@@ -43,10 +45,8 @@ from vitlab.rundir import (
     METRICS_FILE,
     RESUMES_FILE,
     RUN_DIR_ENV,
-    RUN_OUTPUTS,
     TENSORBOARD_DIR,
     TEST_METRICS_FILE,
-    RunClaim,
     RunDir,
     config_with_overrides,
     locate_checkpoint,
@@ -66,7 +66,10 @@ from vitlab.training.callbacks import (
 from vitlab.training.finetune import pretrained_normalisation, setup_finetuning
 from vitlab.training.tasks import BaseTask, ClassificationTask
 
-__all__ = ["RUN_OUTPUTS", "RunDirError", "RunInterrupted", "evaluate", "fit", "make_run_dir", "resolve_resume"]
+#: the files TensorBoard writes into ``tb/`` (a user's file beside them stays)
+TENSORBOARD_FILES = ("events.out.tfevents.*", "hparams.yaml")
+
+__all__ = ["RunDirError", "RunInterrupted", "evaluate", "fit", "make_run_dir", "resolve_resume"]
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -102,11 +105,12 @@ def run_dir_path(cfg: RunConfig) -> Path:
 
 
 def claim_run_dir(cfg: RunConfig, path: Path, *, resuming: bool = False) -> RunClaim:
-    """Claim ``path`` for this run (:class:`vitlab.rundir.RunClaim`: one writer per folder), then check it.
+    """Claim ``path`` for this run (:class:`vitlab.claim.RunClaim`: one writer per folder), then check it.
 
     A folder that already holds a run is refused unless the run resumes it (``--resume``) or ``run.overwrite`` is
     set (which removes that run's outputs, :data:`vitlab.rundir.RUN_OUTPUTS`, and nothing else); two runs never mix
-    their files. The check runs while the claim is held, so it cannot race another ``vitlab fit``.
+    their files. A new run starts its manifest (:mod:`vitlab.manifest`). The check runs while the claim is held, so
+    it cannot race another ``vitlab fit``.
     """
     claim = RunClaim(path).acquire()
     try:
@@ -117,6 +121,8 @@ def claim_run_dir(cfg: RunConfig, path: Path, *, resuming: bool = False) -> RunC
                     "choose another run.dir, or set run.overwrite=true to replace that run's files"
                 )
             RunDir(path).clear_outputs()
+        if not resuming:
+            manifest.start(path, note=False)
     except BaseException:
         claim.release()
         raise
@@ -473,6 +479,8 @@ def _fit_claimed(
 ) -> None:
     """:func:`fit` once the run directory is this process's: write the run's records, train, test, export."""
     run = RunDir(run_dir)
+    for pattern in TENSORBOARD_FILES:  # TensorBoard names its files itself: the manifest names them by pattern
+        manifest.record(run_dir, glob=f"{TENSORBOARD_DIR}/{pattern}")
     if trainer.is_global_zero:
         if ckpt_path is not None and run.is_run():
             import json

@@ -1,0 +1,156 @@
+"""The manifest of a folder vitlab writes: which of its files are vitlab's, so that the user's never are taken.
+
+A run directory (and an export folder) holds ``.vitlab-manifest.jsonl``: one JSON line per file vitlab wrote there,
+its path relative to the folder (``{"path": "checkpoints/best.ckpt"}``), or a pattern for files another library
+names (``{"glob": "tb/events.out.tfevents.*"}``). Lines are appended with one ``write`` on an ``O_APPEND``
+descriptor as each file appears, so a killed run's manifest still names what it left. ``run.overwrite=true`` and
+``vitlab export --force`` remove or replace only what a manifest names; a folder without one is never taken, and a
+user's file beside vitlab's (``checkpoints/notes.txt``) survives.
+
+Every writer of :mod:`vitlab.atomic` calls :func:`note_written`: the nearest folder above the file (up to
+:data:`SEARCH_DEPTH` levels) that holds a manifest records it. A folder that holds no manifest, and none above it,
+records nothing: a file written to a user's ``--out`` is the user's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path, PurePosixPath
+
+MANIFEST_FILE = ".vitlab-manifest.jsonl"
+#: how many folders above a written file are searched for a manifest (``<run>/explain/x/y.png`` is three)
+SEARCH_DEPTH = 4
+#: (manifest, inode, entry) lines this process appended: a metrics file appended every step is recorded once
+_noted: set[tuple[str, int, str]] = set()
+
+
+def has_manifest(folder: str | Path) -> bool:
+    return (Path(folder) / MANIFEST_FILE).is_file()
+
+
+def _append(manifest: Path, entry: dict[str, str]) -> None:
+    line = json.dumps(entry)
+    key = (str(manifest), manifest.stat().st_ino, line)
+    if key in _noted:
+        return
+    fd = os.open(manifest, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+    _noted.add(key)
+
+
+def start(folder: str | Path, *, note: bool = True) -> None:
+    """Give ``folder`` a manifest (an existing one is kept); with ``note``, the manifest above it, if any, records
+    the folder (a run records its ``export/``)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = folder / MANIFEST_FILE
+    if not manifest.exists():
+        os.close(os.open(manifest, os.O_WRONLY | os.O_CREAT, 0o666))
+    if note:
+        note_written(folder)
+
+
+def record(folder: str | Path, *, path: str | None = None, glob: str | None = None) -> None:
+    """Add one entry to the manifest of ``folder``, if it has one: a ``path`` or a ``glob`` relative to it, for the
+    files another library writes under names vitlab does not choose (TensorBoard's event files)."""
+    manifest = Path(folder) / MANIFEST_FILE
+    if manifest.is_file():
+        _append(manifest, {"path": path} if path is not None else {"glob": str(glob)})
+
+
+def _entries_of(path: Path, relative: str) -> list[str]:
+    """``path`` and, for a folder without a manifest of its own, every file and folder under it."""
+    if not path.is_dir() or path.is_symlink() or has_manifest(path):
+        return [relative]
+    entries = [relative]
+    for child in sorted(path.iterdir()):
+        entries += _entries_of(child, f"{relative}/{child.name}")
+    return entries
+
+
+def note_written(path: str | Path) -> None:
+    """Record a file (or a folder, with what it holds) that vitlab has just written, in the nearest manifest above
+    it; nothing when there is none."""
+    path = Path(path).absolute()
+    for folder in list(path.parents)[:SEARCH_DEPTH]:
+        manifest = folder / MANIFEST_FILE
+        if manifest.is_file():
+            for entry in _entries_of(path, path.relative_to(folder).as_posix()):
+                _append(manifest, {"path": entry})
+            return
+
+
+def _safe(entry: str) -> bool:
+    """A manifest names paths inside its folder, never above it (a hand-edited line cannot reach elsewhere)."""
+    parts = PurePosixPath(entry).parts
+    return bool(parts) and not PurePosixPath(entry).is_absolute() and ".." not in parts
+
+
+def entries(folder: str | Path) -> list[dict[str, str]]:
+    """The entries of ``folder``'s manifest, each once, in the order they were written; ``[]`` without one. A line
+    cut off by a killed writer is skipped."""
+    manifest = Path(folder) / MANIFEST_FILE
+    if not manifest.is_file():
+        return []
+    seen: list[dict[str, str]] = []
+    for line in manifest.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        value = entry.get("path", entry.get("glob")) if isinstance(entry, dict) else None
+        if isinstance(value, str) and _safe(value) and entry not in seen:
+            seen.append(entry)
+    return seen
+
+
+def recorded_paths(folder: str | Path) -> list[Path]:
+    """The files and folders ``folder``'s manifest names that exist now (patterns expanded)."""
+    folder = Path(folder)
+    found: list[Path] = []
+    for entry in entries(folder):
+        targets = sorted(folder.glob(entry["glob"])) if "glob" in entry else [folder / entry["path"]]
+        found += [t for t in targets if (t.exists() or t.is_symlink()) and t not in found]
+    return found
+
+
+def is_recorded(path: str | Path) -> bool:
+    """Whether vitlab wrote ``path``: the nearest manifest above it names it (or, for a folder with a manifest of its
+    own, names the folder)."""
+    path = Path(path).absolute()
+    for folder in list(path.parents)[:SEARCH_DEPTH]:
+        if has_manifest(folder):
+            return path in {p.absolute() for p in recorded_paths(folder)}
+    return False
+
+
+def remove_recorded(folder: str | Path) -> None:
+    """Remove what ``folder``'s manifest names, then the manifest, then the folders this left empty; files it does
+    not name stay where they are. A named folder with a manifest of its own (an export) is cleared the same way."""
+    folder = Path(folder)
+    emptied: set[Path] = set()
+    for target in recorded_paths(folder):
+        if target.is_dir() and not target.is_symlink():
+            if has_manifest(target):
+                remove_recorded(target)
+            emptied.add(target)
+        else:
+            target.unlink(missing_ok=True)
+            emptied.update(p for p in target.parents if folder in p.parents)
+    (folder / MANIFEST_FILE).unlink(missing_ok=True)
+    for empty in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):  # it holds a file vitlab did not write (or is gone already)
+            empty.rmdir()
+    _noted.clear()
+
+
+def unlisted(folder: str | Path) -> list[str]:
+    """The names in ``folder`` that are not hidden (a lock, a manifest, a half-written temporary file); a folder
+    without a manifest that holds any of them holds files vitlab did not write."""
+    folder = Path(folder)
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
