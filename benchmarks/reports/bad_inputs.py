@@ -96,6 +96,8 @@ def make_inputs(work: Path) -> dict[str, Path]:
         (work / "mine" / folder).mkdir()
         (work / "mine" / folder / name).write_text(f"the user's {name}")
     make_round_3_inputs(work, run_dir)
+    (work / "mine" / "settings").mkdir()
+    (work / "mine" / "settings" / "config.yaml").write_text("my: settings\n")
     return {"run": run_dir}
 
 
@@ -257,6 +259,9 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
             "a float image (PIL mode F), data.strict_images=true",
             [*FIT, "data.name=imagefolder", f"data.path={work / 'float_images'}", "data.strict_images=true"],
         ),
+        # issue 43: a user's file is sacred
+        ("run.dir holding a user's files, no manifest", [*FIT, f"run.dir={work / 'mine'}", "run.overwrite=true"]),
+        ("run.dir holding a user's config.yaml", [*FIT, f"run.dir={mine('settings')}", "run.overwrite=true"]),
     ]
 
 

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from vitlab import manifest
 from vitlab.atomic import umask_mode
 from vitlab.errors import RunDirError
-from vitlab.manifest import MANIFEST_FILE
 
 LOCK_FILE = ".lock"
 
@@ -146,10 +146,9 @@ class RunClaim:
         self._held = False
         self.lock.unlink(missing_ok=True)
         if self.created:
-            manifest = self.path / MANIFEST_FILE
             with contextlib.suppress(OSError):
-                if os.listdir(self.path) == [MANIFEST_FILE] and manifest.stat().st_size == 0:
-                    manifest.unlink()
+                if os.listdir(self.path) == [manifest.MANIFEST_FILE] and not manifest.entries(self.path):
+                    (self.path / manifest.MANIFEST_FILE).unlink()
             for folder in self._made:  # this folder, and the parents made for it (`runs/`), while they are empty
                 try:
                     folder.rmdir()

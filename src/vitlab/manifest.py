@@ -20,6 +20,8 @@ import os
 from pathlib import Path, PurePosixPath
 
 MANIFEST_FILE = ".vitlab-manifest.jsonl"
+#: the first line of every manifest: what the file is
+HEADER = {"vitlab_manifest": 1}
 #: how many folders above a written file are searched for a manifest (``<run>/explain/x/y.png`` is three)
 SEARCH_DEPTH = 4
 #: (manifest, inode, entry) lines this process appended: a metrics file appended every step is recorded once
@@ -50,7 +52,11 @@ def start(folder: str | Path, *, note: bool = True) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     manifest = folder / MANIFEST_FILE
     if not manifest.exists():
-        os.close(os.open(manifest, os.O_WRONLY | os.O_CREAT, 0o666))
+        fd = os.open(manifest, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        try:
+            os.write(fd, (json.dumps(HEADER) + "\n").encode())
+        finally:
+            os.close(fd)
     if note:
         note_written(folder)
 

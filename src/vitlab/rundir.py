@@ -4,9 +4,10 @@ Every command reads or writes the folder ``vitlab fit`` makes; this module owns 
 (constants), the rule that finds the model in a run directory, an export folder or a checkpoint
 (:func:`locate_model`), the one JSON-lines reader (:func:`read_jsonl`), atomic writes, the final metrics of a run in
 one schema (:meth:`RunDir.final_metrics`), the resolved config with overrides (:meth:`RunDir.config`) and the
-``env.json`` it writes (the probing itself is :mod:`vitlab.environment`). It sits near the bottom of the package: it
-imports only ``atomic``, ``environment``, ``config`` and ``errors``; training writes through it, evaluation, compare,
-the report and the plots read through it.
+``env.json`` it writes (the probing itself is :mod:`vitlab.environment`), and whether a folder may take a new run
+(:meth:`RunDir.take_for_new_run`, by the folder's manifest). It sits near the bottom of the package: it imports
+only ``atomic``, ``manifest``, ``environment``, ``config`` and ``errors``; training writes through it, evaluation,
+compare, the report and the plots read through it.
 
 Layout::
 
@@ -24,11 +25,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from vitlab import manifest
 
 # the writing itself is vitlab.atomic's (every write goes through it); its names are also this module's
 from vitlab.atomic import (
@@ -56,7 +58,7 @@ from vitlab.atomic import (
     write_output as write_output,
 )
 from vitlab.environment import environment as environment
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import CheckpointError, ConfigError, RunDirError
 
 if TYPE_CHECKING:
     from vitlab.config import RunConfig
@@ -86,9 +88,9 @@ EVALUATION_FILE = "evaluation.json"
 RESUMES_FILE = "resumes.jsonl"
 RUN_DIR_ENV = "VITLAB_RUN_DIR"
 
-#: what ``vitlab fit`` (and the commands that add to a run) write into a run directory; ``run.overwrite=true``
-#: removes these before a new run starts there, and nothing else
-RUN_OUTPUTS = (
+#: the files of a run at names ``vitlab fit`` chooses: ``run.overwrite=true`` refuses to start when one of them is
+#: there and the run's manifest does not name it (a user's file at that name)
+RUN_FILES = (
     CONFIG_FILE,
     ENV_FILE,
     METRICS_FILE,
@@ -100,16 +102,11 @@ RUN_OUTPUTS = (
     DYNAMICS_FILE,
     RESUMES_FILE,
     REPORT_FILE,
-    TENSORBOARD_DIR,
-    CHECKPOINTS_DIR,
-    EXPORT_DIR,
-    GENERATE_DIR,
-    DYNAMICS_DIR,
-    EVALUATION_DIR,
-    f"{EVALUATION_DIR}-*",  # `vitlab evaluate --model KEY=VALUE` writes evaluation-KEY=VALUE/
+    f"{CHECKPOINTS_DIR}/{BEST_CHECKPOINT}",
+    f"{CHECKPOINTS_DIR}/{LAST_CHECKPOINT}",
+    f"{EXPORT_DIR}/{EXPORT_WEIGHTS_FILE}",
+    f"{EXPORT_DIR}/{EXPORT_CONFIG_FILE}",
 )
-#: any of these means the folder already holds a run
-RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR)
 #: sections of evaluation.json that hold per-run metrics (``run`` is provenance, ``per_class`` a table)
 EVALUATION_SECTIONS = ("test", "calibration", "test_calibrated", "tta", "corruptions", "mean_corrupted", "assignment")
 
@@ -284,18 +281,36 @@ class RunDir:
         """True when the folder holds a run's resolved config."""
         return self.config_file.is_file()
 
-    def holds_run(self) -> bool:
-        """True when the folder holds any trace of a run (:data:`RUN_MARKERS`)."""
-        return self.path.is_dir() and any((self.path / name).exists() for name in RUN_MARKERS)
+    def take_for_new_run(self, *, overwrite: bool) -> None:
+        """Make the folder ready for a new run, or refuse in one line before anything is touched.
 
-    def clear_outputs(self) -> None:
-        """Remove what a run writes (:data:`RUN_OUTPUTS`) and nothing else."""
-        for pattern in RUN_OUTPUTS:
-            for target in self.path.glob(pattern):
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                else:
-                    target.unlink()
+        A new or empty folder (hidden files aside) gets a manifest (:mod:`vitlab.manifest`). A folder that holds
+        files and no manifest holds none of vitlab's: refused, whatever ``overwrite`` says. A folder with one holds
+        a run: refused unless ``overwrite``, which removes what the manifest names and nothing else, but not when a
+        file at a name the run writes (:data:`RUN_FILES`) is not the run's.
+        """
+        names = manifest.unlisted(self.path)
+        if names and not manifest.has_manifest(self.path):
+            shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            raise RunDirError(
+                f"run directory {self.path} holds files vitlab did not write ({shown}) and no run manifest "
+                f"({manifest.MANIFEST_FILE}); choose a new or empty run.dir (vitlab never writes into a folder of "
+                "yours)"
+            )
+        if names and not overwrite:
+            raise RunDirError(
+                f"run directory {self.path} already holds a run; continue it with `vitlab fit --resume {self.path}`, "
+                "choose another run.dir, or set run.overwrite=true to remove the files that run wrote (named in its "
+                f"{manifest.MANIFEST_FILE}; other files stay)"
+            )
+        for name in RUN_FILES:
+            if (self.path / name).exists() and not manifest.is_recorded(self.path / name):
+                raise RunDirError(
+                    f"run directory {self.path} holds {name}, which vitlab did not write; move it elsewhere or choose "
+                    "another run.dir (run.overwrite=true removes only the files the run's manifest names)"
+                )
+        manifest.remove_recorded(self.path)
+        manifest.start(self.path, note=False)
 
     def require_run(self) -> RunDir:
         if not self.is_run():

@@ -21,6 +21,7 @@ import torch
 import vitlab
 from data_fixtures import write_imagefolder, write_mnist, write_png
 from run_fixtures import TINY
+from vitlab.atomic import atomic_write_json
 from vitlab.cli.main import main
 from vitlab.config import DataConfig, build_config
 from vitlab.data import DataError, build_datamodule
@@ -151,11 +152,60 @@ def test_reusing_a_run_directory_is_refused_unless_overwrite(tmp_path, capsys):
     assert (run_dir / "metrics.jsonl").read_text() == before and "lr: 0.0005" not in (
         run_dir / "config.yaml"
     ).read_text()
-    (run_dir / "evaluation-tome_r=8").mkdir()  # what `vitlab evaluate --model tome_r=8` wrote for the old run
+    atomic_write_json(run_dir / "evaluation-tome_r=8" / "evaluation.json", {})  # `vitlab evaluate --model tome_r=8`
     assert main([*args, "optim.lr=5e-4", "run.overwrite=true"]) == 0
     assert not (run_dir / "evaluation-tome_r=8").exists(), "the old run's evaluation would describe the new run"
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1, "the old run's lines were kept"
     assert "lr: 0.0005" in (run_dir / "config.yaml").read_text() and (run_dir / "my_notes.md").read_text() == "keep"
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_run_dir_holding_a_users_files_is_refused_and_left_alone(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    (mine / "export").mkdir(parents=True)
+    (mine / "report.html").write_text("my report")
+    (mine / "export" / "model.onnx").write_bytes(b"my model")
+    before = _tree(mine)
+    for extra in ([], ["run.overwrite=true"]):
+        rc, _, err = _cli(capsys, "fit", "--config", "vit/digits", f"run.dir={mine}", *TINY, *extra)
+        assert rc == 2 and "Traceback" not in err, err
+        line = err.splitlines()[0]
+        assert "files vitlab did not write" in line and "report.html" in line and "new or empty run.dir" in line
+        assert _tree(mine) == before and sorted(p.name for p in mine.iterdir()) == ["export", "report.html"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["fit", "--config", "vit/digits", f"run.dir={empty}", "trainer.max_epochs=1", *TINY]) == 0
+
+
+def test_a_users_config_yaml_is_not_called_a_run_and_overwrite_keeps_the_users_files(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("my: settings\n")
+    rc, _, err = _cli(capsys, "fit", "--config", "vit/digits", f"run.dir={mine}", *TINY, "run.overwrite=true")
+    assert rc == 2 and "files vitlab did not write" in err and "already holds a run" not in err, err
+    assert [p.name for p in mine.iterdir()] == ["config.yaml"]
+    assert (mine / "config.yaml").read_text() == "my: settings\n"
+
+    run_dir = tmp_path / "run"
+    args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY, "run.export=false"]
+    assert main(args) == 0
+    atomic_write_json(run_dir / "evaluation" / "evaluation.json", {})  # what `vitlab evaluate` wrote for this run
+    users = [run_dir / "checkpoints" / "notes.txt", run_dir / "tb" / "notes.txt", run_dir / "evaluation" / "mine.csv"]
+    for path in users:
+        path.write_text("mine")
+    old_events = set((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert main([*args, "run.overwrite=true"]) == 0
+    assert all(path.read_text() == "mine" for path in users)
+    assert not (run_dir / "evaluation" / "evaluation.json").exists(), "the old run's evaluation was kept"
+    assert not old_events & set((run_dir / "tb").glob("events.out.tfevents.*")), "the old run's events were kept"
+    (run_dir / "export").mkdir()
+    (run_dir / "export" / "config.json").write_text("{}")  # a user's file where the next run would write its own
+    rc, _, err = _cli(capsys, *args, "run.overwrite=true")
+    assert rc == 2 and "holds export/config.json, which vitlab did not write" in err, err
+    assert (run_dir / "export" / "config.json").read_text() == "{}" and (run_dir / "metrics.jsonl").exists()
 
 
 # -- 6. an unreadable image is named and skipped (or an error under strict_images) ----------------------------------

@@ -1,5 +1,5 @@
 """The run directory's owner (``vitlab.rundir``): where the model is, the JSON-lines reader, the final metrics in
-one schema, the config with overrides, atomic writes, clearing a run's outputs and the environment record."""
+one schema, the config with overrides, atomic writes and the environment record."""
 
 import json
 import os
@@ -13,7 +13,6 @@ from run_fixtures import make_run, write_checkpoint
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.evaluation import evaluate_run
 from vitlab.rundir import (
-    RUN_OUTPUTS,
     RunDir,
     atomic_write_text,
     environment,
@@ -121,7 +120,7 @@ def test_config_with_overrides_and_errors(tmp_path):
     assert RunDir(tmp_path).json("env.json") is None and RunDir(tmp_path).metrics() == []
 
 
-def test_atomic_write_clear_outputs_and_environment(tmp_path):
+def test_atomic_write_and_environment(tmp_path):
     target = tmp_path / "sub" / "file.txt"
     atomic_write_text(target, "one")
     atomic_write_text(target, "two")
@@ -129,14 +128,6 @@ def test_atomic_write_clear_outputs_and_environment(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask
-
-    run = RunDir(make_run(tmp_path, "run", env=True, epochs=2))
-    (run / "notes.txt").write_text("mine")
-    (run / "evaluation-tome_r=8").mkdir()
-    assert run.holds_run()
-    run.clear_outputs()
-    assert sorted(os.listdir(run.path)) == ["notes.txt"] and not run.holds_run()
-    assert "evaluation-*" in RUN_OUTPUTS
 
     env = environment()
     assert env["versions"]["vitlab"] == vitlab.__version__ and env["versions"]["torch"] == torch.__version__

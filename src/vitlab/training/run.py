@@ -107,22 +107,14 @@ def run_dir_path(cfg: RunConfig) -> Path:
 def claim_run_dir(cfg: RunConfig, path: Path, *, resuming: bool = False) -> RunClaim:
     """Claim ``path`` for this run (:class:`vitlab.claim.RunClaim`: one writer per folder), then check it.
 
-    A folder that already holds a run is refused unless the run resumes it (``--resume``) or ``run.overwrite`` is
-    set (which removes that run's outputs, :data:`vitlab.rundir.RUN_OUTPUTS`, and nothing else); two runs never mix
-    their files. A new run starts its manifest (:mod:`vitlab.manifest`). The check runs while the claim is held, so
-    it cannot race another ``vitlab fit``.
+    A new run takes only a new or empty folder, or, with ``run.overwrite``, one that holds a run: its manifest's
+    files are removed and nothing else (:meth:`vitlab.rundir.RunDir.take_for_new_run`); a folder of the user's is
+    never taken. The check runs while the claim is held, so it cannot race another ``vitlab fit``.
     """
     claim = RunClaim(path).acquire()
     try:
-        if RunDir(path).holds_run() and not resuming:
-            if not cfg.run.overwrite:
-                raise RunDirError(
-                    f"run directory {path} already holds a run; continue it with `vitlab fit --resume {path}`, "
-                    "choose another run.dir, or set run.overwrite=true to replace that run's files"
-                )
-            RunDir(path).clear_outputs()
         if not resuming:
-            manifest.start(path, note=False)
+            RunDir(path).take_for_new_run(overwrite=cfg.run.overwrite)
     except BaseException:
         claim.release()
         raise
