@@ -98,6 +98,8 @@ def make_inputs(work: Path) -> dict[str, Path]:
     make_round_3_inputs(work, run_dir)
     (work / "mine" / "settings").mkdir()
     (work / "mine" / "settings" / "config.yaml").write_text("my: settings\n")
+    (work / "mine" / "deploy").mkdir()
+    (work / "mine" / "deploy" / "model.onnx").write_bytes(b"the user's model")
     return {"run": run_dir}
 
 
@@ -262,6 +264,10 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         # issue 43: a user's file is sacred
         ("run.dir holding a user's files, no manifest", [*FIT, f"run.dir={work / 'mine'}", "run.overwrite=true"]),
         ("run.dir holding a user's config.yaml", [*FIT, f"run.dir={mine('settings')}", "run.overwrite=true"]),
+        (
+            "export --force --format onnx onto a user's model.onnx",
+            ["export", str(run_dir), "--out", mine("deploy"), "--force", "--format", "onnx"],
+        ),
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,14 @@ from vitlab.layers.heads import state_in_original_order
 from vitlab.models.builder import create_model
 from vitlab.models.protocols import PretrainedConfigured
 from vitlab.models.registry import get_preset
-from vitlab.rundir import CHECKPOINTS_DIR, EXPORT_CONFIG_FILE, EXPORT_DIR, EXPORT_WEIGHTS_FILE, locate_model
+from vitlab.rundir import (
+    CHECKPOINTS_DIR,
+    EXPORT_CONFIG_FILE,
+    EXPORT_DIR,
+    EXPORT_FORMAT_FILES,
+    EXPORT_WEIGHTS_FILE,
+    locate_model,
+)
 
 EXPORT_FORMAT = "vitlab-export/1"
 
@@ -182,14 +190,41 @@ def default_export_dir(checkpoint: str | Path) -> Path:
     return checkpoint.parent.parent / EXPORT_DIR
 
 
+def _earlier_deployments(out_dir: Path, formats: Sequence[str]) -> list[Path]:
+    """The deployment files (``model.onnx``, ``model.pt2``) an earlier export wrote into ``out_dir`` (its manifest
+    names them): they hold the earlier weights. A file at one of those names that no export wrote is the user's:
+    refused when a format of ``formats`` would write it, left alone otherwise."""
+    earlier = []
+    for fmt, name in EXPORT_FORMAT_FILES.items():
+        path = out_dir / name
+        if not path.exists():
+            continue
+        if manifest.is_recorded(path):
+            earlier.append(path)
+        elif fmt in formats:
+            raise ExportError(
+                f"export folder {out_dir} holds {name}, which vitlab did not write; move it elsewhere or pass "
+                f"another --out (--force replaces only the files an export wrote there)"
+            )
+    return earlier
+
+
 def export_model(
-    model: nn.Module, out_dir: str | Path, extra: dict[str, Any] | None = None, *, force: bool = False
+    model: nn.Module,
+    out_dir: str | Path,
+    extra: dict[str, Any] | None = None,
+    *,
+    force: bool = False,
+    formats: Sequence[str] = (),
 ) -> Path:
-    """Write ``model.safetensors`` and ``config.json`` into ``out_dir``, never deleting anything else.
+    """Write ``model.safetensors`` and ``config.json`` into ``out_dir``, never deleting a file of the user's.
 
     A new or empty ``out_dir`` is staged in a temporary folder beside it and renamed into place, so a reader sees
-    the whole export or none. A folder that already holds files is refused, unless ``force``: then only the export's
-    own files (:data:`EXPORT_FILES`) are replaced, each atomically; the folder's other files stay.
+    the whole export or none. A folder that already holds files is refused, unless ``force``: then the export's
+    own files (:data:`EXPORT_FILES`) are replaced, each atomically, and the ``model.onnx`` / ``model.pt2`` an
+    earlier export wrote (named in the folder's manifest) are removed, being another model's; the folder's other
+    files stay. ``formats``: the deployment formats written next (``vitlab export --format``): a file of the user's
+    at the name one of them writes is refused before anything is written.
     """
     out_dir = Path(out_dir).expanduser().absolute()
     if not hasattr(model, "preset"):
@@ -203,6 +238,7 @@ def export_model(
             f"export folder {out_dir} is not empty ({shown}); pass a new or empty folder to --out, or --force to "
             f"replace only the export's own files ({', '.join(EXPORT_FILES)})"
         )
+    earlier = _earlier_deployments(out_dir, formats) if existing else []
     meta = {
         "format": EXPORT_FORMAT,
         "model": model.preset,
@@ -218,6 +254,9 @@ def export_model(
             meta["weights_sha256"] = file_sha256(stage / EXPORT_WEIGHTS_FILE)
             atomic_write_text(stage / EXPORT_CONFIG_FILE, json.dumps(meta, indent=2, default=str))
             publish_files(stage, out_dir, EXPORT_FILES, whole=not existing)
+        for path in earlier:
+            path.unlink(missing_ok=True)
+            manifest.note_removed(path)
     except OSError as e:
         if e.filename is None:  # a full disk names no file: say which export failed
             raise OSError(e.errno, e.strerror, str(out_dir)) from e

@@ -20,9 +20,10 @@ from torch import nn
 
 from vitlab.atomic import staged_file
 from vitlab.errors import VitlabError
+from vitlab.rundir import EXPORT_FORMAT_FILES
 
 FORMATS = ("safetensors", "onnx", "torch-export")
-FILE_NAMES = {"onnx": "model.onnx", "torch-export": "model.pt2"}
+FILE_NAMES = EXPORT_FORMAT_FILES
 #: the example batch the graph is traced with, and the other batch size it is checked on
 EXPORT_BATCH, CHECK_BATCH = 2, 3
 TOLERANCE = 1e-4

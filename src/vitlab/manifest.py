@@ -2,7 +2,8 @@
 
 A run directory (and an export folder) holds ``.vitlab-manifest.jsonl``: one JSON line per file vitlab wrote there,
 its path relative to the folder (``{"path": "checkpoints/best.ckpt"}``), or a pattern for files another library
-names (``{"glob": "tb/events.out.tfevents.*"}``). Lines are appended with one ``write`` on an ``O_APPEND``
+names (``{"glob": "tb/events.out.tfevents.*"}``), or a file vitlab removed (``{"removed": "model.onnx"}``: a file the
+user puts there later is the user's). Lines are appended with one ``write`` on an ``O_APPEND``
 descriptor as each file appears, so a killed run's manifest still names what it left. ``run.overwrite=true`` and
 ``vitlab export --force`` remove or replace only what a manifest names; a folder without one is never taken, and a
 user's file beside vitlab's (``checkpoints/notes.txt``) survives.
@@ -91,6 +92,17 @@ def note_written(path: str | Path) -> None:
             return
 
 
+def note_removed(path: str | Path) -> None:
+    """Record that vitlab removed a file it wrote, so that a file the user puts there later is the user's."""
+    path = Path(path).absolute()
+    for folder in list(path.parents)[:SEARCH_DEPTH]:
+        manifest = folder / MANIFEST_FILE
+        if manifest.is_file():
+            _append(manifest, {"removed": path.relative_to(folder).as_posix()})
+            _noted.difference_update({key for key in _noted if key[0] == str(manifest)})
+            return
+
+
 def _safe(entry: str) -> bool:
     """A manifest names paths inside its folder, never above it (a hand-edited line cannot reach elsewhere)."""
     parts = PurePosixPath(entry).parts
@@ -108,6 +120,9 @@ def entries(folder: str | Path) -> list[dict[str, str]]:
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and "removed" in entry:
+            seen = [e for e in seen if e.get("path") != entry["removed"]]
             continue
         value = entry.get("path", entry.get("glob")) if isinstance(entry, dict) else None
         if isinstance(value, str) and _safe(value) and entry not in seen:

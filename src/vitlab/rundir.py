@@ -81,6 +81,8 @@ LAST_CHECKPOINT = "last.ckpt"
 EXPORT_DIR = "export"
 EXPORT_CONFIG_FILE = "config.json"
 EXPORT_WEIGHTS_FILE = "model.safetensors"
+#: the deployment files ``vitlab export --format`` writes beside the weights
+EXPORT_FORMAT_FILES = {"onnx": "model.onnx", "torch-export": "model.pt2"}
 GENERATE_DIR = "generate"
 GENERATE_METRICS_FILE = "metrics.json"
 EVALUATION_DIR = "evaluation"

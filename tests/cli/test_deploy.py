@@ -94,6 +94,23 @@ def _write_images(folder, count):
         Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
 
 
+def test_export_force_removes_its_earlier_onnx_and_refuses_to_replace_a_users(checkpoint, capsys):
+    run, _ = checkpoint
+    onnx, weights = run / "export" / "model.onnx", run / "export" / "model.safetensors"
+    assert main(["export", str(run), "--format", "onnx"]) == 0 and onnx.is_file()
+    assert main(["export", str(run), "--force"]) == 0
+    assert not onnx.exists() and weights.is_file(), "the earlier export's model.onnx would pass for this model"
+
+    onnx.write_bytes(b"the user's own model")
+    before = {p.name: p.read_bytes() for p in onnx.parent.iterdir()}
+    capsys.readouterr()
+    assert main(["export", str(run), "--force", "--format", "onnx"]) == 2
+    err = capsys.readouterr().err
+    assert "model.onnx, which vitlab did not write" in err.splitlines()[0] and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in onnx.parent.iterdir()} == before, "nothing is written on a refusal"
+    assert main(["export", str(run), "--force"]) == 0 and onnx.read_bytes() == b"the user's own model"
+
+
 def test_predict_folder_to_csv_and_skips_bad_files(checkpoint, tmp_path, capsys):
     run, model = checkpoint
     images = tmp_path / "images"

@@ -130,7 +130,9 @@ def _export(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("checkpoint", help=".ckpt file or run directory (its best.ckpt)")
     p.add_argument("--out", help="output folder, new or empty (default: <run>/export; required for a .ckpt elsewhere)")
     p.add_argument(
-        "--force", action="store_true", help="write into a folder that holds files: replace only the export's own files"
+        "--force",
+        action="store_true",
+        help="write into a folder that holds files: replace only the files an export wrote there",
     )
     from vitlab.cli.formats import add_format_option, write_extra_format
 
@@ -143,7 +145,7 @@ def _export(p: argparse.ArgumentParser) -> Runner:
         ckpt = locate_checkpoint(args.checkpoint, prefer=(BEST_CHECKPOINT,))
         model, hp = model_from_checkpoint(ckpt)
         out = Path(args.out) if args.out else default_export_dir(ckpt)
-        out = export_model(model, out, {"data": hp["data_info"]}, force=args.force)
+        out = export_model(model, out, {"data": hp["data_info"]}, force=args.force, formats=(args.format,))
         print(f"exported {hp['config']['model']['name']} to {out}")
         write_extra_format(model, out, args.format)
         return 0
