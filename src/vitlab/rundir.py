@@ -371,6 +371,30 @@ class RunDir:
         """``evaluation/evaluation.json`` (``evaluation-KEY=VALUE/`` with ``suffix="-KEY=VALUE"``)."""
         return self.json(Path(f"{EVALUATION_DIR}{suffix}") / EVALUATION_FILE)
 
+    def model_state(self) -> str | None:
+        """What the run's model is now: the SHA-256 of ``checkpoints/last.ckpt`` (from its sidecar), which every
+        epoch trained changes, a resumed one included; its size and time without a sidecar; None without one."""
+        sidecar = self.last_checkpoint.with_name(LAST_CHECKPOINT + ".sha256")
+        if sidecar.is_file():
+            return sidecar.read_text().split()[0]
+        if self.last_checkpoint.is_file():
+            stat = self.last_checkpoint.stat()
+            return f"size {stat.st_size}, mtime {stat.st_mtime_ns}"
+        return None
+
+    def is_current(self, made_from: str | None) -> bool:
+        """Whether a result that records the :meth:`model_state` it was made from (``evaluate`` and ``explain
+        --evaluate`` record it as ``run_model``) describes the run's model now; one made during a fit, or before a
+        ``--resume``, does not. A result that records none (older, or of a lone export) is taken as it is."""
+        return made_from is None or made_from == self.model_state()
+
+    def current_evaluation(self) -> dict[str, Any] | None:
+        """``evaluation/evaluation.json`` when it describes the run's model now (:meth:`is_current`), else None."""
+        evaluation = self.evaluation()
+        if evaluation is None or not self.is_current((evaluation.get("run") or {}).get("run_model")):
+            return None
+        return evaluation
+
     def final_metrics(self) -> dict[str, float]:
         """The run's final numbers, in the one schema every command uses:
 
@@ -378,7 +402,8 @@ class RunDir:
         - with them, the training times of ``timing.json`` (``time/step_total_s``, ...);
         - the float values of ``evaluation/evaluation.json`` as ``eval/<section>/<key>`` (``eval/test/top1``,
           ``eval/test_calibrated/ece``, ``eval/tta/top1``, ``eval/mean_corrupted``,
-          ``eval/corruptions/contrast/mean``);
+          ``eval/corruptions/contrast/mean``), when it describes the run's model now (:meth:`current_evaluation`:
+          one made during a fit or before a ``--resume`` is left out);
         - ``generate/metrics.json`` as ``generate/<key>``.
 
         Counts (ints), lists and non-finite values are left out of the evaluation's part.
@@ -390,7 +415,7 @@ class RunDir:
             timing = self.timing()
             if timing is not None:
                 metrics.update({k: float(v) for k, v in timing.items() if k.startswith("time/")})
-        evaluation = self.evaluation()
+        evaluation = self.current_evaluation()
         if evaluation is not None:
             for section in EVALUATION_SECTIONS:
                 metrics.update(_flatten_floats(evaluation.get(section), f"eval/{section}"))

@@ -185,7 +185,8 @@ def classification_metrics(
 class EvaluationTarget:
     """A model ready to evaluate with its data: what :func:`load_evaluation_target` finds at a path.
 
-    ``mean`` / ``std`` are the normalisation the model was trained with; ``out_dir`` the default output folder.
+    ``mean`` / ``std`` are the normalisation the model was trained with; ``out_dir`` the default output folder;
+    ``run_model`` the run's :meth:`~vitlab.rundir.RunDir.model_state` when it was loaded (None without a run).
     """
 
     model: nn.Module
@@ -195,6 +196,7 @@ class EvaluationTarget:
     out_dir: Path
     source: Path
     train_hflip: bool
+    run_model: str | None = None
 
 
 def _data_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
@@ -264,7 +266,8 @@ def load_evaluation_target(
     mean = tuple(info["mean"]) if "mean" in info else datamodule.mean
     std = tuple(info["std"]) if "std" in info else datamodule.std
     out_dir = (run_dir if run_dir is not None else source if source.is_dir() else source.parent) / EVALUATION_DIR
-    return EvaluationTarget(model, datamodule, mean, std, out_dir, source, data_cfg.augment.hflip)
+    run_model = RunDir(run_dir).model_state() if run_dir is not None else None
+    return EvaluationTarget(model, datamodule, mean, std, out_dir, source, data_cfg.augment.hflip, run_model)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -466,6 +469,7 @@ def evaluate_run(
     results: dict[str, Any] = {
         "run": {
             "source": str(target.source),
+            "run_model": target.run_model,
             "model": model_name,
             "architecture": type(model).__name__,
             "dataset": dataset,

@@ -184,6 +184,7 @@ def evaluate_run(
     results.update(
         model=getattr(model, "preset", type(model).__name__),
         source=str(loaded.source),
+        run_model=loaded.run_model,
         images=int(x.shape[0]),
         patch=patch,
         steps=steps,

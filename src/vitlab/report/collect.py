@@ -93,6 +93,7 @@ class RunRecord:
     generate_metrics: dict[str, float] | None
     evaluation: dict[str, Any] | None
     final_metrics: dict[str, float] = field(default_factory=dict)
+    stale_evaluation: bool = False
     name: str = ""
     used_files: set[Path] = field(default_factory=set)
 
@@ -108,7 +109,8 @@ class RunRecord:
             test_metrics=run.test_metrics(),
             steps=run.steps(),
             generate_metrics=run.generate_metrics(),
-            evaluation=run.evaluation(),
+            evaluation=run.current_evaluation(),  # one of an earlier model of the run is labelled, not shown
+            stale_evaluation=run.current_evaluation() is None and run.evaluation() is not None,
             final_metrics=run.final_metrics(),
             name=run.path.resolve().name,
         )
@@ -223,6 +225,10 @@ def assignment_blocks(assignment: Mapping[str, Any]) -> list[Any]:
 
 def evaluation_section(run: RunRecord) -> Section | None:
     results = run.evaluation
+    if run.stale_evaluation:
+        run.use(Path(EVALUATION_DIR) / "reliability.png")
+        note = f"{EVALUATION_DIR}/{EVALUATION_FILE} was made from an earlier model of this run (during the fit or "
+        return Section("evaluation", "Evaluation", [Text(note + "before a --resume); run `vitlab evaluate` again.")])
     if not results:
         return None
     info = results["run"]

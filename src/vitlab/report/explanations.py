@@ -10,7 +10,7 @@ from torch import nn
 from vitlab.explain import explain, explainer_for
 from vitlab.explain.run import EVALUATION_JSON, EXPLAIN_DIR
 from vitlab.report.page import Figure, Figures, Plot, Section, Table, Text
-from vitlab.rundir import read_json
+from vitlab.rundir import RunDir, read_json
 
 if TYPE_CHECKING:
     from vitlab.diagnostics.images import TestImages
@@ -46,9 +46,12 @@ def explanation_section(run: RunRecord, model: nn.Module, images: TestImages) ->
     if notes:
         blocks.append(Text("Left out. " + " ".join(notes)))
     evaluation = run.path / EXPLAIN_DIR / EVALUATION_JSON
-    if evaluation.is_file():
+    results = read_json(evaluation) if evaluation.is_file() else None
+    if results is not None and not RunDir(run.path).is_current(results.get("run_model")):
+        stale = f"{EXPLAIN_DIR}/{EVALUATION_JSON} was made from an earlier model of this run (during the fit or "
+        blocks.append(Text(stale + "before a --resume) and is not shown; run `vitlab explain RUN --evaluate` again."))
+    elif results is not None:
         run.use(f"{EXPLAIN_DIR}/{EVALUATION_JSON}")
-        results = read_json(evaluation)
         header = [
             "method",
             "deletion AUC",
