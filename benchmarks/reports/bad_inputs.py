@@ -90,6 +90,8 @@ def make_inputs(work: Path) -> dict[str, Path]:
     (work / "loop.yaml").write_text("defaults: [loop.yaml]\n")
     (work / "busy").mkdir()
     (work / "busy" / ".lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")  # this process: alive
+    (work / "busy_explain").mkdir()
+    (work / "busy_explain" / ".explain.lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")
     for name in ("report.html", "predictions.csv", "compare.md", "bench.json", "probe.json"):
         (work / "mine" / name).write_text(f"the user's {name}")
     for folder, name in (("generate", "metrics.json"), ("evaluation", "evaluation.json")):
@@ -267,6 +269,18 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         (
             "export --force --format onnx onto a user's model.onnx",
             ["export", str(run_dir), "--out", mine("deploy"), "--force", "--format", "onnx"],
+        ),
+        (
+            "a second explain into the same --out at once",
+            [
+                "explain",
+                str(run_dir),
+                str(work / "pets" / "a"),
+                "--method",
+                "attention",
+                "--out",
+                str(work / "busy_explain"),
+            ],
         ),
     ]
 

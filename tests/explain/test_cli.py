@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import numpy as np
 import pytest
 
 from run_fixtures import TINY, write_png
 from vitlab.cli.main import main
+from vitlab.explain.run import EXPLAIN_LOCK
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +104,18 @@ def test_class_names_caption_the_overlays_and_must_name_every_class(trained_run,
     )
     assert "--class-names names 2 classes, the model has 10" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_second_explain_into_the_same_folder_at_once_is_refused(trained_run, tmp_path, capsys) -> None:
+    write_png(tmp_path / "images" / "img0.png")
+    out = tmp_path / "explained"
+    out.mkdir()
+    lock = out / EXPLAIN_LOCK
+    lock.write_text(f"{os.getpid()} {socket.gethostname()}\n")  # a live explain holds the folder
+    args = ["explain", str(trained_run), str(tmp_path / "images"), "--method", "attention", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.splitlines()[0]
+    assert "explain folder" in err and "is being written by vitlab process" in err and str(lock) in err
+    assert [p.name for p in out.iterdir()] == [EXPLAIN_LOCK], "nothing written beside a live lock"
+    lock.unlink()
+    assert main(args) == 0 and (out / "maps.npz").is_file() and not lock.exists()

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitlab.claim import RunClaim
 from vitlab.data.sources import class_names_problem
 from vitlab.data.transforms import denormalize
 from vitlab.errors import ConfigError
@@ -29,6 +30,7 @@ EVALUATION_TABLE = "explain_evaluation.md"
 EVALUATION_FIGURE = "explain_faithfulness.png"
 OVERLAY_FIGURE = "explain_overlays.png"
 MAPS_FILE = "maps.npz"
+EXPLAIN_LOCK = ".explain.lock"
 
 
 def _test_metrics(target: str | Path) -> dict[str, Any] | None:
@@ -57,6 +59,12 @@ def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
     except ImportError:
         return items
     return tqdm(items, desc=desc, unit="image")
+
+
+def claim_output_folder(out_dir: str | Path) -> RunClaim:
+    """The claim of an ``--out`` folder for one ``vitlab explain`` (``<out>/.explain.lock``, created with
+    ``O_EXCL``): a second one at once is refused in one line naming the lock, rather than losing a ``maps.npz``."""
+    return RunClaim(out_dir, lock=EXPLAIN_LOCK, what="explain folder", other="--out")
 
 
 def _check_names(names: Sequence[str] | None, model: torch.nn.Module) -> None:
@@ -88,8 +96,24 @@ def explain_files(
     pngs = [out_dir / f"{Path(f).stem}_{method}.png" for f in files]
     if len({p.name for p in pngs}) != len(pngs):
         raise ValueError("two images share a file name; explain them into different --out folders")
-    check_outputs([*pngs, out_dir / MAPS_FILE], force=force)
-    names = list(class_names or info.get("class_names") or [])
+    with claim_output_folder(out_dir):  # one explain at a time per folder: two would lose one maps.npz
+        check_outputs([*pngs, out_dir / MAPS_FILE], force=force)
+        names = list(class_names or info.get("class_names") or [])
+        return _write_explanations(model, info, files, out_dir, pngs, method, target_class, batch_size, names)
+
+
+def _write_explanations(
+    model: torch.nn.Module,
+    info: dict[str, Any],
+    files: Sequence[Path],
+    out_dir: Path,
+    pngs: Sequence[Path],
+    method: str,
+    target_class: int | None,
+    batch_size: int,
+    names: Sequence[str],
+) -> list[Path]:
+    """:func:`explain_files` once its folder is claimed and checked: the overlays, then ``maps.npz``."""
     pixels = [read_image(Path(f), info) for f in files]
     maps, targets, scores, conservation = [], [], [], []
     for start in _progress(range(0, len(files), batch_size), "explaining"):
@@ -175,33 +199,33 @@ def evaluate_run(
     _check_names(class_names, model)
     out = Path(out_dir) if out_dir is not None else loaded.out_dir.parent / EXPLAIN_DIR
     files = [out / name for name in (EVALUATION_JSON, EVALUATION_TABLE, EVALUATION_FIGURE, OVERLAY_FIGURE)]
-    check_outputs(files, force=force)
     explainer_for(model)  # refuses a model it has no rules for before any work
-    patch = int(getattr(model, "init_kwargs", {}).get("patch_size", 4))
-    patch = patch if x.shape[-1] // patch >= 4 else max(1, x.shape[-1] // 8)
-    load_before = os.getloadavg()
-    results = evaluate_methods(model, x, methods, patch=patch, steps=steps, seed=seed)
-    results.update(
-        model=getattr(model, "preset", type(model).__name__),
-        source=str(loaded.source),
-        run_model=loaded.run_model,
-        images=int(x.shape[0]),
-        patch=patch,
-        steps=steps,
-        seed=seed,
-        labels=labels.tolist(),
-        load_average={"before": list(load_before), "after": list(os.getloadavg())},
-        environment=environment(),
-        lscpu=_lscpu(),
-        test_metrics=_test_metrics(target),
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    write_output(files[0], strict_dumps(results, indent=1) + "\n", force=True)
-    write_output(files[1], evaluation_table(results), force=True)
-    save_figure(faithfulness_figure(results, f"{results['model']} ({results['kind']})"), files[2], dpi=150)
-    names = list(class_names or getattr(loaded.datamodule, "class_names", None) or [])
-    figure = overlay_figure(model, x[:8], labels[:8], loaded.mean, loaded.std, names)
-    save_figure(figure, files[3], dpi=150)
+    with claim_output_folder(out):  # one explain at a time per folder
+        check_outputs(files, force=force)
+        patch = int(getattr(model, "init_kwargs", {}).get("patch_size", 4))
+        patch = patch if x.shape[-1] // patch >= 4 else max(1, x.shape[-1] // 8)
+        load_before = os.getloadavg()
+        results = evaluate_methods(model, x, methods, patch=patch, steps=steps, seed=seed)
+        results.update(
+            model=getattr(model, "preset", type(model).__name__),
+            source=str(loaded.source),
+            run_model=loaded.run_model,
+            images=int(x.shape[0]),
+            patch=patch,
+            steps=steps,
+            seed=seed,
+            labels=labels.tolist(),
+            load_average={"before": list(load_before), "after": list(os.getloadavg())},
+            environment=environment(),
+            lscpu=_lscpu(),
+            test_metrics=_test_metrics(target),
+        )
+        write_output(files[0], strict_dumps(results, indent=1) + "\n", force=True)
+        write_output(files[1], evaluation_table(results), force=True)
+        save_figure(faithfulness_figure(results, f"{results['model']} ({results['kind']})"), files[2], dpi=150)
+        names = list(class_names or getattr(loaded.datamodule, "class_names", None) or [])
+        figure = overlay_figure(model, x[:8], labels[:8], loaded.mean, loaded.std, names)
+        save_figure(figure, files[3], dpi=150)
     return results
 
 
