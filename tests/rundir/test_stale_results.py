@@ -11,6 +11,7 @@ from vitlab.evaluation import evaluate_run
 from vitlab.evaluation.compare import run_metrics
 from vitlab.explain.run import EVALUATION_JSON, EXPLAIN_DIR
 from vitlab.report.collect import RunRecord, evaluation_section
+from vitlab.report.explanations import faithfulness_blocks
 from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 
@@ -21,16 +22,19 @@ def _fit(run_dir, *extra: str) -> list[str]:
     return ["fit", "--config", "vit/digits", f"run.dir={run_dir}", *TINY, *extra]
 
 
-def test_an_evaluation_made_before_a_resume_is_stale_and_compare_leaves_it_out(tmp_path):
+def test_results_made_before_a_resume_are_stale_and_compare_leaves_them_out(tmp_path):
     run_dir = tmp_path / "run"
     assert main(_fit(run_dir, "trainer.max_epochs=1")) == 0
     evaluate_run(run_dir, **QUICK)
+    assert main(["explain", str(run_dir), "--evaluate", "--num-images", "2"]) == 0
+    assert "explain --evaluate on" in faithfulness_blocks(RunRecord.load(run_dir))[0].text
     assert "eval/test/top1" in run_metrics(run_dir) and not RunRecord.load(run_dir).stale_evaluation
     assert main(["fit", "--resume", str(run_dir), "trainer.max_epochs=2"]) == 0
     assert not [key for key in run_metrics(run_dir) if key.startswith("eval/")], "an earlier model's numbers"
     record = RunRecord.load(run_dir)
     assert record.stale_evaluation and record.evaluation is None
     assert "earlier model of this run" in evaluation_section(record).blocks[0].text
+    assert "earlier model of this run" in faithfulness_blocks(record)[0].text
     evaluate_run(run_dir, **QUICK)
     assert "eval/test/top1" in run_metrics(run_dir) and not RunRecord.load(run_dir).stale_evaluation
 

@@ -45,36 +45,35 @@ def explanation_section(run: RunRecord, model: nn.Module, images: TestImages) ->
     notes += [f"{method}: not installed (pip install 'vitlab[explain]')" for method in missing]
     if notes:
         blocks.append(Text("Left out. " + " ".join(notes)))
-    evaluation = run.path / EXPLAIN_DIR / EVALUATION_JSON
-    results = read_json(evaluation) if evaluation.is_file() else None
-    if results is not None and not RunDir(run.path).is_current(results.get("run_model")):
-        stale = f"{EXPLAIN_DIR}/{EVALUATION_JSON} was made from an earlier model of this run (during the fit or "
-        blocks.append(Text(stale + "before a --resume) and is not shown; run `vitlab explain RUN --evaluate` again."))
-    elif results is not None:
-        run.use(f"{EXPLAIN_DIR}/{EVALUATION_JSON}")
-        header = [
-            "method",
-            "deletion AUC",
-            "random",
-            "insertion AUC",
-            "random",
-            "rank corr. randomised",
-            "conservation",
-        ]
-        rows = []
-        for method, r in results["methods"].items():
-            s = r["summary"]
-            rows.append(
-                (
-                    method,
-                    s["deletion_auc"],
-                    s["random_deletion_auc"],
-                    s["insertion_auc"],
-                    s["random_insertion_auc"],
-                    s["randomisation_spearman"],
-                    s.get("conservation", "-"),
-                )
-            )
-        text = f"vitlab explain --evaluate on {results['images']} test images (patches of {results['patch']} px)."
-        blocks += [Text(text), Table(header, rows)]
+    blocks += faithfulness_blocks(run)
     return Section("explanations", "Explanations", blocks)
+
+
+def faithfulness_blocks(run: RunRecord) -> list[Any]:
+    """The table of ``explain/explain_evaluation.json`` when it was made from the run's model as it is now; a note
+    when it was made from an earlier one (during the fit or before a ``--resume``); nothing without one."""
+    evaluation = run.path / EXPLAIN_DIR / EVALUATION_JSON
+    if not evaluation.is_file():
+        return []
+    results = read_json(evaluation)
+    if not RunDir(run.path).is_current(results.get("run_model")):
+        stale = f"{EXPLAIN_DIR}/{EVALUATION_JSON} was made from an earlier model of this run (during the fit or "
+        return [Text(stale + "before a --resume) and is not shown; run `vitlab explain RUN --evaluate` again.")]
+    run.use(f"{EXPLAIN_DIR}/{EVALUATION_JSON}")
+    header = ["method", "deletion AUC", "random", "insertion AUC", "random", "rank corr. randomised", "conservation"]
+    rows = []
+    for method, r in results["methods"].items():
+        s = r["summary"]
+        rows.append(
+            (
+                method,
+                s["deletion_auc"],
+                s["random_deletion_auc"],
+                s["insertion_auc"],
+                s["random_insertion_auc"],
+                s["randomisation_spearman"],
+                s.get("conservation", "-"),
+            )
+        )
+    text = f"vitlab explain --evaluate on {results['images']} test images (patches of {results['patch']} px)."
+    return [Text(text), Table(header, rows)]
