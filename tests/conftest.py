@@ -12,6 +12,9 @@ import torch
 matplotlib.use("Agg")
 torch.set_num_threads(1)
 os.environ.setdefault("VITLAB_TEST", "1")
+# measured choices are timed in each process, as without the cache (vitlab.machine_cache): a test that forces a
+# timing must not meet another test's kept choice, nor write into the user's cache; tests of the cache set a folder
+os.environ.setdefault("VITLAB_CACHE_DIR", "off")
 
 
 @pytest.fixture(autouse=True)

@@ -50,6 +50,7 @@ from torch import nn
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 from vitlab.layers.attention_path import cpu_clock
+from vitlab.machine_cache import remembered
 from vitlab.models.protocols import HeadFreezing
 
 log = logging.getLogger(__name__)
@@ -243,7 +244,11 @@ BF16_MIN_SPEEDUP = 1.2
 def bf16_matmul_speedup(size: int = 512, rounds: int = 3) -> float:
     """How many times faster a ``[size, size] @ [size, size]`` product runs under bf16 autocast than in fp32 on
     this CPU, with the current thread count: the fastest of ``rounds`` alternating calls of each. Measured once per
-    process, on :func:`vitlab.layers.attention_path.cpu_clock`."""
+    machine (:func:`vitlab.machine_cache.remembered`), on :func:`vitlab.layers.attention_path.cpu_clock`."""
+    return remembered("bf16_matmul_speedup", f"{size} {rounds}", lambda: _bf16_matmul_speedup(size, rounds))
+
+
+def _bf16_matmul_speedup(size: int, rounds: int) -> float:
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
     best = {"32-true": float("inf"), "bf16-mixed": float("inf")}

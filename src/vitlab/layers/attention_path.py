@@ -14,10 +14,11 @@ With attention dropout on, the ``eager`` path runs: it alone draws vitlab's mask
 own random numbers, so a choice between them by timing would make a seeded run's masks depend on the machine's
 load (and a compiled block's on the compiler); the masks stay the same in every run, compiled or not.
 Otherwise :func:`attend` keys each call by device, dtype, shape ``[B, H, N, d]``, dropout on or off, whether a
-backward pass follows and whether a bias is added (:class:`AttentionKey`). The first call of a key times every
-candidate (forward, and backward where one follows; the fastest of a few calls, on copies of the inputs, with the
-random state put back after; on the thread's CPU clock with one thread, :func:`cpu_clock`) and the fastest serves
-the key for the rest of the process.
+backward pass follows and whether a bias is added (:class:`AttentionKey`). The first call of a key on a machine
+times every candidate (forward, and backward where one follows; the fastest of a few calls, on copies of the inputs,
+with the random state put back after; on the thread's CPU clock with one thread, :func:`cpu_clock`); the fastest is
+kept in the user's cache (:mod:`vitlab.machine_cache`), so it serves the key in every later process on that
+machine too, whatever the load then.
 :func:`decisions` lists the choices with their timings. :func:`force_attention_path` or the environment variable
 ``VITLAB_ATTENTION_PATH`` (a name of :data:`PATHS`) holds every call to one path. Under ``torch.compile``, a
 dispatch mode (a FLOP counter) or on the meta device nothing is timed and the ``sdpa`` path runs.
@@ -30,6 +31,7 @@ attention dropout on, its eager softmax runs.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -43,6 +45,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from vitlab.layers.dropout import dropout
+from vitlab.machine_cache import remembered
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +200,19 @@ def _measurable(x: torch.Tensor) -> bool:
 def _decide(
     key: AttentionKey, candidates: dict[str, Callable[[], torch.Tensor]], inputs: list[torch.Tensor] | None
 ) -> str:
-    """Time each candidate (forward, and backward to ``inputs`` when given) and record the fastest for ``key``."""
+    """The fastest candidate for ``key`` (forward, and backward to ``inputs`` when given), measured once per machine
+    (:func:`vitlab.machine_cache.remembered`) and recorded for the process."""
+    case = json.dumps(asdict(key), sort_keys=True)
+    path, seconds = remembered("attention_path", case, lambda: _time(key, candidates, inputs))
+    _decisions[key], _timings[key] = path, seconds
+    log.info("attention path %s for %s (seconds per call: %s)", path, key, seconds)
+    return path
+
+
+def _time(
+    key: AttentionKey, candidates: dict[str, Callable[[], torch.Tensor]], inputs: list[torch.Tensor] | None
+) -> tuple[str, dict[str, float]]:
+    """Time each candidate; the fastest and every candidate's seconds."""
     device = torch.device(key.device)
     cuda = [device.index or 0] if device.type == "cuda" else []
     seconds = {}
@@ -225,10 +240,7 @@ def _decide(
                     torch.cuda.synchronize(device)
                 best = min(best, clock() - start)
             seconds[name] = best
-    path = min(seconds, key=seconds.get)
-    _decisions[key], _timings[key] = path, seconds
-    log.info("attention path %s for %s (seconds per call: %s)", path, key, seconds)
-    return path
+    return min(seconds, key=seconds.get), seconds
 
 
 # -------------------------------------------------------------------------------------------------------------------
