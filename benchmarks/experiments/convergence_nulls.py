@@ -4,6 +4,7 @@ rule"): how often each rule calls a head converged that has not settled, and how
     python -m benchmarks.experiments.convergence_nulls \
         --out benchmarks/results/experiments/convergence_nulls_<cpu>_<date>.json
     python -m benchmarks.experiments.convergence_nulls --runs 2 --quick --out /tmp/nulls.json   # seconds (tests)
+    python -m benchmarks.experiments.convergence_nulls table FILE [FILE ...]   # the docs' table
 
 A head's probe is ``images`` CLS-to-patch distributions on a ``grid``; a *process* moves them for 40 epochs; the
 drift of every epoch (:func:`vitlab.diagnostics.dynamics.attention_drift`, averaged over the images, as the
@@ -130,11 +131,16 @@ class _Wrap(torch.nn.Module):
         return self.attn(x)
 
 
-def decisions(p: torch.Tensor, cost: torch.Tensor, rule: str, rho: float) -> dict[str, Any]:
-    """Run the tracker over one head's path ``[EPOCHS + 1, images, N]`` as the controller does."""
+def drifts(p: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head's path ``[EPOCHS + 1, images, N]`` -> its drifts ``d(t-1, t)`` (t = 1..EPOCHS) and ``d(t-2, t)``
+    (t = 2..EPOCHS), each averaged over the images as the controller does."""
+    return attention_drift(p[:-1], p[1:], cost).mean(-1), attention_drift(p[:-2], p[2:], cost).mean(-1)
+
+
+def decisions(p: torch.Tensor | tuple, cost: torch.Tensor, rule: str, rho: float) -> dict[str, Any]:
+    """Run the tracker over one head's path (or its :func:`drifts`) as the controller does."""
     cfg = DynamicsConfig()
-    drift = attention_drift(p[:-1], p[1:], cost).mean(-1)  # d(t-1, t), t = 1..EPOCHS
-    two = attention_drift(p[:-2], p[2:], cost).mean(-1)  # d(t-2, t), t = 2..EPOCHS
+    drift, two = drifts(p, cost) if torch.is_tensor(p) else p
     tracker = ConvergenceTracker(1, 1, cfg.eps_d, cfg.eps_tau, PATIENCE, rule=rule, rho=rho, tau_clause="none")
     stable, deciding, converged_at = 0, 0, None
     ones = torch.ones(1, 1)
@@ -171,8 +177,9 @@ def run(runs: int, settings: tuple, quick: bool) -> dict[str, Any]:
                 floors = None
                 if kind == "decay":
                     floors = jitter_floor(grid, images, cost, g)
+                measured = [drifts(h, cost) for h in heads]
                 for rule in RULES:
-                    results = [decisions(h, cost, rule, rho) for h in heads]
+                    results = [decisions(m, cost, rule, rho) for m in measured]
                     row = {
                         "process": kind,
                         "grid": list(grid),
@@ -200,17 +207,52 @@ def run(runs: int, settings: tuple, quick: bool) -> dict[str, Any]:
     return {"rows": rows}
 
 
+def table(result: dict[str, Any]) -> str:
+    """The docs' table: per process and rule, the worst setting's share of stable epochs and of runs converged by
+    epoch 40 (the nulls' must stay under 5%), and for the decay control the latest convergence after its floor."""
+    lines = [
+        "| process | " + " | ".join(f"{rule}: stable / converged" for rule in RULES) + " |",
+        "|---|" + "---|" * len(RULES),
+    ]
+    for kind in NULLS + CONTROLS:
+        cells = []
+        for rule in RULES:
+            rows = [r for r in result["rows"] if r["process"] == kind and r["rule"] == rule]
+            stable = max(r["stable_share"] for r in rows)
+            converged = (min if kind in CONTROLS and kind == "decay" else max)(r["converged_share"] for r in rows)
+            cells.append(f"{100 * stable:.1f}% / {100 * converged:.0f}%")
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    late = [x for r in result["rows"] if r["process"] == "decay" and r["rule"] == "decay" for x in r["late_by"]]
+    known = [x for x in late if x is not None]
+    lines.append("")
+    lines.append(
+        f"Decay control, default rule: converged {min(known)} to {max(known)} epochs after its floor epoch (or after "
+        f"the first deciding epoch, if later; negative: before), {len(known)} of {len(late)} heads reached their "
+        f"floor within 40 epochs (bound: patience + 2 = {result['patience'] + 2})."
+    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["table"]:  # python -m benchmarks.experiments.convergence_nulls table FILE [FILE ...]
+        results = [json.loads(Path(f).read_text()) for f in argv[1:]]
+        print(table({**results[0], "rows": [row for r in results for row in r["rows"]]}))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=20, help="runs (paths) per process, setting and step")
     parser.add_argument("--quick", action="store_true", help="the first setting and step only (the test's size)")
+    parser.add_argument(
+        "--settings", type=int, nargs="+", default=[0, 1, 2], help=f"indices into the settings {SETTINGS}"
+    )
     args = parser.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"error: {args.out} exists; pass another --out (results are never overwritten)")
     torch.set_num_threads(1)
     start = time.perf_counter()
-    result = run(args.runs, SETTINGS[:1] if args.quick else SETTINGS, args.quick)
+    result = run(args.runs, SETTINGS[:1] if args.quick else tuple(SETTINGS[i] for i in args.settings), args.quick)
     result |= {
         "epochs": EPOCHS,
         "burn_in": BURN_IN,

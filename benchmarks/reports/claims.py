@@ -67,6 +67,7 @@ def compare_groups(name: str, model: str, metric: str = "test/acc") -> list[floa
 class Difference:
     a: list[float]
     b: list[float]
+    paired: bool = False  # a[i] and b[i] are one seed's fork (the same run until they part): a paired t interval
 
     @property
     def mean_a(self) -> float:
@@ -85,8 +86,16 @@ class Difference:
         return len(self.a) >= 2 and len(self.b) >= 2
 
     def interval(self) -> tuple[float, float]:
-        """The 95% Welch interval of the difference (:func:`vitlab.evaluation.stats.welch_interval`)."""
+        """The 95% Welch interval of the difference (:func:`vitlab.evaluation.stats.welch_interval`), or the paired t
+        interval of the per-seed differences."""
         from vitlab.evaluation.stats import welch_interval
+
+        if self.paired:
+            from scipy import stats
+
+            diffs = np.subtract(self.a, self.b)
+            half = stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
+            return float(diffs.mean() - half), float(diffs.mean() + half)
 
         _, low, high = welch_interval(self.a, self.b)
         return low, high
@@ -94,6 +103,11 @@ class Difference:
     def p(self) -> float:
         from vitlab.evaluation.stats import welch_ttest
 
+        if self.paired:
+            from scipy import stats
+
+            diffs = np.subtract(self.a, self.b)
+            return 1.0 if not diffs.any() else float(stats.ttest_1samp(diffs, 0.0).pvalue)
         return welch_ttest(self.a, self.b)[1]
 
 
@@ -138,6 +152,7 @@ class Claim:
     def compute(self) -> dict[str, Any]:
         d = self.data()
         out: dict[str, Any] = {"a": d.a, "b": d.b, "mean_a": d.mean_a, "mean_b": d.mean_b, "diff": d.diff}
+        out["interval"] = "paired t" if d.paired else "Welch"
         if d.resolved:
             low, high = d.interval()
             out.update(ci95=[low, high], p=d.p())
@@ -151,6 +166,11 @@ TABLE1 = {
     "digits": "experiments/table1_digits_epyc_2026-12-02",
     "celeba32": "experiments/table1_celeba32_epyc_2026-12-02",
     "mnist": "experiments/table1_mnist_epyc_2026-12-02",
+}
+#: Table I under the decay rule (the default since 2026-12-06), with the counterfactual arm ``nofreeze``
+TABLE1_DECAY = {
+    "digits": "experiments/table1_digits_decay_epyc_2026-12-06",
+    "celeba32": "experiments/table1_celeba32_decay_epyc_2026-12-06",
 }
 CONTROL_PARTS = "experiments/control_parts_digits_epyc_2026-12-02"
 COMPARE_CIFAR10_P4 = "experiments/compare_cifar10_p4_cpu_2026-11-30.json"
@@ -182,6 +202,48 @@ def _table1(dataset: str) -> Callable[[], Difference]:
     return lambda: Difference(
         per_seed(f"{folder}/controlled-seed*.json"), per_seed(f"{folder}/uncontrolled-seed*.json")
     )
+
+
+def _decay(dataset: str, baseline: str) -> Callable[[], Difference]:
+    """Controlled against ``baseline`` (``uncontrolled``, or ``nofreeze``: the same run until its first freeze,
+    paired by seed) in the decay rule's Table I."""
+    folder = TABLE1_DECAY[dataset]
+    return lambda: Difference(
+        per_seed(f"{folder}/controlled-seed*.json"),
+        per_seed(f"{folder}/{baseline}-seed*.json"),
+        paired=baseline == "nofreeze",
+    )
+
+
+def _decay_claims(dataset: str, scale: str, command: str, required: bool) -> list[Claim]:
+    """Table I and the freezing fork under the decay rule, on ``dataset``."""
+    return [
+        Claim(
+            f"vitcae-table1-{dataset}-decay",
+            "ViTCAE paper, Table I",
+            f"attention control keeps classification accuracy ({dataset}, the decay rule)",
+            "controlled not below uncontrolled",
+            "keeps",
+            scale,
+            command,
+            _decay(dataset, "uncontrolled"),
+            lambda d: [f"{fmt_pair(d)}, {fmt_ci(d)}"],
+            required=required,
+        ),
+        Claim(
+            f"vitcae-freeze-fork-{dataset}",
+            "ViTCAE paper, eq. 26",
+            f"freezing the heads the decay rule names keeps accuracy ({dataset}, forks at its first firing)",
+            "freezing converged heads does not harm learning",
+            "keeps",
+            f"{scale}; each seed's controlled run against the same run without freezing (identical until the "
+            "first freeze), paired",
+            command,
+            _decay(dataset, "nofreeze"),
+            lambda d: [f"{d.diff:+.2f} [{d.interval()[0]:+.2f}, {d.interval()[1]:+.2f}]"],
+            required=required,
+        ),
+    ]
 
 
 def _part(arm: str) -> Callable[[], Difference]:
@@ -359,6 +421,24 @@ CLAIMS = [
             per_seed(f"{CET_EI_CIFAR10}/full-seed*.json"), per_seed(f"{CET_EI_CIFAR10}/none-seed*.json")
         ),
     ),
+    *_decay_claims(
+        "digits",
+        "digits (8x8, 1,797 images), 50 epochs, 5 seeds, the decay rule for both arms, fp32, sdpa",
+        "SEEDS='0 1 2 3 4' ARMS='controlled nofreeze uncontrolled' "
+        f"RESULTS=benchmarks/results/{TABLE1_DECAY['digits']} "
+        "bash benchmarks/experiments/table1.sh vitcae/digits runs/table1-digits-decay trainer.precision=32-true "
+        "trainer.attention_path=sdpa",
+        required=False,
+    ),
+    *_decay_claims(
+        "celeba32",
+        "CelebA-32 subset (6,400 training images, Male), 15 epochs, 3 seeds, the decay rule for both arms, fp32, sdpa",
+        f"ARMS='controlled nofreeze uncontrolled' RESULTS=benchmarks/results/{TABLE1_DECAY['celeba32']} "
+        "bash benchmarks/experiments/table1.sh vitcae/celeba32 runs/table1-celeba32-decay "
+        "data.path=../shared/datasets/celeba32_subset.npz dynamics.burn_in=2 trainer.precision=32-true "
+        "trainer.attention_path=sdpa",
+        required=False,
+    ),
 ]
 
 
@@ -462,7 +542,7 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         )
         if "ci95" in r:
             lines.append(
-                f"- **Difference**: {r['diff']:+.2f} points, 95% Welch CI "
+                f"- **Difference**: {r['diff']:+.2f} points, 95% {r.get('interval', 'Welch')} CI "
                 f"[{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}], p = {r['p']:.2g}."
             )
         lines += [f"- **Verdict**: {r['verdict']}.", f"- **Reproduce**: `{claim.command}`", ""]
