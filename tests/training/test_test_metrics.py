@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import vitlab
 from run_fixtures import TINY
@@ -35,6 +36,31 @@ def test_cet_vit_test_loss_is_the_same_in_fit_and_in_test(tmp_path):
     assert written["test/loss"] == pytest.approx(again["test/loss"], abs=1e-6)
     assert written["test/loss"] == pytest.approx(written["test/ce"], abs=1e-6), "test/loss is the cross-entropy"
     assert written["test/acc"] == again["test/acc"]
+
+
+def test_a_bf16_run_is_tested_in_float32_like_its_export_and_records_both_precisions(tmp_path):
+    import torch.nn.functional as F
+
+    from vitlab.data import build_datamodule
+    from vitlab.rundir import RunDir
+
+    run_dir = tmp_path / "bf16"
+    argv = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY]
+    assert main([*argv, "trainer.precision=bf16-mixed"]) == 0
+    written = json.loads((run_dir / "test_metrics.json").read_text())
+    assert written["test_precision"] == "32-true" and written["train_precision"] == "bf16-mixed"
+    model = vitlab.load_model(run_dir / "export")
+    dm = build_datamodule(RunDir(run_dir).config().data)
+    dm.setup("test")
+    losses, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for x, y in dm.test_dataloader():
+            logits = model(x)
+            losses += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct, count = correct + int((logits.argmax(-1) == y).sum()), count + len(y)
+    assert written["test/loss"] == pytest.approx(losses / count, abs=1e-5)
+    assert written["test/acc"] == pytest.approx(correct / count, abs=1e-7)
+    assert evaluate(run_dir, "test")["test/loss"] == pytest.approx(written["test/loss"], abs=1e-6)
 
 
 @pytest.mark.slow

@@ -508,7 +508,8 @@ def _fit_claimed(
         if cfg.run.test:
             results = test_once(cfg, trainer, task, dm, run.best_checkpoint)
             if trainer.is_global_zero and results:
-                run.write_json(TEST_METRICS_FILE, results)
+                precisions = {"test_precision": TEST_PRECISION, "train_precision": run_precision(cfg).precision}
+                run.write_json(TEST_METRICS_FILE, {**results, **precisions})
     if trainer.is_global_zero:
         if cfg.run.export:
             export_model(task.model, run.export_dir, {"data": info}, force=True)  # the run's own folder
@@ -543,10 +544,31 @@ QUIET_WARNINGS = (
 )
 
 
+#: the precision every test loop runs in: the exported model's (float32 weights, no autocast), so ``test_metrics.json``,
+#: ``vitlab test`` and the exported model or ONNX file agree whatever ``trainer.precision`` the run trained in
+TEST_PRECISION = "32-true"
+
+
+@contextlib.contextmanager
+def full_precision(trainer: pl.Trainer, task: BaseTask) -> Iterator[None]:
+    """The trainer's loops in float32 for the block (:data:`TEST_PRECISION`): Lightning's plain precision plugin in
+    place of the run's (mixed precision autocasts every forward), and the weights in float32 (``*-true`` precisions
+    cast the module)."""
+    from lightning.pytorch.plugins.precision import Precision
+
+    plugin = trainer.strategy.precision_plugin
+    trainer.strategy.precision_plugin = Precision()
+    task.float()
+    try:
+        yield
+    finally:
+        trainer.strategy.precision_plugin = plugin
+
+
 def test_once(
     cfg: RunConfig, trainer: pl.Trainer, task: BaseTask, dm: VisionDataModule, best: Path
 ) -> dict[str, float]:
-    """The test metrics of the best checkpoint over the test set exactly once.
+    """The test metrics of the best checkpoint over the test set exactly once, in float32 (:data:`TEST_PRECISION`).
 
     On one process, the run's own trainer tests. Under DDP, Lightning's ``DistributedSampler`` would pad uneven
     shards by repeating images; so every rank leaves the process group, rank 0 tests alone on a one-device trainer,
@@ -554,7 +576,8 @@ def test_once(
     """
     ckpt = str(best) if best.exists() else None
     if trainer.world_size == 1:
-        results = trainer.test(task, datamodule=dm, ckpt_path=ckpt, verbose=False, weights_only=True)
+        with full_precision(trainer, task):
+            results = trainer.test(task, datamodule=dm, ckpt_path=ckpt, verbose=False, weights_only=True)
         return results[0] if results else {}
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # rank 0's metrics must not wait for the other ranks to sync
@@ -564,7 +587,7 @@ def test_once(
         accelerator=trainer.accelerator,
         devices=1,
         enable_checkpointing=False,
-        precision=run_precision(cfg).precision,
+        precision=TEST_PRECISION,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -575,7 +598,8 @@ def test_once(
 
 
 def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | None = None) -> dict[str, float]:
-    """Run the validation or test loop of a run directory (best checkpoint) or a ``.ckpt`` file."""
+    """Run the validation or test loop of a run directory (best checkpoint) or a ``.ckpt`` file, in float32
+    (:data:`TEST_PRECISION`, as ``vitlab fit`` tests)."""
     ckpt = locate_checkpoint(target)
     hp = checkpoint_hparams(read_checkpoint(ckpt))
     cfg = config_with_overrides(hp["config"], overrides)
@@ -587,7 +611,7 @@ def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | Non
         trainer = pl.Trainer(
             accelerator=cfg.trainer.accelerator,
             devices=1,
-            precision=run_precision(cfg).precision,
+            precision=TEST_PRECISION,
             logger=False,
             enable_checkpointing=False,
             enable_model_summary=False,
