@@ -38,6 +38,18 @@ def test_cet_vit_test_loss_is_the_same_in_fit_and_in_test(tmp_path):
     assert written["test/acc"] == again["test/acc"]
 
 
+def test_vitcae_test_loss_is_the_same_in_fit_and_in_test(tmp_path):
+    run_dir = tmp_path / "vitcae"
+    curriculum = ["loss.warmup_epochs=1"]  # fit tests after the switch to the MMD blend, `vitlab test` at epoch 1
+    argv = ["fit", "--config", "vitcae/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY, *curriculum]
+    assert main([*argv, "run.export=false"]) == 0
+    written = json.loads((run_dir / "test_metrics.json").read_text())
+    again = evaluate(run_dir, "test")
+    assert written["test/loss"] == pytest.approx(again["test/loss"], abs=1e-6)
+    assert written["test/loss"] == pytest.approx(written["test/monitor"], abs=1e-6)
+    assert "test/objective" in written and written["test/acc"] == again["test/acc"]
+
+
 def test_a_bf16_run_is_tested_in_float32_like_its_export_and_records_both_precisions(tmp_path):
     import torch.nn.functional as F
 

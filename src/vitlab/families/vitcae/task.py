@@ -28,6 +28,10 @@ class ViTCAETask(ClassificationTask):
     :class:`~vitlab.losses.vitcae.ViTCAELossConfig`). Every term is logged separately every epoch; the accuracy
     of the classifier on ``mu_cls`` is the classification accuracy of the paper's Table I.
 
+    ``train/loss`` and ``val/loss`` hold eq. 25 at that epoch; ``test/loss`` is ``rec + pt_est + lambda_ce ce``
+    (``monitor``, which neither the epoch nor a random prior sample changes), the same in ``vitlab fit`` and
+    ``vitlab test``; eq. 25 at the epoch the test ran in is ``test/objective``, beside the other terms.
+
     The model reconstructs the normalised input; reconstruction metrics in pixel space come from
     :func:`vitlab.evaluation.generative.run_generative_tasks`, which runs after training.
     """
@@ -70,6 +74,10 @@ class ViTCAETask(ClassificationTask):
                 cfg.mmd_calibration_max,
             )
         terms = vitcae_loss(out, x, y, epoch=epoch, cfg=cfg, mmd_scale=self._current_mmd_scale())
+        if stage == "test":
+            # eq. 25 follows the training epoch, which `vitlab test` (epoch 0) and the test at the end of `vitlab fit`
+            # do not share, and its MMD terms draw random prior samples: the test loss is the part that is neither
+            terms["objective"], terms["loss"] = terms["loss"], terms["monitor"]
         if stage == "train" and cfg.mmd_calibration == "kl" and epoch == cfg.warmup_epochs:
             values = torch.stack([terms["kl_cls"], terms["mmd_cls"], terms["kl_pt"], terms["mmd_pt"]]).detach()
             sums = torch.cat([values, values.new_ones(1)])
