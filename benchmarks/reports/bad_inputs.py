@@ -102,6 +102,7 @@ def make_inputs(work: Path) -> dict[str, Path]:
     (work / "mine" / "settings" / "config.yaml").write_text("my: settings\n")
     (work / "mine" / "deploy").mkdir()
     (work / "mine" / "deploy" / "model.onnx").write_bytes(b"the user's model")
+    make_round_4_inputs(work)
     return {"run": run_dir}
 
 
@@ -134,6 +135,17 @@ def make_round_3_inputs(work: Path, run_dir: Path) -> None:
         for i in range(4):
             Image.fromarray(np.full((8, 8), i, np.uint16)).save(work / "float_images" / label / f"{i}.png")
     Image.fromarray(np.full((8, 8), 0.5, np.float32)).save(work / "float_images" / "b" / "float.tiff")
+
+
+def make_round_4_inputs(work: Path) -> None:
+    """An npz whose splits differ in channels, an npz of 4-channel images."""
+    rng = np.random.default_rng(0)
+    gray, rgb, four = (
+        rng.integers(0, 256, shape, dtype=np.uint8) for shape in ((40, 8, 8), (20, 8, 8, 3), (40, 8, 8, 4))
+    )
+    labels = np.arange(40) % 4
+    np.savez(work / "mixed_channels.npz", x_train=gray, y_train=labels, x_test=rgb, y_test=labels[:20])
+    np.savez(work / "four_channels.npz", x_train=four, y_train=labels, x_test=four[:20], y_test=labels[:20])
 
 
 @contextlib.contextmanager
@@ -282,6 +294,9 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
                 str(work / "busy_explain"),
             ],
         ),
+        # issue 43, round 4
+        ("npz: gray training and RGB test images", [*FIT, "data.name=npz", f"data.path={work / 'mixed_channels.npz'}"]),
+        ("npz of 4-channel images", [*FIT, "data.name=npz", f"data.path={work / 'four_channels.npz'}"]),
     ]
 
 

@@ -86,6 +86,15 @@ def test_model_num_classes_must_cover_the_labels(tmp_path, capsys):
     assert "model.num_classes=5 but the data has 10 classes" in line
 
 
+def test_npz_channels_are_gray_or_rgb_and_the_same_in_every_split(tmp_path, capsys):
+    gray, rgb = random_images(40, 8, 8, None, seed=0), random_images(20, 8, 8, 3, seed=1)
+    line = _refused(capsys, tmp_path, "data.name=npz", _npz(tmp_path / "m.npz", x_train=gray, x_test=rgb))
+    assert "the splits differ in channels (x_train 1, x_test 3)" in line
+    four = random_images(40, 8, 8, 4, seed=0)
+    line = _refused(capsys, tmp_path, "data.name=npz", _npz(tmp_path / "f.npz", x_train=four, x_test=four[:20]))
+    assert "x_train has 4 channels" in line and "x[..., :3]" in line
+
+
 def test_npz_layout_problems_are_named(tmp_path, capsys):
     nchw = random_images(40, 8, 8, 3, seed=0).transpose(0, 3, 1, 2)
     line = _refused(capsys, tmp_path, "data.name=npz", _npz(tmp_path / "c.npz", x_train=nchw, x_test=nchw[:20]))

@@ -49,6 +49,7 @@ from vitlab.data.sources import (
     _locate,
     _native_size,
     _require,
+    check_split_channels,
     class_names_problem,
     image_pixels,
 )
@@ -453,6 +454,7 @@ def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
         attr_names = [str(name) for name in file["attr_names"]] if "attr_names" in file.files else None
         stored_names = [str(name) for name in file["class_names"]] if "class_names" in file.files else None
     images = {key: _images_nchw(arrays[key], f"npz {key}") for key in ("x_train", "x_test")}
+    check_split_channels(images, f"npz {path}")
     for split in ("train", "test"):
         if len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
             raise DataError(

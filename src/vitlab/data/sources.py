@@ -187,6 +187,24 @@ def _images_nchw(array: np.ndarray, where: str) -> Tensor:
     return images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
 
 
+def check_split_channels(images: dict[str, Tensor], where: str) -> None:
+    """Every split's images ``[N, C, H, W]`` have 1 (gray) or 3 (RGB) channels, the same number in each split: a
+    model takes one channel count, and the transforms, ``predict`` and ``explain`` read gray or RGB images."""
+    channels = {key: int(x.shape[1]) for key, x in images.items()}
+    for key, count in channels.items():
+        if count not in (1, 3):
+            raise DataError(
+                f"{where}: {key} has {count} channels (shape NHWC with C={count}); vitlab reads gray (NHW or C=1) or "
+                f"RGB (C=3) images: keep 3 channels (x[..., :3]) or convert them to one"
+            )
+    if len(set(channels.values())) > 1:
+        shown = ", ".join(f"{key} {count}" for key, count in channels.items())
+        raise DataError(
+            f"{where}: the splits differ in channels ({shown}); give every split the same: gray (NHW) or RGB "
+            "(NHWC, C=3)"
+        )
+
+
 def _class_indices(y: np.ndarray, where: str) -> Tensor:
     """Labels ``[N]`` as int64 class indices: integers or booleans as they are, floats only when whole numbers."""
     if y.ndim != 1:
