@@ -297,6 +297,10 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         # issue 43, round 4
         ("npz: gray training and RGB test images", [*FIT, "data.name=npz", f"data.path={work / 'mixed_channels.npz'}"]),
         ("npz of 4-channel images", [*FIT, "data.name=npz", f"data.path={work / 'four_channels.npz'}"]),
+        (
+            "explain --out an existing file",
+            ["explain", str(run_dir), str(work / "pets" / "a"), "--method", "rollout", "--out", str(work / "file.txt")],
+        ),
     ]
 
 

@@ -37,6 +37,34 @@ def test_explain_files_writes_overlays_and_maps_then_refuses_to_overwrite(traine
     assert np.load(out / "maps.npz")["target"].tolist() == [3, 3]
 
 
+def test_explain_names_same_named_images_by_their_folders_and_skips_an_unreadable_one(trained_run, tmp_path, capsys):
+    for folder in ("a", "b"):
+        write_png(tmp_path / "images" / folder / "cat.png")
+    write_png(tmp_path / "images" / "b" / "dog.png")
+    (tmp_path / "images" / "b" / "broken.png").write_bytes(b"not a png")
+    out = tmp_path / "explained"
+    assert main(["explain", str(trained_run), str(tmp_path / "images"), "--method", "rollout", "--out", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["a__cat_png_rollout.png", "b__cat_png_rollout.png", "dog_rollout.png", "maps.npz"]
+    assert len(np.load(out / "maps.npz")["files"]) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"skipped {tmp_path / 'images' / 'b' / 'broken.png'}: not a readable image")
+    assert err[1] == "1 of 4 files skipped"
+
+
+def test_explain_refuses_an_out_that_is_a_file_in_one_line(trained_run, tmp_path, capsys) -> None:
+    write_png(tmp_path / "a.png")
+    (tmp_path / "out.txt").write_text("mine")
+    args = ["explain", str(trained_run), str(tmp_path / "a.png"), "--method", "rollout", "--out"]
+    assert main([*args, str(tmp_path / "out.txt")]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("vitlab explain: error:")]
+    assert "Traceback (most recent" not in err and len(errors) == 1 and "is a file, not a folder" in errors[0]
+    assert (tmp_path / "out.txt").read_text() == "mine"
+    assert main(["explain", str(trained_run), "--evaluate", "--out", str(tmp_path / "out.txt")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
 def test_explain_keeps_no_figure_open(trained_run, tmp_path) -> None:
     import matplotlib.pyplot as plt
 

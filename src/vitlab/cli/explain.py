@@ -11,6 +11,8 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from vitlab.cli.registry import Runner, command
 
@@ -68,6 +70,13 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
         files = list(image_files(args.images))
         if not files:
             raise ConfigError(f"no image files in {' '.join(args.images)}")
+        skipped = []
+
+        def bad(path: Path, e: Exception) -> None:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            print(f"skipped {path}: not a readable image ({reason})", file=sys.stderr)
+            skipped.append(path)
+
         written = explain_files(
             args.target,
             files,
@@ -76,8 +85,11 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
             target_class=args.target_class,
             force=args.force,
             class_names=names,
+            on_error=bad,
         )
         print(f"written: {len(written) - 1} overlays and {written[-1]}")
+        if skipped:
+            print(f"{len(skipped)} of {len(files)} files skipped", file=sys.stderr)
         return 0
 
     return run

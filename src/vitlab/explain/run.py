@@ -75,6 +75,44 @@ def _check_names(names: Sequence[str] | None, model: torch.nn.Module) -> None:
         raise ConfigError(f"--class-names {problem}; give each class one name")
 
 
+def check_out_folder(out_dir: Path) -> None:
+    """``--out`` names a folder (new or existing), never a file."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file, not a folder; pass --out a new folder (or one to write into)")
+
+
+def overlay_names(files: Sequence[Path], method: str) -> list[str]:
+    """``<stem>_<method>.png`` for each file; where two files share a stem (``a/cat.png``, ``b/cat.png``), their
+    path relative to the folder all the files are in, ``/`` and ``.`` written ``__`` and ``_`` (``a__cat_png``)."""
+    paths = [Path(f).absolute() for f in files]
+    if len(set(paths)) != len(paths):
+        twice = next(p for p in paths if paths.count(p) > 1)
+        raise ConfigError(f"{twice} is given twice; name each image once")
+    stems = [p.stem for p in paths]
+    root = Path(os.path.commonpath([p.parent for p in paths]))
+    names = [
+        stem if stems.count(stem) == 1 else str(p.relative_to(root)).replace(os.sep, "__").replace(".", "_")
+        for stem, p in zip(stems, paths, strict=True)
+    ]
+    return [f"{name}_{method}.png" for name in names]
+
+
+def _read_images(files: Sequence[Path], info: dict[str, Any], on_error: Any) -> tuple[list[Path], list[torch.Tensor]]:
+    """The readable files and their pixels (:func:`read_image`); each unreadable one goes to ``on_error(path, e)``."""
+    kept, pixels = [], []
+    for path in files:
+        try:
+            pixels.append(read_image(Path(path), info))
+        except (OSError, ValueError, SyntaxError) as e:  # PIL: UnidentifiedImageError (an OSError), truncated files
+            if on_error is not None:
+                on_error(path, e)
+            continue
+        kept.append(path)
+    if not kept:
+        raise ConfigError(f"none of the {len(files)} files given is a readable image")
+    return kept, pixels
+
+
 def explain_files(
     target: str | Path,
     files: Sequence[Path],
@@ -85,21 +123,25 @@ def explain_files(
     force: bool = False,
     batch_size: int = 16,
     class_names: Sequence[str] | None = None,
+    on_error: Any = None,
 ) -> list[Path]:
-    """Explain each image file with ``method``: ``<out>/<stem>_<method>.png`` (the overlay) and
-    ``<out>/maps.npz`` (``maps [B, H, W]``, ``target``, ``score``, ``conservation``, ``files``). ``class_names``
-    captions the overlays where the run stored none (an npz file without ``class_names``)."""
+    """Explain each image file with ``method``: ``<out>/<stem>_<method>.png`` (the overlay, :func:`overlay_names`)
+    and ``<out>/maps.npz`` (``maps [B, H, W]``, ``target``, ``score``, ``conservation``, ``files``). ``class_names``
+    captions the overlays where the run stored none (an npz file without ``class_names``). A file that cannot be
+    read as an image is passed to ``on_error(path, exception)`` and skipped, as :func:`vitlab.evaluation.predict`
+    does."""
     model, info = load_predictor(target)
     explainer_for(model).check(method)
     _check_names(class_names, model)
     out_dir = Path(out_dir)
-    pngs = [out_dir / f"{Path(f).stem}_{method}.png" for f in files]
-    if len({p.name for p in pngs}) != len(pngs):
-        raise ValueError("two images share a file name; explain them into different --out folders")
+    check_out_folder(out_dir)
+    png_of = dict(zip(files, (out_dir / name for name in overlay_names(files, method)), strict=True))
     with claim_output_folder(out_dir):  # one explain at a time per folder: two would lose one maps.npz
-        check_outputs([*pngs, out_dir / MAPS_FILE], force=force)
+        check_outputs([*png_of.values(), out_dir / MAPS_FILE], force=force)
         names = list(class_names or info.get("class_names") or [])
-        return _write_explanations(model, info, files, out_dir, pngs, method, target_class, batch_size, names)
+        return _write_explanations(
+            model, info, files, out_dir, png_of, method, target_class, batch_size, names, on_error
+        )
 
 
 def _write_explanations(
@@ -107,14 +149,17 @@ def _write_explanations(
     info: dict[str, Any],
     files: Sequence[Path],
     out_dir: Path,
-    pngs: Sequence[Path],
+    png_of: dict[Path, Path],
     method: str,
     target_class: int | None,
     batch_size: int,
     names: Sequence[str],
+    on_error: Any,
 ) -> list[Path]:
-    """:func:`explain_files` once its folder is claimed and checked: the overlays, then ``maps.npz``."""
-    pixels = [read_image(Path(f), info) for f in files]
+    """:func:`explain_files` once its folder is claimed and checked: the overlays of the readable images, then
+    ``maps.npz``."""
+    files, pixels = _read_images(files, info, on_error)
+    pngs = [png_of[f] for f in files]
     maps, targets, scores, conservation = [], [], [], []
     for start in _progress(range(0, len(files), batch_size), "explaining"):
         batch = normalise(torch.stack(pixels[start : start + batch_size]), info)
@@ -198,6 +243,7 @@ def evaluate_run(
     model = loaded.model.eval()
     _check_names(class_names, model)
     out = Path(out_dir) if out_dir is not None else loaded.out_dir.parent / EXPLAIN_DIR
+    check_out_folder(out)
     files = [out / name for name in (EVALUATION_JSON, EVALUATION_TABLE, EVALUATION_FIGURE, OVERLAY_FIGURE)]
     explainer_for(model)  # refuses a model it has no rules for before any work
     with claim_output_folder(out):  # one explain at a time per folder
