@@ -138,7 +138,9 @@ def make_round_3_inputs(work: Path, run_dir: Path) -> None:
 
 
 def make_round_4_inputs(work: Path) -> None:
-    """An npz whose splits differ in channels, an npz of 4-channel images."""
+    """An npz whose splits differ in channels, an npz of 4-channel images, a binary config, a list as a section."""
+    (work / "binary.yaml").write_bytes(bytes(range(128, 256)))
+    (work / "list_section.yaml").write_text("defaults: [vit/digits]\ntrainer: [1, 2]\n")
     rng = np.random.default_rng(0)
     gray, rgb, four = (
         rng.integers(0, 256, shape, dtype=np.uint8) for shape in ((40, 8, 8), (20, 8, 8, 3), (40, 8, 8, 4))
@@ -297,6 +299,13 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         # issue 43, round 4
         ("npz: gray training and RGB test images", [*FIT, "data.name=npz", f"data.path={work / 'mixed_channels.npz'}"]),
         ("npz of 4-channel images", [*FIT, "data.name=npz", f"data.path={work / 'four_channels.npz'}"]),
+        ("evaluate --tta-views beyond the views", ["evaluate", str(run_dir), "--tta-views", "9"]),
+        ("evaluate --max-batches 0", ["evaluate", str(run_dir), "--max-batches", "0"]),
+        ("evaluate --tta-shift 0", ["evaluate", str(run_dir), "--tta-shift", "0"]),
+        ("a negative seed", [*FIT, "run.seed=-1"]),
+        ("a seed above 2**32-1", [*FIT, f"run.seed={2**32}"]),
+        ("a config file that is not UTF-8 text", ["fit", "--config", str(work / "binary.yaml")]),
+        ("a config section that is a list", ["fit", "--config", str(work / "list_section.yaml")]),
         (
             "explain --out an existing file",
             ["explain", str(run_dir), str(work / "pets" / "a"), "--method", "rollout", "--out", str(work / "file.txt")],

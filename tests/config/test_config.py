@@ -118,3 +118,19 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
 def test_a_run_name_must_be_one_folder_name(name):
     with pytest.raises(ConfigError, match=r"must be one folder name .*set run.root="):
         build_config(None, [f"run.name={name}"])
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_a_seed_numpy_and_torch_cannot_take_is_refused_at_config_check(seed):
+    with pytest.raises(ConfigError, match=r"run.seed must be a whole number in 0..4294967295 \(2\*\*32-1\), got"):
+        build_config("vit/digits", [f"run.seed={seed}"])
+    assert build_config("vit/digits", [f"run.seed={2**32 - 1}"]).run.seed == 2**32 - 1
+
+
+def test_a_config_file_that_is_not_yaml_text_or_whose_section_is_not_a_mapping_is_refused(tmp_path):
+    (tmp_path / "binary.yaml").write_bytes(b"model:\xff\xfe\x00 name")
+    with pytest.raises(ConfigError, match="is not a UTF-8 text file"):
+        build_config(tmp_path / "binary.yaml")
+    (tmp_path / "list.yaml").write_text("defaults: [vit/digits]\ntrainer: [1, 2]\n")
+    with pytest.raises(ConfigError, match="section 'trainer' must be a mapping"):
+        build_config(tmp_path / "list.yaml", ["trainer.max_epochs=1"])  # the override replaced the list unseen

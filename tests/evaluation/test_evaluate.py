@@ -236,6 +236,27 @@ def test_evaluate_rejects_bad_input(vit_run, tmp_path):
         evaluate_run(run, data_overrides={"img_size": 16}, max_batches=1)
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--tta-views", "9"], "tta_views must be in 0..5"),
+        (["--tta-views", "-1"], "tta_views must be a count >= 0"),
+        (["--tta-shift", "0"], "pass --tta-shift 1 or more"),
+        (["--max-batches", "0"], "pass --max-batches 1 or more"),
+        (["--seed", "-1"], "--seed must be a whole number in 0..4294967295"),
+        (["--seed", str(2**64)], "--seed must be a whole number in 0..4294967295"),
+    ],
+)
+def test_evaluate_refuses_out_of_range_options_in_one_line_before_writing(vit_run, tmp_path, capsys, option, message):
+    run, _ = vit_run
+    out = tmp_path / "evaluation"
+    assert main(["evaluate", str(run), "--no-corruptions", "--out", str(out), *option]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("vitlab evaluate: error:")]
+    assert "Traceback (most recent" not in err and len(errors) == 1 and message in errors[0], err
+    assert not out.exists()
+
+
 # -------------------------------------------------------------------------------------------------------------------
 ACCURACY = {"vit_pico": [0.90, 0.92, 0.91], "cet_vit_pico": [0.85, 0.86, 0.80]}
 

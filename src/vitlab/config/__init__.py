@@ -154,6 +154,16 @@ VITLAB_KEYS: tuple[str, ...] = ("compile", "compile_mode", "compile_backend", "g
 ATTENTION_PATHS: tuple[str, ...] = ("auto", "sdpa", "math", "eager")
 
 
+#: the largest seed every generator takes: numpy's (``seed_everything``) accepts 0..2**32-1
+SEED_MAX = 2**32 - 1
+
+
+def check_seed(seed: int, name: str) -> None:
+    """``seed`` (the option ``name``) is one every random generator of a run takes: an integer in 0..2**32-1."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"{name} must be a whole number in 0..{SEED_MAX} (2**32-1), got {seed!r}; choose one there")
+
+
 @dataclass
 class RunSection:
     """Where and how the run is recorded. ``dir`` defaults to ``runs/<name>-<timestamp>``."""
@@ -172,6 +182,7 @@ class RunSection:
     part_stats_every: int = 0
 
     def __post_init__(self) -> None:
+        check_seed(self.seed, "run.seed")
         if self.name in ("", ".", "..") or any(sep in self.name for sep in ("/", "\\")):
             raise ConfigError(
                 f"run.name={self.name!r} must be one folder name (no '/' or '\\', not '.' or '..'): the run goes to "
@@ -300,6 +311,11 @@ def read_yaml(path: str | Path) -> Any:
     path = Path(path)
     try:
         return yaml.load(path.read_text(), Loader=UniqueKeyLoader)
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path} is not a UTF-8 text file (byte {e.start} is {e.object[e.start : e.start + 1]!r}); pass a YAML "
+            "config file, or save this one as UTF-8"
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -317,6 +333,9 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level")
+    for key, value in data.items():  # an override of the section would silently replace a list or a number
+        if key != "defaults" and value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{path}: section {key!r} must be a mapping (indented 'key: value' lines), got {value!r}")
     merged: dict[str, Any] = {}
     defaults = data.pop("defaults", []) or []
     if not isinstance(defaults, list) or not all(isinstance(d, str) for d in defaults):
@@ -434,6 +453,7 @@ __all__ = [
     "RunSection",
     "TrainerConfig",
     "build_config",
+    "check_seed",
     "dump_yaml",
     "from_dict",
     "load_yaml",

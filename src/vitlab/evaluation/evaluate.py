@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vitlab.config import DataConfig, deep_merge, from_dict, parse_overrides, to_dict
+from vitlab.config import DataConfig, check_seed, deep_merge, from_dict, parse_overrides, to_dict
 from vitlab.data import VisionDataModule, build_datamodule, denormalize
 from vitlab.data import normalize as normalize_pixels
 from vitlab.errors import ConfigError
@@ -145,8 +145,9 @@ def build_tta_views(count: int, *, hflip: bool, shift: int) -> list[View]:
     for dy, dx in ((shift, shift), (-shift, -shift), (shift, -shift), (-shift, shift)):
         candidates.append(View(f"shift({dy:+d},{dx:+d})", shift=(dy, dx)))
     if not 0 <= count <= len(candidates):
-        raise ValueError(
-            f"tta_views must be in 0..{len(candidates)} ({'with' if hflip else 'without'} the flip view), got {count}"
+        raise ConfigError(
+            f"tta_views must be in 0..{len(candidates)} ({'with' if hflip else 'without'} the flip view), got {count}; "
+            f"pass --tta-views 0..{len(candidates)}"
         )
     return candidates[:count]
 
@@ -372,14 +373,26 @@ def _predict_test(
     )
 
 
-def _check_options(tta_views_count: int, severities: Sequence[int], max_batches: int | None) -> None:
+def _check_options(
+    tta_views_count: int, severities: Sequence[int], max_batches: int | None, tta_shift: int | None, seed: int
+) -> None:
+    """The options of :func:`evaluate_run` that need no model, checked before it loads one (``--tta-views`` ...)."""
     if isinstance(tta_views_count, bool) or not isinstance(tta_views_count, int) or tta_views_count < 0:
-        raise ValueError(f"tta_views must be a count >= 0 (0 turns TTA off), got {tta_views_count!r}")
+        raise ConfigError(
+            f"tta_views must be a count >= 0 (0 turns TTA off), got {tta_views_count!r}; pass --tta-views 0 or more"
+        )
     bad = [s for s in severities if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 5]
     if bad or not severities:
-        raise ValueError(f"severities must be integers in 1..5, got {list(severities)}")
+        raise ConfigError(f"severities must be integers in 1..5, got {list(severities)}; pass --severities from 1..5")
     if max_batches is not None and max_batches < 1:
-        raise ValueError(f"max_batches must be >= 1 or None, got {max_batches}")
+        raise ConfigError(
+            f"max_batches must be >= 1, got {max_batches}; pass --max-batches 1 or more, or leave it out for all"
+        )
+    if tta_shift is not None and tta_shift < 1:
+        raise ConfigError(
+            f"the TTA shift must be at least 1 pixel, got {tta_shift}; pass --tta-shift 1 or more, or leave it out"
+        )
+    check_seed(seed, "--seed")
 
 
 def evaluate_run(
@@ -418,7 +431,7 @@ def evaluate_run(
     ``calibration`` (validation halves), ``test_calibrated``, ``tta``, ``corruptions``, ``mean_corrupted``,
     ``per_class`` and ``assignment`` (None for models without an assignment matrix).
     """
-    _check_options(tta_views, severities, max_batches)
+    _check_options(tta_views, severities, max_batches, tta_shift, seed)
     target = load_evaluation_target(run_dir_or_export, data_overrides, device, model_overrides)
     model, dm = target.model.eval(), target.datamodule
     dm.setup()

@@ -26,6 +26,7 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--force", action="store_true", help="replace the grids and metrics.json in an --out folder")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.config import check_seed
         from vitlab.data import build_datamodule
         from vitlab.errors import ConfigError
         from vitlab.export import load_model
@@ -35,6 +36,8 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
 
         if args.max_images is not None and args.max_images < 2:
             p.error(f"--max-images must be at least 2, got {args.max_images}")
+        if args.seed is not None:
+            check_seed(args.seed, "--seed")
         if args.out:  # the run's own generate/ is replaced; a folder the user names keeps its files unless --force
             files = [*GRID_FILES.values(), GENERATE_METRICS_FILE]
             check_outputs([Path(args.out) / file for file in files], force=args.force)
