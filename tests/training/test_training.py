@@ -120,6 +120,24 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, config)
         assert torch.equal(a[key], b[key]), f"{key} differs after resume"
 
 
+def test_a_resume_past_the_end_of_the_cosine_schedule_warns_and_names_a_new_run_from_its_weights(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["fit", "--config", "vit/digits", *TINY, "optim.warmup_epochs=0", "run.test=false", "run.export=false"]
+    assert main([*argv, "trainer.max_epochs=1", f"run.dir={run_dir}"]) == 0
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(run_dir), "--trainer.max_epochs", "3", "run.report=false"]) == 0
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "cosine schedule" in line]
+    assert len(warnings) == 1, err
+    assert "ended at epoch 1 and a resume keeps it: epochs 2..3 train at its final rate (1e-06)" in warnings[0]
+    assert f"model.pretrained={run_dir} trainer.max_epochs=2 run.dir=NEW_FOLDER" in warnings[0]
+    rates = [row["train/lr"] for row in RunDir(run_dir).metrics() if "train/lr" in row]
+    assert rates[-1] == pytest.approx(1e-6)
+    command = warnings[0].split("vitlab ", 1)[1].replace("NEW_FOLDER", str(tmp_path / "new")).split()
+    assert main([*command, *TINY, "trainer.max_epochs=1", "run.test=false", "run.export=false"]) == 0
+    assert RunDir(tmp_path / "new").metrics()[-1]["train/lr"] > 1e-4, "the new run has a schedule of its own"
+
+
 def _cli_error(capsys, *argv: str) -> str:
     assert main(list(argv)) == 2
     return capsys.readouterr().err

@@ -64,7 +64,7 @@ from vitlab.training.callbacks import (
     quiet_lightning,
 )
 from vitlab.training.finetune import pretrained_normalisation, setup_finetuning
-from vitlab.training.tasks import BaseTask, ClassificationTask
+from vitlab.training.tasks import BaseTask, ClassificationTask, cosine_resume_note
 
 #: the files TensorBoard writes into ``tb/`` (a user's file beside them stays)
 TENSORBOARD_FILES = ("events.out.tfevents.*", "hparams.yaml")
@@ -389,6 +389,18 @@ def share_cpu_threads(trainer: pl.Trainer) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
+def _read_resume(cfg: RunConfig, resume: str | Path) -> tuple[Path, dict[str, Any], str | None]:
+    """``--resume``: the checkpoint, its hyperparameters and the warning of a schedule it outlasts
+    (:func:`cosine_resume_note`); read first, so a corrupt file fails early with a clear message. Without
+    ``run.dir`` the run continues in the checkpoint's run directory."""
+    resumed_dir, ckpt_path = resolve_resume(resume)
+    checkpoint = read_checkpoint(ckpt_path)
+    if not cfg.run.dir:
+        cfg.run.dir = str(resumed_dir)
+    note = cosine_resume_note(checkpoint, cfg.trainer.max_epochs, cfg.run.dir)
+    return ckpt_path, checkpoint_hparams(checkpoint), note
+
+
 def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Callback] | None = None) -> Path:
     """Train a model as ``cfg`` says; returns the run directory.
 
@@ -397,12 +409,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     model (built once), the memory of a first batch and, when resuming, that the checkpoint is this config's model.
     A resumed run keeps its ``config.yaml`` and ``env.json``; what the resume changed goes into ``resumes.jsonl``.
     """
-    ckpt_path, stored = None, None
-    if resume is not None:
-        resumed_dir, ckpt_path = resolve_resume(resume)
-        stored = checkpoint_hparams(read_checkpoint(ckpt_path))  # fail early, with a clear message, on a corrupt file
-        if not cfg.run.dir:
-            cfg.run.dir = str(resumed_dir)
+    ckpt_path, stored, schedule_note = _read_resume(cfg, resume) if resume is not None else (None, None, None)
 
     pl.seed_everything(cfg.run.seed, workers=True, verbose=False)
     absolute_data_paths(cfg)
@@ -443,6 +450,8 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     all_callbacks += setup_finetuning(cfg, model, task.monitor) + list(callbacks or [])
     if _is_launching_process():
         print(run_precision(cfg).line(), flush=True)  # the run's first line, before Lightning's own
+        if schedule_note:
+            print(schedule_note, file=sys.stderr, flush=True)
     with quiet_warnings():
         try:
             trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
