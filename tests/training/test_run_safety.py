@@ -207,3 +207,35 @@ def test_a_full_disk_is_one_line_and_leaves_the_old_file_whole(trained, tmp_path
     new = tmp_path / "new.csv"
     rc, _, err = _cli(capsys, "predict", str(trained), str(image), "--out", str(new))
     assert rc == 2 and not new.exists(), "no 0-byte file"
+
+
+def test_a_fit_stopped_by_a_full_disk_says_how_to_go_on_and_the_same_command_then_works(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY, "run.export=false"]
+    real = os.fsync
+
+    def full_for_checkpoints(fd):  # the disk fills up when the first checkpoint is written
+        if f"{os.sep}checkpoints{os.sep}" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", full_for_checkpoints)
+    rc, _, err = _cli(capsys, *args)
+    errors = [line for line in err.splitlines() if line.startswith("vitlab fit: error:")]
+    assert rc == 2 and "Traceback (most recent" not in err and len(errors) == 1, err
+    assert "the disk is full" in errors[0] and "then run the same command again" in errors[0]
+    assert RunDir(run_dir).holds_run() and not RunDir(run_dir).last_checkpoint.exists()
+    monkeypatch.setattr(os, "fsync", real)
+    rc, _, err = _cli(capsys, *args)
+    assert rc == 0 and "stopped before its first checkpoint (nothing to resume): its files are replaced" in err
+    assert [m["epoch"] for m in RunDir(run_dir).metrics()] == [0]
+
+
+def test_a_folder_with_an_empty_metrics_file_and_no_checkpoint_is_not_a_run_a_retry_must_keep(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_bytes(b"")  # what an append on a full disk leaves
+    (run_dir / "notes.txt").write_text("mine")
+    args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY, "run.export=false"]
+    assert main(args) == 0
+    assert RunDir(run_dir).last_checkpoint.is_file() and (run_dir / "notes.txt").read_text() == "mine"

@@ -26,13 +26,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vitlab import manifest
 from vitlab.acceleration import PrecisionChoice, choose_precision
-from vitlab.atomic import append_line
+from vitlab.atomic import append_line, environment_error
 from vitlab.claim import RunClaim
 from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.config.loss import build_loss
 from vitlab.data import VisionDataModule, build_datamodule
 from vitlab.dynamics import DynamicsController
-from vitlab.errors import RunDirError, VitlabError
+from vitlab.errors import OutputError, RunDirError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
 from vitlab.layers import attention_path
@@ -114,11 +114,34 @@ def claim_run_dir(cfg: RunConfig, path: Path, *, resuming: bool = False) -> RunC
     claim = RunClaim(path).acquire()
     try:
         if not resuming:
-            RunDir(path).take_for_new_run(overwrite=cfg.run.overwrite)
+            run = RunDir(path)
+            stopped = run.is_run() and manifest.has_manifest(path) and stopped_before_a_checkpoint(path)
+            if stopped:
+                print(
+                    f"run directory {path} holds a run that stopped before its first checkpoint (nothing to resume): "
+                    "its files are replaced",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            run.take_for_new_run(overwrite=cfg.run.overwrite or stopped)
     except BaseException:
         claim.release()
         raise
     return claim
+
+
+def stopped_before_a_checkpoint(path: Path) -> bool:
+    """True for the folder of a run that stopped (a full disk, Ctrl+C, a crash) before it wrote ``last.ckpt``, the
+    export or the test metrics: it can be neither continued nor used, so it is not a run a retry must keep."""
+    run = RunDir(path)
+    return not any(p.exists() for p in (run.last_checkpoint, run.export_dir, run / TEST_METRICS_FILE))
+
+
+def recovery_hint(path: Path) -> str:
+    """How to go on after ``vitlab fit`` on ``path`` failed part-way (a full disk, a read-only folder)."""
+    if RunDir(path).last_checkpoint.is_file():
+        return f"then continue the run from its last checkpoint: vitlab fit --resume {path}"
+    return "then run the same command again: the run stopped before its first checkpoint, so it starts over"
 
 
 def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
@@ -463,6 +486,11 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     claim = claim_run_dir(cfg, run_dir, resuming=ckpt_path is not None) if _is_launching_process() else None
     try:
         _fit_claimed(cfg, run_dir, trainer, task, dm, info, ckpt_path)
+    except OSError as e:  # a full disk, a quota, a read-only folder: one line that says how to go on
+        error = e if isinstance(e, OutputError) else environment_error(e, e.filename or run_dir)
+        if error is None:
+            raise
+        raise OutputError(f"{error}; {recovery_hint(run_dir)}") from e
     finally:
         if claim is not None:
             claim.release()
