@@ -100,6 +100,23 @@ def test_features_only_gives_feature_maps_and_prunes_what_follows(name):
     assert model.num_classes == 0  # pruned: the head is gone
 
 
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n.endswith("_base") else []) for n in vitlab.list_models()]
+)
+@pytest.mark.parametrize("out_indices", [4, (0, 1)])
+def test_every_parameter_of_a_feature_extractor_gets_a_gradient(name, out_indices):
+    """What DDP needs without find_unused_parameters: the extractor owns no part its feature maps do not pass
+    through (a ViTCAE's decoder, a CET-ViT's head and its cross-scale update of the slots)."""
+    accepted = constructor_args(get_preset(name).cls)
+    kwargs = {"img_size": SIZE, "in_chans": 3, "num_classes": CLASSES}
+    features = feature_extractor(
+        vitlab.create_model(name, **{k: v for k, v in kwargs.items() if k in accepted}), out_indices
+    )
+    sum(y.float().square().mean() for y in features(_x())).backward()
+    unused = [n for n, p in features.named_parameters() if p.grad is None]
+    assert not unused, f"{len(unused)} parameters without a gradient, e.g. {unused[:3]}"
+
+
 def _loss_and_grads(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     torch.manual_seed(1)  # the dropout and stochastic-depth masks

@@ -126,6 +126,8 @@ def feature_extractor(
     """``features_only``: timm's ``FeatureGetterNet`` around ``model``, whose forward returns the feature maps
     ``[B, C_i, H_i, W_i]`` of ``out_indices`` (``model.forward_intermediates(..., intermediates_only=True)``) and
     whose ``feature_info`` (channels, reductions, module names) describes them. ``prune`` drops the layers after
-    the last one taken and the head (``prune_intermediate_layers``), as timm does."""
+    the last one taken and the head (``prune_intermediate_layers``), as timm does, and with them every part the
+    maps do not pass through, so each parameter of the extractor gets a gradient (DDP without
+    ``find_unused_parameters``)."""
     out = out_indices if isinstance(out_indices, int) else tuple(out_indices)
     return FeatureGetterNet(model, out_indices=out, norm=norm, prune=prune)

@@ -363,9 +363,10 @@ class CETViT(ModelContract, nn.Module):
         occupied = occupied_slots(S) if self.mask_empty_slots else None
         h_macro = pool_slots(S, micro, self.pool)  # [B, K, D]
         macro = self.macro_encoder(h_macro, occupied, taps)
-        micro, macro = self.checkpointed(self.cross_scale, micro, macro, occupied)
-        if taps is not None:
-            taps.append(micro)
+        if self.cross_scale is not None:  # None: pruned to the macro taps (prune_intermediate_layers)
+            micro, macro = self.checkpointed(self.cross_scale, micro, macro, occupied)
+            if taps is not None:
+                taps.append(micro)
         for block in self.deep_encoder:
             micro = self.checkpointed(block, micro)
             if taps is not None:
@@ -462,18 +463,41 @@ class CETViT(ModelContract, nn.Module):
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
     ) -> list[int]:
-        """Drop the DeepEncoder blocks after the last tap of ``indices`` and, with ``prune_head``, the classifier
-        (``head.fc``); the parts before stay, since the fused stream needs both the micro and the macro one.
-        ``prune_norm`` changes nothing (there is no final token norm). Returns the absolute indices."""
+        """Drop the DeepEncoder blocks after the last tap of ``indices``. With ``prune_head`` the model becomes a
+        feature extractor (timm's ``features_only``): ``forward`` returns the tokens (``global_pool=""``), and every
+        part no tap reads goes: the head, the cross-scale update of the slots (only the head reads it), and what
+        follows the last tap (later micro stages; with micro taps only, the V-CEO and everything after it, which
+        leaves the ``grouping: none`` model; later macro blocks, the cross-scale attention and the DeepEncoder), so
+        each parameter left gets a gradient and DDP needs no ``find_unused_parameters``. ``prune_norm`` changes
+        nothing (there is no final token norm). Returns the absolute indices."""
         take, last = self.take_indices(len(self.feature_info), indices)
+        streams = [info["stream"] for info in self.feature_info]
         if self.grouping != "none":
             first_deep = len(self.feature_info) - len(self.deep_encoder)
-            keep = max(0, last - first_deep + 1)
-            self.deep_encoder = self.deep_encoder[:keep]
-            self.feature_info = self.feature_info[: first_deep + keep]
+            self.deep_encoder = self.deep_encoder[: max(0, last - first_deep + 1)]
+            self.feature_info = self.feature_info[: first_deep + len(self.deep_encoder)]
         if prune_head:
-            self.reset_classifier(0)
+            self.reset_classifier(0, "")
+            self.head = nn.Identity()
+            self._prune_before(streams, last)
+            self.feature_info = self.feature_info[: last + 1]
         return take
+
+    def _prune_before(self, streams: list[str], last: int) -> None:
+        """:meth:`prune_intermediate_layers` with ``prune_head``: the parts after tap ``last`` (``streams``: the
+        stream of each tap of ``feature_info``), which no tap reads."""
+        micro = streams.count("micro")
+        if last < micro:
+            self.micro_encoder.stages = self.micro_encoder.stages[: last + 1]
+            self.micro_encoder.widen = self.micro_encoder.widen[: last + 1]
+            for name in ("v_ceo", "k_estimator", "fusion_proj", "macro_encoder", "cross_scale"):
+                setattr(self, name, None)
+            self.grouping, self.deep_encoder = "none", nn.ModuleList()
+        elif streams[last] == "macro":
+            self.macro_encoder.blocks = self.macro_encoder.blocks[: last - micro + 1]
+            self.cross_scale, self.deep_encoder = None, nn.ModuleList()
+        elif self.cross_scale is not None:
+            self.cross_scale.macro_from_micro = None
 
     def forward_head(
         self, x: torch.Tensor, pre_logits: bool = False, occupied: torch.Tensor | None = None

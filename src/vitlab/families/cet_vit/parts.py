@@ -245,6 +245,8 @@ class CrossScaleAttention(nn.Module):
 
     ``micro: [B, N, D]``, ``macro: [B, K, D] -> (micro', macro')`` (card: "CrossScaleAttention", 0.3M parameters
     at width 192: two multi-head attentions). ``occupied: [B, K]`` removes empty slots from the micro tokens' keys.
+    A feature extractor has no ``macro_from_micro`` (None: only the classifier reads the updated slots); the slots
+    then pass unchanged.
     """
 
     def __init__(self, dim: int, *, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float) -> None:
@@ -256,7 +258,8 @@ class CrossScaleAttention(nn.Module):
     def forward(
         self, micro: torch.Tensor, macro: torch.Tensor, occupied: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.micro_from_macro(micro, macro, occupied), self.macro_from_micro(macro, micro)
+        macro_out = macro if self.macro_from_micro is None else self.macro_from_micro(macro, micro)
+        return self.micro_from_macro(micro, macro, occupied), macro_out
 
 
 class FusionHead(nn.Module):

@@ -296,6 +296,23 @@ class ViTCAE(ModelContract, nn.Module):
         """The encoder's :meth:`~vitlab.models.vit.VisionTransformer.forward_intermediates` (same options)."""
         return self.encoder.forward_intermediates(x, indices, **kwargs)
 
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's ``features_only``: the encoder pruned after the last tap of ``indices`` (its
+        :meth:`~vitlab.models.vit.VisionTransformer.prune_intermediate_layers`), and with ``prune_head`` every part
+        the features do not pass through (posteriors, prior, estimator, head, decoder) removed, so each parameter
+        left gets a gradient (DDP needs no ``find_unused_parameters``). The pruned model is a feature extractor:
+        ``forward_features`` and ``forward_intermediates`` work, ``forward`` (the autoencoder) does not."""
+        take = self.encoder.prune_intermediate_layers(indices, prune_norm=prune_norm, prune_head=True)
+        if prune_head:
+            for name, _ in list(self.named_children()):
+                if name != "encoder":
+                    setattr(self, name, None)
+            self.decoder_pos_embed = None
+            self.num_classes = 0
+        return take
+
     @property
     def feature_info(self) -> list[dict[str, Any]]:
         """The encoder's blocks, named in this model (``encoder.blocks.{i}``)."""
