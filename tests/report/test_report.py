@@ -326,3 +326,16 @@ def test_better_direction_and_config_differences():
     assert better_direction("generate/images/test") is None
     a, b = RunConfig(), RunConfig(run=RunSection(seed=3), model={"name": "vit_pico", "depth": 2})
     assert config_differences([a, b]) == {"model.depth": [None, 2], "run.seed": [0, 3]}
+
+
+def test_vitcae_curves_draw_the_training_mmd_of_samples_apart_from_the_validation_mmd_of_means(tmp_path):
+    from vitlab.rundir import RunDir
+
+    run_dir = tmp_path / "vitcae"
+    argv = ["fit", "--config", "vitcae/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *run_fixtures.TINY]
+    assert main([*argv, "run.export=false", "loss.warmup_epochs=1"]) == 0
+    panels = curve_panels(RunDir(run_dir).metrics())
+    for term in ("mmd_cls", "mmd_pt", "mmd_share_cls", "mmd_share_pt"):
+        assert list(panels[term]) == ["train"] and list(panels[f"{term}_mu"]) == ["val"], term
+    assert list(panels["kl_cls"]) == ["train", "val"], "the KL terms are the same function in both"
+    assert "test/mmd_cls_mu" in json.loads((run_dir / "test_metrics.json").read_text())

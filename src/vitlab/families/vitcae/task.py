@@ -23,6 +23,11 @@ def calibration_scale(means: torch.Tensor, largest: float) -> tuple[float, float
     return min(kl_cls / max(mmd_cls, 1e-9), largest), min(kl_pt / max(mmd_pt, 1e-9), largest)
 
 
+#: the terms whose value depends on whether ``z_cls`` and ``z_pt`` are samples (training) or the posterior means
+#: (evaluation): the MMD estimates and their shares of the blends; evaluation logs them as ``<term>_mu``
+SAMPLED_TERMS = ("mmd_cls", "mmd_pt", "mmd_share_cls", "mmd_share_pt")
+
+
 class ViTCAETask(ClassificationTask):
     """Trains :class:`~vitlab.models.vitcae.ViTCAE` on ``L_total(t)`` of eq. 25 (``loss:`` section of the config:
     :class:`~vitlab.losses.vitcae.ViTCAELossConfig`). Every term is logged separately every epoch; the accuracy
@@ -30,7 +35,10 @@ class ViTCAETask(ClassificationTask):
 
     ``train/loss`` and ``val/loss`` hold eq. 25 at that epoch; ``test/loss`` is ``rec + pt_est + lambda_ce ce``
     (``monitor``, which neither the epoch nor a random prior sample changes), the same in ``vitlab fit`` and
-    ``vitlab test``; eq. 25 at the epoch the test ran in is ``test/objective``, beside the other terms.
+    ``vitlab test``; eq. 25 at the epoch the test ran in is ``test/objective``, beside the other terms. The MMD
+    terms of training compare samples of the posteriors with the priors, those of evaluation the posterior means
+    (tens of times apart): evaluation logs them as ``val/mmd_cls_mu`` etc. (:data:`SAMPLED_TERMS`), so no curve
+    draws the two as one quantity.
 
     The model reconstructs the normalised input; reconstruction metrics in pixel space come from
     :func:`vitlab.evaluation.generative.run_generative_tasks`, which runs after training.
@@ -74,6 +82,9 @@ class ViTCAETask(ClassificationTask):
                 cfg.mmd_calibration_max,
             )
         terms = vitcae_loss(out, x, y, epoch=epoch, cfg=cfg, mmd_scale=self._current_mmd_scale())
+        if stage != "train":  # evaluation takes the posterior means, training samples: two quantities, two names
+            for key in SAMPLED_TERMS:
+                terms[f"{key}_mu"] = terms.pop(key)
         if stage == "test":
             # eq. 25 follows the training epoch, which `vitlab test` (epoch 0) and the test at the end of `vitlab fit`
             # do not share, and its MMD terms draw random prior samples: the test loss is the part that is neither
