@@ -272,8 +272,11 @@ def choose_precision(
 
     ``cpu_flags``: the CPU's bf16 flags (default: :func:`cpu_bf16_flags`); ``bf16_speedup``: the bf16 / fp32
     matrix-product speed-up of a CPU with ``avx512_bf16`` only (default: :func:`bf16_matmul_speedup`). Anything but
-    ``auto`` is returned as is.
+    ``auto`` is returned as is, but fp16 on a CPU, which is ``bf16-mixed`` (what Lightning falls back to).
     """
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if requested in ("16-mixed", "16") and on_cpu:  # Lightning would switch with a warning; say it in the first line
+        return PrecisionChoice(requested, "bf16-mixed", "set explicitly; fp16 autocast does not run on a CPU")
     if requested != "auto":
         return PrecisionChoice(requested, requested, "set explicitly")
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():

@@ -50,8 +50,36 @@ def test_the_bf16_speedup_is_measured_once_per_process():
 
 def test_an_explicit_precision_wins():
     for precision in ("32-true", "bf16-mixed", "16-mixed"):
-        choice = choose_precision(precision, "cpu", cpu_flags=("amx_bf16",) if precision == "32-true" else ())
+        device = "cuda" if precision == "16-mixed" else "cpu"
+        choice = choose_precision(precision, device, cpu_flags=("amx_bf16",) if precision == "32-true" else ())
         assert choice.precision == precision and choice.reason == "set explicitly"
+
+
+def test_fp16_on_a_cpu_is_said_to_be_bf16_in_the_first_line_not_by_lightnings_warning(tmp_path, capsys, caplog):
+    choice = choose_precision("16-mixed", "cpu")
+    assert choice.precision == "bf16-mixed" and "fp16 autocast does not run on a CPU" in choice.reason
+    run_dir = tmp_path / "run"
+    argv = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY, "run.export=false"]
+    with caplog.at_level("INFO"):
+        assert main([*argv, "trainer.precision=16-mixed"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "precision bf16-mixed (set explicitly; fp16 autocast does not run on a CPU)"
+    lightning = [r.getMessage() for r in caplog.records] + err.splitlines()
+    assert not [line for line in lightning if "Automatic Mixed Precision" in line or "precision=" in line], lightning
+
+
+def test_a_warning_reaches_the_terminal_of_a_command_as_one_line(monkeypatch, capsys):
+    import sys
+    import warnings
+
+    from vitlab.cli import main as cli
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # restored after the test
+    monkeypatch.setattr(sys, "argv", ["vitlab", "list-models"])
+    assert cli.main() == 0
+    assert warnings.showwarning is cli.one_line_warning
+    cli.one_line_warning(UserWarning("a thing happened\nsecond line"), UserWarning, "/x/lib.py", 3)
+    assert capsys.readouterr().err == "vitlab: warning: a thing happened (UserWarning)\n"
 
 
 def test_the_config_accepts_auto_and_names_the_choices_for_a_typo():

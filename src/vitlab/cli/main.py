@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from importlib import import_module
 from pathlib import Path
 
@@ -223,9 +224,18 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     return parser, runners
 
 
+def one_line_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+    """A Python warning on a user's terminal as one line, ``vitlab: warning: MESSAGE (Category)``, without the
+    library's file, line and source line (``warnings.showwarning``'s signature)."""
+    text = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
+    print(f"vitlab: warning: {text} ({category.__name__})", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     from vitlab.errors import VitlabError
 
+    if argv is None:  # the command itself, not a caller in Python that handles warnings its own way
+        warnings.showwarning = one_line_warning
     argv = sys.argv[1:] if argv is None else argv
     parser, runners = build_parser(argv)
     args, rest = parser.parse_known_args(argv)

@@ -442,6 +442,8 @@ _LIGHTNING_NOISE = (
     "`Trainer.fit` stopped: `max_epochs=",  # the run's plan, not news; other reasons to stop are kept
     "Restoring states from the checkpoint path",
     "Loaded model weights from the checkpoint",
+    "Using bfloat16 Automatic Mixed Precision",  # vitlab's first line names the precision, and why
+    "Using 16bit Automatic Mixed Precision",
 )
 
 

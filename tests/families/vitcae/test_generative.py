@@ -61,6 +61,8 @@ def test_every_task_writes_its_grid_and_finite_numbers(digits_run):
         assert any(name.startswith(f"{task}/") for name in metrics), task
     assert all(math.isfinite(value) for value in metrics.values())
     assert metrics["images/train"] == metrics["images/test"] == MAX_IMAGES
+    counts = json.loads((out / "metrics.json").read_text())
+    assert all(type(counts[key]) is int for key in ("images/train", "images/test", "conditional/num_classes"))
     for name in (
         "classifier/accuracy",
         "linear_probe/accuracy",

@@ -195,7 +195,7 @@ def conditional_generation_task(
         "conditional/prior_mean_rms": (mean_sq / entries) ** 0.5,
         "conditional/self_agreement": float((self_logits.argmax(-1) == labels_on_device).float().mean()),
         "conditional/latent_agreement": float((model.head(z_cls).argmax(-1) == labels_on_device).float().mean()),
-        "conditional/num_classes": float(len(gaussians.classes)),
+        "conditional/num_classes": len(gaussians.classes),
     }
     rows = min(len(gaussians.classes), GRID_MAX_CLASSES)
     per_class = samples.cpu().view(len(gaussians.classes), samples_per_class, *samples.shape[1:])
@@ -455,8 +455,8 @@ def run_generative_tasks(
         stage("classifier and linear probe")
         classifier = model.head(test.mu_cls.to(device)).argmax(-1).cpu()
         metrics = {
-            "images/train": float(len(train.labels)),
-            "images/test": float(len(test.labels)),
+            "images/train": len(train.labels),
+            "images/test": len(test.labels),
             "classifier/accuracy": float((classifier == test.labels).float().mean()),
             "linear_probe/accuracy": linear_probe_accuracy(train, test, seed),
             "conditional/judge_test_accuracy": judge_accuracy(judge, test.images, test.labels[: len(test.images)]),
