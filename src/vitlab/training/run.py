@@ -590,16 +590,17 @@ TEST_PRECISION = "32-true"
 def full_precision(trainer: pl.Trainer, task: BaseTask) -> Iterator[None]:
     """The trainer's loops in float32 for the block (:data:`TEST_PRECISION`): Lightning's plain precision plugin in
     place of the run's (mixed precision autocasts every forward), and the weights in float32 (``*-true`` precisions
-    cast the module)."""
+    cast the module; their dtype comes back after the block, so the export is what it was)."""
     from lightning.pytorch.plugins.precision import Precision
 
-    plugin = trainer.strategy.precision_plugin
+    plugin, dtype = trainer.strategy.precision_plugin, next(task.parameters()).dtype
     trainer.strategy.precision_plugin = Precision()
     task.float()
     try:
         yield
     finally:
         trainer.strategy.precision_plugin = plugin
+        task.to(dtype)
 
 
 def test_once(
