@@ -239,3 +239,12 @@ def test_a_folder_with_an_empty_metrics_file_and_no_checkpoint_is_not_a_run_a_re
     args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY, "run.export=false"]
     assert main(args) == 0
     assert RunDir(run_dir).last_checkpoint.is_file() and (run_dir / "notes.txt").read_text() == "mine"
+
+
+def test_the_way_to_go_on_after_a_stopped_fit_depends_on_its_last_checkpoint(tmp_path):
+    from vitlab.training.run import recovery_hint
+
+    assert recovery_hint(tmp_path).startswith("run the same command again")
+    RunDir(tmp_path).last_checkpoint.parent.mkdir()
+    RunDir(tmp_path).last_checkpoint.write_bytes(b"")
+    assert recovery_hint(tmp_path) == f"continue the run from its last checkpoint: vitlab fit --resume {tmp_path}"

@@ -138,10 +138,10 @@ def stopped_before_a_checkpoint(path: Path) -> bool:
 
 
 def recovery_hint(path: Path) -> str:
-    """How to go on after ``vitlab fit`` on ``path`` failed part-way (a full disk, a read-only folder)."""
+    """How to go on after ``vitlab fit`` on ``path`` stopped part-way (a full disk, a read-only folder, Ctrl+C)."""
     if RunDir(path).last_checkpoint.is_file():
-        return f"then continue the run from its last checkpoint: vitlab fit --resume {path}"
-    return "then run the same command again: the run stopped before its first checkpoint, so it starts over"
+        return f"continue the run from its last checkpoint: vitlab fit --resume {path}"
+    return "run the same command again: the run stopped before its first checkpoint, so it starts over"
 
 
 def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
@@ -490,7 +490,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         error = e if isinstance(e, OutputError) else environment_error(e, e.filename or run_dir)
         if error is None:
             raise
-        raise OutputError(f"{error}; {recovery_hint(run_dir)}") from e
+        raise OutputError(f"{error}; then {recovery_hint(run_dir)}") from e
     finally:
         if claim is not None:
             claim.release()
@@ -539,8 +539,8 @@ def _fit_claimed(
                 raise
             signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT from then on
             raise RunInterrupted(
-                f"interrupted during epoch {trainer.current_epoch + 1}; nothing was tested or exported. Continue the "
-                f"run from its last checkpoint with: vitlab fit --resume {run_dir}"
+                f"interrupted during epoch {trainer.current_epoch + 1}; nothing was tested or exported. To go on, "
+                f"{recovery_hint(run_dir)}"
             ) from None
         if cfg.run.test:
             results = test_once(cfg, trainer, task, dm, run.best_checkpoint)
