@@ -224,7 +224,7 @@ def test_a_fit_stopped_by_a_full_disk_says_how_to_go_on_and_the_same_command_the
     errors = [line for line in err.splitlines() if line.startswith("vitlab fit: error:")]
     assert rc == 2 and "Traceback (most recent" not in err and len(errors) == 1, err
     assert "the disk is full" in errors[0] and "then run the same command again" in errors[0]
-    assert RunDir(run_dir).holds_run() and not RunDir(run_dir).last_checkpoint.exists()
+    assert RunDir(run_dir).is_run() and not RunDir(run_dir).last_checkpoint.exists()
     monkeypatch.setattr(os, "fsync", real)
     rc, _, err = _cli(capsys, *args)
     assert rc == 0 and "stopped before its first checkpoint (nothing to resume): its files are replaced" in err
@@ -232,9 +232,14 @@ def test_a_fit_stopped_by_a_full_disk_says_how_to_go_on_and_the_same_command_the
 
 
 def test_a_folder_with_an_empty_metrics_file_and_no_checkpoint_is_not_a_run_a_retry_must_keep(tmp_path, capsys):
+    from vitlab import manifest
+
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    manifest.start(run_dir, note=False)  # what a fit stopped by a full disk leaves: its manifest names its files
     (run_dir / "metrics.jsonl").write_bytes(b"")  # what an append on a full disk leaves
+    (run_dir / "config.yaml").write_text("model: {}\n")
+    for name in ("metrics.jsonl", "config.yaml"):
+        manifest.record(run_dir, path=name)
     (run_dir / "notes.txt").write_text("mine")
     args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY, "run.export=false"]
     assert main(args) == 0
