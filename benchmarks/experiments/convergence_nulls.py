@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.naming import repo_relative
 from vitlab.atomic import atomic_write_text
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.convergence import ConvergenceTracker, calibrate_rho, directedness
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "defaults": {k: getattr(DynamicsConfig(), k) for k in ("convergence", "decay_ratio", "decay_window")},
         "runs": args.runs,
         "seconds": time.perf_counter() - start,
-        "environment": environment(),
+        "environment": environment() | {"command": ["python", *repo_relative(sys.argv)]},
     }
     atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
