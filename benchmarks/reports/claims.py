@@ -428,7 +428,7 @@ CLAIMS = [
         f"RESULTS=benchmarks/results/{TABLE1_DECAY['digits']} "
         "bash benchmarks/experiments/table1.sh vitcae/digits runs/table1-digits-decay trainer.precision=32-true "
         "trainer.attention_path=sdpa",
-        required=False,
+        required=True,
     ),
     *_decay_claims(
         "celeba32",
