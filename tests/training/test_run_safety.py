@@ -253,3 +253,15 @@ def test_the_way_to_go_on_after_a_stopped_fit_depends_on_its_last_checkpoint(tmp
     RunDir(tmp_path).last_checkpoint.parent.mkdir()
     RunDir(tmp_path).last_checkpoint.write_bytes(b"")
     assert recovery_hint(tmp_path) == f"continue the run from its last checkpoint: vitlab fit --resume {tmp_path}"
+
+
+def test_the_controllers_model_check_runs_before_the_run_folder_exists(tmp_path, capsys):
+    """Issue 45: ``dynamics.mode=schedule`` on a model without temperatures failed after the folder was made, and
+    the corrected command was then refused as a reuse of that folder."""
+    from vitlab.cli.main import main
+
+    run_dir = tmp_path / "run"
+    args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=1", *TINY]
+    assert main([*args, "dynamics.mode=schedule"]) == 2
+    assert "needs a temperature" in capsys.readouterr().err and not run_dir.exists()
+    assert main([*args, "dynamics.mode=schedule", "model.temperature=true"]) == 0

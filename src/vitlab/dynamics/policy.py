@@ -80,9 +80,10 @@ class DynamicsPolicy:
         return len(self.modules), self.modules[0].num_heads
 
     # --- setting up -------------------------------------------------------------------------------------------------
-    def attach(self, model: nn.Module) -> None:
-        """Resolve the controlled modules and the patch grid of ``model``; in ``fixed`` mode set tau = 1 and take it
-        out of training. Call before the optimizer is built (Lightning: the ``setup`` hook)."""
+    def check(self, model: nn.Module) -> tuple[list[tuple[str, Attention]], Any]:
+        """What :meth:`attach` needs of ``model``, checked without changing it (``vitlab fit`` calls this before
+        the run folder exists): the controlled modules, one head count, a temperature where the mode needs one and
+        the patch grid. Returns the named modules and the grid; a :class:`ConfigError` names what is missing."""
         cfg = self.config
         named = controlled_modules(model, cfg.target)
         heads = {m.num_heads for _, m in named}
@@ -103,6 +104,13 @@ class DynamicsPolicy:
             raise ConfigError(
                 f"{type(model).__name__} has no grid_size attribute; the drift needs the patch grid (grid_h, grid_w)"
             )
+        return named, grid
+
+    def attach(self, model: nn.Module) -> None:
+        """Resolve the controlled modules and the patch grid of ``model`` (:meth:`check`); in ``fixed`` mode set
+        tau = 1 and take it out of training. Call before the optimizer is built (Lightning: the ``setup`` hook)."""
+        cfg = self.config
+        named, grid = self.check(model)
         self.model = model
         self.module_names = [n for n, _ in named]
         self.modules = [m for _, m in named]
