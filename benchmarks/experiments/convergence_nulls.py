@@ -226,10 +226,16 @@ def table(result: dict[str, Any]) -> str:
     late = [x for r in result["rows"] if r["process"] == "decay" and r["rule"] == "decay" for x in r["late_by"]]
     known = [x for x in late if x is not None]
     lines.append("")
+    converged = sum(c is not None for r in result["rows"] if r["process"] == "decay" for c in r["converged_at"])
+    reach = (
+        f"converged {min(known)} to {max(known)} epochs after its floor epoch (or after the first deciding epoch, "
+        "if later; negative: before)"
+        if known
+        else "no head reached its floor within 40 epochs"
+    )
     lines.append(
-        f"Decay control, default rule: converged {min(known)} to {max(known)} epochs after its floor epoch (or after "
-        f"the first deciding epoch, if later; negative: before), {len(known)} of {len(late)} heads reached their "
-        f"floor within 40 epochs (bound: patience + 2 = {result['patience'] + 2})."
+        f"Decay control, default rule: {reach}; {len(known)} of {len(late)} heads reached their floor "
+        f"(bound: patience + 2 = {result['patience'] + 2})."
     )
     return "\n".join(lines)
 
