@@ -227,7 +227,7 @@ def _decay_claims(dataset: str, scale: str, command: str, required: bool) -> lis
             scale,
             command,
             _decay(dataset, "uncontrolled"),
-            lambda d: [f"{fmt_pair(d)}, {fmt_ci(d)}"],
+            lambda d: [f"{fmt_pair(d)}, {fmt_ci(d)}"] if d.resolved else [],
             required=required,
         ),
         Claim(
@@ -240,7 +240,7 @@ def _decay_claims(dataset: str, scale: str, command: str, required: bool) -> lis
             "first freeze), paired",
             command,
             _decay(dataset, "nofreeze"),
-            lambda d: [f"{d.diff:+.2f} [{d.interval()[0]:+.2f}, {d.interval()[1]:+.2f}]"],
+            lambda d: [f"{d.diff:+.2f} [{d.interval()[0]:+.2f}, {d.interval()[1]:+.2f}]"] if d.resolved else [],
             required=required,
         ),
     ]
