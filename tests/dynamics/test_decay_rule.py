@@ -2,6 +2,7 @@
 ``decay_window`` drifts is below ``decay_ratio`` times the median of its earlier drifts (ViTCAE eq. 26 needs a head
 that has settled; issue 44)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,3 +95,19 @@ def test_the_head_table_says_why_each_head_is_or_is_not_frozen():
     assert rows[0]["decision"] == "frozen at epoch 7: recent drifts <= 0.01 < threshold 0.1"
     assert rows[1]["decision"] == "still moving: a recent drift 0.2 >= threshold 0.05"
     assert head_table(records[:1])[0]["decision"] == "too few epochs to judge"
+
+
+def test_the_drift_figure_draws_each_heads_decay_threshold(tmp_path):
+    from vitlab.diagnostics.plots import dynamics_arrays, plot_dynamics
+
+    def record(epoch, threshold):
+        flags = [[False, False]]
+        drift = None if epoch == 0 else [[0.1, 0.2]]
+        return {"epoch": epoch, "convergence": "decay", "tau": [[1.0, 1.0]], "kappa": [[1.0, 1.0]], "drift": drift,
+                "threshold": threshold, "decay_level": threshold, "converged": flags, "frozen": flags,
+                "mode": "schedule", "non_converged": 2}  # fmt: skip
+
+    records = [record(0, None), record(1, [[None, None]]), record(2, [[0.05, 0.1]])]
+    threshold = dynamics_arrays(records)["threshold"]
+    assert threshold.shape == (3, 1, 2) and np.isnan(threshold[:2]).all() and threshold[2].tolist() == [[0.05, 0.1]]
+    assert plot_dynamics(records, tmp_path / "dynamics.png").stat().st_size > 0

@@ -54,7 +54,7 @@ def read_dynamics(path: str | Path) -> list[dict[str, Any]]:
 def dynamics_arrays(records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     """Stack records into arrays over ``T`` epochs, ``L`` layers, ``H`` heads: ``epochs [T]``, ``drift [T, L, H]``
     (NaN at epoch 0, which has no previous epoch), ``kappa``, ``tau`` ``[T, L, H]``, ``converged``, ``frozen``
-    ``[T, L, H]`` bool."""
+    ``[T, L, H]`` bool, ``threshold [T, L, H]`` (NaN where the rule has none yet)."""
     shape = np.shape(records[0]["tau"])
     nan = np.full(shape, np.nan)
     return {
@@ -64,6 +64,8 @@ def dynamics_arrays(records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         "tau": np.stack([np.asarray(r["tau"], float) for r in records]),
         "converged": np.stack([np.asarray(r["converged"], bool) for r in records]),
         "frozen": np.stack([np.asarray(r["frozen"], bool) for r in records]),
+        # the decision's threshold (decay / relative / absolute rules), NaN where a record has none
+        "threshold": np.stack([np.array(r.get("threshold") or nan, dtype=float) for r in records]),
     }
 
 
@@ -140,12 +142,15 @@ def _draw_dynamics(
     bands = -(-num_layers // columns)
     axes = canvas.subplots(2 * bands, columns, squeeze=False, sharex=True)
     colors = plt.get_cmap("tab10" if num_heads <= 10 else "tab20")(np.arange(num_heads) % 20)
+    decay = records[-1].get("convergence") == "decay"
     for layer in range(num_layers):
         band, column = divmod(layer, columns)
         top, bottom = axes[2 * band, column], axes[2 * band + 1, column]
         for head in range(num_heads):
             top.plot(epochs[1:], drift[1:, layer, head], color=colors[head], lw=1.2, label=f"head {head}")
             bottom.plot(epochs, kappa[:, layer, head], color=colors[head], lw=1.2, drawstyle="steps-mid")
+            if decay:  # the decision beside the drift: stable when the last drifts stay under this line
+                top.plot(epochs, arrays["threshold"][:, layer, head], color=colors[head], lw=0.9, ls=":")
             if not np.isnan(frozen_at[layer, head]):  # a frozen head's drift is ~0: mark it at the top edge
                 top.plot(frozen_at[layer, head], 0.96 * drift_limits[1], "v", ms=6, color=colors[head])
         top.set_title(_layer_label(records, layer), fontsize=9)
@@ -164,6 +169,8 @@ def _draw_dynamics(
         axes[2 * band + 1, column].set_visible(False)
     handles = axes[0, 0].get_legend_handles_labels()[0]
     handles.append(plt.Line2D([], [], ls="", marker="v", color="black", label="frozen at"))
+    if decay:
+        handles.append(plt.Line2D([], [], ls=":", color="black", label="decay threshold"))
     canvas.legend(handles=handles, loc="outside lower center", ncol=min(num_heads + 1, 8), fontsize=8, frameon=False)
 
 
