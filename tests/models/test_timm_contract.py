@@ -182,6 +182,8 @@ def test_pretrained_cfg_names_the_input_the_classifier_and_the_first_conv(name):
     assert timm.data.resolve_data_config(model=model)["input_size"] == (3, SIZE, SIZE)
     model.pretrained_cfg = {"mean": [0.1, 0.2, 0.3]}  # as vitlab fit sets the data's
     assert model.pretrained_cfg["mean"] == (0.1, 0.2, 0.3) and model.pretrained_cfg["std"] == cfg["std"]
+    model.default_cfg = {"std": [0.3, 0.2, 0.1]}  # as timm's builder assigns its older name (issue 46)
+    assert model.pretrained_cfg["std"] == (0.3, 0.2, 0.1) and model.default_cfg == model.pretrained_cfg
     assert model.no_weight_decay() <= set(dict(model.named_parameters())) | {"relative_position_bias_table"}
 
 

@@ -97,8 +97,12 @@ class ModelContract:
 
     @property
     def default_cfg(self) -> dict[str, Any]:
-        """timm's older name of :attr:`pretrained_cfg`."""
+        """timm's older name of :attr:`pretrained_cfg` (timm's builder assigns it: ``model.default_cfg = ...``)."""
         return self.pretrained_cfg
+
+    @default_cfg.setter
+    def default_cfg(self, values: dict[str, Any]) -> None:
+        self.pretrained_cfg = values
 
     # --- gradient checkpointing ---------------------------------------------------------------------------------
     @torch.jit.ignore
