@@ -49,4 +49,4 @@ for seed in $SEEDS; do
   done
 done
 wait
-"$VITLAB" compare "$OUT"/controlled-seed*/ "$OUT"/uncontrolled-seed*/ --group-by dynamics.mode --metric test/acc --out "$OUT/table1"
+"$VITLAB" compare "$OUT"/controlled-seed*/ "$OUT"/uncontrolled-seed*/ --group-by dynamics.mode --metric test/acc --out "$OUT/table1" --force
