@@ -441,8 +441,7 @@ CLAIMS = [
     ),
     *_decay_claims(
         "celeba32",
-        "CelebA-32 subset (6,400 training images, Male), 15 epochs, seeds 0-2 as they finish, the decay rule for "
-        "both arms, fp32, sdpa",
+        "CelebA-32 subset (6,400 training images, Male), 15 epochs, 3 seeds, the decay rule for both arms, fp32, sdpa",
         f"ARMS='controlled nofreeze uncontrolled' RESULTS=benchmarks/results/{TABLE1_DECAY['celeba32']} "
         "bash benchmarks/experiments/table1.sh vitcae/celeba32 runs/table1-celeba32-decay "
         "data.path=../shared/datasets/celeba32_subset.npz dynamics.burn_in=2 trainer.precision=32-true "
