@@ -82,7 +82,7 @@ def run_result(run: Path) -> dict[str, Any]:
     }
     epochs = rundir.metrics()
     if epochs:
-        keys = ["val/acc", "val/slot_k", "val/reversibility"]
+        keys = ["val/acc", "val/slot_k", "val/reversibility", "time/step_s"]
         keys += sorted({k for e in epochs for k in e if k.startswith("train/k_frac_")})
         result["val_curve"] = {k: [e.get(k) for e in epochs] for k in keys if any(k in e for e in epochs)}
     grouping = rundir.json("grouping.json") or {}
@@ -99,6 +99,8 @@ def run_result(run: Path) -> dict[str, Any]:
             "frozen": sum(sum(row) for row in last.get("frozen", [])),
             "mean_drift_last_epoch": last.get("mean_drift"),
             "first_converged_epochs": first_converged(records),
+            # heads frozen in each layer after each epoch (the freezing frontier replays these to time the steps)
+            "frozen_per_layer": [[sum(row) for row in r.get("frozen", [])] for r in records],
             "tau_clause_replay": tau_clause_replay(records),
             "non_converged_paper_rule_replay": paper_rule_replay(rundir, records, None),
         }
