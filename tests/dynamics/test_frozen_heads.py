@@ -332,3 +332,31 @@ def test_a_task_resumes_a_checkpoint_whose_attention_saved_a_head_order():
         target.load_state_dict(loaded["state_dict"])  # strict
     assert "model.blocks.1.attn.head_order" in controlled.state_dict()
     assert "model.blocks.0.attn.head_order" not in controlled.state_dict()
+
+
+@pytest.mark.parametrize("frozen", [2, 4])
+def test_frozen_heads_backward_forms_no_attention_matrix(frozen):
+    """The frozen heads' ``dV = P^T dO`` is a flash call (``_grad_v_from_logsumexp``), never a ``[B, h, N, N]``
+    tensor: forming ``P`` made a frozen head's backward slower than an active one's at 256 tokens (docs/dynamics.md,
+    "Freezing"). Every tensor an operation of the backward returns is recorded; none is N x N."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Shapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.shapes += [tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            return out
+
+    m = _attn(temperature=True).train()
+    N = 33
+    x = torch.randn(2, N, 32, requires_grad=True)
+    m.set_frozen_heads(torch.arange(4) < frozen)
+    y = m(x)
+    with Shapes() as seen:
+        y.sum().backward()
+    assert seen.shapes and not any(len(s) >= 2 and s[-2:] == (N, N) for s in seen.shapes), seen.shapes
+    assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -1,0 +1,269 @@
+"""The freezing frontier (issue 44, item 4): test accuracy against the measured saving of training-step time.
+
+Reads the per-run result files that ``benchmarks/experiments/freezing_frontier.sh`` writes (``RESULTS/r<ratio>/
+controlled-seed<s>.json`` per ``dynamics.decay_ratio``, and ``RESULTS/r<first>/nofreeze-seed<s>.json``, the same
+recipe with the decisions logged and nothing frozen: the reference of every ratio, since without freezing the ratio
+changes nothing in training). Each result records the heads frozen per layer after every epoch
+(``dynamics.frozen_per_layer``).
+
+The saving is measured, not predicted, in two ways:
+
+- **replay** (the frontier's axis): the recipe's model and loss (rebuilt from a run's checkpoint, ``--run``), one
+  thread, batch as trained; every frozen configuration that occurs (heads per layer; which heads does not matter,
+  the heads are symmetric) is timed against nothing frozen, interleaved in one process (``--rounds`` alternations
+  of ``--steps`` steps each, the thread's CPU time: other processes on a shared core are not counted). A run's
+  saving is ``1 - mean_e t(F_e) / t(none)`` over its epochs, ``F_e`` the heads frozen while epoch ``e`` trained (those
+  frozen after epoch ``e - 1``). Also timed: every head frozen, the ceiling no rule can pass on this model.
+- **own clock**: the run's own per-epoch step time against its fork's (``time/step_s``), noisy where the two ran
+  beside other work; recorded beside the replay.
+
+    python -m benchmarks.experiments.freezing_frontier RESULTS --run RUN_DIR --out FILE.json [--figure FILE.png]
+    python -m benchmarks.experiments.freezing_frontier table FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.naming import repo_relative
+from benchmarks.reports.claims import MARGIN, Difference
+
+
+def load_results(root: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """``{arm: {seed: result}}``; arms ``nofreeze`` and ``r<ratio>`` (the controlled run at that ratio)."""
+    arms: dict[str, dict[int, dict[str, Any]]] = {}
+    for path in sorted(root.glob("r*/*-seed*.json")):
+        data = json.loads(path.read_text())
+        arm = "nofreeze" if data["arm"] == "nofreeze" else path.parent.name
+        arms.setdefault(arm, {})[int(data["seed"])] = data
+    return arms
+
+
+def epoch_configs(result: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The heads frozen per layer while each epoch trained: none in the first, then the previous epoch's record."""
+    frozen = result["dynamics"]["frozen_per_layer"]
+    epochs = len(result["val_curve"]["val/acc"])
+    layers = len(frozen[0]) if frozen else 0
+    configs = [tuple([0] * layers)] + [tuple(row) for row in frozen]
+    return configs[:epochs]
+
+
+def build_step(run: Path, threads: int = 1):
+    """A training step of the run's model and loss (with its guard) and a function to freeze heads per layer."""
+    import torch
+
+    from vitlab.dynamics.freezing import FrozenHeadGuard
+    from vitlab.dynamics.probe import controlled_modules
+    from vitlab.export import checkpoint_hparams, read_checkpoint
+    from vitlab.models import create_model
+    from vitlab.rundir import LAST_CHECKPOINT, config_with_overrides, locate_checkpoint
+    from vitlab.training.run import build_task
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    hp = checkpoint_hparams(read_checkpoint(locate_checkpoint(run, prefer=(LAST_CHECKPOINT,))))
+    cfg = config_with_overrides(hp["config"], None)
+    model = create_model(cfg.model["name"], **hp["model_kwargs"])
+    task = build_task(cfg, model, hp)
+    modules = [m for _, m in controlled_modules(model, cfg.dynamics.target if cfg.dynamics else None)]
+    guard = FrozenHeadGuard(modules)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    guard.attach(optimizer)
+    kwargs = hp["model_kwargs"]
+    size, chans = kwargs["img_size"], kwargs.get("in_chans", 3)
+    x = torch.rand(cfg.data.batch_size, chans, size, size)
+    y = torch.randint(0, kwargs["num_classes"], (cfg.data.batch_size,))
+    heads = modules[0].num_heads
+    model.train()
+
+    def freeze(config: tuple[int, ...]) -> None:
+        mask = torch.zeros(len(modules), heads, dtype=torch.bool)
+        for layer, count in enumerate(config):
+            mask[layer, :count] = True
+        guard.freeze(mask)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        task.compute_losses((x, y), "train")["loss"].backward()
+        optimizer.step()
+
+    return step, freeze, len(modules), heads
+
+
+def time_configs(built: tuple, configs: list[tuple[int, ...]], rounds: int, steps: int) -> dict[tuple[int, ...], Any]:
+    """Thread-CPU seconds per step of each configuration, interleaved with nothing frozen: ``{config: (median
+    ratio to none, [ratios per round], median seconds)}``. ``built``: :func:`build_step`'s result."""
+    step, freeze, layers, _ = built
+    none = tuple([0] * layers)
+    timings: dict[tuple[int, ...], list[float]] = {c: [] for c in [none, *configs]}
+
+    def seconds(config: tuple[int, ...]) -> float:
+        freeze(config)
+        step()  # the first step after a change pays for nothing the others do not
+        start = time.thread_time()
+        for _ in range(steps):
+            step()
+        return (time.thread_time() - start) / steps
+
+    ratios: dict[tuple[int, ...], list[float]] = {c: [] for c in configs}
+    for _ in range(rounds):
+        for config in configs:
+            reference = seconds(none)
+            value = seconds(config)
+            timings[none].append(reference)
+            timings[config].append(value)
+            ratios[config].append(value / reference)
+    return {c: (float(np.median(r)), r, float(np.median(timings[c]))) for c, r in ratios.items()}
+
+
+def frontier(root: Path, run: Path, rounds: int, steps: int) -> dict[str, Any]:
+    arms = load_results(root)
+    if "nofreeze" not in arms:
+        raise SystemExit(f"{root} has no nofreeze-seed*.json: the reference arm has not finished")
+    sample = next(iter(arms["nofreeze"].values()))
+    layers = len(sample["dynamics"]["frozen_per_layer"][0])
+    configs = {c for arm in arms.values() for r in arm.values() for c in epoch_configs(r)}
+    built = build_step(run)
+    heads = built[3]
+    configs.add(tuple([heads] * layers))  # the ceiling: every head frozen in every epoch
+    configs.discard(tuple([0] * layers))
+    timed = time_configs(built, sorted(configs), rounds, steps)
+    ratio_of = {c: v[0] for c, v in timed.items()} | {tuple([0] * layers): 1.0}
+    rows: list[dict[str, Any]] = []
+    reference = arms["nofreeze"]
+    for arm, runs in sorted(arms.items()):
+        if arm == "nofreeze":
+            continue
+        seeds = sorted(set(runs) & set(reference))
+        per_seed = []
+        for seed in seeds:
+            r, ref = runs[seed], reference[seed]
+            configs_e = epoch_configs(r)
+            own = r["val_curve"].get("time/step_s"), ref["val_curve"].get("time/step_s")
+            per_seed.append(
+                {
+                    "seed": seed,
+                    "acc": 100 * r["test"]["test/acc"],
+                    "acc_nofreeze": 100 * ref["test"]["test/acc"],
+                    "head_epochs_frozen": sum(map(sum, configs_e)) / (len(configs_e) * layers * heads),
+                    "saving_replay": 1 - float(np.mean([ratio_of[c] for c in configs_e])),
+                    "saving_own_clock": None if None in own else 1 - sum(own[0]) / sum(own[1]),
+                }
+            )
+        d = Difference([s["acc"] for s in per_seed], [s["acc_nofreeze"] for s in per_seed], paired=True)
+        savings = [s["saving_replay"] for s in per_seed]
+        row = {"arm": arm, "decay_ratio": float(arm[1:]), "seeds": per_seed, "acc_diff": d.diff}
+        if d.resolved:
+            low, high = d.interval()
+            row |= {"acc_diff_interval": [low, high], "keeps_accuracy": low > -MARGIN}
+        row["saving_replay_mean"] = float(np.mean(savings)) if savings else None
+        rows.append(row)
+    ceiling = tuple([heads] * layers)
+    return {
+        "experiment": "freezing-frontier",
+        "results": repo_relative(str(root)),
+        "timing": {
+            "model_from": repo_relative(str(run)),
+            "rounds": rounds,
+            "steps": steps,
+            "clock": "thread CPU time, one thread, interleaved with nothing frozen",
+            "configs": [
+                {"frozen_per_layer": list(c), "ratio_to_none": v[0], "ratios": v[1], "seconds": v[2]}
+                for c, v in sorted(timed.items())
+            ],
+            "ceiling_saving": 1 - ratio_of[ceiling],
+        },
+        "arms": rows,
+    }
+
+
+def table(data: dict[str, Any]) -> str:
+    lines = [
+        "| decay_ratio | seeds | test acc, controlled - no freezing (paired, 95%) | head-epochs frozen | "
+        "step time saved (replay) | step time saved (own clock) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in data["arms"]:
+        s = row["seeds"]
+        interval = row.get("acc_diff_interval")
+        ci = f"{row['acc_diff']:+.2f}" + (f" [{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "")
+        own = [x["saving_own_clock"] for x in s if x["saving_own_clock"] is not None]
+        each = ", ".join(f"{x['saving_replay']:.1%}" for x in s)
+        lines.append(
+            f"| {row['decay_ratio']} | {len(s)} | {ci} | {np.mean([x['head_epochs_frozen'] for x in s]):.1%} | "
+            f"{row['saving_replay_mean']:.1%} ({each}) | "
+            f"{np.mean(own):.1%} |"
+        )
+    lines.append(f"\nEvery head frozen for the whole run (the ceiling): {data['timing']['ceiling_saving']:.1%}.")
+    return "\n".join(lines)
+
+
+def figure(data: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for row in data["arms"]:
+        xs = [100 * s["saving_replay"] for s in row["seeds"]]
+        ys = [s["acc"] - s["acc_nofreeze"] for s in row["seeds"]]
+        ax.scatter(xs, ys, alpha=0.5, s=18)
+        low, high = row.get("acc_diff_interval", (row["acc_diff"], row["acc_diff"]))
+        mean_x = 100 * row["saving_replay_mean"]
+        ax.errorbar(
+            mean_x,
+            row["acc_diff"],
+            yerr=[[row["acc_diff"] - low], [high - row["acc_diff"]]],
+            fmt="o",
+            capsize=3,
+            label=f"decay_ratio {row['decay_ratio']}",
+        )
+    ax.axhline(-MARGIN, color="grey", ls="--", lw=1, label=f"-{MARGIN:g} point")
+    ax.axvline(100 * data["timing"]["ceiling_saving"], color="black", ls=":", lw=1, label="every head frozen")
+    ax.axvline(20, color="red", ls=":", lw=1, label="goal: 20%")
+    ax.set_xlabel("training-step time saved (%, measured)")
+    ax.set_ylabel("test accuracy vs no freezing (points)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "table":
+        print(table(json.loads(Path(argv[1]).read_text())))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--run", type=Path, required=True, help="a run folder of the recipe (its model and loss)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--figure", type=Path)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(argv)
+    from vitlab.environment import environment
+
+    data = frontier(args.results, args.run, args.rounds, args.steps)
+    data["environment"] = environment()
+    data["command"] = repo_relative(["python", "-m", "benchmarks.experiments.freezing_frontier", *argv])
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    if args.figure:
+        figure(data, args.figure)
+    print(table(data))
+
+
+if __name__ == "__main__":
+    main()
