@@ -171,6 +171,7 @@ TABLE1 = {
 TABLE1_DECAY = {
     "digits": "experiments/table1_digits_decay_epyc_2026-12-06",
     "celeba32": "experiments/table1_celeba32_decay_epyc_2026-12-06",
+    "mnist": "experiments/table1_mnist_decay_epyc_2026-12-06",
 }
 CONTROL_PARTS = "experiments/control_parts_digits_epyc_2026-12-02"
 COMPARE_CIFAR10_P4 = "experiments/compare_cifar10_p4_cpu_2026-11-30.json"
@@ -446,6 +447,15 @@ CLAIMS = [
         "bash benchmarks/experiments/table1.sh vitcae/celeba32 runs/table1-celeba32-decay "
         "data.path=../shared/datasets/celeba32_subset.npz dynamics.burn_in=2 trainer.precision=32-true "
         "trainer.attention_path=sdpa",
+        required=False,
+    ),
+    *_decay_claims(
+        "mnist",
+        "MNIST (30,000 training images), 15 epochs, 3 seeds, the decay rule for both arms, fp32, sdpa",
+        f"JOBS=1 ARMS='controlled nofreeze uncontrolled' RESULTS=benchmarks/results/{TABLE1_DECAY['mnist']} "
+        "bash benchmarks/experiments/table1.sh vitcae/mnist runs/table1-mnist-decay data.name=npz "
+        "data.path=../shared/datasets/mnist.npz data.limit_train=30000 trainer.max_epochs=15 dynamics.burn_in=2 "
+        "trainer.precision=32-true trainer.attention_path=sdpa",
         required=False,
     ),
 ]
