@@ -19,6 +19,7 @@ The saving is measured, not predicted, in two ways:
 
     python -m benchmarks.experiments.freezing_frontier RESULTS --run RUN_DIR --out FILE.json [--figure FILE.png]
     python -m benchmarks.experiments.freezing_frontier table FILE.json
+    python -m benchmarks.experiments.freezing_frontier RESULTS --run RUN_DIR --out FILE.json --ceiling
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def build_step(run: Path, threads: int = 1):
     from vitlab.dynamics.freezing import FrozenHeadGuard
     from vitlab.dynamics.probe import controlled_modules
     from vitlab.export import checkpoint_hparams, read_checkpoint
+    from vitlab.layers.attention_path import force_attention_path
     from vitlab.models import create_model
     from vitlab.rundir import LAST_CHECKPOINT, config_with_overrides, locate_checkpoint
     from vitlab.training.run import build_task
@@ -73,6 +75,8 @@ def build_step(run: Path, threads: int = 1):
     torch.manual_seed(0)
     hp = checkpoint_hparams(read_checkpoint(locate_checkpoint(run, prefer=(LAST_CHECKPOINT,))))
     cfg = config_with_overrides(hp["config"], None)
+    if cfg.trainer.attention_path != "auto":  # the kernel the run trained with
+        force_attention_path(cfg.trainer.attention_path)
     model = create_model(cfg.model["name"], **hp["model_kwargs"])
     task = build_task(cfg, model, hp)
     modules = [m for _, m in controlled_modules(model, cfg.dynamics.target if cfg.dynamics else None)]
@@ -124,6 +128,25 @@ def time_configs(built: tuple, configs: list[tuple[int, ...]], rounds: int, step
             timings[config].append(value)
             ratios[config].append(value / reference)
     return {c: (float(np.median(r)), r, float(np.median(timings[c]))) for c, r in ratios.items()}
+
+
+def ceiling(run: Path, rounds: int, steps: int) -> dict[str, Any]:
+    """Before any result: the step time with 1, 2, ... every head of every layer frozen, against none (the most any
+    rule can save on the run's model is the last)."""
+    built = build_step(run)
+    layers, heads = built[2], built[3]
+    timed = time_configs(built, [(n,) * layers for n in range(1, heads + 1)], rounds, steps)
+    return {
+        "experiment": "freezing-frontier-ceiling",
+        "model_from": repo_relative(str(run)),
+        "rounds": rounds,
+        "steps": steps,
+        "clock": "thread CPU time, one thread, interleaved with nothing frozen",
+        "configs": [
+            {"frozen_per_layer": list(c), "ratio_to_none": v[0], "ratios": v[1], "seconds": v[2]}
+            for c, v in sorted(timed.items())
+        ],
+    }
 
 
 def frontier(root: Path, run: Path, rounds: int, steps: int) -> dict[str, Any]:
@@ -253,11 +276,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--figure", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--ceiling", action="store_true", help="only time 1..H heads frozen per layer (no results)")
     args = parser.parse_args(argv)
     from vitlab.environment import environment
 
+    env = environment()
+    env["command"] = repo_relative(env.get("command"))
+    if args.ceiling:
+        data = ceiling(args.run, args.rounds, args.steps) | {"environment": env}
+        data["command"] = repo_relative(["python", "-m", "benchmarks.experiments.freezing_frontier", *argv])
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        print("\n".join(f"{c['frozen_per_layer']}: {c['ratio_to_none']:.3f}" for c in data["configs"]))
+        return
     data = frontier(args.results, args.run, args.rounds, args.steps)
-    data["environment"] = environment()
+    data["environment"] = env
     data["command"] = repo_relative(["python", "-m", "benchmarks.experiments.freezing_frontier", *argv])
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     if args.figure:
