@@ -16,7 +16,10 @@ from pathlib import Path
 
 from vitlab.cli.registry import Runner, command
 
-METHOD_NAMES = ("attention", "rollout", "grad_rollout", "lrp", "gradcam", "integrated_gradients")
+METHOD_NAMES = (
+    "attention", "rollout", "grad_rollout", "lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma", "gradcam", "saliency",
+    "input_x_gradient", "smoothgrad", "gradient_shap", "occlusion", "integrated_gradients",
+)  # fmt: skip
 
 
 @command("explain", "explanation maps (attention, rollout, LRP, Grad-CAM, integrated gradients) and their faithfulness")
