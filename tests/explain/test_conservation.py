@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitlab
-from explain_fixtures import ARCHITECTURES, tiny_model
+from benchmarks.experiments.explain_architectures import ARCHITECTURES, tiny_model
 from vitlab.explain import MethodRefused, hilrp
 
 LRP_METHODS = ("lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma")

@@ -28,6 +28,8 @@ ATTENTION_METHODS = ("attention", "rollout", "grad_rollout")
 #: gradient and perturbation methods through captum: they need nothing of the model but its logits
 CAPTUM_METHODS = ("saliency", "input_x_gradient", "smoothgrad", "gradient_shap", "occlusion", "integrated_gradients")
 METHODS = (*ATTENTION_METHODS, *LRP_METHODS, "gradcam", *CAPTUM_METHODS)
+#: one method of each kind: the report's overlays and the default of ``vitlab explain --evaluate``
+OVERVIEW_METHODS = ("attention", "rollout", "grad_rollout", "lrp", "gradcam", "integrated_gradients")
 
 
 class MethodRefused(VitlabError, ValueError):
@@ -66,8 +68,8 @@ class Explainer:
         if method in self.refused:
             raise MethodRefused(f"{method} does not apply to {self.kind}: {self.refused[method]}")
 
-    def applicable(self) -> tuple[str, ...]:
-        return tuple(m for m in METHODS if m not in self.refused)
+    def applicable(self, among: tuple[str, ...] = METHODS) -> tuple[str, ...]:
+        return tuple(m for m in among if m not in self.refused)
 
 
 def patch_tokens_grid(grid: tuple[int, int], prefix: int) -> GridReshape:

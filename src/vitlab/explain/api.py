@@ -179,7 +179,7 @@ def _captum(method: str):
             elif method == "input_x_gradient":
                 out = captum.InputXGradient(f).attribute(x, target=target)
             elif method == "smoothgrad":
-                noise = 0.15 * float(x.max() - x.min())
+                noise = 0.15 * float(x.detach().max() - x.detach().min())
                 tunnel = captum.NoiseTunnel(captum.Saliency(f))
                 out = tunnel.attribute(x, nt_type="smoothgrad", nt_samples=NOISE_SAMPLES, stdevs=noise, target=target)
             elif method == "gradient_shap":

@@ -1,14 +1,33 @@
-"""Tiny models of ten families and more for the explanation tests: vitlab's five and timm families whose operators
-differ (a distillation token, class attention, spatial-reduction, cross-covariance, grid and linear attention)."""
+"""Every explanation method on every architecture: tiny models of vitlab's five families and seven timm families
+whose operators differ (a distillation token, class attention with LayerScale, spatial-reduction, cross-covariance,
+locally-grouped and sub-sampled, convolutional with attention biases, and linear attention), briefly trained, in
+float64. Per architecture and method: applied or refused (with the reason), the conservation error of the LRP
+variants and the completeness error of integrated gradients, the input's own share of the logit, seconds per image.
+The tests build the same models (``tests/explain``).
+
+    python -m benchmarks.experiments.explain_architectures \
+        --out benchmarks/results/experiments/explain_architectures_<cpu>_<date>.json
+    python -m benchmarks.reports.explain_architectures_table benchmarks/results/experiments/explain_architectures_*.json
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from vitlab.atomic import atomic_write_text
+from vitlab.explain import METHODS, MethodRefused, explain
+from vitlab.jsonio import strict_dumps
 from vitlab.models import create_model
+from vitlab.rundir import environment
 
 
 def _timm(name: str, **kw) -> nn.Module:
@@ -81,3 +100,46 @@ def tiny_model(name: str, *, trained: bool = False) -> tuple[nn.Module, torch.Te
             optimizer.step()
             optimizer.zero_grad()
     return model.eval(), x
+
+
+def method_results(name: str) -> dict[str, Any]:
+    """Each method on the trained tiny ``name``: ``{"refused": reason}`` or per-image values."""
+    model, x = tiny_model(name, trained=True)
+    out: dict[str, Any] = {}
+    for method in METHODS:
+        start = time.perf_counter()
+        try:
+            e = explain(model, x, method=method)
+        except MethodRefused as err:
+            out[method] = {"refused": str(err)}
+            continue
+        out[method] = {
+            "seconds_per_image": (time.perf_counter() - start) / x.shape[0],
+            "conservation": None if e.conservation is None else e.conservation.tolist(),
+            "input_share": None if e.input_share is None else e.input_share.tolist(),
+            "finite": bool(torch.isfinite(e.maps).all()),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--architectures", nargs="+", default=list(ARCHITECTURES))
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    results = {name: method_results(name) for name in args.architectures}
+    record = {
+        "architectures": results,
+        "images": 3,
+        "dtype": "float64",
+        "trained": "three Adam steps (lr 1e-2) on random labels",
+        "environment": environment(),
+        "lscpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout,
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+    }
+    atomic_write_text(args.out, strict_dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
