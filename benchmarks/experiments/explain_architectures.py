@@ -122,6 +122,18 @@ def method_results(name: str) -> dict[str, Any]:
     return out
 
 
+def write_record(path: Path, record: dict[str, Any], load_before: tuple[float, ...]) -> None:
+    """``record`` with the environment (versions, git revision), lscpu and the load average, written as JSON: what
+    every explanation benchmark's results file holds."""
+    record = {
+        **record,
+        "environment": environment(),
+        "lscpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout,
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+    }
+    atomic_write_text(path, strict_dumps(record, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -129,16 +141,9 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     results = {name: method_results(name) for name in args.architectures}
-    record = {
-        "architectures": results,
-        "images": 3,
-        "dtype": "float64",
-        "trained": "three Adam steps (lr 1e-2) on random labels",
-        "environment": environment(),
-        "lscpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout,
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-    }
-    atomic_write_text(args.out, strict_dumps(record, indent=1) + "\n")
+    trained = "three Adam steps (lr 1e-2) on random labels"
+    record = {"architectures": results, "images": 3, "dtype": "float64", "trained": trained}
+    write_record(args.out, record, load_before)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,8 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
-from benchmarks.experiments.explain_architectures import tiny_model
-from vitlab.atomic import atomic_write_text
+from benchmarks.experiments.explain_architectures import tiny_model, write_record
 from vitlab.explain import explain
-from vitlab.jsonio import strict_dumps
-from vitlab.rundir import environment
 
 STEPS = (32, 128, 512)
 
@@ -59,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    load_before = os.getloadavg()
     model, x = tiny_model("cet_vit", trained=True)
     with torch.no_grad():
         logits = model(x)
@@ -71,9 +69,8 @@ def main() -> None:
         record[f"ig_completeness_{steps}"] = ((attribution.flatten(1).sum(1) - gap).abs() / score.abs()).tolist()
     record["selection_changes_512"] = [selection_changes(model, x[i : i + 1]) for i in range(x.shape[0])]
     record["lrp_conservation"] = explain(model, x, method="lrp").conservation.tolist()
-    record.update(environment=environment(), load_average=list(os.getloadavg()))
-    atomic_write_text(args.out, strict_dumps(record, indent=1) + "\n")
-    print({k: v for k, v in record.items() if k not in ("environment",)})
+    write_record(args.out, record, load_before)
+    print(record)
 
 
 if __name__ == "__main__":

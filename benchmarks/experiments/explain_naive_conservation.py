@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 from pathlib import Path
 
 import torch
 
-from vitlab.atomic import atomic_write_text
+from benchmarks.experiments.explain_architectures import write_record
 from vitlab.explain.api import explain
 from vitlab.explain.run import _test_images
-from vitlab.jsonio import strict_dumps
-from vitlab.rundir import environment
 
 
 def ratios(run: str, images: int) -> dict:
@@ -49,16 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     results = [ratios(run, args.images) for run in args.runs]
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    record = {
-        "runs": results,
-        "images": args.images,
-        "dtype": "float64",
-        "environment": environment(),
-        "lscpu": lscpu,
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-    }
-    atomic_write_text(args.out, strict_dumps(record, indent=1) + "\n")
+    write_record(args.out, {"runs": results, "images": args.images, "dtype": "float64"}, load_before)
     for r in results:
         error = torch.tensor(r["conservation"], dtype=torch.float64)
         naive = torch.tensor(r["no_rules"], dtype=torch.float64)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitlab.atomic import atomic_write_text
+from benchmarks.experiments.explain_architectures import write_record
 from vitlab.explain import explain, explainer_for
 from vitlab.explain.run import _test_images
-from vitlab.jsonio import strict_dumps
-from vitlab.rundir import environment
 
 METHODS = ("lrp", "cp_lrp", "lrp_epsilon", "saliency", "input_x_gradient", "smoothgrad", "integrated_gradients")
 
@@ -141,14 +138,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     results = [run_results(run, args.images) for run in args.runs]
-    record = {
-        "runs": results,
-        "images": args.images,
-        "environment": environment(),
-        "lscpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout,
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-    }
-    atomic_write_text(args.out, strict_dumps(record, indent=1) + "\n")
+    write_record(args.out, {"runs": results, "images": args.images}, load_before)
     for r in results:
         print(r["run"], "masking spread", np.round(np.median(r["masking_spread"]), 3))
         for method, v in r["methods"].items():
