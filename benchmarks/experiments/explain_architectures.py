@@ -1,7 +1,7 @@
-"""Every explanation method on every architecture: tiny models of vitlab's five families and seven timm families
+"""Every explanation method on every architecture: tiny models of vitlab's five families and eight timm families
 whose operators differ (a distillation token, class attention with LayerScale, spatial-reduction, cross-covariance,
-locally-grouped and sub-sampled, convolutional with attention biases, and linear attention), briefly trained, in
-float64. Per architecture and method: applied or refused (with the reason), the conservation error of the LRP
+locally-grouped and sub-sampled, multi-axis (block and grid), convolutional with attention biases, and linear
+attention), briefly trained, in float64. Per architecture and method: applied or refused (with the reason), the conservation error of the LRP
 variants and the completeness error of integrated gradients, the input's own share of the logit, seconds per image.
 The tests build the same models (``tests/explain``).
 
@@ -34,6 +34,20 @@ def _timm(name: str, **kw) -> nn.Module:
     import timm
 
     return timm.create_model(name, pretrained=False, num_classes=5, **kw)
+
+
+def _maxvit() -> nn.Module:
+    """MaxViT (block and grid attention, MBConv) from timm's pico configuration, shrunk to two one-block stages."""
+    import dataclasses
+
+    from timm.models.maxxvit import MaxxVit, model_cfgs
+
+    cfg = model_cfgs["maxvit_pico_rw"]
+    attention = dataclasses.replace(cfg.transformer_cfg, dim_head=8)
+    cfg = dataclasses.replace(
+        cfg, embed_dim=(16, 32), depths=(1, 1), block_type=("M", "M"), stem_width=(8, 16), transformer_cfg=attention
+    )
+    return MaxxVit(cfg, img_size=32, num_classes=5)
 
 
 #: name -> (builder, image side)
@@ -74,6 +88,7 @@ ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], int]] = {
         ),
         32,
     ),
+    "maxvit": (_maxvit, 32),
     "levit": (lambda: _timm("levit_128s", img_size=32), 32),
     "efficientvit": (
         lambda: _timm("efficientvit_b0", widths=(8, 16, 16, 32), depths=(1, 1, 1, 1), head_dim=8, head_widths=(32, 32)),
