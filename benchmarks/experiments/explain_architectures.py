@@ -1,9 +1,9 @@
-"""Every explanation method on every architecture: tiny models of vitlab's five families and eight timm families
-whose operators differ (a distillation token, class attention with LayerScale, spatial-reduction, cross-covariance,
+"""Every explanation method on every architecture: tiny models of vitlab's five families and eight timm families whose
+operators differ (a distillation token, class attention with LayerScale, spatial-reduction, cross-covariance,
 locally-grouped and sub-sampled, multi-axis (block and grid), convolutional with attention biases, and linear
-attention), briefly trained, in float64. Per architecture and method: applied or refused (with the reason), the conservation error of the LRP
-variants and the completeness error of integrated gradients, the input's own share of the logit, seconds per image.
-The tests build the same models (``tests/explain``).
+attention), briefly trained, in float64. Per architecture and method: applied or refused (with the reason), the
+conservation error of the LRP variants and the completeness error of integrated gradients, the input's own share of
+the logit, seconds per image. The tests build the same models (``tests/explain``).
 
     python -m benchmarks.experiments.explain_architectures \
         --out benchmarks/results/experiments/explain_architectures_<cpu>_<date>.json
