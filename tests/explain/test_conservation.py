@@ -50,7 +50,8 @@ class _LogModel(torch.nn.Module):
 
 
 def test_an_operation_without_a_rule_is_refused_by_name() -> None:
-    with pytest.raises(MethodRefused, match=r"^lrp has no relevance rule for log on a tensor that carries relevance"):
+    message = r"^lrp does not apply to _LogModel: no relevance rule for log on a tensor that carries relevance; "
+    with pytest.raises(MethodRefused, match=message):
         vitlab.explain(_LogModel(), torch.randn(1, 3, 4, 4), method="lrp")
 
 
@@ -59,3 +60,41 @@ def test_the_input_share_is_reported_beside_conservation() -> None:
     e = vitlab.explain(model, x, method="lrp")
     total = e.maps.flatten(1).sum(1)
     torch.testing.assert_close(e.input_share, total / e.score)
+
+
+class _Handmade(torch.nn.Module):
+    """A network no adapter knows, written with plain tensor operations of every rule type: a class token by ``cat``,
+    a manual RMSNorm, einsum attention with a manual softmax under a mask, a sigmoid gate, in-place writes into a
+    constant buffer, ``where`` with a number, ``F.pad`` with ones, ``F.normalize`` and a ``+=``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.token = torch.nn.Parameter(torch.randn(1, 1, 8))
+        self.qkv = torch.nn.Linear(8, 24)
+        self.gate = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(9, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x).flatten(2).transpose(1, 2)
+        h = torch.cat([self.token.expand(h.shape[0], -1, -1), h], 1)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        q, k, v = self.qkv(h).chunk(3, -1)
+        logits = torch.einsum("bnc,bmc->bnm", q, k).masked_fill(torch.eye(h.shape[1], dtype=torch.bool), -1e4)
+        weights = (logits - logits.amax(-1, keepdim=True)).exp()
+        h2 = torch.einsum("bnm,bmc->bnc", weights / weights.sum(-1, keepdim=True), v)
+        h2 = h2 * torch.sigmoid(self.gate(h))
+        buffer = torch.full_like(h2, 0.5)
+        buffer[:, 1:] = h2[:, 1:]
+        buffer += h
+        pooled = torch.nn.functional.normalize(torch.where(buffer > 0, buffer, 0.1), dim=-1)
+        return self.head(torch.nn.functional.pad(pooled[:, 0], (0, 1), value=1.0))
+
+
+def test_a_network_no_adapter_knows_conserves() -> None:
+    torch.manual_seed(0)
+    model = _Handmade().double().eval()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    for method in LRP_METHODS:
+        e = vitlab.explain(model, x, method=method)
+        assert e.conservation.max() <= 1e-12, (method, e.conservation)

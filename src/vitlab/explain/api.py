@@ -28,7 +28,7 @@ from torch import nn
 
 from vitlab.errors import ConfigError
 from vitlab.explain.adapters import Explainer, explainer_for
-from vitlab.explain.hilrp import Variant, relevance
+from vitlab.explain.hilrp import UnsupportedOperation, Variant, relevance
 from vitlab.explain.methods import attention_rollout, gradient_rollout, last_attention
 from vitlab.explain.recording import recorded_attention
 
@@ -136,9 +136,12 @@ def _attention_method(method: str):
     return run
 
 
-def _lrp(variant: Variant):
+def _lrp(name: str, variant: Variant):
     def run(model: nn.Module, ex: Explainer, x: torch.Tensor, target: torch.Tensor):
-        r, absorbed, score = relevance(model, ex.logits, x, target, variant)
+        try:
+            r, absorbed, score = relevance(model, ex.logits, x, target, variant)
+        except UnsupportedOperation as e:
+            raise UnsupportedOperation(f"{name} does not apply to {ex.kind}: {e}") from None
         total = r.flatten(1).sum(1)
         error = (total + absorbed - score).abs() / score.abs().clamp_min(1e-30)
         return r.sum(1), error.cpu(), (total / score).cpu()
@@ -211,7 +214,7 @@ _METHODS = {
     "attention": _attention_method("attention"),
     "rollout": _attention_method("rollout"),
     "grad_rollout": _attention_method("grad_rollout"),
-    **{name: _lrp(variant) for name, variant in LRP_VARIANTS.items()},
+    **{name: _lrp(name, variant) for name, variant in LRP_VARIANTS.items()},
     "gradcam": _gradcam,
     **{name: _captum(name) for name in ("saliency", "input_x_gradient", "smoothgrad", "gradient_shap", "occlusion")},
     "integrated_gradients": _integrated_gradients,

@@ -132,7 +132,7 @@ PASS = _names(
     "type_as movedim moveaxis diagonal unfold fold pixel_shuffle pixel_unshuffle dropout dropout1d dropout2d "
     "dropout3d alpha_dropout feature_alpha_dropout max_pool1d max_pool2d max_pool3d adaptive_max_pool1d "
     "adaptive_max_pool2d max amax min amin topk sort tril triu sum mean nansum cumsum avg_pool1d avg_pool2d "
-    "avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d interpolate neg positive setitem "
+    "avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d interpolate neg positive "
     "masked_select"
 )
 #: the output is a gain or a statistic: computed, then held constant (normalisers, masks, signs)
@@ -179,23 +179,26 @@ class RelevanceMode(TorchFunctionMode):
         if not torch.is_grad_enabled() or not _any_live((args, kwargs)):
             return func(*args, **kwargs)
         name, in_place, reverse = op_name(func)
-        if reverse:
-            args = (args[1], args[0], *args[2:])
+        if name in ("max", "min") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            name = f"{name}imum of two tensors"  # element-wise: a constant that wins would not be absorbed
         rule = _RULES.get(name)
         if rule is None:
             if name in PASS:
                 return func(*args, **kwargs)
             if name in CONSTANT:
-                return func(*tree_map(lambda t: t.detach() if _live(t) else t, (args, kwargs))[0], **kwargs)
+                args, kwargs = tree_map(lambda t: t.detach() if _live(t) else t, (args, kwargs))
+                return func(*args, **kwargs)
             if name in ELEMENTWISE:
                 return self._identity(func, args, kwargs, in_place)
             out = func(*args, **kwargs)
             if _any_live(out):
                 raise UnsupportedOperation(
-                    f"lrp has no relevance rule for {name} on a tensor that carries relevance; express the model in "
+                    f"no relevance rule for {name} on a tensor that carries relevance; express the model in "
                     "linear, bilinear, normalisation and re-indexing operations, or pick a gradient method"
                 )
             return out
+        if reverse:
+            args = (args[1], args[0], *args[2:])
         out = rule(self, name, args, kwargs)
         if in_place and isinstance(args[0], torch.Tensor):
             return args[0].copy_(out)
@@ -211,6 +214,7 @@ class RelevanceMode(TorchFunctionMode):
         return t
 
     def _identity(self, func, args, kwargs, in_place: bool):
+        """An element-wise ``f`` by the identity rule: ``x * stopgrad((f(x) - f(0)) / x) + f(0)``, ``f(0)`` a leaf."""
         x = args[0]
         kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
         y = func(x.clone(), *args[1:], **kwargs)
@@ -236,15 +240,15 @@ class RelevanceMode(TorchFunctionMode):
     def affine(self, op, x: torch.Tensor, weight: torch.Tensor, bias: Any, **kw) -> torch.Tensor:
         """A linear map or convolution ``op(x, weight) + bias`` with the variant's rule; the bias, and what the
         epsilon and gamma rules leave over, are absorbed."""
+        shaped = None if bias is None or op is F.linear else bias.reshape(-1, *(1,) * (x.ndim - 2))
         if _live(weight):
-            return self.bilinear(lambda a, w: op(a, w, None, **kw), x, weight) + self.constant(bias, x)
+            lin = self.bilinear(lambda a, w: op(a, w, None, **kw), x, weight)
+            return lin if bias is None else lin + self.constant(bias if shaped is None else shaped, x)
         lin = op(x, weight, None, **kw)
         z = lin if bias is None else op(x, weight, bias, **kw)
         v = self.variant
         if v.linear == "zero":
-            if bias is None:
-                return lin
-            return lin + self.constant(bias.reshape(-1, *(1,) * (lin.ndim - 2)) if op is not F.linear else bias, x)
+            return lin if bias is None else lin + self.constant(bias if shaped is None else shaped, x)
         if v.linear == "epsilon":
             stab = z + v.epsilon * torch.where(z >= 0, 1.0, -1.0)
             part = lin * (z / stab).detach()
@@ -274,7 +278,7 @@ def _einsum(mode: RelevanceMode, name: str, args, kwargs):
     ops = list(ops[0]) if len(ops) == 1 and isinstance(ops[0], list | tuple) else ops
     live = [i for i, t in enumerate(ops) if _live(t)]
     if len(live) > 2:
-        raise UnsupportedOperation(f"lrp has no rule for an einsum of {len(live)} relevance-carrying operands")
+        raise UnsupportedOperation(f"no relevance rule for an einsum of {len(live)} relevance-carrying operands")
     if len(live) < 2:
         return torch.einsum(eq, *ops)
     i, j = live
@@ -294,7 +298,18 @@ def _additive(mode: RelevanceMode, name: str, args, kwargs):
     if name == "masked_fill":
         x, mask, value = args
         return torch.where(mask, mode.constant(value, like), x)
+    if name == "where":  # python numbers beside the tensors
+        args = (args[0], *(mode.constant(a, like) for a in args[1:3]))
     return getattr(torch, name)(*args, **kwargs)
+
+
+def _setitem(mode: RelevanceMode, name: str, args, kwargs):
+    """``x[index] = value`` in place: a constant ``x`` (a buffer the model fills) becomes a leaf first, a constant
+    ``value`` a leaf too, so that what stays of either is absorbed."""
+    x, index, value = args
+    if not _live(x) and x.is_floating_point():
+        x.copy_(mode.constant(x.clone(), x))
+    return torch.Tensor.__setitem__(x, index, mode.constant(value, x))
 
 
 def _mm(mode, name, args, kwargs):
@@ -361,7 +376,7 @@ def _batch_norm(mode: RelevanceMode, name: str, args, kwargs):
     names = ("running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
     p = dict(zip(names, args[1:], strict=False)) | kwargs
     if p.get("training"):
-        raise UnsupportedOperation("lrp needs BatchNorm in eval mode (running statistics); call model.eval()")
+        raise UnsupportedOperation("BatchNorm needs eval mode (running statistics) for its rule; call model.eval()")
     x, shape = args[0], (1, -1) + (1,) * (args[0].ndim - 2)
     scale = (p["running_var"] + p.get("eps", 1e-5)).rsqrt()
     weight = scale if p.get("weight") is None else scale * p["weight"]
@@ -391,7 +406,7 @@ def _sdpa(mode: RelevanceMode, name: str, args, kwargs):
     q, k, v = args[:3]
     p = dict(zip(names, args[3:], strict=False)) | kwargs
     if p.get("enable_gqa"):
-        raise UnsupportedOperation("lrp has no rule for grouped-query attention; repeat the keys and values")
+        raise UnsupportedOperation("no relevance rule for grouped-query attention; repeat the keys and values")
     scale = p.get("scale") or q.shape[-1] ** -0.5
     logits = mode.bilinear(torch.matmul, q * scale, k.transpose(-2, -1))
     mask = p.get("attn_mask")
@@ -411,6 +426,7 @@ _RULES = {
     **dict.fromkeys(("scatter_reduce", "index_add", "index_copy", "index_put"), _additive),
     **dict.fromkeys(("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d"), _linear),
     "einsum": _einsum,
+    "setitem": _setitem,
     "softmax": _softmax,
     "layer_norm": _layer_norm,
     "rms_norm": _rms_norm,
