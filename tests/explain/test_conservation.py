@@ -98,3 +98,13 @@ def test_a_network_no_adapter_knows_conserves() -> None:
     for method in LRP_METHODS:
         e = vitlab.explain(model, x, method=method)
         assert e.conservation.max() <= 1e-12, (method, e.conservation)
+
+
+def test_the_check_fails_when_an_in_place_write_passes_without_its_rule(monkeypatch) -> None:
+    torch.manual_seed(0)
+    model = _Handmade().double().eval()
+    rules = dict(hilrp._RULES)
+    del rules["setitem"]
+    monkeypatch.setattr(hilrp, "_RULES", rules)
+    monkeypatch.setattr(hilrp, "PASS", hilrp.PASS | {"setitem"})
+    assert vitlab.explain(model, torch.randn(2, 3, 8, 8, dtype=torch.float64), method="lrp").conservation.min() > 1e-6
