@@ -2,9 +2,10 @@
 Gradient x Input: the naive extension of LRP that HiLRP says gives lost or inflated relevance on windowed and
 token-reducing models), on trained runs, in float64.
 
-Per run: on the first ``--images`` test images (those ``vitlab explain --evaluate`` uses), the ratio
-``(sum of input relevance + absorbed by the additive parameters) / logit`` of the predicted class, per image, with the
-rules (1 to machine precision when they conserve) and without. Writes JSON with the per-image values, the command,
+Per run: on the first ``--images`` test images (those ``vitlab explain --evaluate`` uses), per image, the ratio
+conservation error ``|sum of input relevance + absorbed by the rules - logit| / |logit|`` of the predicted class with
+HiLRP's rules, the input's own share ``sum(input relevance) / logit``, and the share of plain
+Gradient x Input (no rules). Writes JSON with the per-image values, the command,
 git revision, lscpu and the load average.
 
     python -m benchmarks.experiments.explain_naive_conservation /tmp/wt30-runs/cifar10_p4_vit ... \\
@@ -15,31 +16,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 from pathlib import Path
 
 import torch
 
-from vitlab.atomic import atomic_write_text
-from vitlab.explain.adapters import explainer_for
-from vitlab.explain.api import lrp_relevance
+from benchmarks.experiments.explain_architectures import write_record
+from vitlab.explain.api import explain
 from vitlab.explain.run import _test_images
-from vitlab.jsonio import strict_dumps
-from vitlab.rundir import environment
 
 
 def ratios(run: str, images: int) -> dict:
     loaded, x, _ = _test_images(run, images)
     model = loaded.model.eval().double()
     x = x.double()
-    ex = explainer_for(model)
-    with torch.no_grad():
-        target = ex.logits(model, x).argmax(-1)
-    out = {"model": getattr(model, "preset", type(model).__name__), "kind": ex.kind, "run": run}
-    for name, linearise in (("rules", True), ("no_rules", False)):
-        relevance, absorbed, score = lrp_relevance(model, ex, x, target, linearise=linearise)
-        out[name] = ((relevance.flatten(1).sum(1) + absorbed) / score).tolist()
-        out[f"{name}_input_share"] = (relevance.flatten(1).sum(1) / score).tolist()
+    rules = explain(model, x, method="lrp")
+    naive = explain(model, x, method="input_x_gradient", target=rules.target)
+    out = {"model": getattr(model, "preset", type(model).__name__), "kind": rules.kind, "run": run}
+    out["conservation"] = rules.conservation.tolist()
+    out["rules_input_share"] = rules.input_share.tolist()
+    out["no_rules"] = out["no_rules_input_share"] = (naive.maps.flatten(1).sum(1) / naive.score).tolist()
     return out
 
 
@@ -51,21 +46,12 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     results = [ratios(run, args.images) for run in args.runs]
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    record = {
-        "runs": results,
-        "images": args.images,
-        "dtype": "float64",
-        "environment": environment(),
-        "lscpu": lscpu,
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-    }
-    atomic_write_text(args.out, strict_dumps(record, indent=1) + "\n")
+    write_record(args.out, {"runs": results, "images": args.images, "dtype": "float64"}, load_before)
     for r in results:
-        rules = torch.tensor(r["rules"], dtype=torch.float64)
+        error = torch.tensor(r["conservation"], dtype=torch.float64)
         naive = torch.tensor(r["no_rules"], dtype=torch.float64)
         print(
-            f"{r['kind']:8s} {r['model']:28s} rules: max |ratio - 1| = {(rules - 1).abs().max():.1e}   "
+            f"{r['kind']:8s} {r['model']:28s} rules: max conservation error {error.max():.1e}   "
             f"no rules: ratio median {naive.median():.3f}, range [{naive.min():.3f}, {naive.max():.3f}]"
         )
 

@@ -147,3 +147,28 @@ def test_a_second_explain_into_the_same_folder_at_once_is_refused(trained_run, t
     assert [p.name for p in out.iterdir()] == [EXPLAIN_LOCK], "nothing written beside a live lock"
     lock.unlink()
     assert main(args) == 0 and (out / "maps.npz").is_file() and not lock.exists()
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_explain_takes_a_timm_model_by_name_with_a_local_weights_file(tmp_path, capsys, suffix: str) -> None:
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    model = timm.create_model("deit_tiny_patch16_224", pretrained=False, num_classes=3, img_size=32)
+    weights = tmp_path / f"deit{suffix}"
+    if suffix == ".safetensors":
+        save_file(model.state_dict(), weights)
+    else:
+        torch.save({"state_dict": model.state_dict()}, weights)
+    write_png(tmp_path / "a.png", shape=(20, 24))
+    out = tmp_path / "o"
+    args = ["explain", "--model", "timm:deit_tiny_patch16_224", str(tmp_path / "a.png"), "--method", "lrp"]
+    assert main([*args, "--weights", str(weights), "--img-size", "32", "--out", str(out)]) == 0
+    saved = np.load(out / "maps.npz")
+    assert saved["maps"].shape == (1, 32, 32)
+    assert saved["conservation"].max() <= 1e-3
+    assert main([*args, "--img-size", "32", "--out", str(tmp_path / "x")]) == 2
+    assert "needs --weights FILE" in capsys.readouterr().err
+    assert main([*args, "--weights", str(weights), "--out", str(tmp_path / "x")]) == 2
+    assert "do not fit timm:deit_tiny_patch16_224" in capsys.readouterr().err

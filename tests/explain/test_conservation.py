@@ -1,4 +1,4 @@
-"""The conservative LRP rules: input relevance plus the absorbed share equals the logit, on every family."""
+"""HiLRP's conservation on every architecture: input relevance plus what the rules absorb equals the logit."""
 
 from __future__ import annotations
 
@@ -6,68 +6,105 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.models import create_model
+from benchmarks.experiments.explain_architectures import ARCHITECTURES, tiny_model
+from vitlab.explain import MethodRefused, hilrp
 
-#: small models of each family at 16 x 16 (patch 4: a 4 x 4 grid; Swin patch 2 with window 2, two stages)
-FAMILIES = {
-    "vit": dict(name="vit_pico", img_size=16, patch_size=4, depth=2),
-    "tome": dict(name="tome_pico", img_size=16, patch_size=4, depth=2, tome_r=3),
-    "swin": dict(name="swin_pico", img_size=16, patch_size=2, window_size=2, depths=(1, 1), num_heads=(1, 2)),
-    "cet_vit": dict(name="cet_vit_pico", img_size=16, patch_size=2),
-    "vitcae": dict(name="vitcae_pico", img_size=16, patch_size=4, depth=2, in_chans=3),
-}
+LRP_METHODS = ("lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma")
+#: timm's EfficientViT runs its linear attention in float32 whatever the model's dtype (``LiteMla`` casts q, k, v)
+TOLERANCE = {"efficientvit": 1e-6}
 
 
-def _model(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    kw = dict(FAMILIES[kind])
-    return create_model(kw.pop("name"), num_classes=5, **kw)
-
-
-def _train_a_few_steps(model: torch.nn.Module, x: torch.Tensor) -> None:
-    """Three Adam steps on random labels, so that the rules are checked away from the initial weights too."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    labels = torch.arange(x.shape[0]) % 5
-    model.train()
-    for _ in range(3):
-        out = model(x)
-        logits = out if isinstance(out, torch.Tensor) else out.logits
-        torch.nn.functional.cross_entropy(logits, labels).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
-@pytest.mark.parametrize("kind", list(FAMILIES))
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
 @pytest.mark.parametrize("trained", [False, True], ids=["init", "trained"])
-def test_lrp_conserves_the_logit_in_float64(kind: str, trained: bool) -> None:
-    model = _model(kind)
-    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    if trained:
-        _train_a_few_steps(model, x)
-    model = model.double()
-    explanation = vitlab.explain(model, x.double(), method="lrp")
-    assert explanation.kind == kind
-    assert explanation.maps.shape == (3, 16, 16)
-    assert explanation.conservation.max() <= 1e-6, explanation.conservation
-    assert explanation.maps.abs().sum() > 0
+def test_lrp_conserves_the_logit_in_float64(name: str, trained: bool) -> None:
+    model, x = tiny_model(name, trained=trained)
+    e = vitlab.explain(model, x, method="lrp")
+    assert e.maps.shape == x.shape[:1] + x.shape[2:]
+    assert e.conservation.max() <= TOLERANCE.get(name, 1e-10), e.conservation
+    assert e.maps.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kind", ["vit", "swin", "cet_vit"])
-def test_lrp_conserves_to_float32_precision(kind: str) -> None:
-    model = _model(kind)
-    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))
-    assert vitlab.explain(model, x, method="lrp").conservation.max() <= 1e-3
+@pytest.mark.parametrize("name", ["vit", "swin", "cet_vit", "pvt_v2", "xcit", "efficientvit"])
+@pytest.mark.parametrize("method", LRP_METHODS[1:])
+def test_every_lrp_variant_conserves(name: str, method: str) -> None:
+    model, x = tiny_model(name, trained=True)
+    assert vitlab.explain(model, x, method=method).conservation.max() <= TOLERANCE.get(name, 1e-10)
 
 
-def test_lrp_without_the_detached_gains_does_not_conserve() -> None:
-    """The check can fail: plain Gradient x Input (no rules) leaves a large part of the logit unaccounted for."""
-    from vitlab.explain.adapters import explainer_for
-    from vitlab.explain.api import lrp_relevance
+def test_lrp_conserves_to_float32_precision() -> None:
+    model, x = tiny_model("swin", trained=True)
+    assert vitlab.explain(model.float(), x.float(), method="lrp").conservation.max() <= 1e-3
 
-    model = _model("vit").double().eval()
-    x = torch.randn(2, 3, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    target = torch.tensor([0, 1])
-    for linearise, conserved in ((False, False), (True, True)):
-        relevance, absorbed, score = lrp_relevance(model, explainer_for(model), x, target, linearise=linearise)
-        error = (relevance.flatten(1).sum(1) + absorbed - score).abs() / score.abs()
-        assert bool((error <= 1e-6).all()) is conserved, error
+
+def test_the_check_fails_when_a_nonlinearity_passes_its_gradient(monkeypatch) -> None:
+    """The ledger is a real check: with GELU's plain gradient instead of its rule, the shares no longer add up."""
+    model, x = tiny_model("vit", trained=True)
+    monkeypatch.setattr(hilrp, "ELEMENTWISE", hilrp.ELEMENTWISE - {"gelu"})
+    monkeypatch.setattr(hilrp, "PASS", hilrp.PASS | {"gelu"})
+    assert vitlab.explain(model, x, method="lrp").conservation.min() > 1e-6
+
+
+class _LogModel(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x.abs() + 1).flatten(1)[:, :4]
+
+
+def test_an_operation_without_a_rule_is_refused_by_name() -> None:
+    message = r"^lrp does not apply to _LogModel: no relevance rule for log on a tensor that carries relevance; "
+    with pytest.raises(MethodRefused, match=message):
+        vitlab.explain(_LogModel(), torch.randn(1, 3, 4, 4), method="lrp")
+
+
+def test_the_input_share_is_reported_beside_conservation() -> None:
+    model, x = tiny_model("cet_vit", trained=True)
+    e = vitlab.explain(model, x, method="lrp")
+    total = e.maps.flatten(1).sum(1)
+    torch.testing.assert_close(e.input_share, total / e.score)
+
+
+class _Handmade(torch.nn.Module):
+    """A network no adapter knows, written with plain tensor operations of every rule type: a class token by ``cat``,
+    a manual RMSNorm, einsum attention with a manual softmax under a mask, a sigmoid gate, in-place writes into a
+    constant buffer, ``where`` with a number, ``F.pad`` with ones, ``F.normalize`` and a ``+=``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.token = torch.nn.Parameter(torch.randn(1, 1, 8))
+        self.qkv = torch.nn.Linear(8, 24)
+        self.gate = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(9, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x).flatten(2).transpose(1, 2)
+        h = torch.cat([self.token.expand(h.shape[0], -1, -1), h], 1)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        q, k, v = self.qkv(h).chunk(3, -1)
+        logits = torch.einsum("bnc,bmc->bnm", q, k).masked_fill(torch.eye(h.shape[1], dtype=torch.bool), -1e4)
+        weights = (logits - logits.amax(-1, keepdim=True)).exp()
+        h2 = torch.einsum("bnm,bmc->bnc", weights / weights.sum(-1, keepdim=True), v)
+        h2 = h2 * torch.sigmoid(self.gate(h))
+        buffer = torch.full_like(h2, 0.5)
+        buffer[:, 1:] = h2[:, 1:]
+        buffer += h
+        pooled = torch.nn.functional.normalize(torch.where(buffer > 0, buffer, 0.1), dim=-1)
+        return self.head(torch.nn.functional.pad(pooled[:, 0], (0, 1), value=1.0))
+
+
+def test_a_network_no_adapter_knows_conserves() -> None:
+    torch.manual_seed(0)
+    model = _Handmade().double().eval()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    for method in LRP_METHODS:
+        e = vitlab.explain(model, x, method=method)
+        assert e.conservation.max() <= 1e-12, (method, e.conservation)
+
+
+def test_the_check_fails_when_an_in_place_write_passes_without_its_rule(monkeypatch) -> None:
+    torch.manual_seed(0)
+    model = _Handmade().double().eval()
+    rules = dict(hilrp._RULES)
+    del rules["setitem"]
+    monkeypatch.setattr(hilrp, "_RULES", rules)
+    monkeypatch.setattr(hilrp, "PASS", hilrp.PASS | {"setitem"})
+    assert vitlab.explain(model, torch.randn(2, 3, 8, 8, dtype=torch.float64), method="lrp").conservation.min() > 1e-6

@@ -6,6 +6,7 @@ Examples::
     vitlab explain runs/vit-cifar10 cat.png dog.png --method lrp --out explained/    # overlays + maps.npz
     vitlab explain runs/vit-cifar10/export images/ --method rollout --target 3 --out explained/
     vitlab explain runs/vit-cifar10 --evaluate                                       # -> runs/vit-cifar10/explain/
+    vitlab explain --model timm:deit_small_patch16_224 --weights deit.safetensors cat.png --method lrp --out o/
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ from pathlib import Path
 
 from vitlab.cli.registry import Runner, command
 
-METHOD_NAMES = ("attention", "rollout", "grad_rollout", "lrp", "gradcam", "integrated_gradients")
+METHOD_NAMES = (
+    "attention", "rollout", "grad_rollout", "lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma", "gradcam", "saliency",
+    "input_x_gradient", "smoothgrad", "gradient_shap", "occlusion", "integrated_gradients",
+)  # fmt: skip
 
 
 @command("explain", "explanation maps (attention, rollout, LRP, Grad-CAM, integrated gradients) and their faithfulness")
 def _explain(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("target", metavar="RUN_OR_EXPORT", help="run directory, its export/ folder, or a .ckpt file")
+    p.add_argument(
+        "target", nargs="?", metavar="RUN_OR_EXPORT", help="run directory, its export/ folder, or a .ckpt file"
+    )
     p.add_argument("images", nargs="*", metavar="IMAGES", help="image files or folders of images")
     p.add_argument("--method", choices=METHOD_NAMES, help="the explanation method (for IMAGES)")
     p.add_argument("--target", dest="target_class", type=int, help="class to explain (default: the predicted one)")
@@ -29,13 +35,19 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--evaluate", action="store_true", help="deletion/insertion AUC, sanity check, conservation, time")
     p.add_argument("--num-images", type=int, default=32, help="test images for --evaluate (default 32)")
     p.add_argument(
-        "--methods", nargs="+", choices=METHOD_NAMES, help="methods for --evaluate (default: all that apply)"
+        "--methods",
+        nargs="+",
+        choices=METHOD_NAMES,
+        help="methods for --evaluate (default: the overview six that apply)",
     )
     p.add_argument(
         "--class-names",
         help="comma-separated class names for the captions, where the run stored none (e.g. an npz without names)",
     )
     p.add_argument("--force", action="store_true", help="replace existing output files")
+    p.add_argument("--model", help="timm:NAME, a timm model built offline (instead of RUN_OR_EXPORT; needs --weights)")
+    p.add_argument("--weights", help="the --model's weights: a local .safetensors or .pth file")
+    p.add_argument("--img-size", type=int, help="the --model's input size (default: its pretrained config's)")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.errors import ConfigError
@@ -45,6 +57,17 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
         names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
         if names is not None and not all(names):
             raise ConfigError(f"--class-names has an empty name: {args.class_names!r}; separate names by commas")
+        if args.model:
+            if not args.model.startswith("timm:"):
+                raise ConfigError(f"--model takes timm:NAME, got {args.model!r}; pass a run directory as RUN_OR_EXPORT")
+            if args.evaluate:
+                raise ConfigError("--evaluate reads a run's test set; pass a run directory instead of --model")
+            args.images = [args.target, *args.images] if args.target else args.images
+            args.target = args.model
+        elif args.weights or args.img_size:
+            raise ConfigError("--weights and --img-size belong to --model timm:NAME; a run directory has its own")
+        if not args.target:
+            raise ConfigError("name a run directory (RUN_OR_EXPORT) or a timm model (--model timm:NAME --weights FILE)")
         if args.evaluate:
             if args.images or args.method:
                 raise ConfigError("--evaluate reads the run's test set; drop IMAGES and --method (use --methods)")
@@ -86,6 +109,8 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
             force=args.force,
             class_names=names,
             on_error=bad,
+            weights=args.weights,
+            img_size=args.img_size,
         )
         print(f"written: {len(written) - 1} overlays and {written[-1]}")
         if skipped:

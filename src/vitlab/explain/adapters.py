@@ -1,6 +1,8 @@
-"""How the explanation methods reach each kind of model, and which methods a model's structure refuses.
+"""Declarations: which output of a model is the logit, where its attention and token grid are, and which methods
+its structure refuses. The LRP rules need none of this: they attach to operation types (:mod:`vitlab.explain.hilrp`).
 
-The core knows the models of ``vitlab.models`` (the plain ViT, ToMe, Swin) and any model of the
+Any ``nn.Module`` whose output is the logits (a tensor, a ``.logits`` attribute or a tuple's first element) is
+explained; the core declares more of the models of ``vitlab.models`` (the plain ViT, ToMe, Swin) and of the
 :class:`~vitlab.models.protocols.GenerativeModel` protocol (ViTCAE: its encoder is a ViT); a family declares the
 :class:`Explainer` of its own models through ``Family.explainer`` (a ``"module:function"`` taking the model).
 """
@@ -15,16 +17,19 @@ from torch import nn
 
 from vitlab.errors import ConfigError, VitlabError
 from vitlab.evaluation.evaluate import classifier_logits
-from vitlab.explain.rules import Rule
 from vitlab.family import family_of, resolve
 from vitlab.models.protocols import GenerativeModel
 from vitlab.models.swin import SwinTransformer
 from vitlab.models.vit import VisionTransformer
 
-METHODS = ("attention", "rollout", "grad_rollout", "lrp", "gradcam", "integrated_gradients")
+#: the LRP variants (:mod:`vitlab.explain.hilrp`), each with its relevance ledger
+LRP_METHODS = ("lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma")
 ATTENTION_METHODS = ("attention", "rollout", "grad_rollout")
-#: parameters added to the activations (beyond those named ``*bias``): what the LRP rules count as absorbed
-ADDITIVE_PARAMETERS = ("pos_embed", "cls_token")
+#: gradient and perturbation methods through captum: they need nothing of the model but its logits
+CAPTUM_METHODS = ("saliency", "input_x_gradient", "smoothgrad", "gradient_shap", "occlusion", "integrated_gradients")
+METHODS = (*ATTENTION_METHODS, *LRP_METHODS, "gradcam", *CAPTUM_METHODS)
+#: one method of each kind: the report's overlays and the default of ``vitlab explain --evaluate``
+OVERVIEW_METHODS = ("attention", "rollout", "grad_rollout", "lrp", "gradcam", "integrated_gradients")
 
 
 class MethodRefused(VitlabError, ValueError):
@@ -43,16 +48,13 @@ class Explainer:
     ``token_model``: the CLS-token ViT whose shared ``Attention`` modules the attention methods read (ViTCAE: its
     encoder); None when the methods are refused.
     ``gradcam_layer``: the module whose output is a token grid, and the reshape of that output to ``[B, C, h, w]``.
-    ``refused``: method -> why it does not apply. ``rules``: LRP rules for the family's own operations, tried
-    before the core's. ``additive``: the family's extra additive parameters (name suffixes).
+    ``refused``: method -> why it does not apply.
     """
 
     kind: str
     token_model: nn.Module | None = None
     gradcam_layer: tuple[nn.Module, GridReshape] | None = None
     refused: Mapping[str, str] = field(default_factory=dict)
-    rules: tuple[Rule, ...] = ()
-    additive: tuple[str, ...] = ()
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W] -> [B, K]``: the classifier's logits (ViTCAE: its encoder, ``mu_cls`` and head only)."""
@@ -66,8 +68,8 @@ class Explainer:
         if method in self.refused:
             raise MethodRefused(f"{method} does not apply to {self.kind}: {self.refused[method]}")
 
-    def applicable(self) -> tuple[str, ...]:
-        return tuple(m for m in METHODS if m not in self.refused)
+    def applicable(self, among: tuple[str, ...] = METHODS) -> tuple[str, ...]:
+        return tuple(m for m in among if m not in self.refused)
 
 
 def patch_tokens_grid(grid: tuple[int, int], prefix: int) -> GridReshape:
@@ -108,8 +110,19 @@ def _swin_explainer(swin: SwinTransformer) -> Explainer:
     )
 
 
+def _module_explainer(model: nn.Module) -> Explainer:
+    """Any other module: the LRP variants and the captum methods; the attention methods and Grad-CAM need a
+    declaration of where its attention and token grid are."""
+    reason = (
+        f"{type(model).__name__} declares no CLS-token attention and no token grid; use an LRP variant or a "
+        "gradient method, or declare an Explainer for it through its Family"
+    )
+    return Explainer(kind=type(model).__name__, refused=dict.fromkeys((*ATTENTION_METHODS, "gradcam"), reason))
+
+
 def explainer_for(model: nn.Module) -> Explainer:
-    """The :class:`Explainer` of ``model``: its family's, or the core's for ViT, ToMe, Swin and ViTCAE."""
+    """The :class:`Explainer` of ``model``: its family's, the core's for ViT, ToMe, Swin and ViTCAE, or the generic
+    one of any module."""
     family = family_of(model)
     if family is not None and family.explainer:
         return resolve(family.explainer)(model)
@@ -119,7 +132,4 @@ def explainer_for(model: nn.Module) -> Explainer:
         return _vit_explainer(model, "vit")
     if isinstance(model, SwinTransformer):
         return _swin_explainer(model)
-    raise TypeError(
-        f"vitlab.explain has no rules for {type(model).__name__}; explain a vitlab model (ViT, ToMe, Swin, CET-ViT, "
-        "ViTCAE), or declare an Explainer for it through its Family"
-    )
+    return _module_explainer(model)

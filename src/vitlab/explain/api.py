@@ -3,18 +3,22 @@
 Methods (the papers each follows are in :mod:`vitlab.explain.methods` and :mod:`vitlab.explain.rules`):
 
 - ``attention``, ``rollout``, ``grad_rollout``: from the attention matrices of a CLS-token ViT.
-- ``lrp``: Gradient x Input of the network made locally linear by the conservative rules (CP-LRP / AttnLRP);
-  ``conservation`` is ``|sum(input relevance) + absorbed - logit| / |logit|``, where ``absorbed`` is what the
-  additive parameters (biases, LayerNorm betas, embeddings) take.
+- ``lrp`` (HiLRP with AttnLRP's rules), ``cp_lrp`` (the softmax held constant), ``lrp_epsilon``, ``lrp_gamma``:
+  relevance rules by operation type (:mod:`vitlab.explain.hilrp`); ``conservation`` is
+  ``|sum(input relevance) + absorbed - logit| / |logit|``, where ``absorbed`` is what the rules absorb (biases,
+  embeddings, LayerNorm betas, the softmax's remainder), and ``input_share`` is ``sum(input relevance) / logit``.
 - ``gradcam``: Grad-CAM (Selvaraju et al., ICCV 2017) on a token grid, through ``pytorch-grad-cam``.
-- ``integrated_gradients``: Sundararajan et al., ICML 2017, through ``captum``, from a zero (dataset-mean) input;
-  ``conservation`` is its completeness error ``|sum(attribution) - (f(x) - f(0))| / |logit|``.
+- through ``captum``: ``saliency`` (Simonyan et al., 2014: ``|grad|``), ``input_x_gradient`` (plain Gradient x
+  Input, the naive extension of LRP), ``smoothgrad`` (Smilkov et al., 2017), ``gradient_shap`` (Lundberg & Lee,
+  NeurIPS 2017), ``occlusion`` (Zeiler & Fergus, ECCV 2014; patches set to zero) and ``integrated_gradients``
+  (Sundararajan et al., ICML 2017, from a zero (dataset-mean) input; ``conservation`` is its completeness error
+  ``|sum(attribution) - (f(x) - f(0))| / |logit|``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,19 +27,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.errors import ConfigError
-from vitlab.explain.adapters import ADDITIVE_PARAMETERS, Explainer, explainer_for
+from vitlab.explain.adapters import Explainer, explainer_for
+from vitlab.explain.hilrp import UnsupportedOperation, Variant, relevance
 from vitlab.explain.methods import attention_rollout, gradient_rollout, last_attention
-from vitlab.explain.rules import linearised, recorded_attention
+from vitlab.explain.recording import recorded_attention
 
 #: integration steps of integrated gradients (Gauss-Legendre; completeness is checked per image)
 IG_STEPS = 32
+#: noisy samples of SmoothGrad and GradientShap (noise drawn from a fixed seed: same inputs, same maps)
+NOISE_SAMPLES = 16
+#: the rules of each LRP variant
+LRP_VARIANTS = {
+    "lrp": Variant(),
+    "cp_lrp": Variant(softmax="constant"),
+    "lrp_epsilon": Variant(linear="epsilon"),
+    "lrp_gamma": Variant(linear="gamma"),
+}
 INSTALL_HINT = "pip install 'vitlab[explain]'"
 
 
 @dataclass
 class Explanation:
     """``maps: [B, H, W]`` relevance at input resolution (signed for ``lrp`` and ``integrated_gradients``),
-    ``target: [B]`` the explained class, ``score: [B]`` its logit, ``conservation: [B]`` (relative) or None."""
+    ``target: [B]`` the explained class, ``score: [B]`` its logit, ``conservation: [B]`` (relative) or None,
+    ``input_share: [B]`` the input's own share of the logit (the LRP variants) or None."""
 
     method: str
     kind: str
@@ -43,6 +58,7 @@ class Explanation:
     target: torch.Tensor
     score: torch.Tensor
     conservation: torch.Tensor | None = None
+    input_share: torch.Tensor | None = None
 
 
 def optional_import(module: str) -> Any:
@@ -91,8 +107,9 @@ def explain(
                 "the model (--target)"
             )
         score = logits.gather(1, target[:, None])[:, 0]
-        maps, conservation = _METHODS[method](model, explainer, images, target)
-    return Explanation(method, explainer.kind, maps.detach().cpu(), target.cpu(), score.cpu(), conservation)
+        maps, conservation, *share = _METHODS[method](model, explainer, images, target)
+    share = share[0] if share else None
+    return Explanation(method, explainer.kind, maps.detach().cpu(), target.cpu(), score.cpu(), conservation, share)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -119,43 +136,17 @@ def _attention_method(method: str):
     return run
 
 
-def additive_parameters(model: nn.Module, ex: Explainer) -> list[tuple[str, nn.Parameter]]:
-    """The parameters that enter the activations additively: biases, LayerNorm betas, the embeddings."""
-    suffixes = ("bias", *ADDITIVE_PARAMETERS, *ex.additive)
-    return [(n, p) for n, p in model.named_parameters() if n.endswith(suffixes)]
+def _lrp(name: str, variant: Variant):
+    def run(model: nn.Module, ex: Explainer, x: torch.Tensor, target: torch.Tensor):
+        try:
+            r, absorbed, score = relevance(model, ex.logits, x, target, variant)
+        except UnsupportedOperation as e:
+            raise UnsupportedOperation(f"{name} does not apply to {ex.kind}: {e}") from None
+        total = r.flatten(1).sum(1)
+        error = (total + absorbed - score).abs() / score.abs().clamp_min(1e-30)
+        return r.sum(1), error.cpu(), (total / score).cpu()
 
-
-def lrp_relevance(
-    model: nn.Module, ex: Explainer, x: torch.Tensor, target: torch.Tensor, *, linearise: bool = True
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per image: input relevance ``[B, C, H, W]``, ``absorbed: [B]`` (the additive parameters' share) and the
-    explained logit ``[B]`` of the linearised network (one image at a time, so each image's absorbed share is
-    its own). ``linearise=False``: the same products on the network as it is (plain Gradient x Input, the naive
-    extension the rules replace), whose shares do not add up to the logit."""
-    params = [p for _, p in additive_parameters(model, ex)]
-    flags = [p.requires_grad for p in params]
-    relevance, absorbed, scores = [], [], []
-    try:
-        for p in params:
-            p.requires_grad_(True)
-        with linearised(model, ex.rules) if linearise else nullcontext(), torch.enable_grad():
-            for i in range(x.shape[0]):
-                xi = x[i : i + 1].clone().requires_grad_(True)
-                score = ex.logits(model, xi)[0, target[i]]
-                grads = torch.autograd.grad(score, [xi, *params], allow_unused=True)
-                relevance.append((xi * grads[0]).detach())
-                absorbed.append(sum((p * g).sum() for p, g in zip(params, grads[1:], strict=True) if g is not None))
-                scores.append(score.detach())
-    finally:
-        for p, flag in zip(params, flags, strict=True):
-            p.requires_grad_(flag)
-    return torch.cat(relevance), torch.stack([torch.as_tensor(a).detach() for a in absorbed]), torch.stack(scores)
-
-
-def _lrp(model: nn.Module, ex: Explainer, x: torch.Tensor, target: torch.Tensor):
-    relevance, absorbed, score = lrp_relevance(model, ex, x, target)
-    error = (relevance.flatten(1).sum(1) + absorbed - score).abs() / score.abs().clamp_min(1e-30)
-    return relevance.sum(1), error.cpu()
+    return run
 
 
 class _Logits(nn.Module):
@@ -178,6 +169,35 @@ def _gradcam(model: nn.Module, ex: Explainer, x: torch.Tensor, target: torch.Ten
     return torch.as_tensor(maps), None
 
 
+def _captum(method: str):
+    """A captum attribution of the target logits, summed over channels to ``[B, H, W]`` (noise from a fixed seed)."""
+
+    def run(model: nn.Module, ex: Explainer, x: torch.Tensor, target: torch.Tensor):
+        captum = optional_import("captum.attr")
+        f, x = _Logits(model, ex), x.clone().requires_grad_(True)
+        with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            if method == "saliency":
+                out = captum.Saliency(f).attribute(x, target=target)
+            elif method == "input_x_gradient":
+                out = captum.InputXGradient(f).attribute(x, target=target)
+            elif method == "smoothgrad":
+                noise = 0.15 * float(x.detach().max() - x.detach().min())
+                tunnel = captum.NoiseTunnel(captum.Saliency(f))
+                out = tunnel.attribute(x, nt_type="smoothgrad", nt_samples=NOISE_SAMPLES, stdevs=noise, target=target)
+            elif method == "gradient_shap":
+                baselines = torch.zeros_like(x[:1])
+                out = captum.GradientShap(f).attribute(x, baselines, n_samples=NOISE_SAMPLES, stdevs=0.1, target=target)
+            else:
+                side = max(1, x.shape[-1] // 8)
+                out = captum.Occlusion(f).attribute(
+                    x, sliding_window_shapes=(x.shape[1], side, side), strides=(x.shape[1], side, side), target=target
+                )
+        return out.detach().sum(1), None
+
+    return run
+
+
 def _integrated_gradients(model: nn.Module, ex: Explainer, x: torch.Tensor, target: torch.Tensor):
     captum = optional_import("captum.attr")
     ig = captum.IntegratedGradients(_Logits(model, ex))
@@ -194,7 +214,8 @@ _METHODS = {
     "attention": _attention_method("attention"),
     "rollout": _attention_method("rollout"),
     "grad_rollout": _attention_method("grad_rollout"),
-    "lrp": _lrp,
+    **{name: _lrp(name, variant) for name, variant in LRP_VARIANTS.items()},
     "gradcam": _gradcam,
+    **{name: _captum(name) for name in ("saliency", "input_x_gradient", "smoothgrad", "gradient_shap", "occlusion")},
     "integrated_gradients": _integrated_gradients,
 }

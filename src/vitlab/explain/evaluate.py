@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 from torch import nn
 
-from vitlab.explain.adapters import explainer_for
+from vitlab.explain.adapters import OVERVIEW_METHODS, MethodRefused, explainer_for
 from vitlab.explain.api import explain
 
 
@@ -144,13 +144,16 @@ def evaluate_method(
 def evaluate_methods(
     model: nn.Module, images: torch.Tensor, methods: Sequence[str] | None = None, **kwargs: Any
 ) -> dict[str, Any]:
-    """Every applicable method (or ``methods``) through :func:`evaluate_method`; the refused ones with reasons."""
+    """The applicable overview methods (or ``methods``) through :func:`evaluate_method`; the refused ones with
+    reasons (declared, or found when the LRP rules meet an operation they have none for)."""
     ex = explainer_for(model)
-    chosen = list(methods or ex.applicable())
+    chosen = list(methods or ex.applicable(OVERVIEW_METHODS))
     for m in chosen:
         ex.check(m)
-    return {
-        "kind": ex.kind,
-        "methods": {m: evaluate_method(model, images, m, **kwargs) for m in chosen},
-        "refused": dict(ex.refused),
-    }
+    results, refused = {}, dict(ex.refused)
+    for m in chosen:
+        try:
+            results[m] = evaluate_method(model, images, m, **kwargs)
+        except MethodRefused as e:
+            refused[m] = str(e)
+    return {"kind": ex.kind, "methods": results, "refused": refused}

@@ -15,13 +15,22 @@ import torch
 from matplotlib.figure import Figure
 
 #: methods whose maps are signed (shown on a diverging scale centred at zero)
-SIGNED = ("lrp", "integrated_gradients")
+SIGNED = ("lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma", "input_x_gradient", "gradient_shap", "occlusion",
+          "integrated_gradients")  # fmt: skip
 TITLES = {
     "attention": "attention",
     "rollout": "rollout",
     "grad_rollout": "grad. rollout",
-    "lrp": "LRP (CP)",
+    "lrp": "HiLRP",
+    "cp_lrp": "CP-LRP",
+    "lrp_epsilon": "LRP-eps",
+    "lrp_gamma": "LRP-gamma",
     "gradcam": "Grad-CAM",
+    "saliency": "saliency",
+    "input_x_gradient": "input x grad.",
+    "smoothgrad": "SmoothGrad",
+    "gradient_shap": "GradientShap",
+    "occlusion": "occlusion",
     "integrated_gradients": "int. gradients",
 }
 

@@ -17,7 +17,7 @@ from vitlab.data.transforms import denormalize
 from vitlab.errors import ConfigError
 from vitlab.evaluation.evaluate import load_evaluation_target
 from vitlab.evaluation.predict import load_predictor, normalise, read_image
-from vitlab.explain.adapters import explainer_for
+from vitlab.explain.adapters import OVERVIEW_METHODS, explainer_for
 from vitlab.explain.api import explain
 from vitlab.explain.evaluate import evaluate_methods
 from vitlab.explain.figures import TITLES, faithfulness_figure, overlay_grid
@@ -31,6 +31,47 @@ EVALUATION_FIGURE = "explain_faithfulness.png"
 OVERLAY_FIGURE = "explain_overlays.png"
 MAPS_FILE = "maps.npz"
 EXPLAIN_LOCK = ".explain.lock"
+TIMM_PREFIX = "timm:"
+
+
+def load_timm(spec: str, weights: str | Path, img_size: int | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """``timm:NAME`` built offline with the weights of a local file (``.safetensors``, or ``.pth``/``.pt`` read
+    with ``weights_only=True``; a ``state_dict`` or ``model`` entry is unwrapped), and the data description its
+    pretrained config gives (``img_size`` overrides the input size). The number of classes is read off the
+    classifier's weight."""
+    import timm
+
+    name, path = spec.removeprefix(TIMM_PREFIX), Path(weights)
+    if not timm.is_model(name):
+        raise ConfigError(f"timm has no model {name!r}; name one of timm.list_models() as --model timm:NAME")
+    if not path.is_file():
+        raise ConfigError(f"--weights {path} is not a file; pass the model's .safetensors or .pth file")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(path)
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = state.get("state_dict", state.get("model", state))
+    cfg = timm.get_pretrained_cfg(name)
+    classifier = cfg.classifier if isinstance(cfg.classifier, str) else cfg.classifier[0]
+    kwargs: dict[str, Any] = {"img_size": img_size} if img_size else {}
+    if f"{classifier}.weight" in state:
+        kwargs["num_classes"] = state[f"{classifier}.weight"].shape[0]
+    model = timm.create_model(name, pretrained=False, **kwargs)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise ConfigError(f"--weights {path} do not fit timm:{name} ({first}); check the name and --img-size") from e
+    info = {
+        "img_size": img_size or cfg.input_size[-1],
+        "in_chans": cfg.input_size[0],
+        "mean": list(cfg.mean),
+        "std": list(cfg.std),
+        "class_names": None,
+    }
+    return model.eval(), info
 
 
 def _test_metrics(target: str | Path) -> dict[str, Any] | None:
@@ -124,13 +165,20 @@ def explain_files(
     batch_size: int = 16,
     class_names: Sequence[str] | None = None,
     on_error: Any = None,
+    weights: str | Path | None = None,
+    img_size: int | None = None,
 ) -> list[Path]:
     """Explain each image file with ``method``: ``<out>/<stem>_<method>.png`` (the overlay, :func:`overlay_names`)
     and ``<out>/maps.npz`` (``maps [B, H, W]``, ``target``, ``score``, ``conservation``, ``files``). ``class_names``
     captions the overlays where the run stored none (an npz file without ``class_names``). A file that cannot be
     read as an image is passed to ``on_error(path, exception)`` and skipped, as :func:`vitlab.evaluation.predict`
-    does."""
-    model, info = load_predictor(target)
+    does. ``target`` may be ``timm:NAME`` with its ``weights`` file (:func:`load_timm`)."""
+    if str(target).startswith(TIMM_PREFIX):
+        if weights is None:
+            raise ConfigError(f"{target} needs --weights FILE (a local .safetensors or .pth file; no download)")
+        model, info = load_timm(str(target), weights, img_size)
+    else:
+        model, info = load_predictor(target)
     explainer_for(model).check(method)
     _check_names(class_names, model)
     out_dir = Path(out_dir)
@@ -236,9 +284,9 @@ def evaluate_run(
     force: bool = False,
     class_names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """``vitlab explain RUN --evaluate``: every applicable method on the first ``images`` test images; writes the
-    JSON (per-image values, command, revision, CPU, load average), the table, the faithfulness figure and an overlay
-    figure of eight images under ``out_dir`` (default ``<run>/explain``)."""
+    """``vitlab explain RUN --evaluate``: the applicable overview methods (or ``methods``) on the first ``images``
+    test images; writes the JSON (per-image values, command, revision, CPU, load average), the table, the
+    faithfulness figure and an overlay figure of eight images under ``out_dir`` (default ``<run>/explain``)."""
     loaded, x, labels = _test_images(target, images)
     model = loaded.model.eval()
     _check_names(class_names, model)
@@ -278,9 +326,9 @@ def evaluate_run(
 def overlay_figure(
     model: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor, mean, std, class_names: Sequence[str] = ()
 ):
-    """Every applicable method side by side on ``x`` (normalised), each explaining the predicted class; rows are
+    """The applicable overview methods side by side on ``x`` (normalised), each explaining the predicted class; rows are
     captioned ``label -> prediction``."""
-    explanations = {m: explain(model, x, method=m) for m in explainer_for(model).applicable()}
+    explanations = {m: explain(model, x, method=m) for m in explainer_for(model).applicable(OVERVIEW_METHODS)}
     predicted = next(iter(explanations.values())).target
 
     def name(index: int) -> str:

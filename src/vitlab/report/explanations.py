@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from vitlab.explain import explain, explainer_for
+from vitlab.explain.adapters import OVERVIEW_METHODS
 from vitlab.explain.run import EVALUATION_JSON, EXPLAIN_DIR
 from vitlab.report.page import Figure, Figures, Plot, Section, Table, Text
 from vitlab.rundir import RunDir, read_json
@@ -18,22 +19,18 @@ if TYPE_CHECKING:
 
 
 def explanation_section(run: RunRecord, model: nn.Module, images: TestImages) -> Section | None:
-    """Maps of every applicable method on ``images`` (each explaining the predicted class); None for a model
-    ``vitlab.explain`` has no rules for."""
-    try:
-        explainer = explainer_for(model)
-    except TypeError:
-        return None
+    """Maps of the applicable overview methods on ``images`` (each explaining the predicted class)."""
+    explainer = explainer_for(model)
     maps: dict[str, Any] = {}
     missing = []
-    for method in explainer.applicable():
+    for method in explainer.applicable(OVERVIEW_METHODS):
         try:
             maps[method] = explain(model, images.inputs, method=method).maps.numpy()
         except ImportError:
             missing.append(method)
     caption = (
         "Which pixels the predicted class rests on. Attention, rollout (Abnar & Zuidema 2020) and gradient-weighted "
-        "rollout (Chefer et al. 2021) are patch maps (bright: high); LRP (conservative rules, CP-LRP / AttnLRP) and "
+        "rollout (Chefer et al. 2021) are patch maps (bright: high); LRP (HiLRP: rules by operation type, AttnLRP) and "
         "integrated gradients are signed (red: for the class, blue: against, on a scale symmetric about zero); "
         "Grad-CAM reads the last token grid."
     )

@@ -1,0 +1,165 @@
+"""Every explanation method on every architecture: tiny models of vitlab's five families and eight timm families whose
+operators differ (a distillation token, class attention with LayerScale, spatial-reduction, cross-covariance,
+locally-grouped and sub-sampled, multi-axis (block and grid), convolutional with attention biases, and linear
+attention), briefly trained, in float64. Per architecture and method: applied or refused (with the reason), the
+conservation error of the LRP variants and the completeness error of integrated gradients, the input's own share of
+the logit, seconds per image. The tests build the same models (``tests/explain``).
+
+    python -m benchmarks.experiments.explain_architectures \
+        --out benchmarks/results/experiments/explain_architectures_<cpu>_<date>.json
+    python -m benchmarks.reports.explain_architectures_table benchmarks/results/experiments/explain_architectures_*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.atomic import atomic_write_text
+from vitlab.explain import METHODS, MethodRefused, explain
+from vitlab.jsonio import strict_dumps
+from vitlab.models import create_model
+from vitlab.rundir import environment
+
+
+def _timm(name: str, **kw) -> nn.Module:
+    import timm
+
+    return timm.create_model(name, pretrained=False, num_classes=5, **kw)
+
+
+def _maxvit() -> nn.Module:
+    """MaxViT (block and grid attention, MBConv) from timm's pico configuration, shrunk to two one-block stages."""
+    import dataclasses
+
+    from timm.models.maxxvit import MaxxVit, model_cfgs
+
+    cfg = model_cfgs["maxvit_pico_rw"]
+    attention = dataclasses.replace(cfg.transformer_cfg, dim_head=8)
+    cfg = dataclasses.replace(
+        cfg, embed_dim=(16, 32), depths=(1, 1), block_type=("M", "M"), stem_width=(8, 16), transformer_cfg=attention
+    )
+    return MaxxVit(cfg, img_size=32, num_classes=5)
+
+
+#: name -> (builder, image side)
+ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], int]] = {
+    "vit": (lambda: create_model("vit_pico", num_classes=5, img_size=16, patch_size=4, depth=2), 16),
+    "tome": (lambda: create_model("tome_pico", num_classes=5, img_size=16, patch_size=4, depth=2, tome_r=3), 16),
+    "swin": (
+        lambda: create_model(
+            "swin_pico", num_classes=5, img_size=16, patch_size=2, window_size=2, depths=(1, 1), num_heads=(1, 2)
+        ),
+        16,
+    ),
+    "cet_vit": (lambda: create_model("cet_vit_pico", num_classes=5, img_size=16, patch_size=2), 16),
+    "vitcae": (lambda: create_model("vitcae_pico", num_classes=5, img_size=16, patch_size=4, depth=2, in_chans=3), 16),
+    "deit": (
+        lambda: _timm("deit_tiny_distilled_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
+        16,
+    ),
+    "cait": (
+        lambda: _timm(
+            "cait_xxs24_224", img_size=16, patch_size=4, embed_dim=16, depth=2, depth_token_only=1, num_heads=2
+        ),
+        16,
+    ),
+    "pvt_v2": (
+        lambda: _timm("pvt_v2_b0", embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)),
+        32,
+    ),
+    "xcit": (
+        lambda: _timm(
+            "xcit_nano_12_p8_224", img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, cls_attn_layers=1
+        ),
+        16,
+    ),
+    "twins": (
+        lambda: _timm(
+            "twins_svt_small", img_size=32, embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)
+        ),
+        32,
+    ),
+    "maxvit": (_maxvit, 32),
+    "levit": (lambda: _timm("levit_128s", img_size=32), 32),
+    "efficientvit": (
+        lambda: _timm("efficientvit_b0", widths=(8, 16, 16, 32), depths=(1, 1, 1, 1), head_dim=8, head_widths=(32, 32)),
+        32,
+    ),
+}
+
+
+def tiny_model(name: str, *, trained: bool = False) -> tuple[nn.Module, torch.Tensor]:
+    """The architecture in float64, eval mode, and three images for it; ``trained``: after three Adam steps on
+    random labels (the rules are checked away from the initial weights, where some heads start at zero)."""
+    build, side = ARCHITECTURES[name]
+    torch.manual_seed(0)
+    model = build().double()
+    x = torch.randn(3, 3, side, side, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    if trained:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        model.train()
+        for _ in range(3):
+            out = model(x)
+            logits = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
+            logits = out[0] if logits is None else logits
+            nn.functional.cross_entropy(logits, torch.arange(3) % 5).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return model.eval(), x
+
+
+def method_results(name: str) -> dict[str, Any]:
+    """Each method on the trained tiny ``name``: ``{"refused": reason}`` or per-image values."""
+    model, x = tiny_model(name, trained=True)
+    out: dict[str, Any] = {}
+    for method in METHODS:
+        start = time.perf_counter()
+        try:
+            e = explain(model, x, method=method)
+        except MethodRefused as err:
+            out[method] = {"refused": str(err)}
+            continue
+        out[method] = {
+            "seconds_per_image": (time.perf_counter() - start) / x.shape[0],
+            "conservation": None if e.conservation is None else e.conservation.tolist(),
+            "input_share": None if e.input_share is None else e.input_share.tolist(),
+            "finite": bool(torch.isfinite(e.maps).all()),
+        }
+    return out
+
+
+def write_record(path: Path, record: dict[str, Any], load_before: tuple[float, ...]) -> None:
+    """``record`` with the environment (versions, git revision), lscpu and the load average, written as JSON: what
+    every explanation benchmark's results file holds."""
+    record = {
+        **record,
+        "environment": environment(),
+        "lscpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout,
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+    }
+    atomic_write_text(path, strict_dumps(record, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--architectures", nargs="+", default=list(ARCHITECTURES))
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    results = {name: method_results(name) for name in args.architectures}
+    trained = "three Adam steps (lr 1e-2) on random labels"
+    record = {"architectures": results, "images": 3, "dtype": "float64", "trained": trained}
+    write_record(args.out, record, load_before)
+
+
+if __name__ == "__main__":
+    main()

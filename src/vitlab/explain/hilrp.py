@@ -1,0 +1,467 @@
+"""HiLRP: relevance rules attached to operation types, not to architectures.
+
+The HiLRP abstract ("the attention and resolution-reduction operators in current ViTs can be decomposed into four
+operation types: linear maps, bilinear mixing, normalization or gating, and reindexing; each operation admits a
+relevance rule that satisfies conservation") is implemented in the Gradient x Input formulation of AttnLRP
+(Achtibat et al., "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers", ICML 2024, sec. 3):
+the network runs forward unchanged, each operation's backward is replaced by its rule, and the relevance of a tensor
+``t`` is ``t * dlogit/dt``. The operations are intercepted by type at run time (a ``TorchFunctionMode``), so any
+network built from them is explained without an adapter; an operation without a rule that would carry relevance is
+refused by name (:class:`UnsupportedOperation`).
+
+================  ==========================================================  ====================================
+type              operations                                                  rule (backward)
+================  ==========================================================  ====================================
+linear            linear, conv, sums and means, pooling by averages, scaling  the gradient (LRP-0); biases absorbed
+bilinear          ``a @ b``, ``a * b``, ``einsum`` with both sides carrying   uniform: half to each side
+                  relevance (``q k^T``, ``A V``, gating products)              (AttnLRP, prop. 3.2)
+normalization     LayerNorm, RMSNorm, GroupNorm, BatchNorm (eval),            the normaliser held constant
+/ gating          ``F.normalize``, any division by a tensor                   (CP-LRP, Ali et al., ICML 2022)
+                  softmax                                                     AttnLRP's softmax rule (the gradient;
+                                                                              the remainder absorbed), or held
+                                                                              constant (CP-LRP)
+                  GELU, SiLU, ReLU, Hardswish, sigmoid, tanh, exp, clamp...   identity rule ``(f(x) - f(0)) / x``
+                                                                              (AttnLRP, sec. 3.3), ``f(0)`` absorbed
+reindexing        reshape, permute, slicing, cat, gather, roll, pad, top-k,   the gradient: relevance moves with
+                  max-pooling, scatter (window partition, token merging)      the values it indexes
+================  ==========================================================  ====================================
+
+Every constant that enters additively (biases, embeddings, class tokens, masks, ``f(0)`` of a rule) becomes a leaf
+of the graph; what it takes, ``c * dlogit/dc``, is the share the rules absorb. By construction
+``sum(relevance of the input) + absorbed = logit`` holds to rounding (:func:`relevance`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from vitlab.explain.adapters import MethodRefused
+
+
+class UnsupportedOperation(MethodRefused):
+    """An operation with no relevance rule carries relevance (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Which rule the linear maps and the softmax take.
+
+    ``linear``: ``"zero"`` (LRP-0: the gradient), ``"epsilon"`` (``z / (z + eps sign z)``) or ``"gamma"`` (positive
+    weights boosted by ``gamma``; Montavon et al., "Layer-Wise Relevance Propagation: An Overview", 2019, sec. 10.2).
+    ``softmax``: ``"attnlrp"`` (its gradient, AttnLRP prop. 3.3) or ``"constant"`` (CP-LRP: held constant, so the
+    query-key path carries no relevance).
+    """
+
+    linear: str = "zero"
+    softmax: str = "attnlrp"
+    epsilon: float = 1e-2
+    gamma: float = 0.25
+
+
+@dataclass
+class Ledger:
+    """What the rules of one forward pass absorb: additive constants as leaves, and terms counted in backward."""
+
+    leaves: list[torch.Tensor] = field(default_factory=list)
+    terms: list[torch.Tensor] = field(default_factory=list)
+    #: backward terms are counted only in the explaining backward pass (not in one the model runs itself, e.g. to
+    #: time its attention paths)
+    counting: bool = False
+
+    def leaf(self, c: Any, like: torch.Tensor) -> torch.Tensor:
+        t = torch.as_tensor(c, dtype=like.dtype, device=like.device).detach().clone().requires_grad_(True)
+        self.leaves.append(t)
+        return t
+
+
+def _dot(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``sum(a * g)`` where ``g`` is nonzero (a masked ``-inf`` logit takes no gradient and no relevance)."""
+    return torch.where(g == 0, torch.zeros_like(g), a * g).sum()
+
+
+class _AttnLRPSoftmax(torch.autograd.Function):
+    """The softmax with AttnLRP's rule (prop. 3.3): relevance ``x * grad`` with the true gradient; the remainder
+    ``sum(y * g) - sum(x * grad)`` is absorbed (the rule's bias term)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, ledger: Ledger) -> torch.Tensor:
+        y = torch.softmax(x, dim)
+        ctx.save_for_backward(x, y)
+        ctx.dim, ctx.ledger = dim, ledger
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, y = ctx.saved_tensors
+        grad = y * (g - (y * g).sum(ctx.dim, keepdim=True))
+        if ctx.ledger.counting:
+            ctx.ledger.terms.append((_dot(y, g) - _dot(x, grad)).detach())
+        return grad, None, None
+
+
+def _live(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.requires_grad
+
+
+def _any_live(tree: Any) -> bool:
+    return any(_live(t) for t in tree_flatten(tree)[0])
+
+
+# ------------------------------------------------------------------------------------------------ operation names
+_BINARY = {"add", "sub", "mul", "truediv", "div", "matmul", "and", "or", "xor", "pow", "floordiv", "mod"}
+_ALIASES = {"truediv": "div", "divide": "div", "multiply": "mul", "subtract": "sub", "concat": "cat"}
+_ALIASES |= {"concatenate": "cat", "swapaxes": "transpose", "swapdims": "transpose", "rsub": "rsub"}
+
+
+def _names(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+#: gradient passes unchanged: the values move, or the map is linear without a constant
+PASS = _names(
+    "view view_as reshape reshape_as permute transpose t T mT flatten unflatten contiguous getitem unsqueeze squeeze "
+    "expand expand_as repeat tile repeat_interleave broadcast_to roll flip narrow select index_select gather "
+    "take_along_dim split split_with_sizes chunk tensor_split unbind iter clone to float double half bfloat16 type "
+    "type_as movedim moveaxis diagonal unfold fold pixel_shuffle pixel_unshuffle dropout dropout1d dropout2d "
+    "dropout3d alpha_dropout feature_alpha_dropout max_pool1d max_pool2d max_pool3d adaptive_max_pool1d "
+    "adaptive_max_pool2d max amax min amin topk sort tril triu sum mean nansum cumsum avg_pool1d avg_pool2d "
+    "avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d interpolate neg positive "
+    "masked_select"
+)
+#: the output is a gain or a statistic: computed, then held constant (normalisers, masks, signs)
+CONSTANT = _names(
+    "pow sqrt rsqrt square norm vector_norm var std var_mean std_mean reciprocal sign floor ceil round trunc frac"
+)
+#: element-wise non-linearities: the identity rule ``x * stopgrad((f(x) - f(0)) / x) + f(0)``
+ELEMENTWISE = _names(
+    "gelu silu relu relu6 hardswish hardsigmoid sigmoid tanh elu selu celu leaky_relu softplus mish hardtanh erf "
+    "exp clamp clamp_min clamp_max clip abs"
+)
+
+
+def op_name(func: Any) -> tuple[str, bool, bool]:
+    """``(name, in_place, reversed)`` of an intercepted callable (``Tensor.__radd__`` -> ``("add", False, True)``)."""
+    raw = getattr(func, "__name__", repr(func))
+    if raw == "__get__":  # a property (``x.mT``)
+        raw = getattr(getattr(func, "__self__", None), "__name__", raw)
+    in_place = reverse = False
+    if raw.startswith("__") and raw.endswith("__"):
+        name = raw[2:-2]
+        if name[:1] == "i" and name[1:] in _BINARY:
+            name, in_place = name[1:], True
+        elif name[:1] == "r" and name[1:] in _BINARY:
+            name, reverse = name[1:], True
+    else:
+        in_place, name = raw.endswith("_"), raw.rstrip("_")
+    if name == "rsub":
+        name, reverse = "sub", True
+    return _ALIASES.get(name, name), in_place, reverse
+
+
+# ----------------------------------------------------------------------------------------------------- the rules
+class RelevanceMode(TorchFunctionMode):
+    """Inside the block, every operation on a tensor that carries relevance (requires grad) runs with its rule;
+    the absorbed constants go into ``ledger``. Parameters must not require grad (:func:`relevance` sees to it)."""
+
+    def __init__(self, variant: Variant, ledger: Ledger) -> None:
+        super().__init__()
+        self.variant, self.ledger = variant, ledger
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not torch.is_grad_enabled() or not _any_live((args, kwargs)):
+            return func(*args, **kwargs)
+        name, in_place, reverse = op_name(func)
+        if name in ("max", "min") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            name = f"{name}imum of two tensors"  # element-wise: a constant that wins would not be absorbed
+        rule = _RULES.get(name)
+        if rule is None:
+            if name in PASS:
+                return func(*args, **kwargs)
+            if name in CONSTANT:
+                args, kwargs = tree_map(lambda t: t.detach() if _live(t) else t, (args, kwargs))
+                return func(*args, **kwargs)
+            if name in ELEMENTWISE:
+                return self._identity(func, args, kwargs, in_place)
+            out = func(*args, **kwargs)
+            if _any_live(out):
+                raise UnsupportedOperation(
+                    f"no relevance rule for {name} on a tensor that carries relevance; express the model in "
+                    "linear, bilinear, normalisation and re-indexing operations, or pick a gradient method"
+                )
+            return out
+        if reverse:
+            args = (args[1], args[0], *args[2:])
+        out = rule(self, name, args, kwargs)
+        if in_place and isinstance(args[0], torch.Tensor):
+            return args[0].copy_(out)
+        return out
+
+    # the leaves -----------------------------------------------------------------------------------------------
+    def constant(self, t: Any, like: torch.Tensor) -> Any:
+        """A constant that enters additively, as a leaf whose share is absorbed (None and bool tensors stay)."""
+        if t is None or (isinstance(t, torch.Tensor) and (t.requires_grad or not t.is_floating_point())):
+            return t
+        if isinstance(t, torch.Tensor | float | int) and not isinstance(t, bool):
+            return self.ledger.leaf(t, like)
+        return t
+
+    def _identity(self, func, args, kwargs, in_place: bool):
+        """An element-wise ``f`` by the identity rule: ``x * stopgrad((f(x) - f(0)) / x) + f(0)``, ``f(0)`` a leaf."""
+        x = args[0]
+        kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
+        y = func(x.clone(), *args[1:], **kwargs)
+        y0 = func(torch.zeros((), dtype=x.dtype, device=x.device), *args[1:], **kwargs)
+        gain = torch.where(x == 0, torch.zeros_like(x), (y - y0) / torch.where(x == 0, torch.ones_like(x), x))
+        out = x * gain.detach()
+        if y0.item() != 0:
+            out = out + self.ledger.leaf(y0, x)
+        return x.copy_(out) if in_place else out
+
+    def softmax(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        if self.variant.softmax == "constant":
+            return torch.softmax(x, dim).detach()
+        return _AttnLRPSoftmax.apply(x, dim, self.ledger)
+
+    def bilinear(self, op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``op(a, b)`` with the uniform rule when both sides carry relevance: half of the gradient to each side
+        (the forward value is exact: two equal halves of a power-of-two split)."""
+        if _live(a) and _live(b):
+            return 0.5 * op(a, b.detach()) + 0.5 * op(a.detach(), b)
+        return op(a, b)
+
+    def affine(self, op, x: torch.Tensor, weight: torch.Tensor, bias: Any, **kw) -> torch.Tensor:
+        """A linear map or convolution ``op(x, weight) + bias`` with the variant's rule; the bias, and what the
+        epsilon and gamma rules leave over, are absorbed."""
+        shaped = None if bias is None or op is F.linear else bias.reshape(-1, *(1,) * (x.ndim - 2))
+        if _live(weight):
+            lin = self.bilinear(lambda a, w: op(a, w, None, **kw), x, weight)
+            return lin if bias is None else lin + self.constant(bias if shaped is None else shaped, x)
+        lin = op(x, weight, None, **kw)
+        z = lin if bias is None else op(x, weight, bias, **kw)
+        v = self.variant
+        if v.linear == "zero":
+            return lin if bias is None else lin + self.constant(bias if shaped is None else shaped, x)
+        if v.linear == "epsilon":
+            stab = z + v.epsilon * torch.where(z >= 0, 1.0, -1.0)
+            part = lin * (z / stab).detach()
+        else:
+            boosted = op(x, weight + v.gamma * weight.clamp_min(0), bias, **kw)
+            lin_g = op(x, weight + v.gamma * weight.clamp_min(0), None, **kw)
+            ratio = z / torch.where(boosted == 0, torch.ones_like(boosted), boosted)
+            part = lin_g * ratio.detach()
+        return part + self.ledger.leaf(z.detach() - part.detach(), x)
+
+
+def _binary(mode: RelevanceMode, name: str, args, kwargs):
+    a, b = args[0], args[1]
+    if name == "mul":
+        return mode.bilinear(torch.mul, a, b)
+    if name == "matmul":
+        return mode.bilinear(torch.matmul, a, b)
+    if name == "div":  # the denominator is a normaliser: held constant
+        return torch.div(a, b.detach() if _live(b) else b, **kwargs)
+    like = a if isinstance(a, torch.Tensor) else b
+    op = torch.add if name == "add" else torch.sub
+    return op(mode.constant(a, like), mode.constant(b, like), **kwargs)
+
+
+def _einsum(mode: RelevanceMode, name: str, args, kwargs):
+    eq, *ops = args
+    ops = list(ops[0]) if len(ops) == 1 and isinstance(ops[0], list | tuple) else ops
+    live = [i for i, t in enumerate(ops) if _live(t)]
+    if len(live) > 2:
+        raise UnsupportedOperation(f"no relevance rule for an einsum of {len(live)} relevance-carrying operands")
+    if len(live) < 2:
+        return torch.einsum(eq, *ops)
+    i, j = live
+
+    def op(a, b):
+        ops[i], ops[j] = a, b
+        return torch.einsum(eq, *ops)
+
+    return mode.bilinear(op, ops[i], ops[j])
+
+
+def _additive(mode: RelevanceMode, name: str, args, kwargs):
+    """Operations that place constants beside the relevance-carrying values (``cat`` of a class token, ``where``
+    and ``masked_fill`` with a constant, ``scatter`` into a constant): the constants become leaves."""
+    like = next(t for t in tree_flatten((args, kwargs))[0] if _live(t))
+    args, kwargs = tree_map(lambda t: mode.constant(t, like) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+    if name == "masked_fill":
+        x, mask, value = args
+        return torch.where(mask, mode.constant(value, like), x)
+    if name == "where":  # python numbers beside the tensors
+        args = (args[0], *(mode.constant(a, like) for a in args[1:3]))
+    return getattr(torch, name)(*args, **kwargs)
+
+
+def _setitem(mode: RelevanceMode, name: str, args, kwargs):
+    """``x[index] = value`` in place: a constant ``x`` (a buffer the model fills) becomes a leaf first, a constant
+    ``value`` a leaf too, so that what stays of either is absorbed."""
+    x, index, value = args
+    if not _live(x) and x.is_floating_point():
+        x.copy_(mode.constant(x.clone(), x))
+    return torch.Tensor.__setitem__(x, index, mode.constant(value, x))
+
+
+def _mm(mode, name, args, kwargs):
+    return mode.bilinear(torch.matmul, args[0], args[1])
+
+
+def _softmax(mode: RelevanceMode, name: str, args, kwargs):
+    x, dim = args[0], args[1] if len(args) > 1 else kwargs["dim"]
+    dtype = kwargs.get("dtype") or (args[3] if len(args) > 3 else None)
+    return mode.softmax(x.to(dtype) if dtype is not None else x, dim)
+
+
+def _linear(mode: RelevanceMode, name: str, args, kwargs):
+    x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    extra = {k: v for k, v in kwargs.items() if k not in ("weight", "bias")}
+    if name != "linear":
+        for key, value in zip(("stride", "padding", "dilation", "groups"), args[3:], strict=False):
+            extra[key] = value
+    return mode.affine(getattr(F, name), x, weight, bias, **extra)
+
+
+def _params(args, kwargs, start: int, **defaults: Any) -> list[Any]:
+    """The arguments ``defaults`` names, from ``args[start:]`` by position or from ``kwargs``, else the default."""
+    given = dict(zip(defaults, args[start:], strict=False)) | kwargs
+    return [given.get(k, d) for k, d in defaults.items()]
+
+
+def _norm_stats(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    centred = x - x.mean(dims, keepdim=True)
+    return centred, (centred.pow(2).mean(dims, keepdim=True) + eps).sqrt().detach()
+
+
+def _affine_out(mode, y: torch.Tensor, weight, bias, shape: tuple[int, ...]) -> torch.Tensor:
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    return y + mode.constant(bias.reshape(shape), y) if bias is not None else y
+
+
+def _layer_norm(mode: RelevanceMode, name: str, args, kwargs):
+    x, shape = args[0], args[1]
+    weight, bias, eps = _params(args, kwargs, 2, weight=None, bias=None, eps=1e-5)
+    centred, std = _norm_stats(x, tuple(range(-len(shape), 0)), eps)
+    return _affine_out(mode, centred / std, weight, bias, tuple(shape))
+
+
+def _rms_norm(mode: RelevanceMode, name: str, args, kwargs):
+    x, shape = args[0], args[1]
+    weight, eps = _params(args, kwargs, 2, weight=None, eps=None)
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    rms = (x.pow(2).mean(tuple(range(-len(shape), 0)), keepdim=True) + eps).sqrt().detach()
+    return _affine_out(mode, x / rms, weight, None, tuple(shape))
+
+
+def _group_norm(mode: RelevanceMode, name: str, args, kwargs):
+    x, groups = args[0], args[1] if len(args) > 1 else kwargs["num_groups"]
+    weight, bias, eps = _params(args, kwargs, 2, weight=None, bias=None, eps=1e-5)
+    centred, std = _norm_stats(x.reshape(x.shape[0], groups, -1), (-1,), eps)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return _affine_out(mode, (centred / std).reshape(x.shape), weight, bias, shape)
+
+
+def _batch_norm(mode: RelevanceMode, name: str, args, kwargs):
+    names = ("running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+    p = dict(zip(names, args[1:], strict=False)) | kwargs
+    if p.get("training"):
+        raise UnsupportedOperation("BatchNorm needs eval mode (running statistics) for its rule; call model.eval()")
+    x, shape = args[0], (1, -1) + (1,) * (args[0].ndim - 2)
+    scale = (p["running_var"] + p.get("eps", 1e-5)).rsqrt()
+    weight = scale if p.get("weight") is None else scale * p["weight"]
+    shift = -p["running_mean"] * weight + (0 if p.get("bias") is None else p["bias"])
+    return x * weight.reshape(shape) + mode.constant(shift.reshape(shape), x)
+
+
+def _normalize(mode: RelevanceMode, name: str, args, kwargs):
+    x = args[0]
+    p, dim, eps = _params(args, kwargs, 1, p=2.0, dim=1, eps=1e-12)
+    return x / x.norm(p, dim, keepdim=True).clamp_min(eps).detach()
+
+
+def _pad(mode: RelevanceMode, name: str, args, kwargs):
+    """Zero padding is re-indexing; a constant ``value`` beside it is absorbed (EfficientViT pads ``v`` with ones)."""
+    x, pad = args[0], args[1]
+    rest = dict(zip(("mode", "value"), args[2:], strict=False)) | kwargs
+    value = rest.pop("value", None)
+    if not value or rest.get("mode", "constant") != "constant":
+        return F.pad(x, pad, **rest)
+    return F.pad(x, pad) + mode.constant(F.pad(torch.zeros_like(x.detach()), pad, value=value), x)
+
+
+def _sdpa(mode: RelevanceMode, name: str, args, kwargs):
+    """``softmax(q k^T * scale + mask) v`` decomposed into the bilinear and softmax rules."""
+    names = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    q, k, v = args[:3]
+    p = dict(zip(names, args[3:], strict=False)) | kwargs
+    if p.get("enable_gqa"):
+        raise UnsupportedOperation("no relevance rule for grouped-query attention; repeat the keys and values")
+    scale = p.get("scale") or q.shape[-1] ** -0.5
+    logits = mode.bilinear(torch.matmul, q * scale, k.transpose(-2, -1))
+    mask = p.get("attn_mask")
+    if p.get("is_causal"):
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if mask is not None and mask.dtype == torch.bool:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        logits = logits + mode.constant(mask, logits)
+    return mode.bilinear(torch.matmul, mode.softmax(logits, -1), v)
+
+
+_RULES = {
+    **dict.fromkeys(("add", "sub", "mul", "div", "matmul"), _binary),
+    **dict.fromkeys(("mm", "bmm"), _mm),
+    **dict.fromkeys(("cat", "stack", "hstack", "vstack", "where", "masked_fill", "scatter", "scatter_add"), _additive),
+    **dict.fromkeys(("scatter_reduce", "index_add", "index_copy", "index_put"), _additive),
+    **dict.fromkeys(("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d"), _linear),
+    "einsum": _einsum,
+    "setitem": _setitem,
+    "softmax": _softmax,
+    "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "group_norm": _group_norm,
+    "batch_norm": _batch_norm,
+    "normalize": _normalize,
+    "pad": _pad,
+    "scaled_dot_product_attention": _sdpa,
+}
+
+
+# ------------------------------------------------------------------------------------------------ the relevance
+def relevance(
+    model: nn.Module, logits_of, x: torch.Tensor, target: torch.Tensor, variant: Variant = Variant()
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """HiLRP relevance of ``logits_of(model, x)[:, target]`` for ``x: [B, C, H, W]``, one image at a time: the
+    input relevance ``[B, C, H, W]``, what the rules absorbed ``[B]`` and the logit ``[B]``; their sum equals the
+    logit to rounding (the check of conservation)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    out: tuple[list, list, list] = ([], [], [])
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        for i in range(x.shape[0]):
+            ledger = Ledger()
+            xi = x[i : i + 1].detach().clone().requires_grad_(True)
+            with torch.enable_grad(), RelevanceMode(variant, ledger):
+                score = logits_of(model, xi)[0, target[i]]
+            ledger.counting = True
+            grads = torch.autograd.grad(score, [xi, *ledger.leaves], allow_unused=True)
+            absorbed = sum((_dot(c, g) for c, g in zip(ledger.leaves, grads[1:], strict=True) if g is not None), 0.0)
+            out[0].append((xi * grads[0]).detach())
+            out[1].append(torch.as_tensor(absorbed + sum(ledger.terms, 0.0), dtype=x.dtype).detach())
+            out[2].append(score.detach())
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+    return torch.cat(out[0]), torch.stack(out[1]), torch.stack(out[2])
