@@ -40,7 +40,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from timm.layers import register_notrace_function
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -156,6 +158,7 @@ def run_path(
     return dropout(logits.softmax(dim=-1), dropout_p) @ v
 
 
+@register_notrace_function  # torch.fx (timm's fx feature extraction) keeps the call; the choice runs with the graph
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -192,9 +195,11 @@ def cpu_clock() -> Callable[[], float]:
 
 
 def _measurable(x: torch.Tensor) -> bool:
-    """Whether timing candidates on ``x`` means anything: not while compiling, not under a dispatch mode (a FLOP
-    counter would count every candidate), not on the meta device."""
-    return not (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None or x.device.type == "meta")
+    """Whether timing candidates on ``x`` means anything: not while compiling or ``torch.fx`` tracing, not under a
+    dispatch mode (a FLOP counter would count every candidate), not on the meta device."""
+    if torch.compiler.is_compiling() or is_fx_symbolic_tracing():
+        return False
+    return not (_get_current_dispatch_mode() is not None or x.device.type == "meta")
 
 
 def _decide(
