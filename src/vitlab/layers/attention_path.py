@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from timm.layers import register_notrace_function
+from timm.layers import register_notrace_function, use_fused_attn
 from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -253,7 +253,10 @@ def _time(
 def choose_window_attention_path(module: nn.Module, args: tuple) -> None:
     """Forward pre-hook for timm's ``WindowAttention``: set its ``fused_attn`` (SDPA, or its eager softmax) to the
     faster for this call's key. A forced ``eager`` or ``math`` path gives the eager softmax, ``sdpa`` SDPA."""
-    if getattr(module, "_choosing_path", False):
+    if getattr(module, "_choosing_path", False) or is_fx_symbolic_tracing():  # fx: the graph keeps the last path
+        return
+    if torch.compiler.is_exporting():  # timm's own choice, the path timm's Swin exports by (ONNX with autograd on)
+        module.fused_attn = use_fused_attn(experimental=True)
         return
     dropout_on = module.attn_drop.p > 0 and module.training
     path = forced_path() or ("eager" if dropout_on else None if _measurable(args[0]) else "sdpa")
