@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
@@ -28,17 +25,18 @@ def lazy_exports(package: str, names: Mapping[str, str], namespace: dict[str, An
     return __getattr__, __dir__
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """A finder that wraps the loading of one module so that a callback runs once it is loaded (PEP 451 specs)."""
+class _AfterImport:
+    """A ``sys.meta_path`` finder (PEP 451) that wraps the loading of one module so that a callback runs once it is
+    loaded; it asks the finders after it for the module's spec, and removes itself on first use."""
 
     def __init__(self, name: str, callback: Callable[[], None]) -> None:
         self.name, self.callback = name, callback
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != self.name:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        spec = next((s for f in sys.meta_path if (s := f.find_spec(name, path, target)) is not None), None)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module

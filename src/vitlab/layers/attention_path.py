@@ -20,12 +20,15 @@ with the random state put back after; on the thread's CPU clock with one thread,
 kept in the user's cache (:mod:`vitlab.machine_cache`), so it serves the key in every later process on that
 machine too, whatever the load then.
 :func:`decisions` lists the choices with their timings. :func:`force_attention_path` or the environment variable
-``VITLAB_ATTENTION_PATH`` (a name of :data:`PATHS`) holds every call to one path. Under ``torch.compile``, a
-dispatch mode (a FLOP counter) or on the meta device nothing is timed and the ``sdpa`` path runs.
+``VITLAB_ATTENTION_PATH`` (a name of :data:`PATHS`) holds every call to one path. Under ``torch.compile``,
+``torch.fx`` tracing, a dispatch mode (a FLOP counter) or on the meta device nothing is timed and the ``sdpa`` path
+runs; ``torch.fx`` records :func:`attend` as one call (timm's ``register_notrace_function``), so a traced graph
+chooses when it runs.
 
 :func:`choose_window_attention_path` does the same for timm's Swin ``WindowAttention``, whose own switch
 ``fused_attn`` picks between SDPA and its eager softmax (with the model's dropout module on the probabilities); with
-attention dropout on, its eager softmax runs.
+attention dropout on, its eager softmax runs. While ``torch.export`` (and so ONNX) traces, the path is timm's own
+(``use_fused_attn``), the one timm's Swin exports by; while ``torch.fx`` traces, the path the module last ran.
 """
 
 from __future__ import annotations
