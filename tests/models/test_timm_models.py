@@ -17,6 +17,7 @@ from timm.models import FeatureInfo
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
 import vitlab
+from vitlab.models.registry import constructor_args
 from vitlab.timm_registry import PREFIX
 
 #: one small preset per family: ViT, ToMe, Swin, CET-ViT hierarchical and global, ViTCAE's encoder
@@ -224,4 +225,23 @@ def test_pretrained_weights_load_from_a_local_file(name, suffix, tmp_path):
         assert torch.equal(loaded(x), source(x))
         features = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, features_only=True)
         assert all(torch.isfinite(f).all() for f in features.eval()(x))
-    assert timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, num_classes=3)(x).shape == (1, 3)
+    # timm's test_model_load_pretrained: another class count and one input channel (the first conv summed)
+    other = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, in_chans=1, num_classes=5)
+    assert other(x[:, :1]).shape == (1, 5)
+
+
+def test_vitlab_swin_swaps_with_timms_swin():
+    """The same weights in timm's ``SwinTransformer`` give the same NHWC features, pooled features and logits."""
+    ours = timm.create_model(f"{PREFIX}swin_pico", pretrained=False).eval()
+    options = {**{k: p.default for k, p in constructor_args(type(ours)).items()}, **ours.init_kwargs}
+    kwargs = {k: v for k, v in options.items() if k != "drop_rate"}  # all 0 here; vitlab's also sets proj_drop_rate
+    theirs = timm.models.swin_transformer.SwinTransformer(**kwargs).eval()
+    theirs.load_state_dict(ours.state_dict())
+    x = _input(ours, batch=2)
+    with torch.no_grad():
+        assert torch.allclose(ours.forward_features(x), theirs.forward_features(x), atol=1e-5)
+        assert torch.allclose(ours(x), theirs(x), atol=1e-5)
+        ours.reset_classifier(0, "")
+        theirs.reset_classifier(0, "")
+        assert ours(x).shape == theirs(x).shape == (2, *ours.default_cfg["pool_size"], ours.num_features)
+    assert ours.output_fmt == theirs.output_fmt == "NHWC"

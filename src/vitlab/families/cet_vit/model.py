@@ -105,8 +105,7 @@ class CETViT(MicroInputSize, ModelContract, nn.Module):
     Args:
         img_size, patch_size, in_chans, num_classes: input and output.
         embed_dims, depths, num_heads: per MicroEncoder stage (width, Swin blocks, heads).
-        window_size: Swin window (shrinks to the grid when larger).
-        dynamic_img_size: any input size on each forward; ``set_input_size``: a new fixed one (:class:`MicroInputSize`).
+        window_size: Swin window (shrinks to the grid when larger); dynamic_img_size: :class:`MicroInputSize`.
         pos_embed: ``none`` (the card, which is silent) or ``learned``: an absolute position embedding added after
             the PatchEmbed (docs/cet_vit.md, "Architecture as built"), so the stages after the windowed micro
             encoder know where a token was.
@@ -269,8 +268,7 @@ class CETViT(MicroInputSize, ModelContract, nn.Module):
             self.head = FusionHead(micro_dim, num_classes=num_classes, drop=drop_rate, streams=1)
             self.apply(init_weights_vit_timm)
             return
-        self.embed_dim, self.num_features = fusion_dim, 2 * fusion_dim
-        self.head_hidden_size = self.num_features
+        self.embed_dim, self.num_features, self.head_hidden_size = fusion_dim, 2 * fusion_dim, 2 * fusion_dim
         fused = dict(num_chs=fusion_dim, reduction=patch_size)
         self.feature_info += [
             dict(module=f"macro_encoder.blocks.{i}", stream="macro", **fused) for i in range(macro_depth)
@@ -567,9 +565,8 @@ class CETViT(MicroInputSize, ModelContract, nn.Module):
 
 def param_breakdown(model: CETViT) -> dict[str, int]:
     """Parameter count per part of a CET-ViT (its direct children: ``patch_embed``, ``micro_encoder``, ``v_ceo``,
-    ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``).
-    The counts add up to the model's total.
-    """
+    ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``),
+    adding up to the model's total."""
     return {name: parameter_count(part) for name, part in model.named_children()}
 
 
