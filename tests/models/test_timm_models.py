@@ -17,6 +17,7 @@ from timm.models import FeatureInfo
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
 import vitlab
+from vitlab.models.contract import feature_extractor
 from vitlab.models.registry import constructor_args
 from vitlab.timm_registry import PREFIX
 
@@ -35,6 +36,7 @@ def test_every_preset_is_in_timms_registry_under_a_vitlab_name():
     assert timm.is_model(f"{PREFIX}cet_vit_nano_global") and timm.get_pretrained_cfg(f"{PREFIX}swin_pico")
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch and timm: about 10 s on a busy 2-core CPU
 def test_import_vitlab_registers_with_timm_imported_after_it_and_loads_no_torch():
     code = (
         "import sys, vitlab; assert 'torch' not in sys.modules and 'timm' not in sys.modules; "
@@ -122,6 +124,12 @@ def test_model_forward_features(name, feature_cls):
         assert all(o.shape[a] <= math.ceil(x.shape[2 + i] / r) + 1 for i, a in enumerate(spatial_axes))
     data = timm.data.resolve_data_config(model=model)
     assert data["input_size"] == x.shape[1:] and data["mean"] == (0.5,) * x.shape[1]
+
+
+def test_vitlabs_feature_extractor_has_the_models_pretrained_cfg():
+    model = vitlab.create_model("vitcae_pico").encoder
+    data = timm.data.resolve_data_config(model=feature_extractor(model, out_indices=2))
+    assert data["input_size"] == (1, 8, 8) and data["mean"] == (0.5,)
 
 
 @pytest.mark.parametrize("name", NAMES)
