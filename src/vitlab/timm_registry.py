@@ -8,6 +8,7 @@ timm's own builder: ``num_classes``, ``in_chans``, ``img_size``, ``features_only
 timm's ``load_pretrained``, which drops a classifier of another class count and adapts the first convolution to
 other ``in_chans``). The model is :func:`vitlab.create_model`'s, so it exports and reloads like any vitlab model.
 A ViTCAE preset is its encoder (a ViT classifier on the CLS token; a ViTCAE checkpoint's ``encoder.`` weights load).
+Weights of another input size load into a model built with ``img_size`` (:func:`_fit_weights`).
 
 ``features_only``: timm's ``FeatureGetterNet`` over ``forward_intermediates`` (the last 3 taps by default, as
 timm's ViT), except Swin, which is timm's and takes timm's Swin route (``FeatureListNet``, every stage).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc, resize_rel_pos_bias_table
 from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs, register_model
 from torch import nn
@@ -63,11 +65,25 @@ def _preset_model(name: str, generative: bool, **kwargs: Any) -> nn.Module:
     return encoder
 
 
-def _encoder_weights(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
-    """timm's ``pretrained_filter_fn``: a whole ViTCAE checkpoint's ``encoder.`` weights, others unchanged."""
-    if not any(k.startswith("encoder.") for k in state):
-        return state
-    return {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
+def _fit_weights(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """timm's ``pretrained_filter_fn``: a whole ViTCAE checkpoint's ``encoder.`` weights; position embeddings and
+    relative position bias tables of another input size resampled to the model's, as timm's ViT and Swin filters do
+    (``resample_abs_pos_embed``, ``resample_abs_pos_embed_nhwc``, ``resize_rel_pos_bias_table``)."""
+    if any(k.startswith("encoder.") for k in state):
+        state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
+    own = model.state_dict()
+    for key, value in state.items():
+        target = own.get(key)
+        if target is None or target.shape == value.shape:
+            continue
+        if key.endswith("pos_embed") and value.ndim == 4:  # CET-ViT's [1, G, G, C]
+            state[key] = resample_abs_pos_embed_nhwc(value, target.shape[1:3])
+        elif key.endswith("pos_embed"):  # ViT's [1, 1 + G*G, C]
+            state[key] = resample_abs_pos_embed(value, new_size=model.grid_size, num_prefix_tokens=1)
+        elif key.endswith("relative_position_bias_table"):
+            window = model.get_submodule(key.rpartition(".")[0]).window_size
+            state[key] = resize_rel_pos_bias_table(value, new_window_size=window, new_bias_shape=target.shape)
+    return state
 
 
 def create(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
@@ -97,7 +113,7 @@ def create(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
         PREFIX + name,
         pretrained,
         pretrained_cfg_overlay={**overlay, **(kwargs.pop("pretrained_cfg_overlay", None) or {})},
-        pretrained_filter_fn=_encoder_weights,
+        pretrained_filter_fn=_fit_weights,
         feature_cfg=feature_cfg,
         **kwargs,
     )

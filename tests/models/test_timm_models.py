@@ -238,6 +238,24 @@ def test_pretrained_weights_load_from_a_local_file(name, suffix, tmp_path):
     assert other(x[:, :1]).shape == (1, 5)
 
 
+# cet_vit_nano_global's slot count follows the grid it is built for (slot_ratio): its weights go to another size by
+# set_input_size or dynamic_img_size (tested above), not by building it there
+@pytest.mark.parametrize("name", [n for n in RESIZABLE if not n.endswith("_global")])
+def test_weights_of_another_input_size_load_resampled(name, tmp_path):
+    """Weights trained at 32x32 into the model built for 64x64 equal that model after ``set_input_size(64)`` (Swin
+    with its windows as built; timm's ``set_input_size`` otherwise keeps the window-to-grid ratio)."""
+    source = timm.create_model(name, pretrained=False).eval()
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, tmp_path / "weights.safetensors")
+    overlay = dict(file=str(tmp_path / "weights.safetensors"))
+    loaded = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, img_size=64).eval()
+    source.set_input_size(
+        (64, 64), **({"window_size": source.init_kwargs.get("window_size", 4)} if "swin" in name else {})
+    )
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(loaded(x), source(x), atol=1e-5)
+
+
 def test_vitlab_swin_swaps_with_timms_swin():
     """The same weights in timm's ``SwinTransformer`` give the same NHWC features, pooled features and logits."""
     ours = timm.create_model(f"{PREFIX}swin_pico", pretrained=False).eval()

@@ -56,7 +56,7 @@ class ModelContract:
     Class attributes a model sets: ``classifier_name`` (the head's module, ``pretrained_cfg["classifier"]``) and
     ``first_conv`` (the convolution of the model's timm ``PatchEmbed``, which gives the input size).
     ``pretrained_cfg`` is computed from the model's input and head; assigning a dict to it (as timm's builder does,
-    or ``vitlab fit`` with the data's mean and std) updates those keys.
+    or ``vitlab fit`` with the data's mean and std) updates its keys other than :data:`BUILT_KEYS`.
     """
 
     classifier_name: str = "head"
