@@ -36,7 +36,7 @@ DEFAULT_OUT_INDICES = 3
 
 def _default_cfg() -> dict[str, Any]:
     """The registered cfg (timm's ``_cfg`` of a model file); the model's own ``pretrained_cfg`` gives the input
-    size, classifier and first convolution of the preset as built (:func:`_cfg_of`)."""
+    size, classifier and first convolution of the preset as built (:func:`create` overlays them)."""
     return dict(
         url="",
         input_size=(3, 32, 32),
