@@ -6,9 +6,10 @@ The names below are imported when first used (PEP 562), so that ``import vitlab`
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING
 
-from vitlab.lazy import lazy_exports
+from vitlab.lazy import after_import, lazy_exports
 from vitlab.version import __version__
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ _LAZY = {
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
+# every preset in timm's registry as ``vitlab_<preset>`` (vitlab.timm_registry), once timm is imported
+after_import("timm", lambda: import_module("vitlab.timm_registry").register())
 
 __all__ = [
     "__version__",

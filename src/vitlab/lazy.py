@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import Any
@@ -22,3 +23,36 @@ def lazy_exports(package: str, names: Mapping[str, str], namespace: dict[str, An
         return sorted({*namespace, *names})
 
     return __getattr__, __dir__
+
+
+class _AfterImport:
+    """A ``sys.meta_path`` finder (PEP 451) that wraps the loading of one module so that a callback runs once it is
+    loaded; it asks the finders after it for the module's spec, and removes itself on first use."""
+
+    def __init__(self, name: str, callback: Callable[[], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = next((s for f in sys.meta_path if (s := f.find_spec(name, path, target)) is not None), None)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_call(module: Any) -> None:
+            exec_module(module)
+            self.callback()
+
+        spec.loader.exec_module = exec_then_call  # this spec's loader only
+        return spec
+
+
+def after_import(name: str, callback: Callable[[], None]) -> None:
+    """Run ``callback()`` once the module ``name`` is imported: now if it is, else right after its import, without
+    importing it (so a package can register itself with another, e.g. timm, at no import cost)."""
+    if name in sys.modules:
+        callback()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, callback))

@@ -70,6 +70,7 @@ class VisionTransformerConfig(ViTEncoderConfig, total=False):
 
     global_pool: Literal["token", "avg"]
     tome_r: int
+    dynamic_img_size: bool
 
 
 class SwinTransformerConfig(ImageModelConfig, total=False):
@@ -84,6 +85,8 @@ class SwinTransformerConfig(ImageModelConfig, total=False):
     drop_rate: float
     attn_drop_rate: float
     drop_path_rate: float
+    global_pool: Literal["avg", ""]
+    dynamic_img_size: bool
 
 
 #: the core's model classes -> the type of their ``model`` section

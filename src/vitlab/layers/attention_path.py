@@ -20,12 +20,15 @@ with the random state put back after; on the thread's CPU clock with one thread,
 kept in the user's cache (:mod:`vitlab.machine_cache`), so it serves the key in every later process on that
 machine too, whatever the load then.
 :func:`decisions` lists the choices with their timings. :func:`force_attention_path` or the environment variable
-``VITLAB_ATTENTION_PATH`` (a name of :data:`PATHS`) holds every call to one path. Under ``torch.compile``, a
-dispatch mode (a FLOP counter) or on the meta device nothing is timed and the ``sdpa`` path runs.
+``VITLAB_ATTENTION_PATH`` (a name of :data:`PATHS`) holds every call to one path. Under ``torch.compile``,
+``torch.fx`` tracing, a dispatch mode (a FLOP counter) or on the meta device nothing is timed and the ``sdpa`` path
+runs; ``torch.fx`` records :func:`attend` as one call (timm's ``register_notrace_function``), so a traced graph
+chooses when it runs.
 
 :func:`choose_window_attention_path` does the same for timm's Swin ``WindowAttention``, whose own switch
 ``fused_attn`` picks between SDPA and its eager softmax (with the model's dropout module on the probabilities); with
-attention dropout on, its eager softmax runs.
+attention dropout on, its eager softmax runs. While ``torch.export`` (and so ONNX) traces, the path is timm's own
+(``use_fused_attn``), the one timm's Swin exports by; while ``torch.fx`` traces, the path the module last ran.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from timm.layers import register_notrace_function, use_fused_attn
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -156,6 +161,7 @@ def run_path(
     return dropout(logits.softmax(dim=-1), dropout_p) @ v
 
 
+@register_notrace_function  # torch.fx (timm's fx feature extraction) keeps the call; the choice runs with the graph
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -192,9 +198,11 @@ def cpu_clock() -> Callable[[], float]:
 
 
 def _measurable(x: torch.Tensor) -> bool:
-    """Whether timing candidates on ``x`` means anything: not while compiling, not under a dispatch mode (a FLOP
-    counter would count every candidate), not on the meta device."""
-    return not (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None or x.device.type == "meta")
+    """Whether timing candidates on ``x`` means anything: not while compiling or ``torch.fx`` tracing, not under a
+    dispatch mode (a FLOP counter would count every candidate), not on the meta device."""
+    if torch.compiler.is_compiling() or is_fx_symbolic_tracing():
+        return False
+    return not (_get_current_dispatch_mode() is not None or x.device.type == "meta")
 
 
 def _decide(
@@ -248,7 +256,10 @@ def _time(
 def choose_window_attention_path(module: nn.Module, args: tuple) -> None:
     """Forward pre-hook for timm's ``WindowAttention``: set its ``fused_attn`` (SDPA, or its eager softmax) to the
     faster for this call's key. A forced ``eager`` or ``math`` path gives the eager softmax, ``sdpa`` SDPA."""
-    if getattr(module, "_choosing_path", False):
+    if getattr(module, "_choosing_path", False) or is_fx_symbolic_tracing():  # fx: the graph keeps the last path
+        return
+    if torch.compiler.is_exporting():  # timm's own choice, the path timm's Swin exports by (ONNX with autograd on)
+        module.fused_attn = use_fused_attn(experimental=True)
         return
     dropout_on = module.attn_drop.p > 0 and module.training
     path = forced_path() or ("eager" if dropout_on else None if _measurable(args[0]) else "sdpa")

@@ -9,6 +9,10 @@ from torch import nn
 from vitlab.layers.attention import Attention, TemperatureForm
 from vitlab.layers.tome import bipartite_soft_matching, merge_wavg
 
+# ToMe's matching has data-dependent sizes: torch.fx (timm's fx feature extraction) keeps these two calls whole
+torch.fx.wrap("bipartite_soft_matching")
+torch.fx.wrap("merge_wavg")
+
 
 class Block(nn.Module):
     """``x + DropPath(Attn(LN(x)))`` then ``x + DropPath(MLP(LN(x)))``. ``x: [B, N, C]``.

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from timm.models import checkpoint
+from timm.models._builder import pretrained_cfg_for_features
 from timm.models._features import FeatureGetterNet, feature_take_indices
 from torch import nn
 
@@ -30,6 +31,8 @@ from torch import nn
 OUTPUT_FORMATS = ("NCHW", "NLC")
 #: vitlab's licence (pyproject.toml): what ``pretrained_cfg["license"]`` says of weights vitlab trains
 LICENSE = "mit"
+#: the ``pretrained_cfg`` keys computed from the model, which an assigned cfg (timm's builder) does not replace
+BUILT_KEYS = ("input_size", "fixed_input_size", "num_classes", "pool_size", "first_conv", "classifier")
 
 
 def tokens_to_maps(tokens: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
@@ -53,7 +56,7 @@ class ModelContract:
     Class attributes a model sets: ``classifier_name`` (the head's module, ``pretrained_cfg["classifier"]``) and
     ``first_conv`` (the convolution of the model's timm ``PatchEmbed``, which gives the input size).
     ``pretrained_cfg`` is computed from the model's input and head; assigning a dict to it (as timm's builder does,
-    or ``vitlab fit`` with the data's mean and std) updates those keys.
+    or ``vitlab fit`` with the data's mean and std) updates its keys other than :data:`BUILT_KEYS`.
     """
 
     classifier_name: str = "head"
@@ -65,35 +68,43 @@ class ModelContract:
     def pretrained_cfg(self) -> dict[str, Any]:
         """timm's ``pretrained_cfg`` keys (``timm.models.PretrainedCfg``) for this model as built. Mean and std are
         those of the data the model was trained on once ``vitlab fit`` or an export set them; before that
-        ``(0.5, ...)``, the ``[-1, 1]`` scaling."""
+        ``(0.5, ...)``, the ``[-1, 1]`` scaling. The keys of :data:`BUILT_KEYS` always describe the model as it is
+        (its input size, ``set_input_size`` included, classes, pooled grid, first conv and classifier)."""
         embed = self.get_submodule(self.first_conv.rpartition(".")[0])  # timm's PatchEmbed: img_size, proj
         chans = embed.proj.in_channels
+        built = {
+            "input_size": (chans, *embed.img_size),
+            "fixed_input_size": not getattr(self, "dynamic_img_size", False),
+            "num_classes": self.num_classes,
+            "pool_size": self.pool_size(),
+            "first_conv": self.first_conv,
+            "classifier": self.classifier_name,
+        }
         cfg = {
             "architecture": getattr(self, "preset", type(self).__name__),
             "tag": None,
             "url": "",
             "hf_hub_id": None,
-            "input_size": (chans, *embed.img_size),
-            "fixed_input_size": True,
             "interpolation": "bicubic",
             "crop_pct": 1.0,
             "crop_mode": "center",
             "mean": (0.5,) * chans,
             "std": (0.5,) * chans,
-            "num_classes": self.num_classes,
-            "pool_size": None,
-            "first_conv": self.first_conv,
-            "classifier": self.classifier_name,
             "license": LICENSE,
         }
-        return {**cfg, **self.__dict__.get("_pretrained_cfg_set", {})}
+        return {**cfg, **self.__dict__.get("_pretrained_cfg_set", {}), **built}
 
     @pretrained_cfg.setter
     def pretrained_cfg(self, values: dict[str, Any]) -> None:
         self.__dict__["_pretrained_cfg_set"] = {
             **self.__dict__.get("_pretrained_cfg_set", {}),
-            **{k: tuple(v) if isinstance(v, list) else v for k, v in dict(values).items()},
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in dict(values).items() if k not in BUILT_KEYS},
         }
+
+    def pool_size(self) -> tuple[int, int] | None:
+        """``pretrained_cfg["pool_size"]``: the grid of ``forward_features`` for a model with a spatial one (timm's
+        Swin), None for token models."""
+        return None
 
     @property
     def default_cfg(self) -> dict[str, Any]:
@@ -134,4 +145,7 @@ def feature_extractor(
     maps do not pass through, so each parameter of the extractor gets a gradient (DDP without
     ``find_unused_parameters``)."""
     out = out_indices if isinstance(out_indices, int) else tuple(out_indices)
-    return FeatureGetterNet(model, out_indices=out, norm=norm, prune=prune)
+    cfg = pretrained_cfg_for_features(model.pretrained_cfg)
+    wrapper = FeatureGetterNet(model, out_indices=out, norm=norm, prune=prune)
+    wrapper.pretrained_cfg = wrapper.default_cfg = cfg  # as timm's builder sets it: resolve_data_config reads it
+    return wrapper

@@ -41,9 +41,16 @@ class SwinTransformer(TimmSwinTransformer, ModelContract):
         drop_rate: dropout after the attention and MLP projections and before the head (as in vitlab's ViT).
         attn_drop_rate: dropout on the attention probabilities.
         drop_path_rate: stochastic depth, rising linearly over all blocks.
+        global_pool: ``avg`` (timm's default) or ``""`` (``forward`` gives the NHWC features), as timm's Swin.
+        dynamic_img_size: accept any input size whose grid the patch merging halves, the attention masks built for
+            it on each forward (timm's Swin); ``set_input_size`` changes the fixed size and the windows instead.
     """
 
     classifier_name = "head.fc"
+
+    def pool_size(self) -> tuple[int, int]:
+        """The last stage's grid, ``forward_features``' ``[B, H', W', C']`` (timm's Swin cfg ``pool_size``)."""
+        return tuple(self.layers[-1].output_resolution)
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -67,6 +74,8 @@ class SwinTransformer(TimmSwinTransformer, ModelContract):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        global_pool: str = "avg",
+        dynamic_img_size: bool = False,
     ) -> None:
         depths, num_heads = tuple(depths), tuple(num_heads)
         check_patch_grid(img_size, patch_size)
@@ -97,6 +106,8 @@ class SwinTransformer(TimmSwinTransformer, ModelContract):
             proj_drop_rate=drop_rate,
             attn_drop_rate=attn_drop_rate,
             drop_path_rate=drop_path_rate,
+            global_pool=global_pool,
+            dynamic_img_size=dynamic_img_size,
         )
         for module in self.modules():
             if isinstance(module, WindowAttention):

@@ -11,6 +11,7 @@ import functools
 from collections.abc import Sequence
 
 import torch
+from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
@@ -48,6 +49,10 @@ class VisionTransformer(ModelContract, nn.Module):
     inference; 0 (default) is the plain ViT. Each block then returns ``N - r`` tokens (fewer once the tokens run
     low, see :func:`vitlab.layers.tome.bipartite_soft_matching`), the CLS token is never merged, and attention is
     proportional to the token sizes. ToMe needs ``global_pool="token"``.
+
+    ``dynamic_img_size`` (timm's ViT): any input size that tiles into patches, the position embedding resampled to
+    its grid on each forward (``timm.layers.resample_abs_pos_embed``, bicubic); :meth:`set_input_size` resamples
+    it once, for a new fixed size. At the size the model was built for, both leave the logits unchanged.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class VisionTransformer(ModelContract, nn.Module):
         temperature: bool = False,
         temperature_form: TemperatureForm = "inverse",
         tome_r: int = 0,
+        dynamic_img_size: bool = False,
     ) -> None:
         super().__init__()
         if global_pool not in GLOBAL_POOLS[:2]:
@@ -81,12 +87,19 @@ class VisionTransformer(ModelContract, nn.Module):
                 "patches, so a plain mean over them is not the image mean; set global_pool='token' or tome_r=0"
             )
         grid = check_patch_grid(img_size, patch_size)
+        self.dynamic_img_size = dynamic_img_size
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.embed_dim = self.num_features = self.head_hidden_size = embed_dim
         self.tome_r = tome_r
-        self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
-        self.grid_size = (grid, grid)
+        self.patch_embed = PatchEmbed(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            strict_img_size=not dynamic_img_size,
+            output_fmt="NHWC" if dynamic_img_size else None,  # NHWC: the grid for the position embedding
+        )
         self.num_prefix_tokens = 1
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, grid * grid + 1, embed_dim))
@@ -146,11 +159,34 @@ class VisionTransformer(ModelContract, nn.Module):
         self.head = nn.Linear(self.embed_dim, num_classes, **like) if num_classes > 0 else nn.Identity()
         self.head.train(self.training)
 
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """The patch grid of the input size the model is set for (``set_input_size``)."""
+        return tuple(self.patch_embed.grid_size)
+
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
+        """A new fixed input size (timm's ``VisionTransformer.set_input_size``): the patch embedding's, and the
+        position embedding resampled to the new grid (``resample_abs_pos_embed``; the CLS position is kept)."""
+        old_grid = self.grid_size
+        self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
+        if self.grid_size != old_grid:
+            self.pos_embed = nn.Parameter(self._pos_embed_for(self.grid_size, old_grid))
+        self.feature_info = [{**info, "reduction": self.patch_embed.feat_ratio()} for info in self.feature_info]
+
+    def _pos_embed_for(self, grid: Sequence[int], old_grid: Sequence[int] | None = None) -> torch.Tensor:
+        """The position embedding ``[1, 1 + H*W, D]`` for a ``grid`` of patches (as it is at the model's own)."""
+        old_grid = old_grid or self.grid_size
+        return resample_abs_pos_embed(self.pos_embed, new_size=grid, old_size=old_grid, num_prefix_tokens=1)
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W] -> [B, 1 + N, D]``: patches, CLS token and position embedding."""
         x = self.patch_embed(x)
+        pos_embed = self.pos_embed
+        if self.dynamic_img_size:  # [B, H', W', D]: the position embedding resampled to this grid
+            pos_embed = self._pos_embed_for(x.shape[1:3])
+            x = x.flatten(1, 2)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + self.pos_embed)
+        return self.pos_drop(x + pos_embed)
 
     def _initial_sizes(self, x: torch.Tensor) -> torch.Tensor | None:
         """Token sizes ``[B, 1 + N, 1]`` (all one) for ToMe's size tracking, or None without ToMe."""
@@ -195,6 +231,7 @@ class VisionTransformer(ModelContract, nn.Module):
         check_output_fmt(output_fmt)
         take, last = self.take_indices(len(self.blocks), indices)
         inter = []
+        grid = self.patch_embed.dynamic_feat_size(x.shape[-2:])
         x = self.embed(x)
         size = self._initial_sizes(x)
         # where each CLS-and-patch position's token is now, for ToMe's feature maps: [B, 1 + N]
@@ -210,7 +247,7 @@ class VisionTransformer(ModelContract, nn.Module):
                 if output_fmt == "NCHW":
                     if source is not None:
                         y = torch.cat([prefix, y], 1).gather(1, source[:, 1:, None].expand(-1, -1, y.shape[-1]))
-                    y = tokens_to_maps(y, self.grid_size)
+                    y = tokens_to_maps(y, grid)
                 inter.append((y, prefix) if return_prefix_tokens else y)
         if intermediates_only:
             return inter

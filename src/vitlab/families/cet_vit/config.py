@@ -56,6 +56,7 @@ class CETViTConfig(ImageModelConfig, total=False):
     attn_drop_rate: float
     drop_path_rate: float
     grouping: Grouping
+    dynamic_img_size: bool
 
 
 @dataclass

@@ -46,6 +46,7 @@ from vitlab.families.cet_vit.parts import (
     FusionHead,
     MacroEncoder,
     MicroEncoder,
+    MicroInputSize,
     PreNormCrossAttention,
 )
 from vitlab.families.cet_vit.presets import DESCRIPTIONS, PRESETS
@@ -87,13 +88,13 @@ class _Encoded:
     k_logits: torch.Tensor | None = None
 
 
-class CETViT(ModelContract, nn.Module):
+class CETViT(MicroInputSize, ModelContract, nn.Module):
     """CET-ViT classifier (CET-ViT v4 model card: "Architecture"). ``x: [B, C, H, W] -> logits [B, num_classes]``.
 
     timm's model contract (:mod:`vitlab.models.contract`): ``forward_features`` -> ``forward_head``;
-    ``num_features`` is the token width ``D`` of ``forward_features``, ``head_hidden_size`` the pooled width ``2D``
-    (``D`` with ``grouping: none``) that ``forward_head(pre_logits=True)`` and the forward after
-    ``reset_classifier(0)`` give. ``forward_intermediates`` taps the three token streams, in forward order
+    ``embed_dim`` is the token width ``D`` of ``forward_features``; ``num_features`` and ``head_hidden_size`` the
+    pooled width ``2D`` (``D`` with ``grouping: none``) that ``forward_head(pre_logits=True)`` and the forward with
+    ``num_classes=0`` give. ``forward_intermediates`` taps the three token streams, in forward order
     (``feature_info``, each entry with its ``stream``): ``micro`` (each MicroEncoder stage, ``[B, C_i, G, G]``),
     ``macro`` (each MacroEncoder block's slots ``[B, K_max, D]``; as a map, each patch's mixture of its slots
     ``S h_macro``, the rows of S summing to one) and ``fused`` (the micro stream after the CrossScaleAttention and
@@ -104,7 +105,7 @@ class CETViT(ModelContract, nn.Module):
     Args:
         img_size, patch_size, in_chans, num_classes: input and output.
         embed_dims, depths, num_heads: per MicroEncoder stage (width, Swin blocks, heads).
-        window_size: Swin window (shrinks to the grid when larger).
+        window_size: Swin window (shrinks to the grid when larger); dynamic_img_size: :class:`MicroInputSize`.
         pos_embed: ``none`` (the card, which is silent) or ``learned``: an absolute position embedding added after
             the PatchEmbed (docs/cet_vit.md, "Architecture as built"), so the stages after the windowed micro
             encoder know where a token was.
@@ -179,6 +180,7 @@ class CETViT(ModelContract, nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         grouping: str = "card",
+        dynamic_img_size: bool = False,
     ) -> None:
         super().__init__()
         embed_dims, depths, num_heads = tuple(embed_dims), tuple(depths), tuple(num_heads)
@@ -218,7 +220,7 @@ class CETViT(ModelContract, nn.Module):
         self.mask_empty_slots = mask_empty_slots
         self.dynamic_k = dynamic_k
         self.assignment_ablation = "none"
-        self.grid_size = (grid, grid)
+        self.window_size, self.dynamic_img_size = window_size, dynamic_img_size
         self.global_pool = "avg"
         if grouping == "none":
             macro_depth = deep_depth = 0
@@ -237,6 +239,7 @@ class CETViT(ModelContract, nn.Module):
             embed_dim=embed_dims[0],
             norm_layer=nn.LayerNorm,
             output_fmt="NHWC",
+            strict_img_size=not dynamic_img_size,
         )
         if pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, grid, grid, embed_dims[0]))
@@ -251,6 +254,7 @@ class CETViT(ModelContract, nn.Module):
             window_size=window_size,
             drop_path=micro_dpr,
             fused_attention=fused_window_attention,
+            dynamic_mask=dynamic_img_size,
             **blocks,
         )
         micro_dim = embed_dims[-1]
@@ -260,11 +264,11 @@ class CETViT(ModelContract, nn.Module):
         ]
         if grouping == "none":
             self.k_estimator = None
-            self.num_features, self.head_hidden_size = micro_dim, micro_dim
+            self.embed_dim = self.num_features = self.head_hidden_size = micro_dim
             self.head = FusionHead(micro_dim, num_classes=num_classes, drop=drop_rate, streams=1)
             self.apply(init_weights_vit_timm)
             return
-        self.num_features, self.head_hidden_size = fusion_dim, 2 * fusion_dim
+        self.embed_dim, self.num_features, self.head_hidden_size = fusion_dim, 2 * fusion_dim, 2 * fusion_dim
         fused = dict(num_chs=fusion_dim, reduction=patch_size)
         self.feature_info += [
             dict(module=f"macro_encoder.blocks.{i}", stream="macro", **fused) for i in range(macro_depth)
@@ -350,10 +354,7 @@ class CETViT(ModelContract, nn.Module):
 
     def micro_tokens(self, x: torch.Tensor, taps: list[torch.Tensor] | None = None) -> torch.Tensor:
         """``[B, C, H, W] -> h_micro [B, N, C_last]``: PatchEmbed (+ position embedding) and the MicroEncoder."""
-        tokens = self.patch_embed(x)  # [B, G, G, C_0]
-        if self.pos_embed is not None:
-            tokens = tokens + self.pos_embed
-        return self.micro_encoder(tokens, taps).flatten(1, 2)
+        return self.micro_encoder(self.position_embedded(self.patch_embed(x)), taps).flatten(1, 2)
 
     def _after_vceo(
         self, micro: torch.Tensor, S: torch.Tensor, taps: list[torch.Tensor] | None = None
@@ -450,13 +451,13 @@ class CETViT(ModelContract, nn.Module):
             )
         take, _ = self.take_indices(len(self.feature_info), indices)
         taps: list[torch.Tensor] = []
-        enc = self._encode(x, taps=taps)
+        grid, enc = self.patch_embed.dynamic_feat_size(x.shape[-2:]), self._encode(x, taps=taps)
         inter = []
         for i in take:
             y, stream = taps[i], self.feature_info[i]["stream"]
             y = y.flatten(1, 2) if y.ndim == 4 else y  # the micro stages' [B, G, G, C]
             if output_fmt == "NCHW":
-                y = tokens_to_maps(enc.S @ y if stream == "macro" else y, self.grid_size)
+                y = tokens_to_maps(enc.S @ y if stream == "macro" else y, grid)
             inter.append(y)
         return inter if intermediates_only else (enc.tokens, inter)
 
@@ -564,9 +565,8 @@ class CETViT(ModelContract, nn.Module):
 
 def param_breakdown(model: CETViT) -> dict[str, int]:
     """Parameter count per part of a CET-ViT (its direct children: ``patch_embed``, ``micro_encoder``, ``v_ceo``,
-    ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``).
-    The counts add up to the model's total.
-    """
+    ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``),
+    adding up to the model's total."""
     return {name: parameter_count(part) for name, part in model.named_children()}
 
 

@@ -8,12 +8,16 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from timm.layers import register_notrace_function, resample_abs_pos_embed_nhwc
 from timm.models import checkpoint
 from timm.models.swin_transformer import SwinTransformerStage
 from torch import nn
 
 from vitlab.layers import Block, CrossAttention, Mlp, trunc_normal_
 from vitlab.layers.slots import budget_values, dense_straight_through, dynamic_k_assignment, topk_softmax
+
+# shape checks on data: torch.fx (timm's fx feature extraction) keeps these calls whole
+register_notrace_function(topk_softmax)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -46,6 +50,7 @@ class MicroEncoder(nn.Module):
         attn_drop: float,
         drop_path: Sequence[float],
         fused_attention: bool = False,
+        dynamic_mask: bool = False,
     ) -> None:
         super().__init__()
         self.widen = nn.ModuleList()
@@ -67,6 +72,7 @@ class MicroEncoder(nn.Module):
                     proj_drop=proj_drop,
                     attn_drop=attn_drop,
                     drop_path=list(drop_path[first_block : first_block + depth]),
+                    dynamic_mask=dynamic_mask,
                 )
             )
             width, first_block = dim, first_block + depth
@@ -86,6 +92,37 @@ class MicroEncoder(nn.Module):
         """timm's checkpointing of the Swin blocks of every stage (``SwinTransformerStage.grad_checkpointing``)."""
         for stage in self.stages:
             stage.grad_checkpointing = enable
+
+
+class MicroInputSize:
+    """The input size of a model with a timm ``PatchEmbed`` (``patch_embed``), an optional NHWC ``pos_embed``
+    ``[1, G, G, C]`` and a :class:`MicroEncoder` (``micro_encoder``), as timm's Swin and ViT change theirs:
+    :meth:`set_input_size` for a new fixed size, ``dynamic_img_size`` for any size on each forward. The position
+    embedding is resampled (``timm.layers.resample_abs_pos_embed_nhwc``), and the windows and their relative position
+    bias tables follow the grid (timm's ``SwinTransformerStage.set_input_size``: a window larger than the grid
+    shrinks to it, so a global micro encoder stays global)."""
+
+    dynamic_img_size: bool = False
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """The patch grid of the input size the model is set for."""
+        return tuple(self.patch_embed.grid_size)
+
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
+        self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
+        if self.pos_embed is not None:
+            self.pos_embed = nn.Parameter(resample_abs_pos_embed_nhwc(self.pos_embed, self.grid_size))
+        for stage in self.micro_encoder.stages:
+            stage.set_input_size(feat_size=self.grid_size, window_size=self.window_size)
+
+    def position_embedded(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, H, W, C]`` plus the position embedding (resampled to ``H x W`` with ``dynamic_img_size``)."""
+        if self.pos_embed is None:
+            return tokens
+        if self.dynamic_img_size:
+            return tokens + resample_abs_pos_embed_nhwc(self.pos_embed, tokens.shape[1:3])
+        return tokens + self.pos_embed
 
 
 class VCEO(nn.Module):

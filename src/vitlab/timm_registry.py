@@ -1,0 +1,141 @@
+"""vitlab's presets in timm's model registry (timm, pytorch-image-models: ``timm.models._registry.register_model``,
+``generate_default_cfgs`` and ``timm.models._builder.build_model_with_cfg``), so ``timm.create_model`` builds them.
+
+Every preset ``P`` of :data:`vitlab.model_catalogue.PRESET_CLASSES` is the timm model ``vitlab_P`` (e.g.
+``vitlab_vit_pico``, ``vitlab_swin_pico``, ``vitlab_cet_vit_nano_global``). ``timm.create_model`` passes it through
+timm's own builder: ``num_classes``, ``in_chans``, ``img_size``, ``features_only`` / ``out_indices`` /
+``feature_cls``, and ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` (safetensors or ``.pth``:
+timm's ``load_pretrained``, which drops a classifier of another class count and adapts the first convolution to
+other ``in_chans``). The model is :func:`vitlab.create_model`'s, so it exports and reloads like any vitlab model.
+A ViTCAE preset is its encoder (a ViT classifier on the CLS token; a ViTCAE checkpoint's ``encoder.`` weights load).
+Weights of another input size load into a model built with ``img_size`` (:func:`_fit_weights`).
+
+``features_only``: timm's ``FeatureGetterNet`` over ``forward_intermediates`` (the last 3 taps by default, as
+timm's ViT), except Swin, which is timm's and takes timm's Swin route (``FeatureListNet``, every stage).
+
+Registration reads names only (no torch); ``import vitlab`` registers when timm is imported, before or after
+(:func:`vitlab.lazy.after_import`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc, resize_rel_pos_bias_table
+from timm.models._builder import build_model_with_cfg
+from timm.models._registry import generate_default_cfgs, register_model
+from torch import nn
+
+from vitlab.model_catalogue import PRESET_CLASSES
+
+#: the prefix of vitlab's names in timm's registry
+PREFIX = "vitlab_"
+#: the features a ViT-like model gives with ``features_only`` unless ``out_indices`` says (timm's ViT: 3)
+DEFAULT_OUT_INDICES = 3
+
+
+def _default_cfg() -> dict[str, Any]:
+    """The registered cfg (timm's ``_cfg`` of a model file); the model's own ``pretrained_cfg`` gives the input
+    size, classifier and first convolution of the preset as built (:func:`create` overlays them)."""
+    return dict(
+        url="",
+        input_size=(3, 32, 32),
+        fixed_input_size=False,
+        interpolation="bicubic",
+        crop_pct=1.0,
+        crop_mode="center",
+        mean=(0.5, 0.5, 0.5),
+        std=(0.5, 0.5, 0.5),
+        num_classes=10,
+        first_conv="patch_embed.proj",
+        classifier="head",
+        license="mit",
+    )
+
+
+def _preset_model(name: str, generative: bool, **kwargs: Any) -> nn.Module:
+    """The preset through :func:`vitlab.create_model`; a generative preset's encoder, with its own head."""
+    from vitlab.models.builder import create_model
+
+    if not generative:
+        return create_model(name, **kwargs)
+    num_classes = kwargs.pop("num_classes", 10)
+    encoder = create_model(name, **kwargs).encoder
+    encoder.reset_classifier(num_classes)
+    return encoder
+
+
+def _fit_weights(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """timm's ``pretrained_filter_fn``: a whole ViTCAE checkpoint's ``encoder.`` weights; position embeddings and
+    relative position bias tables of another input size resampled to the model's, as timm's ViT and Swin filters do
+    (``resample_abs_pos_embed``, ``resample_abs_pos_embed_nhwc``, ``resize_rel_pos_bias_table``)."""
+    if any(k.startswith("encoder.") for k in state):
+        state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
+    own = model.state_dict()
+    for key, value in state.items():
+        target = own.get(key)
+        if target is None or target.shape == value.shape:
+            continue
+        if key.endswith("pos_embed") and value.ndim == 4:  # CET-ViT's [1, G, G, C]
+            state[key] = resample_abs_pos_embed_nhwc(value, target.shape[1:3])
+        elif key.endswith("pos_embed"):  # ViT's [1, 1 + G*G, C]
+            state[key] = resample_abs_pos_embed(value, new_size=model.grid_size, num_prefix_tokens=1)
+        elif key.endswith("relative_position_bias_table"):
+            window = model.get_submodule(key.rpartition(".")[0]).window_size
+            state[key] = resize_rel_pos_bias_table(value, new_window_size=window, new_bias_shape=target.shape)
+    return state
+
+
+def create(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """``timm.create_model(PREFIX + name, ...)``: the preset through timm's ``build_model_with_cfg``."""
+    from vitlab.models.protocols import GenerativeModel
+    from vitlab.models.registry import constructor_args, get_preset, resolved_kwargs
+    from vitlab.models.swin import SwinTransformer
+
+    preset = get_preset(name)
+    defaults = {k: p.default for k, p in constructor_args(preset.cls).items()}
+    own = {**defaults, **resolved_kwargs(name)}
+    generative = issubclass(preset.cls, GenerativeModel)
+    overlay = dict(
+        input_size=(own["in_chans"], own["img_size"], own["img_size"]),
+        mean=(0.5,) * own["in_chans"],
+        std=(0.5,) * own["in_chans"],
+        num_classes=own["num_classes"],
+        first_conv="patch_embed.proj" if generative else preset.cls.first_conv,
+        classifier="head" if generative else preset.cls.classifier_name,
+    )
+    if issubclass(preset.cls, SwinTransformer):
+        feature_cfg = dict(flatten_sequential=True, out_indices=tuple(range(len(own["depths"]))))
+    else:
+        feature_cfg = dict(feature_cls="getter", out_indices=DEFAULT_OUT_INDICES)
+    return build_model_with_cfg(
+        lambda **kw: _preset_model(name, generative, **kw),
+        PREFIX + name,
+        pretrained,
+        pretrained_cfg_overlay={**overlay, **(kwargs.pop("pretrained_cfg_overlay", None) or {})},
+        pretrained_filter_fn=_fit_weights,
+        feature_cfg=feature_cfg,
+        **kwargs,
+    )
+
+
+def _entrypoint(name: str):
+    def entrypoint(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+        return create(name, pretrained, **kwargs)
+
+    entrypoint.__name__ = entrypoint.__qualname__ = PREFIX + name
+    entrypoint.__doc__ = f"vitlab's preset {name!r} (:func:`vitlab.create_model`) through timm's builder."
+    entrypoint.__module__ = __name__
+    return entrypoint
+
+
+default_cfgs: dict[str, Any] = {}
+
+
+def register(presets: list[str] | None = None) -> list[str]:
+    """Register ``presets`` (all of the catalogue's by default) in timm's registry; returns their timm names."""
+    names = [PREFIX + p for p in (presets if presets is not None else sorted(PRESET_CLASSES))]
+    default_cfgs.update(generate_default_cfgs({n: _default_cfg() for n in names}))
+    for name in names:
+        register_model(_entrypoint(name.removeprefix(PREFIX)))
+    return names
