@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.naming import repo_relative
 from vitlab.atomic import atomic_write_text
 from vitlab.explain import METHODS, MethodRefused, explain
 from vitlab.jsonio import strict_dumps
@@ -140,9 +141,17 @@ def method_results(name: str) -> dict[str, Any]:
 def write_record(path: Path, record: dict[str, Any], load_before: tuple[float, ...]) -> None:
     """``record`` with the environment (versions, git revision), lscpu and the load average, written as JSON: what
     every explanation benchmark's results file holds."""
+
+    def relative(value: Any) -> Any:  # paths beside the checkout, written relative to it (benchmarks.naming)
+        if isinstance(value, dict):
+            return {k: relative(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [relative(v) for v in value]
+        return repo_relative(value) if isinstance(value, str) and value.startswith("/") else value
+
     record = {
-        **record,
-        "environment": environment(),
+        **relative(record),
+        "environment": relative(environment()),
         "lscpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout,
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
     }
