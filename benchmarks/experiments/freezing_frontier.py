@@ -51,12 +51,14 @@ def load_results(root: Path) -> dict[str, dict[int, dict[str, Any]]]:
 
 
 def epoch_configs(result: dict[str, Any]) -> list[tuple[int, ...]]:
-    """The heads frozen per layer while each epoch trained: none in the first, then the previous epoch's record."""
-    frozen = result["dynamics"]["frozen_per_layer"]
+    """The heads frozen per layer while each epoch trained. ``dynamics.jsonl`` has a record for epoch 0 (the probe
+    before training) and one after each epoch, so epoch ``e`` (from 1) trains with record ``e - 1``'s frozen heads;
+    a run recorded without the epoch-0 record starts with none frozen."""
+    frozen = [tuple(row) for row in result["dynamics"]["frozen_per_layer"]]
     epochs = len(result["val_curve"]["val/acc"])
-    layers = len(frozen[0]) if frozen else 0
-    configs = [tuple([0] * layers)] + [tuple(row) for row in frozen]
-    return configs[:epochs]
+    if len(frozen) <= epochs:
+        frozen = [tuple([0] * len(frozen[0]))] + frozen if frozen else []
+    return frozen[:epochs]
 
 
 def build_step(run: Path, threads: int = 1):

@@ -21,6 +21,10 @@ def _result(arm: str, seed: int, acc: float, frozen: list[list[int]]) -> dict:
 
 
 def test_the_heads_frozen_after_an_epoch_count_from_the_next_one():
+    # records for epochs 0 (before training) to 4, as dynamics.jsonl has them: epoch e trains with record e - 1's
+    r = _result("controlled", 0, 0.9, [[0, 0], [0, 0], [1, 0], [2, 2], [2, 2]])
+    assert ff.epoch_configs(r) == [(0, 0), (0, 0), (1, 0), (2, 2)]
+    # without the epoch-0 record the first epoch trained with nothing frozen
     r = _result("controlled", 0, 0.9, [[0, 0], [1, 0], [2, 2], [2, 2]])
     assert ff.epoch_configs(r) == [(0, 0), (0, 0), (1, 0), (2, 2)]
 
@@ -30,8 +34,8 @@ def frontier_results(tmp_path):
     root = tmp_path / "results"
     for seed, (ref, acc) in enumerate([(0.90, 0.91), (0.88, 0.87), (0.92, 0.92)]):
         for folder, arm, value, frozen in [
-            ("r0.5", "nofreeze", ref, [[0, 0]] * 4),
-            ("r0.5", "controlled", acc, [[0, 0], [2, 2], [2, 2], [2, 2]]),
+            ("r0.5", "nofreeze", ref, [[0, 0]] * 5),
+            ("r0.5", "controlled", acc, [[0, 0], [0, 0], [2, 2], [2, 2], [2, 2]]),
         ]:
             (root / folder).mkdir(parents=True, exist_ok=True)
             (root / folder / f"{arm}-seed{seed}.json").write_text(json.dumps(_result(arm, seed, value, frozen)))
@@ -48,7 +52,7 @@ def test_the_frontier_pairs_each_ratio_with_the_run_without_freezing(frontier_re
     (row,) = data["arms"]
     assert row["decay_ratio"] == 0.5 and len(row["seeds"]) == 3
     assert row["acc_diff"] == pytest.approx((1 - 1 + 0) / 3)
-    # frozen after epochs 2-4, so while epochs 3 and 4 of 4 trained, at 0.8 of the time: a saving of 2/4 * 0.2
+    # frozen after epochs 2-4 (records 0-4), so while epochs 3 and 4 of 4 trained, at 0.8 of the time: 2/4 * 0.2
     assert row["saving_replay_mean"] == pytest.approx(0.10)
     assert data["timing"]["ceiling_saving"] == pytest.approx(0.2)
     assert "| 0.5 | 3 |" in ff.table(data)
