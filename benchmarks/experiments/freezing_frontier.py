@@ -57,7 +57,7 @@ def epoch_configs(result: dict[str, Any]) -> list[tuple[int, ...]]:
     frozen = [tuple(row) for row in result["dynamics"]["frozen_per_layer"]]
     epochs = len(result["val_curve"]["val/acc"])
     if len(frozen) <= epochs:
-        frozen = [tuple([0] * len(frozen[0]))] + frozen if frozen else []
+        frozen = [tuple([0] * len(frozen[0])), *frozen] if frozen else []
     return frozen[:epochs]
 
 
