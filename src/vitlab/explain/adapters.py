@@ -1,8 +1,7 @@
 """How the explanation methods reach each kind of model, and which methods a model's structure refuses.
 
-The core knows the models of ``vitlab.models`` (the plain ViT, ToMe, Swin) and any model of the
-:class:`~vitlab.models.protocols.GenerativeModel` protocol (ViTCAE: its encoder is a ViT); a family declares the
-:class:`Explainer` of its own models through ``Family.explainer`` (a ``"module:function"`` taking the model).
+The core knows the models of ``vitlab.models`` (the plain ViT, ToMe, Swin); a family declares the :class:`Explainer`
+of its own models through ``Family.explainer`` (a ``"module:function"`` taking the model).
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ GridReshape = Callable[[torch.Tensor], torch.Tensor]
 class Explainer:
     """What the methods need of one model.
 
-    ``kind``: a short name for tables (``vit``, ``tome``, ``swin``, ``cet_vit``, ``vitcae``).
-    ``token_model``: the CLS-token ViT whose shared ``Attention`` modules the attention methods read (ViTCAE: its
-    encoder); None when the methods are refused.
+    ``kind``: a short name for tables (``vit``, ``tome``, ``swin``, a family's name).
+    ``token_model``: the CLS-token ViT whose shared ``Attention`` modules the attention methods read (a generative
+    model: its encoder); None when the methods are refused.
     ``gradcam_layer``: the module whose output is a token grid, and the reshape of that output to ``[B, C, h, w]``.
     ``refused``: method -> why it does not apply. ``rules``: LRP rules for the family's own operations, tried
     before the core's. ``additive``: the family's extra additive parameters (name suffixes).
@@ -55,7 +54,7 @@ class Explainer:
     additive: tuple[str, ...] = ()
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W] -> [B, K]``: the classifier's logits (ViTCAE: its encoder, ``mu_cls`` and head only)."""
+        """``[B, C, H, W] -> [B, K]``: the classifier's logits (a generative model: its encoder and head only)."""
         if isinstance(model, GenerativeModel):
             return model.forward_head(model.forward_features(x))
         return classifier_logits(model, x)
@@ -80,7 +79,7 @@ def nhwc_grid(t: torch.Tensor) -> torch.Tensor:
     return t.permute(0, 3, 1, 2)
 
 
-def _vit_explainer(vit: VisionTransformer, kind: str) -> Explainer:
+def vit_explainer(vit: VisionTransformer, kind: str) -> Explainer:
     refused: dict[str, str] = {}
     if vit.global_pool != "token":
         reason = "the model pools the mean of its tokens, so there is no CLS row of attention to read"
@@ -109,17 +108,17 @@ def _swin_explainer(swin: SwinTransformer) -> Explainer:
 
 
 def explainer_for(model: nn.Module) -> Explainer:
-    """The :class:`Explainer` of ``model``: its family's, or the core's for ViT, ToMe, Swin and ViTCAE."""
+    """The :class:`Explainer` of ``model``: its family's, or the core's for ViT, ToMe and Swin."""
     family = family_of(model)
-    if family is not None and family.explainer:
+    if family is not None:
+        if not family.explainer:
+            raise MethodRefused(f"family {family.name!r} declares no explainer (Family.explainer): nothing to explain")
         return resolve(family.explainer)(model)
-    if isinstance(model, GenerativeModel) and isinstance(getattr(model, "encoder", None), VisionTransformer):
-        return _vit_explainer(model.encoder, "vitcae")
     if isinstance(model, VisionTransformer):
-        return _vit_explainer(model, "vit")
+        return vit_explainer(model, "vit")
     if isinstance(model, SwinTransformer):
         return _swin_explainer(model)
     raise TypeError(
-        f"vitlab.explain has no rules for {type(model).__name__}; explain a vitlab model (ViT, ToMe, Swin, CET-ViT, "
-        "ViTCAE), or declare an Explainer for it through its Family"
+        f"vitlab.explain has no rules for {type(model).__name__}; explain a ViT, ToMe or Swin model, or a family's "
+        "model that declares an Explainer through its Family"
     )

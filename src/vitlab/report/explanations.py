@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from vitlab.explain import explain, explainer_for
+from vitlab.explain import MethodRefused, explain, explainer_for
 from vitlab.explain.run import EVALUATION_JSON, EXPLAIN_DIR
 from vitlab.report.page import Figure, Figures, Plot, Section, Table, Text
 from vitlab.rundir import RunDir, read_json
@@ -22,7 +22,7 @@ def explanation_section(run: RunRecord, model: nn.Module, images: TestImages) ->
     ``vitlab.explain`` has no rules for."""
     try:
         explainer = explainer_for(model)
-    except TypeError:
+    except (TypeError, MethodRefused):
         return None
     maps: dict[str, Any] = {}
     missing = []

@@ -16,7 +16,7 @@ FAMILY = register_family(
             "model": "vitlab.families.cet_vit.config:CETViTConfig",
             "loss": "vitlab.families.cet_vit.config:CETLossConfig",
         },
-        presets="vitlab.families.cet_vit.presets:PRESETS",
+        presets="vitlab.families.cet_vit.presets:CATALOGUE",
         commands=(),
         report_sections=(),
         explainer="vitlab.families.cet_vit.explain:explainer",

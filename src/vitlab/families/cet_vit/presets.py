@@ -73,3 +73,5 @@ DESCRIPTIONS: dict[str, str] = {
     "cet_vit_tiny": "small CET-ViT (~2.3M params)",
     "cet_vit_base": "CET-ViT v4 Base sized to the model card (33.5M params on 32x32, 100 classes; card: 33.12M)",
 }
+#: preset name -> (model class, description): the family's catalogue, read without torch
+CATALOGUE: dict[str, tuple[str, str]] = {name: ("CETViT", DESCRIPTIONS[name]) for name in PRESETS}
