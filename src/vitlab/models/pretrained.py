@@ -9,7 +9,7 @@
 - ``timm:NAME[.TAG]``: the weights timm's own download gives ``timm.create_model(NAME, pretrained=True)``.
 
 The weights go into the model's ViT backbone: the :class:`~vitlab.models.vit.VisionTransformer` itself, or the
-``encoder`` of a :class:`~vitlab.models.vitcae.ViTCAE`. Before loading they are fitted to the backbone the way
+``encoder`` of a :class:`~vitlab.families.vitcae.model.ViTCAE`. Before loading they are fitted to the backbone the way
 timm fits them (Dosovitskiy et al. 2021, sec. 3.2, "Fine-tuning and higher resolution"):
 
 - position embeddings resampled to the new patch grid (``timm.layers.resample_abs_pos_embed``, bicubic);

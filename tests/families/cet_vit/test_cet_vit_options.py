@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.evaluation.grouping import grouping_ablation
+from vitlab.families.cet_vit.grouping import grouping_ablation
+from vitlab.families.cet_vit.model import ablate_assignment, exact_k_targets, topk_softmax
 from vitlab.losses.ei import ei_terms, ei_weight
 from vitlab.models import create_model
-from vitlab.models.cet_vit import ablate_assignment, exact_k_targets, topk_softmax
 
 
 def _pico(**kw):
@@ -232,7 +232,7 @@ def test_grouping_none_is_the_micro_encoder_and_a_head_on_mean_micro():
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`:UserWarning")  # no Trainer attached
 def test_grouping_none_trains_through_the_cet_task():
     from vitlab.config import build_config
-    from vitlab.training import CETViTTask
+    from vitlab.families.cet_vit.task import CETViTTask
 
     model = _pico(grouping="none").train()
     task = CETViTTask(model, cfg=build_config("cet_vit/digits"), hparams={"data_info": {"num_classes": 4}})
@@ -241,7 +241,7 @@ def test_grouping_none_trains_through_the_cet_task():
 
 
 def test_topk_margin_is_the_gap_between_the_kth_and_the_next_logit():
-    from vitlab.models.cet_vit import topk_margin
+    from vitlab.families.cet_vit.model import topk_margin
 
     logits = torch.tensor([[[5.0, 1.0, 3.0, 2.5], [0.0, 0.0, 4.0, 1.0]]])  # one image, two tokens, 4 slots
     # k = 2: token 0 keeps 5 and 3, next 2.5 -> 0.5; token 1 keeps 4 and 1, next 0 -> 1.0
@@ -251,8 +251,8 @@ def test_topk_margin_is_the_gap_between_the_kth_and_the_next_logit():
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`:UserWarning")  # no Trainer attached
 def test_the_cet_task_reports_the_vceo_margin_of_its_assignment_logits():
     from vitlab.config import build_config
-    from vitlab.models.cet_vit import topk_margin
-    from vitlab.training import CETViTTask
+    from vitlab.families.cet_vit.model import topk_margin
+    from vitlab.families.cet_vit.task import CETViTTask
 
     model = _pico().eval()
     task = CETViTTask(model, cfg=build_config("cet_vit/digits"), hparams={"data_info": {"num_classes": 4}})

@@ -138,7 +138,7 @@ class CETViT(ModelContract, nn.Module):
             DeepEncoder are built, and there is no S and no EI term.
 
     ``assignment_ablation`` (an attribute, not a constructor option): ``none``, or ``random`` / ``uniform`` to
-    replace S at test time (:func:`ablate_assignment`; :func:`vitlab.evaluation.grouping.grouping_ablation`).
+    replace S at test time (:func:`ablate_assignment`; :func:`vitlab.families.cet_vit.grouping.grouping_ablation`).
     """
 
     classifier_name = "head.fc"

@@ -13,7 +13,7 @@ decoder paragraphs; where the paper is silent, docs/vitcae.md decides):
    the patch tokens to ``M`` conditioning tokens made from ``z_cls``, and a FiLM-modulated FFN; a linear head to
    pixels, unpatchified into an image in the same (normalised) space as the input.
 
-``forward`` returns a :class:`ViTCAEOutput` with everything the losses of :mod:`vitlab.losses.vitcae` need.
+``forward`` returns a :class:`ViTCAEOutput` with everything the losses of :mod:`vitlab.families.vitcae.losses` need.
 As a classifier the model follows the timm contract: ``forward_head(forward_features(x))`` gives the logits.
 """
 
