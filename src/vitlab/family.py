@@ -53,6 +53,9 @@ class Family:
     ``commands``: modules whose import registers the family's extra ``vitlab`` sub-commands.
     ``report_sections``: the run-report sections the family adds (``"module:function"``, ``run -> Section | None``).
     ``explainer``: how ``vitlab.explain`` reaches its models (``"module:function"``, ``model -> Explainer``).
+    ``evaluation``: the metrics ``vitlab evaluate`` takes of a ``SlotAssigner``'s assignment ``S`` (a module, or an
+    object, with ``image_metrics(S) -> {name: [B]}`` and ``report(metrics, labels, class_accuracy, class_names, seed)
+    -> dict``, the ``assignment`` section of ``evaluation.json``); empty: none.
     ``bench_objective``: the training loss ``vitlab bench`` times for its models (``"module:function"``,
     ``(model, x, y) -> scalar``), what its task computes with the loss section's defaults; empty: the cross-entropy
     of the model's output, as for every classifier.
@@ -66,6 +69,7 @@ class Family:
     commands: tuple[str, ...] = ()
     report_sections: tuple[str | Any, ...] = ()
     explainer: str | Any = ""
+    evaluation: str | Any = ""
     bench_objective: str | Any = ""
 
     def model_classes(self) -> tuple[type, ...]:

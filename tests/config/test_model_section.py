@@ -11,8 +11,8 @@ from vitlab.config.coerce import build_section
 from vitlab.config.loss import build_loss
 from vitlab.config.model import MODEL_KEYS, catalogue, model_config_type
 from vitlab.errors import ModelOptionError
+from vitlab.families.cet_vit.ei import EI_SCHEDULES
 from vitlab.family import family_of_class
-from vitlab.losses.ei import EI_SCHEDULES
 from vitlab.models.registry import constructor_args, get_preset, list_models
 
 
@@ -127,8 +127,8 @@ def test_the_cet_vit_schedules_are_the_ei_weights():
 
 def test_cet_vits_option_values_are_the_cores():
     from vitlab.families.cet_vit import config
-    from vitlab.layers.slots import POOLS
-    from vitlab.losses.ei import DEGEN_SLOTS, EI_SVD_WAYS, EI_VARIANTS
+    from vitlab.families.cet_vit.ei import DEGEN_SLOTS, EI_SVD_WAYS, EI_VARIANTS
+    from vitlab.families.cet_vit.slots import POOLS
 
     assert typing.get_args(config.Pool) == POOLS
     assert typing.get_args(config.EIVariant) == EI_VARIANTS

@@ -10,7 +10,7 @@ from vitlab.diagnostics.dynamics import (
     patch_grid_cost,
     temperature_update,
 )
-from vitlab.diagnostics.probes import gradient_flow, init_distance, reversibility_table, slot_usage_summary
+from vitlab.diagnostics.probes import gradient_flow, init_distance
 from vitlab.diagnostics.segments import draw_segment_maps, segment_map
 
 __all__ = [
@@ -22,8 +22,6 @@ __all__ = [
     "gradient_flow",
     "init_distance",
     "patch_grid_cost",
-    "reversibility_table",
     "segment_map",
-    "slot_usage_summary",
     "temperature_update",
 ]

@@ -4,8 +4,8 @@ CET-ViT v4 model card: "Results", "Calibration", "OOD robustness", "Reversibilit
 run's data: top-1 / top-5 accuracy, NLL and ECE (15 equal-width bins); a temperature fitted on one half of the
 validation set and evaluated on the other half, then applied to the test set, with a reliability diagram before and
 after; test-time augmentation over fixed views; accuracy under the CIFAR-C corruptions at every severity; per-class
-accuracy; and, for models that expose their token-to-slot assignment ``S`` (CET-ViT's ``forward_with_aux``),
-per-class reversibility and slot-usage K with their correlation to per-class accuracy.
+accuracy; and, for models that expose their token-to-slot assignment ``S`` (``SlotAssigner``), the metrics of ``S``
+that their family declares (``Family.evaluation``: per image, then its report over the classes).
 
 Every image passes through [0, 1] pixel space (``denormalize`` with the data's statistics) so that views and
 corruptions act on real pixels, then is normalised with the statistics the model was trained with.
@@ -30,14 +30,13 @@ from vitlab.data import normalize as normalize_pixels
 from vitlab.errors import ConfigError
 from vitlab.evaluation.calibration import calibration_split_eval, expected_calibration_error, reliability_diagram
 from vitlab.evaluation.corruptions import CORRUPTIONS, apply_corruption
-from vitlab.evaluation.stats import correlation_report, per_class_mean
+from vitlab.evaluation.stats import per_class_mean
 from vitlab.evaluation.terminal import (
     format_evaluation,
 )
 from vitlab.export import load_model, model_from_checkpoint
+from vitlab.family import family_of, resolve
 from vitlab.jsonio import finite_or_none
-from vitlab.layers.slots import slot_usage_k
-from vitlab.losses.ei import reversibility
 from vitlab.models.protocols import SlotAssigner
 from vitlab.rundir import (
     EVALUATION_DIR,
@@ -291,14 +290,13 @@ def _pixel_batches(
 @dataclass
 class _TestPredictions:
     """What one pass over the test set collects. ``logits: [B, K]``, ``labels: [B]``; ``tta_probs: [B, K]`` or
-    None; ``reversibility, slot_usage_k: [B]`` or None (no assignment matrix); ``corrupt_correct[name, severity]``
-    the number of correct predictions under that corruption."""
+    None; ``image_metrics``: the family's metrics of the assignment matrix, name -> ``[B]`` (empty without one);
+    ``corrupt_correct[name, severity]`` the number of correct predictions under that corruption."""
 
     logits: torch.Tensor
     labels: torch.Tensor
     tta_probs: torch.Tensor | None
-    reversibility: torch.Tensor | None
-    slot_usage_k: torch.Tensor | None
+    image_metrics: dict[str, torch.Tensor]
     corrupt_correct: dict[tuple[str, int], int]
 
 
@@ -338,17 +336,20 @@ def _predict_test(
     generator: torch.Generator,
     device: str | torch.device,
     max_batches: int | None,
+    image_metrics: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
 ) -> _TestPredictions:
-    """One pass over the test set: clean logits (and S), the TTA views, every (corruption, severity)."""
-    logits_chunks, labels_chunks, tta_chunks, rev_chunks, k_chunks = [], [], [], [], []
+    """One pass over the test set: clean logits (and the ``image_metrics`` of S), the TTA views, every (corruption,
+    severity)."""
+    logits_chunks, labels_chunks, tta_chunks = [], [], []
+    metric_chunks: dict[str, list[torch.Tensor]] = {}
     corrupt_correct = dict.fromkeys(corruptions, 0)
     for images, labels in _pixel_batches(dm.test_dataloader(), dm.mean, dm.std, device, max_batches):
         logits, S = logits_and_assignment(model, normalize(images))
         logits_chunks.append(logits.double().cpu())
         labels_chunks.append(labels.cpu())
-        if S is not None:
-            rev_chunks.append(reversibility(S).double().cpu())
-            k_chunks.append(slot_usage_k(S).double().cpu())
+        if S is not None and image_metrics is not None:
+            for name, values in image_metrics(S).items():
+                metric_chunks.setdefault(name, []).append(values.double().cpu())
         if views:
             probs = sum(
                 logits.double().softmax(-1)
@@ -367,8 +368,7 @@ def _predict_test(
         torch.cat(logits_chunks),
         torch.cat(labels_chunks),
         _cat(tta_chunks),
-        _cat(rev_chunks),
-        _cat(k_chunks),
+        {name: torch.cat(chunks) for name, chunks in metric_chunks.items()},
         corrupt_correct,
     )
 
@@ -449,6 +449,8 @@ def evaluate_run(
             f"the model predicts {val_logits.shape[1]} classes but {dataset} has {dm.num_classes}; evaluate the "
             "model on the data it was trained on"
         )
+    family = family_of(model)
+    evaluation = resolve(family.evaluation) if family is not None and family.evaluation else None
     test = _predict_test(
         model,
         dm,
@@ -458,6 +460,7 @@ def evaluate_run(
         generator=torch.Generator(device=device).manual_seed(seed),
         device=device,
         max_batches=max_batches,
+        image_metrics=evaluation.image_metrics if evaluation is not None else None,
     )
     calibration = calibration_split_eval(val_logits, val_labels, seed=seed, n_bins=N_BINS)
     temperature = calibration["temperature"]
@@ -517,61 +520,14 @@ def evaluate_run(
             for k in range(dm.num_classes)
         ],
         "assignment": (
-            _assignment_report(test.reversibility, test.slot_usage_k, test.labels, class_accuracy, class_names, seed)
-            if test.reversibility is not None
+            evaluation.report(test.image_metrics, test.labels, class_accuracy, class_names, seed)
+            if evaluation is not None and test.image_metrics
             else None
         ),
         "files": {"reliability": RELIABILITY_FILE},
     }
     atomic_write_json(out / EVALUATION_FILE, results)
     return results
-
-
-def _assignment_report(
-    image_reversibility: torch.Tensor,
-    image_slot_k: torch.Tensor,
-    labels: torch.Tensor,
-    class_accuracy: torch.Tensor,
-    class_names: list[str],
-    seed: int,
-) -> dict[str, Any]:
-    """Per-class reversibility and slot-usage K (card: "Reversibility vs accuracy", "Slot-usage K vs. object
-    complexity"), the classes ranked by K, and the correlation of reversibility with accuracy over the classes.
-
-    ``image_reversibility, image_slot_k, labels: [B]``; ``class_accuracy: [K]`` (NaN for absent classes).
-    """
-    num_classes = len(class_names)
-    class_rev, counts = per_class_mean(image_reversibility, labels, num_classes)
-    class_k, _ = per_class_mean(image_slot_k, labels, num_classes)
-    present = counts > 0
-    rev, acc = class_rev[present].numpy(), class_accuracy[present].numpy()
-    if present.sum() < 3:
-        correlation, skipped = None, f"only {int(present.sum())} classes have test images; the correlation needs 3"
-    elif np.ptp(rev) == 0 or np.ptp(acc) == 0:
-        which = "reversibility" if np.ptp(rev) == 0 else "accuracy"
-        correlation, skipped = None, f"per-class {which} is the same for every class; the correlation is undefined"
-    else:
-        correlation, skipped = correlation_report(rev, acc, seed=seed), None
-    per_class = [
-        {
-            "index": k,
-            "class": class_names[k],
-            "n": int(counts[k]),
-            "reversibility": finite_or_none(class_rev[k].item()),
-            "slot_usage_k": finite_or_none(class_k[k].item()),
-            "accuracy": finite_or_none(class_accuracy[k].item()),
-        }
-        for k in range(num_classes)
-    ]
-    ranked = sorted((entry for entry in per_class if entry["n"] > 0), key=lambda entry: -entry["slot_usage_k"])
-    return {
-        "reversibility_mean": image_reversibility.mean().item(),
-        "slot_usage_k_mean": image_slot_k.mean().item(),
-        "correlation": correlation,
-        "correlation_skipped": skipped,
-        "per_class": per_class,
-        "ranked_by_slot_usage_k": [entry["class"] for entry in ranked],
-    }
 
 
 __all__ = [

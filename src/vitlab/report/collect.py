@@ -381,7 +381,10 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
             "of S), with the colours of vitlab probe slot-k; K is the slot-usage K of the image: the slots holding "
             "more than 5% of the assignment mass."
         )
-        titles = [f"{label}, K = {int(k)}" for label, k in zip(images.labels, assignment.slot_k, strict=True)]
+        slot_k = assignment.slot_k if assignment.slot_k is not None else [None] * len(images.labels)
+        titles = [
+            label if k is None else f"{label}, K = {int(k)}" for label, k in zip(images.labels, slot_k, strict=True)
+        ]
         data = {"pixels": images.pixels, "S": assignment.S, "grid": assignment.grid, "titles": titles}
         blocks += [Text(text), Figures([Figure(plot=Plot("segments", data))])]
     from vitlab.report.explanations import explanation_section

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vitlab.families.cet_vit.ei import ei_terms, ei_weight
 from vitlab.families.cet_vit.grouping import grouping_ablation
 from vitlab.families.cet_vit.model import ablate_assignment, exact_k_targets, topk_softmax
-from vitlab.losses.ei import ei_terms, ei_weight
 from vitlab.models import create_model
 
 
@@ -100,10 +100,9 @@ def test_budgets_filled_on_the_device_train_exactly_as_budgets_copied_from_the_h
     """``budget_values`` (filled where the tensors live) against ``torch.tensor(k_candidates)`` (a copy from the
     host): the same logits, Dynamic-K targets, loss and gradients, bit for bit, with the exact estimator and the
     dense straight-through selection (the two paths that use the budgets as a tensor)."""
-    from vitlab.families.cet_vit import parts
+    from vitlab.families.cet_vit import parts, slots
     from vitlab.families.cet_vit.config import CETLossConfig
     from vitlab.families.cet_vit.task import regularisation
-    from vitlab.layers import slots
 
     def from_host(k_candidates, like):
         return torch.tensor(k_candidates, dtype=like.dtype, device=like.device)
@@ -219,7 +218,7 @@ def test_grouping_none_is_the_micro_encoder_and_a_head_on_mean_micro():
     F.cross_entropy(model(x), y).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None, name
-    from vitlab.diagnostics.probes import collect_assignments
+    from vitlab.families.cet_vit.probes import collect_assignments
 
     with pytest.raises(TypeError, match="grouping: none has no S"):
         collect_assignments(model, [(x, y)])
