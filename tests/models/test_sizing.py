@@ -10,9 +10,11 @@ from torch import nn
 import vitlab
 from vitlab.cli.main import main
 from vitlab.config import build_config, to_dict
+from vitlab.families.cet_vit.baselines import matched_presets
 from vitlab.families.cet_vit.model import param_breakdown
+from vitlab.families.cet_vit.presets import MATCH_INPUTS, TOME_R
 from vitlab.models import count_params, create_model, flops_per_image, match_width, parameter_count
-from vitlab.models.sizing import MATCH_INPUTS, TOME_R, matched_presets, width_step
+from vitlab.models.sizing import width_step
 
 
 def _meta(name: str, **kwargs) -> nn.Module:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
+from vitlab.families.cet_vit import baselines  # noqa: F401 (registers the size-matched baselines)
 from vitlab.families.cet_vit.ei import EIVariant, ei_terms
 from vitlab.families.cet_vit.options import DYNAMIC_K_MODES, GROUPINGS, POS_EMBEDS, SELECT_GRADS, check_options
 from vitlab.families.cet_vit.outputs import CETViTAux
