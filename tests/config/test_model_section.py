@@ -100,7 +100,8 @@ def test_a_protocol_shared_by_several_tasks_keeps_its_loss_with_the_model_that_r
     cet = build_config("compare/cifar10_p4")
     assert vit.loss == {} and cet.loss["ei_start"] == 1.33
     assert build_config("compare/cifar10_p4_global").loss == cet.loss
-    with pytest.raises(ConfigError, match=r"loss.ei_start is not used by the task of VisionTransformer \(it belongs"):
+    message = r"loss.ei_start is not used by the task of VisionTransformer \(the key belongs to the loss of the 'cet"
+    with pytest.raises(ConfigError, match=message):
         build_config("compare/cifar10_p4_vit", ["loss.ei_start=2"])
 
 

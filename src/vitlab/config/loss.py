@@ -47,8 +47,8 @@ def check_loss_section(class_name: str, values: Any) -> dict[str, Any]:
             if owner is None:
                 raise unknown_key_error(key, list(own_keys), "loss")
             raise ConfigError(
-                f"loss.{key} is not used by the task of {class_name} (it belongs to family {owner!r}'s loss); "
-                f"remove loss.{key} or choose a model of that family"
+                f"loss.{key} is not used by the task of {class_name} (the key belongs to the loss of the {owner!r} "
+                f"family); remove loss.{key} or choose a model of that family"
             )
     built = from_dict(own, dict(values), "loss")
     return {key: getattr(built, key) for key in values}
