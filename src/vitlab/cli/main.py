@@ -54,7 +54,7 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
 
         if args.resume and not args.config:
             from vitlab.export import checkpoint_hparams, read_checkpoint
-            from vitlab.training.run import resolve_resume
+            from vitlab.training.run_folder import resolve_resume
 
             run_dir, ckpt = resolve_resume(args.resume)
             if RunDir(run_dir).is_run():

@@ -87,7 +87,8 @@ def _gradients(p: argparse.ArgumentParser) -> Runner:
         from vitlab.export import load_model
         from vitlab.models.builder import create_model
         from vitlab.rundir import RunDir
-        from vitlab.training.run import build_task, data_info, model_kwargs_for
+        from vitlab.training.preflight import data_info, model_kwargs_for
+        from vitlab.training.run import build_task
 
         target = args.target
         if target is not None and "=" in target and not Path(target).exists():
