@@ -12,7 +12,7 @@ from torch import nn
 from vitlab.cli.registry import COMMANDS, command
 from vitlab.config import ConfigError, build_config
 from vitlab.errors import ModelOptionError
-from vitlab.evaluation.evaluate import logits_and_assignment
+from vitlab.evaluation.outputs import logits_and_assignment
 from vitlab.family import Family, families, family_of, family_of_class, register_family, unregister_family
 from vitlab.models.builder import create_model
 from vitlab.models.protocols import GenerativeModel, SlotAssigner

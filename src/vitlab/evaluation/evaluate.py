@@ -28,8 +28,17 @@ from vitlab.config import DataConfig, check_seed, deep_merge, from_dict, parse_o
 from vitlab.data import VisionDataModule, build_datamodule, denormalize
 from vitlab.data import normalize as normalize_pixels
 from vitlab.errors import ConfigError
-from vitlab.evaluation.calibration import calibration_split_eval, expected_calibration_error, reliability_diagram
+from vitlab.evaluation.calibration import calibration_split_eval, reliability_diagram
 from vitlab.evaluation.corruptions import CORRUPTIONS, apply_corruption
+from vitlab.evaluation.outputs import (
+    N_BINS,
+    View,
+    build_tta_views,
+    classification_metrics,
+    classifier_logits,
+    default_tta_shift,
+    logits_and_assignment,
+)
 from vitlab.evaluation.stats import per_class_mean
 from vitlab.evaluation.terminal import (
     format_evaluation,
@@ -37,7 +46,6 @@ from vitlab.evaluation.terminal import (
 from vitlab.export import load_model, model_from_checkpoint
 from vitlab.family import family_of, resolve
 from vitlab.jsonio import finite_or_none
-from vitlab.models.protocols import SlotAssigner
 from vitlab.rundir import (
     EVALUATION_DIR,
     EVALUATION_FILE,
@@ -48,134 +56,10 @@ from vitlab.rundir import (
     read_json,
 )
 
-N_BINS = 15  # ECE bins (card: "Calibration"; Guo et al. 2017)
-TOP_K = 5
 SEVERITIES = (1, 2, 3, 4, 5)
 #: datasets whose classes survive a horizontal flip (natural images); digits, MNIST and SVHN do not
 FLIP_INVARIANT_DATASETS = frozenset({"cifar10", "cifar100", "celeba", "tiny-imagenet"})
 RELIABILITY_FILE = "reliability.png"
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Model outputs
-# -------------------------------------------------------------------------------------------------------------------
-def _logits_of(output: Any) -> torch.Tensor:
-    """The logits in a model's output: the tensor itself, its ``.logits``, or the first element of a tuple."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(getattr(output, "logits", None), torch.Tensor):
-        return output.logits
-    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise TypeError(
-        f"cannot find class logits in a model output of type {type(output).__name__}: a classifier must return a "
-        "logits tensor [B, K], an object with a .logits tensor, or a tuple whose first element is the logits"
-    )
-
-
-def classifier_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``model(x)``'s class logits ``[B, K]`` for ``x: [B, C, H, W]``, whatever the model family returns.
-
-    ViT and CET-ViT return the logits tensor; ViTCAE a dataclass with ``.logits``; models returning
-    ``(logits, aux)`` are read by their first element.
-    """
-    return _logits_of(model(x))
-
-
-def logits_and_assignment(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logits ``[B, K]`` and, for a model with ``forward_with_aux`` (CET-ViT), its assignment ``S: [B, N, K_max]``.
-
-    The auxiliary record may be an object with an ``S`` attribute or a mapping with an ``"S"`` key (the card's
-    original code returns a dict); models without ``forward_with_aux`` give ``S = None``.
-    """
-    if not isinstance(model, SlotAssigner):
-        return classifier_logits(model, x), None
-    logits, aux = model.forward_with_aux(x)
-    assignment = aux.get("S") if isinstance(aux, Mapping) else getattr(aux, "S", None)
-    return _logits_of(logits), assignment
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Test-time augmentation views
-# -------------------------------------------------------------------------------------------------------------------
-def translate(images: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
-    """Shift ``images: [B, C, H, W]`` by ``dy`` rows down and ``dx`` columns right, filling with 0 (black).
-
-    ``out[..., i, j] = images[..., i - dy, j - dx]``: a crop at a fixed offset of the zero-padded image, i.e. the
-    training pad-and-crop augmentation (``data.augment.random_crop``) at one of its positions.
-    """
-    height, width = images.shape[-2:]
-    if abs(dy) >= height or abs(dx) >= width:
-        raise ValueError(f"a shift of ({dy}, {dx}) pixels leaves nothing of a {height}x{width} image")
-    pad_y, pad_x = abs(dy), abs(dx)
-    padded = torch.nn.functional.pad(images, [pad_x, pad_x, pad_y, pad_y])
-    return padded[..., pad_y - dy : pad_y - dy + height, pad_x - dx : pad_x - dx + width]
-
-
-@dataclass(frozen=True)
-class View:
-    """One test-time view: an optional horizontal flip, then a shift by ``(dy, dx)`` pixels (see :func:`translate`)."""
-
-    name: str
-    hflip: bool = False
-    shift: tuple[int, int] = (0, 0)
-
-    @property
-    def is_identity(self) -> bool:
-        return not self.hflip and self.shift == (0, 0)
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        """``images: [B, C, H, W]`` in [0, 1] -> the view, same shape."""
-        out = images.flip(-1) if self.hflip else images
-        return translate(out, *self.shift) if self.shift != (0, 0) else out
-
-
-def build_tta_views(count: int, *, hflip: bool, shift: int) -> list[View]:
-    """The first ``count`` views of: identity, horizontal flip (only if ``hflip``), then shifts by ``shift`` pixels
-    to the corners: ``(+s, +s)``, ``(-s, -s)``, ``(+s, -s)``, ``(-s, +s)`` (as ``(down, right)``).
-
-    Five views are identity, flip and three shifts on flip-invariant data, identity and four shifts otherwise.
-    """
-    if shift < 1:
-        raise ValueError(f"the TTA shift must be at least 1 pixel, got {shift}")
-    candidates = [View("identity")]
-    if hflip:
-        candidates.append(View("hflip", hflip=True))
-    for dy, dx in ((shift, shift), (-shift, -shift), (shift, -shift), (-shift, shift)):
-        candidates.append(View(f"shift({dy:+d},{dx:+d})", shift=(dy, dx)))
-    if not 0 <= count <= len(candidates):
-        raise ConfigError(
-            f"tta_views must be in 0..{len(candidates)} ({'with' if hflip else 'without'} the flip view), got {count}; "
-            f"pass --tta-views 0..{len(candidates)}"
-        )
-    return candidates[:count]
-
-
-def default_tta_shift(img_size: int) -> int:
-    """``max(1, img_size // 16)`` pixels: 2 on 32x32 (CIFAR), 4 on 64x64, 1 on 8x8 or 28x28."""
-    return max(1, img_size // 16)
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Metrics
-# -------------------------------------------------------------------------------------------------------------------
-def classification_metrics(
-    probs: torch.Tensor, labels: torch.Tensor, *, top_k: int = TOP_K, n_bins: int = N_BINS
-) -> dict[str, float]:
-    """``top1``, ``top5`` (top-``min(top_k, K)``), ``nll`` and ``ece`` of probabilities ``probs: [B, K]``.
-
-    ``labels: [B]``. The NLL is ``-mean log p_y`` with ``p_y`` floored at 1e-12 (averaged TTA probabilities have
-    no logits); the ECE uses ``n_bins`` equal-width bins (:func:`expected_calibration_error`).
-    """
-    probs = probs.to(torch.float64)
-    ranked = probs.topk(min(top_k, probs.shape[1]), dim=-1).indices
-    correct_k = (ranked == labels[:, None]).any(-1)
-    return {
-        "top1": (ranked[:, 0] == labels).double().mean().item(),
-        "top5": correct_k.double().mean().item(),
-        "nll": -probs.gather(1, labels[:, None]).clamp_min(1e-12).log().mean().item(),
-        "ece": expected_calibration_error(probs, labels, n_bins=n_bins),
-    }
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -395,6 +279,51 @@ def _check_options(
     check_seed(seed, "--seed")
 
 
+def _test_sections(
+    test: _TestPredictions,
+    calibration: dict[str, Any],
+    class_names: list[str],
+    severities: Sequence[int],
+    evaluation: Any,
+    seed: int,
+) -> dict[str, Any]:
+    """The sections of ``evaluation.json`` read from the test set's predictions: ``test``, ``calibration``,
+    ``test_calibrated``, ``tta``, ``corruptions``, ``mean_corrupted``, ``per_class`` and ``assignment`` (the family's
+    ``evaluation.report``, None without one)."""
+    temperature = calibration["temperature"]
+    correct = (test.logits.argmax(-1) == test.labels).double()
+    class_accuracy, class_counts = per_class_mean(correct, test.labels, len(class_names))
+    corruptions = {}
+    for name in dict.fromkeys(name for name, _ in test.corrupt_correct):
+        by_severity = {str(s): test.corrupt_correct[name, s] / len(test.labels) for s in severities}
+        corruptions[name] = {"by_severity": by_severity, "mean": float(np.mean(list(by_severity.values())))}
+    return {
+        "test": classification_metrics(test.logits.softmax(-1), test.labels),
+        "calibration": calibration,
+        "test_calibrated": {
+            "temperature": temperature,
+            **classification_metrics((test.logits / temperature).softmax(-1), test.labels),
+        },
+        "tta": classification_metrics(test.tta_probs, test.labels) if test.tta_probs is not None else None,
+        "corruptions": corruptions,
+        "mean_corrupted": (float(np.mean([entry["mean"] for entry in corruptions.values()])) if corruptions else None),
+        "per_class": [
+            {
+                "index": k,
+                "class": class_names[k],
+                "n": int(class_counts[k]),
+                "accuracy": finite_or_none(class_accuracy[k].item()),
+            }
+            for k in range(len(class_names))
+        ],
+        "assignment": (
+            evaluation.report(test.image_metrics, test.labels, class_accuracy, class_names, seed)
+            if evaluation is not None and test.image_metrics
+            else None
+        ),
+    }
+
+
 def evaluate_run(
     run_dir_or_export: str | Path,
     *,
@@ -474,14 +403,6 @@ def evaluate_run(
         after=test.logits / temperature,
         n_bins=N_BINS,
     )
-    num_test = len(test.labels)
-    class_names = list(dm.class_names)
-    correct = (test.logits.argmax(-1) == test.labels).double()
-    class_accuracy, class_counts = per_class_mean(correct, test.labels, dm.num_classes)
-    corruption_results = {}
-    for name in corruption_names:
-        by_severity = {str(s): test.corrupt_correct[name, s] / num_test for s in severities}
-        corruption_results[name] = {"by_severity": by_severity, "mean": float(np.mean(list(by_severity.values())))}
     results: dict[str, Any] = {
         "run": {
             "source": str(target.source),
@@ -490,7 +411,7 @@ def evaluate_run(
             "architecture": type(model).__name__,
             "dataset": dataset,
             "num_classes": dm.num_classes,
-            "n_test": num_test,
+            "n_test": len(test.labels),
             "n_val": len(val_labels),
             "max_batches": max_batches,
             "model_overrides": dict(model_overrides or {}),
@@ -499,31 +420,7 @@ def evaluate_run(
             "severities": list(severities),
             "out_dir": str(out),
         },
-        "test": classification_metrics(test.logits.softmax(-1), test.labels),
-        "calibration": calibration,
-        "test_calibrated": {
-            "temperature": temperature,
-            **classification_metrics((test.logits / temperature).softmax(-1), test.labels),
-        },
-        "tta": classification_metrics(test.tta_probs, test.labels) if test.tta_probs is not None else None,
-        "corruptions": corruption_results,
-        "mean_corrupted": (
-            float(np.mean([entry["mean"] for entry in corruption_results.values()])) if corruption_results else None
-        ),
-        "per_class": [
-            {
-                "index": k,
-                "class": class_names[k],
-                "n": int(class_counts[k]),
-                "accuracy": finite_or_none(class_accuracy[k].item()),
-            }
-            for k in range(dm.num_classes)
-        ],
-        "assignment": (
-            evaluation.report(test.image_metrics, test.labels, class_accuracy, class_names, seed)
-            if evaluation is not None and test.image_metrics
-            else None
-        ),
+        **_test_sections(test, calibration, list(dm.class_names), severities, evaluation, seed),
         "files": {"reliability": RELIABILITY_FILE},
     }
     atomic_write_json(out / EVALUATION_FILE, results)
@@ -532,14 +429,7 @@ def evaluate_run(
 
 __all__ = [
     "EvaluationTarget",
-    "View",
-    "build_tta_views",
-    "classification_metrics",
-    "classifier_logits",
-    "default_tta_shift",
     "evaluate_run",
     "format_evaluation",
     "load_evaluation_target",
-    "logits_and_assignment",
-    "translate",
 ]

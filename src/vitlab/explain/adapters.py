@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from vitlab.errors import ConfigError, VitlabError
-from vitlab.evaluation.evaluate import classifier_logits
+from vitlab.evaluation.outputs import classifier_logits
 from vitlab.explain.rules import Rule
 from vitlab.family import family_of, resolve
 from vitlab.models.protocols import GenerativeModel
