@@ -526,8 +526,8 @@ def test_fit_writes_one_record_per_epoch_with_per_head_lists(runs, mode):
 
 
 def test_report_draws_the_two_arms_side_by_side_and_their_drift_against_the_learning_rate(runs):
-    from vitlab.report.collect import Plot
     from vitlab.report.figures import draw
+    from vitlab.report.page import Plot
 
     paths = [str(runs[mode] / "dynamics.jsonl") for mode in ("fixed", "schedule")]
     drawn = dict(draw(Plot("dynamics_comparison", {"paths": paths, "labels": ["uncontrolled", "controlled"]})))

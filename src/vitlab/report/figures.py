@@ -18,7 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from vitlab.report.collect import PER_STEP, Plot, Series, panel_rank
+from vitlab.report.curves import PER_STEP, Series, panel_rank
+from vitlab.report.page import Plot
 
 FIGURE_DPI = 110
 CURVE_COLUMNS = 4
