@@ -18,7 +18,7 @@ from vitlab.config import DataConfig, RunConfig, RunSection
 from vitlab.data import build_datamodule
 from vitlab.export import export_model
 from vitlab.rundir import GENERATE_DIR, GENERATE_METRICS_FILE, METRICS_FILE, TEST_METRICS_FILE, RunDir
-from vitlab.training.run import data_info
+from vitlab.training.preflight import data_info
 
 TINY = [
     "trainer.enable_progress_bar=false",

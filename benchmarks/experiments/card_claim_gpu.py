@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from benchmarks.naming import repo_relative
 from vitlab.atomic import atomic_write_text
-from vitlab.losses.ei import assignment_singular_values, ei_weight
+from vitlab.families.cet_vit.ei import assignment_singular_values, ei_weight
 from vitlab.models import create_model
 from vitlab.models.sizing import count_params, flops_per_image
 from vitlab.rundir import environment

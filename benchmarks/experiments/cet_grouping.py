@@ -4,7 +4,7 @@
         --out grouping.json
 
 Accuracy with the learned S, a random top-k S and a uniform S on the first ``--images`` test images
-(:func:`vitlab.evaluation.grouping.grouping_ablation`), with the run's final weights (its export/ folder, else
+(:func:`vitlab.families.cet_vit.grouping.grouping_ablation`), with the run's final weights (its export/ folder, else
 best.ckpt, else last.ckpt). "At init": the same preset and options freshly initialised with ``torch.manual_seed(seed)``
 (an initialisation at the run's seed, not bit-for-bit the run's own first weights), on the first ``--init-images``
 test images.
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from vitlab.evaluation.evaluate import load_evaluation_target
-from vitlab.evaluation.grouping import grouping_ablation
+from vitlab.families.cet_vit.grouping import grouping_ablation
 from vitlab.models.builder import create_model
 from vitlab.rundir import RunDir
 

@@ -4,12 +4,12 @@
         --out dynamic_k.json
 
 For every test image (the first ``--images``) the run's final model is evaluated under every candidate budget K_c
-(:meth:`vitlab.models.cet_vit.CETViT.candidate_logits`: the part after the V-CEO once per budget, in eval mode), which
-gives the image's cross-entropy ``L_c`` per budget. Beside the budget the estimator chose (its argmax) this reports,
-per chosen budget: how many images chose it, the mean loss gain of the choice against always taking the largest
+(:meth:`vitlab.families.cet_vit.model.CETViT.candidate_logits`: the part after the V-CEO once per budget, in eval mode),
+which gives the image's cross-entropy ``L_c`` per budget. Beside the budget the estimator chose (its argmax) this
+reports, per chosen budget: how many images chose it, the mean loss gain of the choice against always taking the largest
 budget (``L_chosen - L_Kmax``; negative = the choice helps), the mean gain of the per-image best budget (the oracle
-``min_c L_c - L_Kmax``), and how often the choice is that best budget; and the test accuracy with the chosen budgets
-and with the largest budget forced for every image.
+``min_c L_c - L_Kmax``), and how often the choice is that best budget; and the test accuracy with the chosen budgets and
+with the largest budget forced for every image.
 """
 
 from __future__ import annotations

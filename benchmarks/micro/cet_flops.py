@@ -23,8 +23,8 @@ import torch
 from timm.models.swin_transformer import SwinTransformer
 from torch.utils.flop_counter import FlopCounterMode
 
+from vitlab.families.cet_vit.model import param_breakdown
 from vitlab.models import create_model
-from vitlab.models.cet_vit import param_breakdown
 
 
 def flops(module: torch.nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:

@@ -1,10 +1,10 @@
 """The singular values of CET-ViT's assignment matrices on CUDA: the EI term's one host synchronisation, four ways.
 
-CET-ViT's EI term (``vitlab.losses.ei.assignment_singular_values``) takes ``torch.linalg.svdvals`` of ``S: [B, N,
-K]`` at every training step with EI on and at every validation step. On a shared H200 (15 processes, 2026-12-04)
-CET-ViT's steps took ~20x the matched ViT's with EI on (docs/experiments/baselines_cifar10.md, "The GPU replicate").
-torch's cuSOLVER SVD reads a convergence flag back to the host, and for matrices taller than 32 rows it calls the
-solver once per matrix. This script times, forward and backward, on the device's clock (CUDA events; medians):
+CET-ViT's EI term (``vitlab.families.cet_vit.ei.assignment_singular_values``) takes ``torch.linalg.svdvals`` of
+``S: [B, N, K]`` at every training step with EI on and at every validation step. On a shared H200 (15 processes,
+2026-12-04) CET-ViT's steps took ~20x the matched ViT's with EI on (docs/experiments/baselines_cifar10.md, "The GPU
+replicate"). torch's cuSOLVER SVD reads a convergence flag back to the host, and for matrices taller than 32 rows it
+calls the solver once per matrix. This script times, forward and backward, on the device's clock (CUDA events; medians):
 
 - ``svdvals``: ``torch.linalg.svdvals(S)``, what the EI term does now;
 - ``qr_then_svdvals``: ``R`` of ``torch.linalg.qr(S)`` (``[B, K, K]``, the same singular values), then ``svdvals(R)``;
@@ -37,7 +37,7 @@ import torch
 
 from vitlab.atomic import atomic_write_text
 from vitlab.environment import environment
-from vitlab.losses.ei import assignment_singular_values
+from vitlab.families.cet_vit.ei import assignment_singular_values
 
 
 def _host(S: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from vitlab.acceleration import choose_precision
 from vitlab.bench import bootstrap_median
 from vitlab.bench.timing import autocast
-from vitlab.diagnostics import FrozenHeadGuard
+from vitlab.dynamics import FrozenHeadGuard
 from vitlab.environment import environment
 from vitlab.models.vit import VisionTransformer
 

@@ -26,11 +26,19 @@ FIGURE = ROOT / "docs" / "img" / "architecture.svg"
 
 
 def contract_layers(pyproject: Path = ROOT / "pyproject.toml") -> tuple[list[list[str]], list[str]]:
-    """The layers (top first, each a list of the names that share it) and the independent families."""
+    """The layers (top first, each a list of the names that share it) and the independent families (a wildcard
+    ``package.*``: the sub-packages of that package in ``src``)."""
     config = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
     layers = next(c for c in config if c["type"] == "layers")["layers"]
     independent = next((c for c in config if c["type"] == "independence"), {"modules": []})["modules"]
-    return [[name.strip() for name in row.split("|")] for row in layers], [m.rsplit(".", 1)[-1] for m in independent]
+    families = []
+    for module in independent:
+        if module.endswith(".*"):
+            folder = pyproject.parent / "src" / Path(*module[:-2].split("."))
+            families += sorted(p.name for p in folder.iterdir() if (p / "__init__.py").is_file())
+        else:
+            families.append(module.rsplit(".", 1)[-1])
+    return [[name.strip() for name in row.split("|")] for row in layers], families
 
 
 def draw(layers: list[list[str]], families: list[str]) -> plt.Figure:

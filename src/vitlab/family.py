@@ -1,11 +1,15 @@
 """Research systems as families: each declares itself once as a :class:`Family`; the core looks them up here.
 
 A family (ViTCAE, CET-ViT, a new paper) is one package that names its model classes, its Lightning task, the
-config sections it contributes, its extra sub-commands and report sections. The declaration holds names only
-(``"module:attribute"`` strings; a family outside vitlab may give the objects), so reading it loads no deep-learning
-library: ``vitlab --help`` lists a family's commands without importing torch. The core never imports a family: the
-built-in ones are found through :data:`BUILTIN_FAMILIES` (module names, imported on first use) and any other one
-registers itself with :func:`register_family`.
+config sections it contributes, its presets, its extra sub-commands and report sections. The declaration holds names
+only (``"module:attribute"`` strings; a family outside vitlab may give the objects), so reading it loads no
+deep-learning library: ``vitlab --help`` lists a family's commands without importing torch.
+
+A family is one package whose import calls :func:`register_family` once. The core names none: on first use it imports
+every sub-package of ``vitlab.families`` (the built-in ones: no list to keep, nothing to reinstall) and every entry
+point of the group :data:`ENTRY_POINT_GROUP` that the installed distributions declare (a family from outside vitlab:
+``[project.entry-points."vitlab.families"] mixer = "my_mixer"``; the entry point names the package, or a
+:class:`Family` object, which is then registered).
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
+from importlib.metadata import entry_points
+from pkgutil import iter_modules
 from typing import Any
 
-#: modules whose import declares the built-in families (each calls ``register_family`` once)
-BUILTIN_FAMILIES: tuple[str, ...] = ("vitlab.families.vitcae", "vitlab.families.cet_vit")
+#: the entry-point group through which an installed package declares a family
+ENTRY_POINT_GROUP = "vitlab.families"
+#: the package whose sub-packages are the built-in families
+BUILTIN_PACKAGE = "vitlab.families"
 
 _FAMILIES: dict[str, Family] = {}
 _loaded = False
@@ -35,12 +43,19 @@ class Family:
     """One research system, declared once.
 
     ``models``: its model classes (``"module:Class"``); a model that is an instance of one belongs to the family.
+    Importing them registers the family's presets (``vitlab.models.registry.register_preset``).
     ``task``: its Lightning task (``"module:Class"``, a ``BaseTask`` subclass) for those models.
-    ``config_types``: config section -> dataclass (``"module:Class"``) that types and checks the section.
-    ``presets``: its table of model presets (``"module:TABLE"``, preset name -> constructor arguments).
+    ``config_types``: config section -> type that types and checks the section: ``model``, a ``TypedDict`` of the
+    constructor options (none declared: the section takes no option); ``loss``, the task's dataclass (none declared:
+    the section takes no key).
+    ``presets``: its catalogue (``"module:TABLE"`` of a module that imports no torch, or the table): preset name ->
+    ``(model class name, one-line description)``, what the config check and ``vitlab list-models`` read.
     ``commands``: modules whose import registers the family's extra ``vitlab`` sub-commands.
     ``report_sections``: the run-report sections the family adds (``"module:function"``, ``run -> Section | None``).
     ``explainer``: how ``vitlab.explain`` reaches its models (``"module:function"``, ``model -> Explainer``).
+    ``evaluation``: the metrics ``vitlab evaluate`` takes of a ``SlotAssigner``'s assignment ``S`` (a module, or an
+    object, with ``image_metrics(S) -> {name: [B]}`` and ``report(metrics, labels, class_accuracy, class_names, seed)
+    -> dict``, the ``assignment`` section of ``evaluation.json``); empty: none.
     ``bench_objective``: the training loss ``vitlab bench`` times for its models (``"module:function"``,
     ``(model, x, y) -> scalar``), what its task computes with the loss section's defaults; empty: the cross-entropy
     of the model's output, as for every classifier.
@@ -54,6 +69,7 @@ class Family:
     commands: tuple[str, ...] = ()
     report_sections: tuple[str | Any, ...] = ()
     explainer: str | Any = ""
+    evaluation: str | Any = ""
     bench_objective: str | Any = ""
 
     def model_classes(self) -> tuple[type, ...]:
@@ -62,8 +78,11 @@ class Family:
     def task_class(self) -> type:
         return resolve(self.task)
 
+    def catalogue(self) -> Mapping[str, tuple[str, str]]:
+        return resolve(self.presets) if self.presets else {}
+
     def preset_names(self) -> tuple[str, ...]:
-        return tuple(resolve(self.presets)) if self.presets else ()
+        return tuple(self.catalogue())
 
     def config_type(self, section: str) -> type | None:
         ref = self.config_types.get(section)
@@ -88,8 +107,13 @@ def families() -> Iterator[Family]:
     global _loaded
     if not _loaded:
         _loaded = True
-        for module in BUILTIN_FAMILIES:
-            import_module(module)
+        package = import_module(BUILTIN_PACKAGE)
+        for info in iter_modules(package.__path__, f"{BUILTIN_PACKAGE}."):
+            import_module(info.name)
+        for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+            declared = entry_point.load()
+            if isinstance(declared, Family):
+                register_family(declared)
     yield from list(_FAMILIES.values())
 
 

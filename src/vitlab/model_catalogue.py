@@ -1,149 +1,26 @@
-"""The built-in model presets and the keyword options of their classes, as plain names.
+"""The core's model presets, as plain names: preset -> (model class, description).
 
-``vitlab.config.build_config`` checks a config's ``model`` section against this table before anything imports
-torch: an unknown preset or option is refused in a fraction of a second. The table is the registry's, written out
-(``tests/models/test_catalogue.py`` checks that the two agree and prints the table to paste when they do not);
-a family outside vitlab adds its presets with :func:`add_presets`.
+``vitlab.config.build_config`` checks a config's ``model`` section against this table and the families' own
+(``Family.presets``) before anything imports torch, and ``vitlab list-models`` prints them without torch. The table is
+the registry's, written out (``tests/models/test_catalogue.py`` checks that the two agree and prints the table to
+paste when they do not); a class's options are the keys of its ``model`` section type (``vitlab.config.model``).
 """
 
 from __future__ import annotations
 
-#: model class name -> its keyword-only constructor options
-MODEL_OPTIONS: dict[str, tuple[str, ...]] = {
-    "CETViT": (
-        "attn_drop_rate",
-        "deep_depth",
-        "depths",
-        "drop_path_rate",
-        "drop_rate",
-        "dynamic_img_size",
-        "dynamic_k",
-        "ei",
-        "ei_degen_slots",
-        "ei_svd",
-        "embed_dims",
-        "fused_window_attention",
-        "fusion_dim",
-        "fusion_heads",
-        "grouping",
-        "img_size",
-        "in_chans",
-        "k_candidates",
-        "k_hidden_dim",
-        "k_tau",
-        "macro_depth",
-        "mask_empty_slots",
-        "mlp_ratio",
-        "num_classes",
-        "num_heads",
-        "num_slots",
-        "patch_size",
-        "pool",
-        "pos_embed",
-        "qkv_bias",
-        "select_grad",
-        "slot_ratio",
-        "topk",
-        "window_size",
-    ),
-    "SwinTransformer": (
-        "attn_drop_rate",
-        "depths",
-        "drop_path_rate",
-        "drop_rate",
-        "dynamic_img_size",
-        "embed_dim",
-        "global_pool",
-        "img_size",
-        "in_chans",
-        "mlp_ratio",
-        "num_classes",
-        "num_heads",
-        "patch_size",
-        "qkv_bias",
-        "window_size",
-    ),
-    "VisionTransformer": (
-        "attn_drop_rate",
-        "depth",
-        "drop_path_rate",
-        "drop_rate",
-        "dynamic_img_size",
-        "embed_dim",
-        "global_pool",
-        "img_size",
-        "in_chans",
-        "mlp_ratio",
-        "num_classes",
-        "num_heads",
-        "patch_size",
-        "qkv_bias",
-        "temperature",
-        "temperature_form",
-        "tome_r",
-    ),
-    "ViTCAE": (
-        "attn_drop_rate",
-        "decoder_depth",
-        "decoder_dim",
-        "decoder_heads",
-        "depth",
-        "drop_path_rate",
-        "drop_rate",
-        "embed_dim",
-        "img_size",
-        "in_chans",
-        "latent_dim",
-        "mlp_ratio",
-        "num_classes",
-        "num_cond_tokens",
-        "num_heads",
-        "patch_latent_dim",
-        "patch_size",
-        "qkv_bias",
-        "temperature",
-        "temperature_form",
-    ),
+#: preset name -> (model class name, one-line description)
+PRESETS: dict[str, tuple[str, str]] = {
+    "swin_micro": ("SwinTransformer", "Swin for 32x32 (patch 2, window 4), width 32, depths (2, 2, 2, 2)"),
+    "swin_nano": ("SwinTransformer", "Swin for 32x32 (patch 2, window 4), width 24, depths (1, 1, 2, 1)"),
+    "swin_pico": ("SwinTransformer", "Swin for 32x32 (patch 2, window 4), width 16, depths (1, 1, 1, 1)"),
+    "swin_tiny": ("SwinTransformer", "Swin for 32x32 (patch 2, window 4), width 96, depths (2, 2, 6, 2)"),
+    "tome_nano": ("VisionTransformer", "vit_nano with Token Merging, r = 8 per block"),
+    "tome_pico": ("VisionTransformer", "vit_pico with Token Merging, r = 8 per block"),
+    "tome_tiny": ("VisionTransformer", "vit_tiny with Token Merging, r = 8 per block"),
+    "vit_base": ("VisionTransformer", "ViT classifier, width 768, depth 12"),
+    "vit_micro": ("VisionTransformer", "ViT classifier, width 192, depth 6"),
+    "vit_nano": ("VisionTransformer", "ViT classifier, width 128, depth 6"),
+    "vit_pico": ("VisionTransformer", "ViT classifier, width 64, depth 4"),
+    "vit_small": ("VisionTransformer", "ViT classifier, width 384, depth 12"),
+    "vit_tiny": ("VisionTransformer", "ViT classifier, width 192, depth 12"),
 }
-#: preset name -> model class name
-PRESET_CLASSES: dict[str, str] = {
-    "cet_vit_base": "CETViT",
-    "cet_vit_nano": "CETViT",
-    "cet_vit_nano_global": "CETViT",
-    "cet_vit_nano_wide": "CETViT",
-    "cet_vit_pico": "CETViT",
-    "cet_vit_tiny": "CETViT",
-    "swin_matched_cet_vit_base": "SwinTransformer",
-    "swin_matched_cet_vit_nano": "SwinTransformer",
-    "swin_matched_cet_vit_tiny": "SwinTransformer",
-    "swin_micro": "SwinTransformer",
-    "swin_nano": "SwinTransformer",
-    "swin_pico": "SwinTransformer",
-    "swin_tiny": "SwinTransformer",
-    "tome_matched_cet_vit_base": "VisionTransformer",
-    "tome_matched_cet_vit_nano": "VisionTransformer",
-    "tome_matched_cet_vit_tiny": "VisionTransformer",
-    "tome_nano": "VisionTransformer",
-    "tome_pico": "VisionTransformer",
-    "tome_tiny": "VisionTransformer",
-    "vit_base": "VisionTransformer",
-    "vit_matched_cet_vit_base": "VisionTransformer",
-    "vit_matched_cet_vit_nano": "VisionTransformer",
-    "vit_matched_cet_vit_tiny": "VisionTransformer",
-    "vit_micro": "VisionTransformer",
-    "vit_nano": "VisionTransformer",
-    "vit_pico": "VisionTransformer",
-    "vit_small": "VisionTransformer",
-    "vit_tiny": "VisionTransformer",
-    "vitcae_base": "ViTCAE",
-    "vitcae_nano": "ViTCAE",
-    "vitcae_pico": "ViTCAE",
-    "vitcae_small": "ViTCAE",
-    "vitcae_tiny": "ViTCAE",
-}
-
-
-def add_presets(presets: dict[str, str], options: dict[str, tuple[str, ...]]) -> None:
-    """Declare further presets (preset -> class name) and their classes' options (a family outside vitlab)."""
-    MODEL_OPTIONS.update(options)
-    PRESET_CLASSES.update(presets)

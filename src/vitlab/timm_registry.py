@@ -1,9 +1,9 @@
 """vitlab's presets in timm's model registry (timm, pytorch-image-models: ``timm.models._registry.register_model``,
 ``generate_default_cfgs`` and ``timm.models._builder.build_model_with_cfg``), so ``timm.create_model`` builds them.
 
-Every preset ``P`` of :data:`vitlab.model_catalogue.PRESET_CLASSES` is the timm model ``vitlab_P`` (e.g.
-``vitlab_vit_pico``, ``vitlab_swin_pico``, ``vitlab_cet_vit_nano_global``). ``timm.create_model`` passes it through
-timm's own builder: ``num_classes``, ``in_chans``, ``img_size``, ``features_only`` / ``out_indices`` /
+Every preset ``P`` of the catalogue (:func:`vitlab.config.model.catalogue`: the core's and each family's) is the
+timm model ``vitlab_P`` (e.g. ``vitlab_vit_pico``, ``vitlab_swin_pico``, ``vitlab_cet_vit_nano_global``).
+``timm.create_model`` passes it through timm's own builder: ``num_classes``, ``in_chans``, ``img_size``, ``features_only`` / ``out_indices`` /
 ``feature_cls``, and ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` (safetensors or ``.pth``:
 timm's ``load_pretrained``, which drops a classifier of another class count and adapts the first convolution to
 other ``in_chans``). The model is :func:`vitlab.create_model`'s, so it exports and reloads like any vitlab model.
@@ -26,7 +26,7 @@ from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs, register_model
 from torch import nn
 
-from vitlab.model_catalogue import PRESET_CLASSES
+from vitlab.config.model import catalogue
 
 #: the prefix of vitlab's names in timm's registry
 PREFIX = "vitlab_"
@@ -134,7 +134,7 @@ default_cfgs: dict[str, Any] = {}
 
 def register(presets: list[str] | None = None) -> list[str]:
     """Register ``presets`` (all of the catalogue's by default) in timm's registry; returns their timm names."""
-    names = [PREFIX + p for p in (presets if presets is not None else sorted(PRESET_CLASSES))]
+    names = [PREFIX + p for p in (presets if presets is not None else sorted(catalogue()))]
     default_cfgs.update(generate_default_cfgs({n: _default_cfg() for n in names}))
     for name in names:
         register_model(_entrypoint(name.removeprefix(PREFIX)))

@@ -388,7 +388,8 @@ def test_print_config_shows_the_resolved_model(capsys):
 def test_per_step_loss_and_lr_are_logged(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from vitlab.report.collect import RunRecord, add_step_series, curve_panels
+    from vitlab.report.curves import add_step_series, curve_panels
+    from vitlab.report.record import RunRecord
 
     run_dir = tmp_path / "run"
     args = ["fit", "--config", "vit/digits", f"run.dir={run_dir}", "trainer.max_epochs=2", *TINY]

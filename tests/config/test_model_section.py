@@ -9,20 +9,19 @@ import pytest
 from vitlab.config import ClassificationLossConfig, ConfigError, RunConfig, build_config
 from vitlab.config.coerce import build_section
 from vitlab.config.loss import build_loss
-from vitlab.config.model import MODEL_KEYS, model_config_type
+from vitlab.config.model import MODEL_KEYS, catalogue, model_config_type
 from vitlab.errors import ModelOptionError
+from vitlab.families.cet_vit.ei import EI_SCHEDULES
 from vitlab.family import family_of_class
-from vitlab.losses.ei import EI_SCHEDULES
-from vitlab.model_catalogue import MODEL_OPTIONS
 from vitlab.models.registry import constructor_args, get_preset, list_models
 
 
-@pytest.mark.parametrize("class_name", sorted(MODEL_OPTIONS))
+@pytest.mark.parametrize("class_name", sorted({cls for cls, _ in catalogue().values()}))
 def test_each_model_section_type_holds_its_constructors_keywords(class_name):
     section = model_config_type(class_name)
     assert typing.is_typeddict(section)
-    keys = set(typing.get_type_hints(section)) - set(MODEL_KEYS)
-    assert keys == set(MODEL_OPTIONS[class_name])
+    cls = next(get_preset(name).cls for name, (c, _) in catalogue().items() if c == class_name)
+    assert set(typing.get_type_hints(section)) - set(MODEL_KEYS) == set(constructor_args(cls))
 
 
 @pytest.mark.parametrize("preset", list_models())
@@ -96,13 +95,14 @@ def test_the_loss_section_is_checked_by_the_tasks_dataclass(config, loss_type):
     assert type(build_loss(own, cfg.loss)) is own
 
 
-def test_a_protocol_shared_by_several_tasks_keeps_its_loss_keys_for_the_one_that_reads_them():
+def test_a_protocol_shared_by_several_tasks_keeps_its_loss_with_the_model_that_reads_it():
     vit = build_config("compare/cifar10_p4_vit")
     cet = build_config("compare/cifar10_p4")
-    assert vit.loss == cet.loss and vit.loss["ei_start"] == 1.33
-    assert build_loss(ClassificationLossConfig, vit.loss) == ClassificationLossConfig()
-    with pytest.raises(ConfigError, match="loss.ei_start must be of type float"):
-        build_config("compare/cifar10_p4_vit", ["loss.ei_start=soon"])
+    assert vit.loss == {} and cet.loss["ei_start"] == 1.33
+    assert build_config("compare/cifar10_p4_global").loss == cet.loss
+    message = r"loss.ei_start is not used by the task of VisionTransformer \(the key belongs to the loss of the 'cet"
+    with pytest.raises(ConfigError, match=message):
+        build_config("compare/cifar10_p4_vit", ["loss.ei_start=2"])
 
 
 @pytest.mark.parametrize(
@@ -128,8 +128,8 @@ def test_the_cet_vit_schedules_are_the_ei_weights():
 
 def test_cet_vits_option_values_are_the_cores():
     from vitlab.families.cet_vit import config
-    from vitlab.layers.slots import POOLS
-    from vitlab.losses.ei import DEGEN_SLOTS, EI_SVD_WAYS, EI_VARIANTS
+    from vitlab.families.cet_vit.ei import DEGEN_SLOTS, EI_SVD_WAYS, EI_VARIANTS
+    from vitlab.families.cet_vit.slots import POOLS
 
     assert typing.get_args(config.Pool) == POOLS
     assert typing.get_args(config.EIVariant) == EI_VARIANTS

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from vitlab.acceleration import adamw, compile_network
 from vitlab.cli.main import main
-from vitlab.diagnostics import FrozenHeadGuard
+from vitlab.dynamics import FrozenHeadGuard
 from vitlab.layers import Attention, capture_attention
 from vitlab.models import create_model
 
@@ -161,7 +161,7 @@ def test_cet_vit_and_vitcae_forward_backward_on_cuda(name):
         logits, aux = model.forward_with_aux(x)
         loss = F.cross_entropy(logits, y) + aux.regularization(0.05, 0.01)
     else:
-        from vitlab.losses.vitcae import ViTCAELossConfig, vitcae_loss
+        from vitlab.families.vitcae.losses import ViTCAELossConfig, vitcae_loss
 
         loss = vitcae_loss(model(x), x, y, epoch=1, cfg=ViTCAELossConfig())["loss"]
     loss.backward()

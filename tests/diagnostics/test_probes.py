@@ -13,18 +13,17 @@ from torch import nn
 from vitlab.cli.main import main
 from vitlab.config import DataConfig, RunConfig, build_config, to_dict
 from vitlab.data import build_datamodule
-from vitlab.diagnostics.probes import (
+from vitlab.diagnostics.probes import gradient_flow, init_distance
+from vitlab.diagnostics.segments import colour_segments, draw_segment_maps, overlay, segment_map, slot_palette
+from vitlab.export import export_model
+from vitlab.families.cet_vit.ei import reversibility
+from vitlab.families.cet_vit.probes import (
     balanced_one_hot,
     common_mode_mixture,
-    gradient_flow,
-    init_distance,
     mixture_for_reversibility,
     reversibility_table,
     slot_usage_summary,
 )
-from vitlab.diagnostics.segments import colour_segments, draw_segment_maps, overlay, segment_map, slot_palette
-from vitlab.export import export_model
-from vitlab.losses.ei import reversibility
 from vitlab.models.builder import create_model
 from vitlab.training.run import build_task
 from vitlab.training.tasks import ClassificationTask

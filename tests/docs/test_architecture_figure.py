@@ -14,4 +14,4 @@ def test_the_figure_names_every_layer_of_the_contract():
         for name in row:
             if name != "families":
                 assert f">{name}<" in svg
-    assert families == ["vitcae", "cet_vit"] and ">families.cet_vit<" in svg
+    assert families == ["cet_vit", "vitcae"] and ">families.cet_vit<" in svg

@@ -13,11 +13,17 @@ from torch.utils.data import DataLoader, TensorDataset
 from model_fixtures import tiny_vit
 from vitlab.cli.main import main
 from vitlab.config import build_config
-from vitlab.diagnostics import DynamicsConfig, DynamicsController, FrozenHeadGuard, ProbeMeasurement
-from vitlab.diagnostics.controller import controlled_modules, select_probe
 from vitlab.diagnostics.convergence import directedness_standard_error
 from vitlab.diagnostics.plots import frozen_at_epoch, head_table, read_dynamics
-from vitlab.dynamics import FrozenHeadAttention
+from vitlab.dynamics import (
+    DynamicsConfig,
+    DynamicsController,
+    FrozenHeadAttention,
+    FrozenHeadGuard,
+    ProbeMeasurement,
+    controlled_modules,
+    select_probe,
+)
 from vitlab.errors import ConfigError
 from vitlab.layers import Attention, capture_attention
 from vitlab.models import create_model
@@ -520,8 +526,8 @@ def test_fit_writes_one_record_per_epoch_with_per_head_lists(runs, mode):
 
 
 def test_report_draws_the_two_arms_side_by_side_and_their_drift_against_the_learning_rate(runs):
-    from vitlab.report.collect import Plot
     from vitlab.report.figures import draw
+    from vitlab.report.page import Plot
 
     paths = [str(runs[mode] / "dynamics.jsonl") for mode in ("fixed", "schedule")]
     drawn = dict(draw(Plot("dynamics_comparison", {"paths": paths, "labels": ["uncontrolled", "controlled"]})))

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from model_fixtures import tiny_vit
-from vitlab.diagnostics import DynamicsConfig, DynamicsController
-from vitlab.diagnostics.controller import controlled_modules
 from vitlab.diagnostics.convergence import ConvergenceTracker
 from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost
+from vitlab.dynamics import DynamicsConfig, DynamicsController, controlled_modules
 from vitlab.errors import ConfigError
 from vitlab.models import create_model
 
@@ -95,7 +94,7 @@ def point_mass_path(patches: list[int], side: int = 4) -> list[torch.Tensor]:
 
 
 def test_controller_directedness_tells_moving_attention_from_jitter():
-    from vitlab.diagnostics import ProbeMeasurement
+    from vitlab.dynamics import ProbeMeasurement
 
     controller = DynamicsController(
         DynamicsConfig(mode="fixed", convergence="noise", burn_in=0, patience=2, probe_size=4, kappa_images=4)

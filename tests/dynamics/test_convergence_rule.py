@@ -4,7 +4,6 @@ stable in at most ~5% of epochs and directed motion never is, and one rule for b
 import pytest
 import torch
 
-from vitlab.diagnostics.controller import DynamicsConfig, DynamicsController
 from vitlab.diagnostics.convergence import (
     ConvergenceTracker,
     calibrate_rho,
@@ -12,6 +11,7 @@ from vitlab.diagnostics.convergence import (
     simulate_attention_paths,
 )
 from vitlab.diagnostics.dynamics import patch_grid_cost
+from vitlab.dynamics import DynamicsConfig, DynamicsController
 
 GRID, IMAGES, EPOCHS = (4, 4), 64, 40
 

@@ -12,9 +12,8 @@ from torch import nn
 from vitlab.cli.registry import COMMANDS, command
 from vitlab.config import ConfigError, build_config
 from vitlab.errors import ModelOptionError
-from vitlab.evaluation.evaluate import logits_and_assignment
+from vitlab.evaluation.outputs import logits_and_assignment
 from vitlab.family import Family, families, family_of, family_of_class, register_family, unregister_family
-from vitlab.model_catalogue import MODEL_OPTIONS, PRESET_CLASSES, add_presets
 from vitlab.models.builder import create_model
 from vitlab.models.protocols import GenerativeModel, SlotAssigner
 from vitlab.models.registry import _REGISTRY, register_preset
@@ -52,7 +51,7 @@ def toy_family():
             models=(ToySlotModel,),
             task=ToyTask,
             config_types={"loss": dict},
-            presets={"toy_pico": {}},
+            presets={"toy_pico": ("ToySlotModel", "a toy family's model")},
             commands=(),
             report_sections=(),
         )
@@ -109,8 +108,7 @@ class ToyLossConfig:
 
 @pytest.fixture
 def typed_toy_family(toy_family):
-    """The toy family with its own config types and its preset in the catalogue (what a package outside vitlab adds
-    with ``add_presets``)."""
+    """The toy family with its own config types."""
     unregister_family("toy")
     family = register_family(
         Family(
@@ -118,13 +116,10 @@ def typed_toy_family(toy_family):
             models=(ToySlotModel,),
             task=ToyTask,
             config_types={"model": ToyModelConfig, "loss": ToyLossConfig},
-            presets={"toy_pico": {}},
+            presets={"toy_pico": ("ToySlotModel", "a toy family's model")},
         )
     )
-    add_presets({"toy_pico": "ToySlotModel"}, {"ToySlotModel": ("img_size", "in_chans", "num_classes")})
     yield family
-    PRESET_CLASSES.pop("toy_pico")
-    MODEL_OPTIONS.pop("ToySlotModel")
 
 
 def test_a_toy_familys_config_sections_are_typed_and_checked_by_its_own_types(typed_toy_family):

@@ -10,9 +10,11 @@ from torch import nn
 import vitlab
 from vitlab.cli.main import main
 from vitlab.config import build_config, to_dict
+from vitlab.families.cet_vit.baselines import matched_presets
+from vitlab.families.cet_vit.model import param_breakdown
+from vitlab.families.cet_vit.presets import MATCH_INPUTS, TOME_R
 from vitlab.models import count_params, create_model, flops_per_image, match_width, parameter_count
-from vitlab.models.cet_vit import param_breakdown
-from vitlab.models.sizing import MATCH_INPUTS, TOME_R, matched_presets, width_step
+from vitlab.models.sizing import width_step
 
 
 def _meta(name: str, **kwargs) -> nn.Module:
@@ -152,13 +154,15 @@ def test_params_command_names_a_bad_option(capsys):
 
 
 @pytest.mark.parametrize("protocol", ["cifar10_cpu", "cifar10_p4"])
-def test_compare_configs_share_one_protocol_and_differ_only_in_the_model(protocol):
-    resolved = {}
+def test_compare_configs_share_one_protocol_and_differ_only_in_the_model_and_its_loss(protocol):
+    resolved, losses = {}, {}
     for variant in ("", "_vit", "_tome", "_swin"):
         cfg = to_dict(build_config(f"compare/{protocol}{variant}"))
         resolved[cfg["model"].pop("name")] = cfg
+        losses[variant] = cfg.pop("loss")
         cfg["run"].pop("name")
     assert set(resolved) == {"cet_vit_nano", *(f"{f}_matched_cet_vit_nano" for f in ("vit", "tome", "swin"))}
+    assert losses[""] and losses["_vit"] == losses["_tome"] == losses["_swin"] == {}
     protocols = list(resolved.values())
     assert all(p == protocols[0] for p in protocols[1:])
     # the baselines stay within 2% of CET-ViT's parameters at the protocol's input (patch 4 moves all of them)

@@ -3,7 +3,7 @@ starts at 0, not -1), and a learning rate that never changes is drawn against ze
 
 from __future__ import annotations
 
-from vitlab.report.collect import PER_STEP, add_step_series, curve_panels
+from vitlab.report.curves import PER_STEP, add_step_series, curve_panels
 from vitlab.report.figures import curves_figure
 
 

@@ -10,8 +10,9 @@ from vitlab.config import build_config
 from vitlab.evaluation import evaluate_run
 from vitlab.evaluation.compare import run_metrics
 from vitlab.explain.run import EVALUATION_JSON, EXPLAIN_DIR
-from vitlab.report.collect import RunRecord, evaluation_section
+from vitlab.report.collect import evaluation_section
 from vitlab.report.explanations import faithfulness_blocks
+from vitlab.report.record import RunRecord
 from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 

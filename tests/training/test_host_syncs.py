@@ -35,7 +35,7 @@ CET_CARD = [
 CET_EXACT_DENSE = ["model.dynamic_k=exact", "model.select_grad=dense_st", "loss.ei_schedule=constant"]
 #: the one wait CET-ViT's EI term keeps, per step: torch.linalg.svdvals, whose cuSOLVER kernel checks on the host
 #: that every matrix converged (and reruns those that did not), a check torch offers no way to skip
-SVD = ("SVD", "vitlab/losses/ei.py")
+SVD = ("SVD", "vitlab/families/cet_vit/ei.py")
 
 
 def _count(config: str, overrides: list[str], tmp_path) -> CountSyncsPerPhase:

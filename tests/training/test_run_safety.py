@@ -247,7 +247,7 @@ def test_a_folder_with_an_empty_metrics_file_and_no_checkpoint_is_not_a_run_a_re
 
 
 def test_the_way_to_go_on_after_a_stopped_fit_depends_on_its_last_checkpoint(tmp_path):
-    from vitlab.training.run import recovery_hint
+    from vitlab.training.run_folder import recovery_hint
 
     assert recovery_hint(tmp_path).startswith("run the same command again")
     RunDir(tmp_path).last_checkpoint.parent.mkdir()

@@ -116,8 +116,8 @@ def timm_counterpart(model: str, overrides: dict[str, Any] | None = None) -> Net
         swin["proj_drop_rate"] = kwargs["drop_rate"]
         return NetworkSpec("timm_swin", "timm SwinTransformer", swin)
     raise ConfigError(
-        f"--vs timm has no timm counterpart for {model!r} ({cls.__name__}); it covers the ViT presets (vit_*, "
-        "tome_*), the ViTCAE encoders (vitcae_*) and Swin (swin_*). Run without --vs to bench it alone."
+        f"--vs timm has no timm counterpart for {model!r} ({cls.__name__}); it covers the models built on a "
+        "ViT (the ViT and ToMe presets, a generative model's encoder) and Swin. Run without --vs to bench it alone."
     )
 
 

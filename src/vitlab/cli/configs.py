@@ -14,7 +14,7 @@ from vitlab.cli.registry import Runner, command
 
 @command("list-configs", "list the packaged configs (for --config) with their first comment line")
 def _list_configs(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("pattern", nargs="?", default="*", help="glob on the name, e.g. 'vitcae/*' or '*cifar*'")
+    p.add_argument("pattern", nargs="?", default="*", help="glob on the name, e.g. 'vit/*' or '*cifar*'")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         import fnmatch

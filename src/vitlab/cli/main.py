@@ -54,7 +54,7 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
 
         if args.resume and not args.config:
             from vitlab.export import checkpoint_hparams, read_checkpoint
-            from vitlab.training.run import resolve_resume
+            from vitlab.training.run_folder import resolve_resume
 
             run_dir, ckpt = resolve_resume(args.resume)
             if RunDir(run_dir).is_run():
@@ -159,16 +159,19 @@ def _list_models(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("pattern", nargs="?", default="*", help="glob, e.g. 'vit_*'")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.errors import UnknownModelError
-        from vitlab.models.registry import get_preset, list_models
+        from fnmatch import fnmatch
 
-        names = list_models(args.pattern)
+        from vitlab.config.model import catalogue
+        from vitlab.errors import UnknownModelError
+
+        presets = catalogue()
+        names = sorted(name for name in presets if fnmatch(name, args.pattern))
         if not names:
             raise UnknownModelError(
                 f"no registered model matches {args.pattern!r}; `vitlab list-models` lists them all"
             )
         for name in names:
-            print(f"{name:24s} {get_preset(name).description}")
+            print(f"{name:24s} {presets[name][1]}")
         return 0
 
     return run

@@ -18,8 +18,8 @@ import yaml
 
 from vitlab.config.coerce import build_section, from_dict, to_dict
 from vitlab.config.dynamics import DynamicsConfig
-from vitlab.config.loss import ClassificationLossConfig, check_loss_section
-from vitlab.config.model import ModelConfig, check_model_sizes, model_class_name, model_config_type
+from vitlab.config.loss import ClassificationLossConfig, check_loss_section, loss_config_type
+from vitlab.config.model import ModelConfig, catalogue, check_model_sizes, model_class_name, model_config_type
 from vitlab.data.config import AugmentConfig, DataConfig, check_dataset_name
 from vitlab.errors import ConfigError
 
@@ -350,8 +350,11 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """``update`` merged into ``base``, mappings key by key; a new preset name starts the ``model`` section from a clean
-    slate (the same name merges overrides)."""
+    slate (the same name merges overrides), and a preset trained by another task the ``loss`` section too (a protocol
+    file's loss stays with its model: the baselines that share it get their own task's defaults)."""
     out = dict(base)
+    if _new_task(base.get("model"), update.get("model")):
+        out.pop("loss", None)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "model":
             out[key] = deep_merge(out[key], value)
@@ -360,6 +363,14 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def _new_task(model: Any, override: Any) -> bool:
+    if not _new_preset(model, override):
+        return False
+    presets = catalogue()
+    classes = [presets.get(section["name"], ("",))[0] for section in (model, override)]
+    return all(classes) and loss_config_type(classes[0]) is not loss_config_type(classes[1])
 
 
 def _new_preset(model: Any, override: Any) -> bool:

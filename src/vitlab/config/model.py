@@ -10,11 +10,12 @@ not set takes the preset's value, so the section holds exactly the keys it sets.
 from __future__ import annotations
 
 import difflib
+import typing
 from typing import Any, Literal, NotRequired, TypedDict
 
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
-from vitlab.family import BUILTIN_FAMILIES, Family, families
-from vitlab.model_catalogue import MODEL_OPTIONS, PRESET_CLASSES
+from vitlab.family import Family, families
+from vitlab.model_catalogue import PRESETS
 
 #: model keys that are no constructor option
 MODEL_KEYS = ("name", "pretrained")
@@ -96,10 +97,21 @@ CORE_MODEL_CONFIGS: dict[str, type] = {
 }
 
 
-def model_class_name(model: Any) -> str | None:
+def catalogue() -> dict[str, tuple[str, str]]:
+    """Every preset, torch-free: the core's (:data:`vitlab.model_catalogue.PRESETS`) and each family's
+    (``Family.presets``): preset name -> (model class name, description)."""
+    return {**PRESETS, **{name: row for family in families() for name, row in family.catalogue().items()}}
+
+
+def model_options(class_name: str) -> tuple[str, ...]:
+    """The constructor options of a model class: the keys of its ``model`` section type (none if it declares none)."""
+    section = model_config_type(class_name)
+    return tuple(key for key in typing.get_type_hints(section) if key not in MODEL_KEYS) if section is not dict else ()
+
+
+def model_class_name(model: Any) -> str:
     """The class name of the preset ``model["name"]``, after checking the section's keys (each an option of that class,
-    or ``name`` / ``pretrained``). None for a preset the catalogue does not know while a family from outside vitlab
-    is declared (the registry checks it when the model is built).
+    or ``name`` / ``pretrained``).
 
     Raises :class:`~vitlab.errors.UnknownModelError` or :class:`~vitlab.errors.ModelOptionError`, each naming the
     closest valid names.
@@ -107,14 +119,13 @@ def model_class_name(model: Any) -> str | None:
     if not isinstance(model, dict) or "name" not in model:
         raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
     name = model["name"]
-    if name not in PRESET_CLASSES:
-        if any(family.name not in _builtin_names() for family in families()):
-            return None
-        close = difflib.get_close_matches(str(name), list(PRESET_CLASSES), n=3)
+    presets = catalogue()
+    if name not in presets:
+        close = difflib.get_close_matches(str(name), list(presets), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise UnknownModelError(f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model.")
-    cls = PRESET_CLASSES[name]
-    valid = MODEL_OPTIONS[cls]
+    cls = presets[name][0]
+    valid = model_options(cls)
     for key in model:
         if key not in valid and key not in MODEL_KEYS:
             close = difflib.get_close_matches(key, list(valid), n=3)
@@ -134,11 +145,9 @@ def check_model_sizes(model: dict[str, Any]) -> None:
             raise ConfigError(f"model.{key} must be at least 1, got {value}; set model.{key} to a positive size")
 
 
-def model_config_type(class_name: str | None) -> type:
+def model_config_type(class_name: str) -> type:
     """The type of the ``model`` section for a model class: the core's or its family's ``config_types["model"]``;
-    ``dict`` (the keys checked against the catalogue alone) for a class that declares none."""
-    if class_name is None:
-        return dict
+    ``dict`` for a class that declares none (whose section then takes no option)."""
     if class_name in CORE_MODEL_CONFIGS:
         return CORE_MODEL_CONFIGS[class_name]
     family = family_of_class_name(class_name)
@@ -153,7 +162,3 @@ def family_of_class_name(class_name: str) -> Family | None:
         if class_name in names:
             return family
     return None
-
-
-def _builtin_names() -> set[str]:
-    return {module.rpartition(".")[2] for module in BUILTIN_FAMILIES}

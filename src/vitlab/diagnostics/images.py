@@ -18,9 +18,9 @@ from torch import nn
 
 from vitlab.config import DataConfig
 from vitlab.data import build_datamodule, normalize
-from vitlab.evaluation.evaluate import logits_and_assignment
+from vitlab.evaluation.outputs import logits_and_assignment
+from vitlab.family import family_of, resolve
 from vitlab.layers.capture import attention_modules, capture_attention
-from vitlab.layers.slots import slot_usage_k
 from vitlab.models.protocols import SlotAssigner
 
 
@@ -90,15 +90,16 @@ def attention_maps(model: nn.Module, inputs: torch.Tensor) -> dict[str, torch.Te
 @dataclass
 class SlotAssignment:
     """The token-to-slot assignment of a few images: ``S: [B, N, K_max]`` on the patch ``grid`` and each image's
-    slot-usage K (``slot_k: [B]``)."""
+    slot-usage K (``slot_k: [B]``, the family's ``evaluation.image_metrics``; None if it declares none)."""
 
     S: torch.Tensor
     grid: tuple[int, int]
-    slot_k: torch.Tensor
+    slot_k: torch.Tensor | None
 
 
 def slot_assignment(model: nn.Module, inputs: torch.Tensor) -> SlotAssignment | None:
-    """For a model with a token-to-slot assignment over its patch grid (CET-ViT), ``S`` of ``inputs``; else None."""
+    """For a model with a token-to-slot assignment over its patch grid (``SlotAssigner``), ``S`` of ``inputs``; else
+    None."""
     grid = patch_grid(model)
     if grid is None or not isinstance(model, SlotAssigner):
         return None
@@ -106,4 +107,6 @@ def slot_assignment(model: nn.Module, inputs: torch.Tensor) -> SlotAssignment | 
         _, S = logits_and_assignment(model, inputs)
     if S is None or S.shape[1] != grid[0] * grid[1]:
         return None
-    return SlotAssignment(S, grid, slot_usage_k(S))
+    family = family_of(model)
+    evaluation = resolve(family.evaluation) if family is not None and family.evaluation else None
+    return SlotAssignment(S, grid, evaluation.image_metrics(S).get("slot_usage_k") if evaluation else None)

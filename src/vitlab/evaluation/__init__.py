@@ -17,14 +17,12 @@ from vitlab.evaluation.corruptions import (
     scale_contrast,
     shift_brightness,
 )
-from vitlab.evaluation.evaluate import (
+from vitlab.evaluation.evaluate import evaluate_run, format_evaluation, load_evaluation_target
+from vitlab.evaluation.outputs import (
     View,
     build_tta_views,
     classification_metrics,
     classifier_logits,
-    evaluate_run,
-    format_evaluation,
-    load_evaluation_target,
     logits_and_assignment,
     translate,
 )

@@ -4,8 +4,8 @@ CET-ViT v4 model card: "Results", "Calibration", "OOD robustness", "Reversibilit
 run's data: top-1 / top-5 accuracy, NLL and ECE (15 equal-width bins); a temperature fitted on one half of the
 validation set and evaluated on the other half, then applied to the test set, with a reliability diagram before and
 after; test-time augmentation over fixed views; accuracy under the CIFAR-C corruptions at every severity; per-class
-accuracy; and, for models that expose their token-to-slot assignment ``S`` (CET-ViT's ``forward_with_aux``),
-per-class reversibility and slot-usage K with their correlation to per-class accuracy.
+accuracy; and, for models that expose their token-to-slot assignment ``S`` (``SlotAssigner``), the metrics of ``S``
+that their family declares (``Family.evaluation``: per image, then its report over the classes).
 
 Every image passes through [0, 1] pixel space (``denormalize`` with the data's statistics) so that views and
 corruptions act on real pixels, then is normalised with the statistics the model was trained with.
@@ -28,17 +28,24 @@ from vitlab.config import DataConfig, check_seed, deep_merge, from_dict, parse_o
 from vitlab.data import VisionDataModule, build_datamodule, denormalize
 from vitlab.data import normalize as normalize_pixels
 from vitlab.errors import ConfigError
-from vitlab.evaluation.calibration import calibration_split_eval, expected_calibration_error, reliability_diagram
+from vitlab.evaluation.calibration import calibration_split_eval, reliability_diagram
 from vitlab.evaluation.corruptions import CORRUPTIONS, apply_corruption
-from vitlab.evaluation.stats import correlation_report, per_class_mean
+from vitlab.evaluation.outputs import (
+    N_BINS,
+    View,
+    build_tta_views,
+    classification_metrics,
+    classifier_logits,
+    default_tta_shift,
+    logits_and_assignment,
+)
+from vitlab.evaluation.stats import per_class_mean
 from vitlab.evaluation.terminal import (
     format_evaluation,
 )
 from vitlab.export import load_model, model_from_checkpoint
+from vitlab.family import family_of, resolve
 from vitlab.jsonio import finite_or_none
-from vitlab.layers.slots import slot_usage_k
-from vitlab.losses.ei import reversibility
-from vitlab.models.protocols import SlotAssigner
 from vitlab.rundir import (
     EVALUATION_DIR,
     EVALUATION_FILE,
@@ -49,134 +56,10 @@ from vitlab.rundir import (
     read_json,
 )
 
-N_BINS = 15  # ECE bins (card: "Calibration"; Guo et al. 2017)
-TOP_K = 5
 SEVERITIES = (1, 2, 3, 4, 5)
 #: datasets whose classes survive a horizontal flip (natural images); digits, MNIST and SVHN do not
 FLIP_INVARIANT_DATASETS = frozenset({"cifar10", "cifar100", "celeba", "tiny-imagenet"})
 RELIABILITY_FILE = "reliability.png"
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Model outputs
-# -------------------------------------------------------------------------------------------------------------------
-def _logits_of(output: Any) -> torch.Tensor:
-    """The logits in a model's output: the tensor itself, its ``.logits``, or the first element of a tuple."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(getattr(output, "logits", None), torch.Tensor):
-        return output.logits
-    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise TypeError(
-        f"cannot find class logits in a model output of type {type(output).__name__}: a classifier must return a "
-        "logits tensor [B, K], an object with a .logits tensor, or a tuple whose first element is the logits"
-    )
-
-
-def classifier_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``model(x)``'s class logits ``[B, K]`` for ``x: [B, C, H, W]``, whatever the model family returns.
-
-    ViT and CET-ViT return the logits tensor; ViTCAE a dataclass with ``.logits``; models returning
-    ``(logits, aux)`` are read by their first element.
-    """
-    return _logits_of(model(x))
-
-
-def logits_and_assignment(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logits ``[B, K]`` and, for a model with ``forward_with_aux`` (CET-ViT), its assignment ``S: [B, N, K_max]``.
-
-    The auxiliary record may be an object with an ``S`` attribute or a mapping with an ``"S"`` key (the card's
-    original code returns a dict); models without ``forward_with_aux`` give ``S = None``.
-    """
-    if not isinstance(model, SlotAssigner):
-        return classifier_logits(model, x), None
-    logits, aux = model.forward_with_aux(x)
-    assignment = aux.get("S") if isinstance(aux, Mapping) else getattr(aux, "S", None)
-    return _logits_of(logits), assignment
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Test-time augmentation views
-# -------------------------------------------------------------------------------------------------------------------
-def translate(images: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
-    """Shift ``images: [B, C, H, W]`` by ``dy`` rows down and ``dx`` columns right, filling with 0 (black).
-
-    ``out[..., i, j] = images[..., i - dy, j - dx]``: a crop at a fixed offset of the zero-padded image, i.e. the
-    training pad-and-crop augmentation (``data.augment.random_crop``) at one of its positions.
-    """
-    height, width = images.shape[-2:]
-    if abs(dy) >= height or abs(dx) >= width:
-        raise ValueError(f"a shift of ({dy}, {dx}) pixels leaves nothing of a {height}x{width} image")
-    pad_y, pad_x = abs(dy), abs(dx)
-    padded = torch.nn.functional.pad(images, [pad_x, pad_x, pad_y, pad_y])
-    return padded[..., pad_y - dy : pad_y - dy + height, pad_x - dx : pad_x - dx + width]
-
-
-@dataclass(frozen=True)
-class View:
-    """One test-time view: an optional horizontal flip, then a shift by ``(dy, dx)`` pixels (see :func:`translate`)."""
-
-    name: str
-    hflip: bool = False
-    shift: tuple[int, int] = (0, 0)
-
-    @property
-    def is_identity(self) -> bool:
-        return not self.hflip and self.shift == (0, 0)
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        """``images: [B, C, H, W]`` in [0, 1] -> the view, same shape."""
-        out = images.flip(-1) if self.hflip else images
-        return translate(out, *self.shift) if self.shift != (0, 0) else out
-
-
-def build_tta_views(count: int, *, hflip: bool, shift: int) -> list[View]:
-    """The first ``count`` views of: identity, horizontal flip (only if ``hflip``), then shifts by ``shift`` pixels
-    to the corners: ``(+s, +s)``, ``(-s, -s)``, ``(+s, -s)``, ``(-s, +s)`` (as ``(down, right)``).
-
-    Five views are identity, flip and three shifts on flip-invariant data, identity and four shifts otherwise.
-    """
-    if shift < 1:
-        raise ValueError(f"the TTA shift must be at least 1 pixel, got {shift}")
-    candidates = [View("identity")]
-    if hflip:
-        candidates.append(View("hflip", hflip=True))
-    for dy, dx in ((shift, shift), (-shift, -shift), (shift, -shift), (-shift, shift)):
-        candidates.append(View(f"shift({dy:+d},{dx:+d})", shift=(dy, dx)))
-    if not 0 <= count <= len(candidates):
-        raise ConfigError(
-            f"tta_views must be in 0..{len(candidates)} ({'with' if hflip else 'without'} the flip view), got {count}; "
-            f"pass --tta-views 0..{len(candidates)}"
-        )
-    return candidates[:count]
-
-
-def default_tta_shift(img_size: int) -> int:
-    """``max(1, img_size // 16)`` pixels: 2 on 32x32 (CIFAR), 4 on 64x64, 1 on 8x8 or 28x28."""
-    return max(1, img_size // 16)
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Metrics
-# -------------------------------------------------------------------------------------------------------------------
-def classification_metrics(
-    probs: torch.Tensor, labels: torch.Tensor, *, top_k: int = TOP_K, n_bins: int = N_BINS
-) -> dict[str, float]:
-    """``top1``, ``top5`` (top-``min(top_k, K)``), ``nll`` and ``ece`` of probabilities ``probs: [B, K]``.
-
-    ``labels: [B]``. The NLL is ``-mean log p_y`` with ``p_y`` floored at 1e-12 (averaged TTA probabilities have
-    no logits); the ECE uses ``n_bins`` equal-width bins (:func:`expected_calibration_error`).
-    """
-    probs = probs.to(torch.float64)
-    ranked = probs.topk(min(top_k, probs.shape[1]), dim=-1).indices
-    correct_k = (ranked == labels[:, None]).any(-1)
-    return {
-        "top1": (ranked[:, 0] == labels).double().mean().item(),
-        "top5": correct_k.double().mean().item(),
-        "nll": -probs.gather(1, labels[:, None]).clamp_min(1e-12).log().mean().item(),
-        "ece": expected_calibration_error(probs, labels, n_bins=n_bins),
-    }
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -291,14 +174,13 @@ def _pixel_batches(
 @dataclass
 class _TestPredictions:
     """What one pass over the test set collects. ``logits: [B, K]``, ``labels: [B]``; ``tta_probs: [B, K]`` or
-    None; ``reversibility, slot_usage_k: [B]`` or None (no assignment matrix); ``corrupt_correct[name, severity]``
-    the number of correct predictions under that corruption."""
+    None; ``image_metrics``: the family's metrics of the assignment matrix, name -> ``[B]`` (empty without one);
+    ``corrupt_correct[name, severity]`` the number of correct predictions under that corruption."""
 
     logits: torch.Tensor
     labels: torch.Tensor
     tta_probs: torch.Tensor | None
-    reversibility: torch.Tensor | None
-    slot_usage_k: torch.Tensor | None
+    image_metrics: dict[str, torch.Tensor]
     corrupt_correct: dict[tuple[str, int], int]
 
 
@@ -338,17 +220,20 @@ def _predict_test(
     generator: torch.Generator,
     device: str | torch.device,
     max_batches: int | None,
+    image_metrics: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
 ) -> _TestPredictions:
-    """One pass over the test set: clean logits (and S), the TTA views, every (corruption, severity)."""
-    logits_chunks, labels_chunks, tta_chunks, rev_chunks, k_chunks = [], [], [], [], []
+    """One pass over the test set: clean logits (and the ``image_metrics`` of S), the TTA views, every (corruption,
+    severity)."""
+    logits_chunks, labels_chunks, tta_chunks = [], [], []
+    metric_chunks: dict[str, list[torch.Tensor]] = {}
     corrupt_correct = dict.fromkeys(corruptions, 0)
     for images, labels in _pixel_batches(dm.test_dataloader(), dm.mean, dm.std, device, max_batches):
         logits, S = logits_and_assignment(model, normalize(images))
         logits_chunks.append(logits.double().cpu())
         labels_chunks.append(labels.cpu())
-        if S is not None:
-            rev_chunks.append(reversibility(S).double().cpu())
-            k_chunks.append(slot_usage_k(S).double().cpu())
+        if S is not None and image_metrics is not None:
+            for name, values in image_metrics(S).items():
+                metric_chunks.setdefault(name, []).append(values.double().cpu())
         if views:
             probs = sum(
                 logits.double().softmax(-1)
@@ -367,8 +252,7 @@ def _predict_test(
         torch.cat(logits_chunks),
         torch.cat(labels_chunks),
         _cat(tta_chunks),
-        _cat(rev_chunks),
-        _cat(k_chunks),
+        {name: torch.cat(chunks) for name, chunks in metric_chunks.items()},
         corrupt_correct,
     )
 
@@ -393,6 +277,51 @@ def _check_options(
             f"the TTA shift must be at least 1 pixel, got {tta_shift}; pass --tta-shift 1 or more, or leave it out"
         )
     check_seed(seed, "--seed")
+
+
+def _test_sections(
+    test: _TestPredictions,
+    calibration: dict[str, Any],
+    class_names: list[str],
+    severities: Sequence[int],
+    evaluation: Any,
+    seed: int,
+) -> dict[str, Any]:
+    """The sections of ``evaluation.json`` read from the test set's predictions: ``test``, ``calibration``,
+    ``test_calibrated``, ``tta``, ``corruptions``, ``mean_corrupted``, ``per_class`` and ``assignment`` (the family's
+    ``evaluation.report``, None without one)."""
+    temperature = calibration["temperature"]
+    correct = (test.logits.argmax(-1) == test.labels).double()
+    class_accuracy, class_counts = per_class_mean(correct, test.labels, len(class_names))
+    corruptions = {}
+    for name in dict.fromkeys(name for name, _ in test.corrupt_correct):
+        by_severity = {str(s): test.corrupt_correct[name, s] / len(test.labels) for s in severities}
+        corruptions[name] = {"by_severity": by_severity, "mean": float(np.mean(list(by_severity.values())))}
+    return {
+        "test": classification_metrics(test.logits.softmax(-1), test.labels),
+        "calibration": calibration,
+        "test_calibrated": {
+            "temperature": temperature,
+            **classification_metrics((test.logits / temperature).softmax(-1), test.labels),
+        },
+        "tta": classification_metrics(test.tta_probs, test.labels) if test.tta_probs is not None else None,
+        "corruptions": corruptions,
+        "mean_corrupted": (float(np.mean([entry["mean"] for entry in corruptions.values()])) if corruptions else None),
+        "per_class": [
+            {
+                "index": k,
+                "class": class_names[k],
+                "n": int(class_counts[k]),
+                "accuracy": finite_or_none(class_accuracy[k].item()),
+            }
+            for k in range(len(class_names))
+        ],
+        "assignment": (
+            evaluation.report(test.image_metrics, test.labels, class_accuracy, class_names, seed)
+            if evaluation is not None and test.image_metrics
+            else None
+        ),
+    }
 
 
 def evaluate_run(
@@ -449,6 +378,8 @@ def evaluate_run(
             f"the model predicts {val_logits.shape[1]} classes but {dataset} has {dm.num_classes}; evaluate the "
             "model on the data it was trained on"
         )
+    family = family_of(model)
+    evaluation = resolve(family.evaluation) if family is not None and family.evaluation else None
     test = _predict_test(
         model,
         dm,
@@ -458,6 +389,7 @@ def evaluate_run(
         generator=torch.Generator(device=device).manual_seed(seed),
         device=device,
         max_batches=max_batches,
+        image_metrics=evaluation.image_metrics if evaluation is not None else None,
     )
     calibration = calibration_split_eval(val_logits, val_labels, seed=seed, n_bins=N_BINS)
     temperature = calibration["temperature"]
@@ -471,14 +403,6 @@ def evaluate_run(
         after=test.logits / temperature,
         n_bins=N_BINS,
     )
-    num_test = len(test.labels)
-    class_names = list(dm.class_names)
-    correct = (test.logits.argmax(-1) == test.labels).double()
-    class_accuracy, class_counts = per_class_mean(correct, test.labels, dm.num_classes)
-    corruption_results = {}
-    for name in corruption_names:
-        by_severity = {str(s): test.corrupt_correct[name, s] / num_test for s in severities}
-        corruption_results[name] = {"by_severity": by_severity, "mean": float(np.mean(list(by_severity.values())))}
     results: dict[str, Any] = {
         "run": {
             "source": str(target.source),
@@ -487,7 +411,7 @@ def evaluate_run(
             "architecture": type(model).__name__,
             "dataset": dataset,
             "num_classes": dm.num_classes,
-            "n_test": num_test,
+            "n_test": len(test.labels),
             "n_val": len(val_labels),
             "max_batches": max_batches,
             "model_overrides": dict(model_overrides or {}),
@@ -496,94 +420,16 @@ def evaluate_run(
             "severities": list(severities),
             "out_dir": str(out),
         },
-        "test": classification_metrics(test.logits.softmax(-1), test.labels),
-        "calibration": calibration,
-        "test_calibrated": {
-            "temperature": temperature,
-            **classification_metrics((test.logits / temperature).softmax(-1), test.labels),
-        },
-        "tta": classification_metrics(test.tta_probs, test.labels) if test.tta_probs is not None else None,
-        "corruptions": corruption_results,
-        "mean_corrupted": (
-            float(np.mean([entry["mean"] for entry in corruption_results.values()])) if corruption_results else None
-        ),
-        "per_class": [
-            {
-                "index": k,
-                "class": class_names[k],
-                "n": int(class_counts[k]),
-                "accuracy": finite_or_none(class_accuracy[k].item()),
-            }
-            for k in range(dm.num_classes)
-        ],
-        "assignment": (
-            _assignment_report(test.reversibility, test.slot_usage_k, test.labels, class_accuracy, class_names, seed)
-            if test.reversibility is not None
-            else None
-        ),
+        **_test_sections(test, calibration, list(dm.class_names), severities, evaluation, seed),
         "files": {"reliability": RELIABILITY_FILE},
     }
     atomic_write_json(out / EVALUATION_FILE, results)
     return results
 
 
-def _assignment_report(
-    image_reversibility: torch.Tensor,
-    image_slot_k: torch.Tensor,
-    labels: torch.Tensor,
-    class_accuracy: torch.Tensor,
-    class_names: list[str],
-    seed: int,
-) -> dict[str, Any]:
-    """Per-class reversibility and slot-usage K (card: "Reversibility vs accuracy", "Slot-usage K vs. object
-    complexity"), the classes ranked by K, and the correlation of reversibility with accuracy over the classes.
-
-    ``image_reversibility, image_slot_k, labels: [B]``; ``class_accuracy: [K]`` (NaN for absent classes).
-    """
-    num_classes = len(class_names)
-    class_rev, counts = per_class_mean(image_reversibility, labels, num_classes)
-    class_k, _ = per_class_mean(image_slot_k, labels, num_classes)
-    present = counts > 0
-    rev, acc = class_rev[present].numpy(), class_accuracy[present].numpy()
-    if present.sum() < 3:
-        correlation, skipped = None, f"only {int(present.sum())} classes have test images; the correlation needs 3"
-    elif np.ptp(rev) == 0 or np.ptp(acc) == 0:
-        which = "reversibility" if np.ptp(rev) == 0 else "accuracy"
-        correlation, skipped = None, f"per-class {which} is the same for every class; the correlation is undefined"
-    else:
-        correlation, skipped = correlation_report(rev, acc, seed=seed), None
-    per_class = [
-        {
-            "index": k,
-            "class": class_names[k],
-            "n": int(counts[k]),
-            "reversibility": finite_or_none(class_rev[k].item()),
-            "slot_usage_k": finite_or_none(class_k[k].item()),
-            "accuracy": finite_or_none(class_accuracy[k].item()),
-        }
-        for k in range(num_classes)
-    ]
-    ranked = sorted((entry for entry in per_class if entry["n"] > 0), key=lambda entry: -entry["slot_usage_k"])
-    return {
-        "reversibility_mean": image_reversibility.mean().item(),
-        "slot_usage_k_mean": image_slot_k.mean().item(),
-        "correlation": correlation,
-        "correlation_skipped": skipped,
-        "per_class": per_class,
-        "ranked_by_slot_usage_k": [entry["class"] for entry in ranked],
-    }
-
-
 __all__ = [
     "EvaluationTarget",
-    "View",
-    "build_tta_views",
-    "classification_metrics",
-    "classifier_logits",
-    "default_tta_shift",
     "evaluate_run",
     "format_evaluation",
     "load_evaluation_target",
-    "logits_and_assignment",
-    "translate",
 ]

@@ -2,9 +2,9 @@
 its structure refuses. The LRP rules need none of this: they attach to operation types (:mod:`vitlab.explain.hilrp`).
 
 Any ``nn.Module`` whose output is the logits (a tensor, a ``.logits`` attribute or a tuple's first element) is
-explained; the core declares more of the models of ``vitlab.models`` (the plain ViT, ToMe, Swin) and of the
-:class:`~vitlab.models.protocols.GenerativeModel` protocol (ViTCAE: its encoder is a ViT); a family declares the
-:class:`Explainer` of its own models through ``Family.explainer`` (a ``"module:function"`` taking the model).
+explained; the core declares more of the models of ``vitlab.models`` (the plain ViT, ToMe, Swin); a family declares
+the :class:`Explainer` of its own models through ``Family.explainer`` (a ``"module:function"`` taking the model);
+a family that declares none gets the generic one (the LRP variants and the gradient methods).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from vitlab.errors import ConfigError, VitlabError
-from vitlab.evaluation.evaluate import classifier_logits
+from vitlab.evaluation.outputs import classifier_logits
 from vitlab.family import family_of, resolve
 from vitlab.models.protocols import GenerativeModel
 from vitlab.models.swin import SwinTransformer
@@ -44,9 +44,9 @@ GridReshape = Callable[[torch.Tensor], torch.Tensor]
 class Explainer:
     """What the methods need of one model.
 
-    ``kind``: a short name for tables (``vit``, ``tome``, ``swin``, ``cet_vit``, ``vitcae``).
-    ``token_model``: the CLS-token ViT whose shared ``Attention`` modules the attention methods read (ViTCAE: its
-    encoder); None when the methods are refused.
+    ``kind``: a short name for tables (``vit``, ``tome``, ``swin``, a family's name).
+    ``token_model``: the CLS-token ViT whose shared ``Attention`` modules the attention methods read (a generative
+    model: its encoder); None when the methods are refused.
     ``gradcam_layer``: the module whose output is a token grid, and the reshape of that output to ``[B, C, h, w]``.
     ``refused``: method -> why it does not apply.
     """
@@ -57,7 +57,7 @@ class Explainer:
     refused: Mapping[str, str] = field(default_factory=dict)
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W] -> [B, K]``: the classifier's logits (ViTCAE: its encoder, ``mu_cls`` and head only)."""
+        """``[B, C, H, W] -> [B, K]``: the classifier's logits (a generative model: its encoder and head only)."""
         if isinstance(model, GenerativeModel):
             return model.forward_head(model.forward_features(x))
         return classifier_logits(model, x)
@@ -82,7 +82,7 @@ def nhwc_grid(t: torch.Tensor) -> torch.Tensor:
     return t.permute(0, 3, 1, 2)
 
 
-def _vit_explainer(vit: VisionTransformer, kind: str) -> Explainer:
+def vit_explainer(vit: VisionTransformer, kind: str) -> Explainer:
     refused: dict[str, str] = {}
     if vit.global_pool != "token":
         reason = "the model pools the mean of its tokens, so there is no CLS row of attention to read"
@@ -121,15 +121,13 @@ def _module_explainer(model: nn.Module) -> Explainer:
 
 
 def explainer_for(model: nn.Module) -> Explainer:
-    """The :class:`Explainer` of ``model``: its family's, the core's for ViT, ToMe, Swin and ViTCAE, or the generic
-    one of any module."""
+    """The :class:`Explainer` of ``model``: its family's, the core's for ViT, ToMe and Swin, or the generic one of
+    any module (a family that declares no explainer included)."""
     family = family_of(model)
     if family is not None and family.explainer:
         return resolve(family.explainer)(model)
-    if isinstance(model, GenerativeModel) and isinstance(getattr(model, "encoder", None), VisionTransformer):
-        return _vit_explainer(model.encoder, "vitcae")
     if isinstance(model, VisionTransformer):
-        return _vit_explainer(model, "vit")
+        return vit_explainer(model, "vit")
     if isinstance(model, SwinTransformer):
         return _swin_explainer(model)
     return _module_explainer(model)

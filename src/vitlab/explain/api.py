@@ -1,6 +1,6 @@
 """``vitlab.explain(model, images, method=..., target=None) -> Explanation``: which pixels a prediction rests on.
 
-Methods (the papers each follows are in :mod:`vitlab.explain.methods` and :mod:`vitlab.explain.rules`):
+Methods (the papers each follows are in :mod:`vitlab.explain.methods` and :mod:`vitlab.explain.hilrp`):
 
 - ``attention``, ``rollout``, ``grad_rollout``: from the attention matrices of a CLS-token ViT.
 - ``lrp`` (HiLRP with AttnLRP's rules), ``cp_lrp`` (the softmax held constant), ``lrp_epsilon``, ``lrp_gamma``:

@@ -9,7 +9,7 @@
 - ``timm:NAME[.TAG]``: the weights timm's own download gives ``timm.create_model(NAME, pretrained=True)``.
 
 The weights go into the model's ViT backbone: the :class:`~vitlab.models.vit.VisionTransformer` itself, or the
-``encoder`` of a :class:`~vitlab.models.vitcae.ViTCAE`. Before loading they are fitted to the backbone the way
+``encoder`` of a :class:`~vitlab.families.vitcae.model.ViTCAE`. Before loading they are fitted to the backbone the way
 timm fits them (Dosovitskiy et al. 2021, sec. 3.2, "Fine-tuning and higher resolution"):
 
 - position embeddings resampled to the new patch grid (``timm.layers.resample_abs_pos_embed``, bicubic);
@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from vitlab.layers.heads import state_in_original_order
-from vitlab.models.protocols import PretrainedConfigured
+from vitlab.models.protocols import GenerativeModel, PretrainedConfigured
 from vitlab.models.registry import constructor_args, get_preset, list_models
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.weight_sources import (
@@ -141,16 +141,14 @@ def compress_keys(keys: list[str], limit: int = 6) -> str:
 
 
 def backbone_of(model: nn.Module) -> tuple[nn.Module, str]:
-    """The ViT that pretrained weights initialise and its name in ``model``: the model itself for the ViT families
-    (``vit_*``, ``tome_*``, the ``vit_matched_*`` baselines), ``encoder`` for ViTCAE."""
-    if isinstance(model, VisionTransformer):
-        return model, ""
-    encoder = getattr(model, "encoder", None)
-    if isinstance(encoder, VisionTransformer):
-        return encoder, "encoder"
+    """The ViT that pretrained weights initialise and its name in ``model``: the model itself for a
+    :class:`VisionTransformer` (the ViT and ToMe presets), the ``encoder`` of a ``GenerativeModel``."""
+    backbone, where = (model.encoder, "encoder") if isinstance(model, GenerativeModel) else (model, "")
+    if isinstance(backbone, VisionTransformer):
+        return backbone, where
     raise PretrainedWeightsError(
         f"{type(model).__name__} has no ViT backbone that pretrained ViT weights fit; model.pretrained works for the "
-        "ViT presets (vit_*, tome_*, vit_matched_*, tome_matched_*) and ViTCAE (its encoder)"
+        "ViT and ToMe presets and the generative models whose encoder is a ViT"
     )
 
 
@@ -164,7 +162,7 @@ def _strip_to_backbone(state: dict[str, torch.Tensor], report: LoadReport) -> di
     if not anchors:
         raise PretrainedWeightsError(
             f"{report.source} holds no ViT weights (no {_ANCHOR}; its keys: {compress_keys(list(state), 4)}); pass "
-            "the weights of a ViT (timm VisionTransformer or a vitlab ViT/ViTCAE)"
+            "the weights of a ViT (timm VisionTransformer or a vitlab model built on one)"
         )
     if len(anchors) > 1:
         raise PretrainedWeightsError(
@@ -268,7 +266,7 @@ def check_keys(state: dict[str, torch.Tensor], backbone: nn.Module, source: str,
     unexpected = [k for k in state if k not in target]
     if unexpected and all(k.endswith(".log_tau") for k in unexpected) and len(problems) == 1:
         raise PretrainedWeightsError(
-            f"pretrained weights {source} have per-head temperatures (log_tau, e.g. from a ViTCAE encoder) that "
+            f"pretrained weights {source} have per-head temperatures (log_tau, from an encoder with temperatures) that "
             f"{arch} has no place for; set model.temperature=true to load them"
         )
     features = sorted({hint for k in unexpected for key, hint in _FEATURE_HINTS.items() if key in k})

@@ -37,7 +37,7 @@ def register_preset(name: str, cls: type[nn.Module], description: str = "", **kw
 
 
 #: the core's model modules; each registers the presets of its own table when imported
-CORE_MODEL_MODULES = ("vitlab.models.vit", "vitlab.models.swin", "vitlab.models.sizing")
+CORE_MODEL_MODULES = ("vitlab.models.vit", "vitlab.models.swin")
 
 
 def _ensure_loaded() -> None:

@@ -1,18 +1,10 @@
-"""Model size: parameters per part, FLOPs per image, and baselines matched in size to CET-ViT (CET-ViT v4 model
-card: "External baselines trained under an identical protocol").
-
-The card compares CET-ViT with Swin and a ToMe ViT "size-matched": within 2% of its parameter count. The matched
-presets below were found with :func:`match_width` (only the width changes; depth, heads and MLP ratio are those
-of the named base preset) and are hard-coded so a preset never changes under a user; ``tests/test_sizing.py``
-checks that they are still within 2%. Every baseline sees the same input as CET-ViT: 32x32 images cut into 2x2
-patches (the 16x16 grid of 256 tokens of CET-ViT's micro encoder). Each CET-ViT preset is matched at the input it
-is meant for (:data:`MATCH_INPUTS`): the CPU presets on CIFAR-10, ``cet_vit_base`` on CIFAR-100 as in the card.
+"""Model size: parameters per part, FLOPs per image, and :func:`match_width`, which sizes a baseline to a target
+parameter count (a family's size-matched baselines are found with it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cache
 from math import gcd, lcm
 from typing import Any
@@ -21,9 +13,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from vitlab.models.registry import constructor_args, get_preset, register_preset, resolved_kwargs
-from vitlab.models.swin import SwinTransformer
-from vitlab.models.vit import VisionTransformer
+from vitlab.models.registry import constructor_args, get_preset, resolved_kwargs
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -146,71 +136,3 @@ def match_width(
             "(a finer width step) in the fixed arguments"
         )
     return {**kwargs, width_key: best * step}
-
-
-#: The input each CET-ViT preset is compared at (patch 2 is CET-ViT's default): CPU presets on CIFAR-10,
-#: ``cet_vit_base`` on CIFAR-100 (the card's table).
-MATCH_INPUTS: dict[str, dict[str, int]] = {
-    "cet_vit_nano": dict(img_size=32, in_chans=3, num_classes=10),
-    "cet_vit_tiny": dict(img_size=32, in_chans=3, num_classes=10),
-    "cet_vit_base": dict(img_size=32, in_chans=3, num_classes=100),
-}
-#: Tokens merged per block by the ToMe baseline (the card's "size-matched ViT, r=8"); ToMe adds no parameters.
-TOME_R = 8
-
-#: ``{cet preset: {family: (base preset, keyword arguments)}}``: ``match_width(base, <cet params>, patch_size=2,
-#: **MATCH_INPUTS[cet])`` at authoring time, hard-coded. The ToMe baseline is the ViT with ``tome_r = TOME_R``.
-_MATCHED: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
-    "cet_vit_nano": {
-        "vit": ("vit_nano", dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0)),
-        "swin": ("swin_nano", dict(embed_dim=24, depths=(1, 1, 2, 1), num_heads=(2, 4, 8, 16))),
-    },
-    "cet_vit_tiny": {
-        "vit": ("vit_micro", dict(embed_dim=177, depth=6, num_heads=3)),
-        "swin": ("swin_micro", dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 4, 8, 16))),
-    },
-    "cet_vit_base": {
-        "vit": ("vit_base", dict(embed_dim=480, depth=12, num_heads=12)),
-        "swin": ("swin_tiny", dict(embed_dim=105, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))),
-    },
-}
-
-
-@dataclass(frozen=True)
-class MatchedPreset:
-    """A size-matched baseline: its CET-ViT ``target``, the ``base`` preset whose shape it widens or narrows."""
-
-    name: str
-    target: str
-    base: str
-    cls: type[nn.Module]
-    kwargs: dict[str, Any]
-
-
-def matched_presets() -> list[MatchedPreset]:
-    """Every size-matched baseline: ``vit_matched_<cet>``, ``tome_matched_<cet>``, ``swin_matched_<cet>``."""
-    out = []
-    for target, families in _MATCHED.items():
-        inputs = {**MATCH_INPUTS[target], "patch_size": 2}
-        vit_base, vit = families["vit"]
-        swin_base, swin = families["swin"]
-        out += [
-            MatchedPreset(f"vit_matched_{target}", target, vit_base, VisionTransformer, {**vit, **inputs}),
-            MatchedPreset(
-                f"tome_matched_{target}", target, vit_base, VisionTransformer, {**vit, **inputs, "tome_r": TOME_R}
-            ),
-            MatchedPreset(f"swin_matched_{target}", target, swin_base, SwinTransformer, {**swin, **inputs}),
-        ]
-    return out
-
-
-for _m in matched_presets():
-    _inputs = MATCH_INPUTS[_m.target]
-    _what = f"{_m.base} + ToMe r = {TOME_R}" if "tome_r" in _m.kwargs else _m.base
-    register_preset(
-        _m.name,
-        _m.cls,
-        f"{_what} at width {_m.kwargs['embed_dim']}, size-matched to {_m.target} "
-        f"({_inputs['img_size']}x{_inputs['img_size']}, patch 2, {_inputs['num_classes']} classes)",
-        **_m.kwargs,
-    )

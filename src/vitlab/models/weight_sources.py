@@ -195,7 +195,7 @@ def source_pretrained_cfg(source: str | Path) -> dict[str, Any]:
 
 
 def _data_cfg(info: dict[str, Any]) -> dict[str, Any]:
-    """``pretrained_cfg`` keys from a run's data description (``vitlab.training.run.data_info``)."""
+    """``pretrained_cfg`` keys from a run's data description (``vitlab.training.preflight.data_info``)."""
     if not info.get("mean"):
         return {}
     return {

@@ -23,27 +23,19 @@ import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitlab.config import RunConfig, to_dict
 from vitlab.errors import ConfigError, VitlabError
+from vitlab.report.comparison import collect_comparison
 from vitlab.report.curves import (
-    PER_STEP,
-    Series,
     add_step_series,
     curve_panels,
-    panel_rank,
 )
 from vitlab.report.page import (
     ATTENTION_IMAGES,
-    DETAIL_METRICS,
     DYNAMICS_CAPTIONS,
-    HIGHER_IS_BETTER,
-    LOWER_IS_BETTER,
     MAX_JSON_BYTES,
-    PNG_SIGNATURE,
     SKIPPED_DIRS,
     Details,
     Facts,
@@ -57,86 +49,16 @@ from vitlab.report.page import (
     Table,
     Text,
 )
+from vitlab.report.record import RunRecord
 from vitlab.rundir import (
-    CONFIG_FILE,
     DYNAMICS_DIR,
     DYNAMICS_FILE,
-    ENV_FILE,
     EVALUATION_DIR,
     EVALUATION_FILE,
     EXPORT_CONFIG_FILE,
-    GENERATE_DIR,
-    GENERATE_METRICS_FILE,
-    METRICS_FILE,
-    STEPS_FILE,
-    TEST_METRICS_FILE,
-    RunDir,
     locate_model,
     read_json,
 )
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Reading a run directory
-# -------------------------------------------------------------------------------------------------------------------
-@dataclass
-class RunRecord:
-    """What a report reads from one run directory (each entry None or empty when the run does not have it)."""
-
-    path: Path
-    config: RunConfig
-    config_text: str
-    env: dict[str, Any] | None
-    metrics: list[dict[str, Any]]
-    test_metrics: dict[str, float] | None
-    steps: list[dict[str, Any]]
-    generate_metrics: dict[str, float] | None
-    evaluation: dict[str, Any] | None
-    final_metrics: dict[str, float] = field(default_factory=dict)
-    stale_evaluation: bool = False
-    name: str = ""
-    used_files: set[Path] = field(default_factory=set)
-
-    @classmethod
-    def load(cls, run_dir: str | Path) -> RunRecord:
-        run = RunDir(run_dir)
-        record = cls(
-            path=run.path,
-            config=run.config(),
-            config_text=run.config_file.read_text(),
-            env=run.env(),
-            metrics=run.metrics(),
-            test_metrics=run.test_metrics(),
-            steps=run.steps(),
-            generate_metrics=run.generate_metrics(),
-            evaluation=run.current_evaluation(),  # one of an earlier model of the run is labelled, not shown
-            stale_evaluation=run.current_evaluation() is None and run.evaluation() is not None,
-            final_metrics=run.final_metrics(),
-            name=run.path.resolve().name,
-        )
-        record.use(CONFIG_FILE, ENV_FILE, METRICS_FILE, STEPS_FILE, TEST_METRICS_FILE)
-        record.use(f"{GENERATE_DIR}/{GENERATE_METRICS_FILE}", f"{EVALUATION_DIR}/{EVALUATION_FILE}")
-        return record
-
-    def use(self, *relative: str | Path) -> None:
-        """Mark files as shown, so that the 'other outputs' section does not show them again."""
-        self.used_files.update((self.path / r).resolve() for r in relative)
-
-    def png(self, relative: str | Path) -> bytes | None:
-        """The bytes of a PNG in the run directory (marked as shown), or None if the file is absent or no PNG."""
-        file = self.path / relative
-        if not file.is_file():
-            return None
-        self.use(relative)
-        data = file.read_bytes()
-        if not data.startswith(PNG_SIGNATURE):
-            warnings.warn(f"report: {file} left out: not a PNG file (no PNG signature)", stacklevel=2)
-            return None
-        return data
-
-    @property
-    def model_name(self) -> str:
-        return str(self.config.model.get("name", "?"))
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -381,7 +303,10 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
             "of S), with the colours of vitlab probe slot-k; K is the slot-usage K of the image: the slots holding "
             "more than 5% of the assignment mass."
         )
-        titles = [f"{label}, K = {int(k)}" for label, k in zip(images.labels, assignment.slot_k, strict=True)]
+        slot_k = assignment.slot_k if assignment.slot_k is not None else [None] * len(images.labels)
+        titles = [
+            label if k is None else f"{label}, K = {int(k)}" for label, k in zip(images.labels, slot_k, strict=True)
+        ]
         data = {"pixels": images.pixels, "S": assignment.S, "grid": assignment.grid, "titles": titles}
         blocks += [Text(text), Figures([Figure(plot=Plot("segments", data))])]
     from vitlab.report.explanations import explanation_section
@@ -425,102 +350,6 @@ def collect_run(run_dir: str | Path | RunRecord, attention_images: int = ATTENTI
     return Page(run.name, subtitle, sections, run_cards(run, parameters))
 
 
-# -------------------------------------------------------------------------------------------------------------------
-# Comparison of runs
-# -------------------------------------------------------------------------------------------------------------------
-def summary_metrics(run: RunRecord) -> dict[str, float]:
-    """The run's final metrics (:meth:`vitlab.rundir.RunDir.final_metrics`) without :data:`DETAIL_METRICS`."""
-    return {k: v for k, v in run.final_metrics.items() if not k.startswith(DETAIL_METRICS)}
-
-
-def better_direction(metric: str) -> str | None:
-    """``"max"`` or ``"min"`` for metrics whose best value is known from their last name part, else None."""
-    leaf = metric.rsplit("/", 1)[-1]
-    if leaf.endswith(HIGHER_IS_BETTER):
-        return "max"
-    if leaf.endswith(LOWER_IS_BETTER):
-        return "min"
-    return None
-
-
-def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(values, Mapping):
-        out: dict[str, Any] = {}
-        for key, value in values.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): values}
-
-
-def config_differences(configs: Sequence[RunConfig]) -> dict[str, list[Any]]:
-    """Dotted config keys whose values are not the same in every run: ``{key: [value per run]}``.
-
-    ``run.dir`` is left out: it is where each run is (the runs table names them), not a setting."""
-    flat = [_flatten(to_dict(c)) for c in configs]
-    for f in flat:
-        f.pop("run.dir", None)
-    keys = sorted(set().union(*flat))
-    return {k: [f.get(k) for f in flat] for k in keys if len({json.dumps(f.get(k), default=str) for f in flat}) > 1}
-
-
-def metrics_table(runs: Sequence[RunRecord]) -> Table | None:
-    """Metrics (rows) by run (columns), the best value of each metric with a known direction in bold."""
-    metrics = [summary_metrics(r) for r in runs]
-    keys = list(dict.fromkeys(k for m in metrics for k in m))
-    if not keys:
-        return None
-    rows, bold = [], set()
-    for row_index, key in enumerate(keys):
-        values = [m.get(key) for m in metrics]
-        rows.append((key, *values))
-        direction = better_direction(key)
-        present = [v for v in values if v is not None]
-        if direction and len(present) > 1:
-            best = max(present) if direction == "max" else min(present)
-            bold |= {(row_index, 1 + i) for i, v in enumerate(values) if v == best}
-    return Table(["metric", *(r.name for r in runs)], rows, bold)
-
-
-def collect_comparison(run_dirs: Sequence[str | Path | RunRecord]) -> Page:
-    """The page comparing several runs."""
-    runs = [r if isinstance(r, RunRecord) else RunRecord.load(r) for r in run_dirs]
-    names = [run.name for run in runs]
-    if len(set(names)) < len(names):  # same folder name under different parents: name them by their parents too
-        for run in runs:
-            run.name = f"{run.path.resolve().parent.name}/{run.path.resolve().name}"
-    names = [run.name for run in runs]
-    overview = Table(
-        ["run", "model", "dataset", "epochs", "seed", "directory"],
-        [(r.name, r.model_name, r.config.data.name, len(r.metrics), r.config.run.seed, str(r.path)) for r in runs],
-    )
-    sections = [Section("runs", "Runs", [overview])]
-    table = metrics_table(runs)
-    if table is not None:
-        note = "Best value in bold where the direction is known (accuracy, PSNR, SSIM up; loss, NLL, ECE down)."
-        sections.append(Section("metrics", "Final metrics", [Text(note), table]))
-    differences = config_differences([r.config for r in runs])
-    if differences:
-        rows = [
-            (key, *(json.dumps(v) if isinstance(v, list | dict) else v for v in values))
-            for key, values in differences.items()
-        ]
-        sections.append(Section("config-diff", "Config differences", [Table(["key", *names], rows)]))
-    curves = [(r.name, curve_panels(r.metrics)) for r in runs if r.metrics]
-    if curves:
-        plot = Plot("comparison_curves", {"runs": curves})
-        sections.append(Section("curves", "Training curves", [Figures([Figure(plot=plot)])]))
-    dynamics = [r for r in runs if (r.path / DYNAMICS_FILE).exists()]
-    if len(dynamics) == 2:
-        data = {"paths": [str(r.path / DYNAMICS_FILE) for r in dynamics], "labels": [r.name for r in dynamics]}
-        figure = Figure("The two runs' heads side by side.", plot=Plot("dynamics_comparison", data))
-        sections.append(Section("dynamics", "Attention dynamics", [Figures([figure])]))
-    reliability = [(r.name, r.png(Path(EVALUATION_DIR) / "reliability.png")) for r in runs if r.evaluation]
-    figures = [Figure(name, png=png, wide=False) for name, png in reliability if png]
-    if figures:
-        sections.append(Section("calibration", "Reliability diagrams", [Figures(figures)]))
-    return Page(f"Comparison of {len(runs)} runs", ", ".join(names), sections)
-
-
 def collect(run_dirs: Sequence[str | Path], attention_images: int = ATTENTION_IMAGES) -> Page:
     """The page of one run, or the comparison of several."""
     if not run_dirs:
@@ -545,39 +374,17 @@ def fmt(value: Any) -> str:
 
 
 __all__ = [
-    "PER_STEP",
-    "Details",
-    "Facts",
-    "Figure",
-    "Figures",
-    "Heading",
-    "Page",
-    "Plot",
-    "Pre",
-    "RunRecord",
-    "Section",
-    "Series",
-    "Table",
-    "Text",
-    "add_step_series",
     "assignment_blocks",
-    "better_direction",
     "collect",
-    "collect_comparison",
     "collect_run",
-    "config_differences",
     "config_section",
-    "curve_panels",
     "curves_section",
     "dynamics_section",
     "evaluation_section",
     "family_sections",
     "fmt",
     "image_sections",
-    "metrics_table",
     "other_outputs_section",
-    "panel_rank",
     "run_cards",
-    "summary_metrics",
     "test_metrics_section",
 ]

@@ -15,7 +15,7 @@ from vitlab.rundir import RunDir, read_json
 
 if TYPE_CHECKING:
     from vitlab.diagnostics.images import TestImages
-    from vitlab.report.collect import RunRecord
+    from vitlab.report.record import RunRecord
 
 
 def explanation_section(run: RunRecord, model: nn.Module, images: TestImages) -> Section | None:

@@ -1,6 +1,6 @@
 """The report's figures: matplotlib drawings of the plain data :mod:`vitlab.report.collect` gathers.
 
-:func:`draw` turns a :class:`~vitlab.report.collect.Plot` into PNG images ``[(name, bytes)]``: one for most kinds,
+:func:`draw` turns a :class:`~vitlab.report.page.Plot` into PNG images ``[(name, bytes)]``: one for most kinds,
 several for the dynamics of a run (the controller's three figures). Drawn on matplotlib's Agg canvas (no display).
 """
 
@@ -18,7 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from vitlab.report.collect import PER_STEP, Plot, Series, panel_rank
+from vitlab.report.curves import PER_STEP, Series, panel_rank
+from vitlab.report.page import Plot
 
 FIGURE_DPI = 110
 CURVE_COLUMNS = 4

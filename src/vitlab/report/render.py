@@ -12,7 +12,8 @@ from pathlib import Path
 
 import jinja2
 
-from vitlab.report.collect import ATTENTION_IMAGES, PNG_SIGNATURE, Figures, Page, collect, fmt
+from vitlab.report.collect import collect, fmt
+from vitlab.report.page import ATTENTION_IMAGES, PNG_SIGNATURE, Figures, Page
 from vitlab.rundir import REPORT_FILE, check_outputs, write_output
 from vitlab.version import __version__
 
@@ -35,8 +36,8 @@ def png_uri(data: bytes) -> str:
 
 def images(block: Figures) -> list[Image]:
     """The images of a figures block: the run's PNGs as they are, the plots drawn (one plot may give several)."""
-    from vitlab.report.collect import DYNAMICS_CAPTIONS
     from vitlab.report.figures import draw
+    from vitlab.report.page import DYNAMICS_CAPTIONS
 
     out = []
     for figure in block.figures:

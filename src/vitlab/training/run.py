@@ -27,12 +27,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from vitlab import manifest
 from vitlab.acceleration import PrecisionChoice, choose_precision
 from vitlab.atomic import append_line, environment_error
-from vitlab.claim import RunClaim
 from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.config.loss import build_loss
 from vitlab.data import VisionDataModule, build_datamodule
 from vitlab.dynamics import DynamicsController
-from vitlab.errors import OutputError, RunDirError, VitlabError
+from vitlab.errors import OutputError, VitlabError
 from vitlab.export import checkpoint_hparams, export_model, read_checkpoint
 from vitlab.family import family_of_class
 from vitlab.layers import attention_path
@@ -44,7 +43,6 @@ from vitlab.rundir import (
     ATTENTION_PATHS_FILE,
     METRICS_FILE,
     RESUMES_FILE,
-    RUN_DIR_ENV,
     TENSORBOARD_DIR,
     TEST_METRICS_FILE,
     RunDir,
@@ -64,225 +62,32 @@ from vitlab.training.callbacks import (
     quiet_lightning,
 )
 from vitlab.training.finetune import pretrained_normalisation, setup_finetuning
+from vitlab.training.preflight import (
+    absolute_data_paths,
+    changed_settings,
+    check_first_batch_fits,
+    check_resume_matches,
+    data_info,
+    model_kwargs_for,
+)
+from vitlab.training.run_folder import (
+    claim_run_dir,
+    is_launching_process,
+    recovery_hint,
+    resolve_resume,
+    run_dir_path,
+)
 from vitlab.training.tasks import BaseTask, ClassificationTask, cosine_resume_note
 
 #: the files TensorBoard writes into ``tb/`` (a user's file beside them stays)
 TENSORBOARD_FILES = ("events.out.tfevents.*", "hparams.yaml")
 
-__all__ = ["RunDirError", "RunInterrupted", "evaluate", "fit", "make_run_dir", "resolve_resume"]
+__all__ = ["RunInterrupted", "evaluate", "fit"]
 
 
 # -------------------------------------------------------------------------------------------------------------------
 class RunInterrupted(VitlabError, KeyboardInterrupt):
     """Training was stopped by Ctrl+C (SIGINT); the message says how to continue."""
-
-
-def _is_launching_process() -> bool:
-    """True in the process that starts a run: not in the DDP children Lightning or torchrun start."""
-    return (
-        int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0))) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
-    )
-
-
-def run_dir_path(cfg: RunConfig) -> Path:
-    """Where the run goes, without creating anything: ``run.dir`` if set, else ``<run.root>/<run.name>-<timestamp>``.
-
-    DDP children started by Lightning inherit ``VITLAB_RUN_DIR`` so every process writes to the same folder.
-    """
-    if cfg.run.dir:
-        path = Path(cfg.run.dir).expanduser()
-    elif os.environ.get(RUN_DIR_ENV) and not _is_launching_process():
-        path = Path(os.environ[RUN_DIR_ENV])
-    else:
-        stamp = os.environ.get("TORCHELASTIC_RUN_ID") or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = Path(cfg.run.root).expanduser() / f"{cfg.run.name}-{stamp}"
-        if _is_launching_process() and not os.environ.get("TORCHELASTIC_RUN_ID"):
-            base, n = path, 1
-            while path.exists():  # two runs started in the same second get their own folders
-                path, n = base.with_name(f"{base.name}-{n}"), n + 1
-    os.environ[RUN_DIR_ENV] = str(path.absolute())
-    return path
-
-
-def claim_run_dir(cfg: RunConfig, path: Path, *, resuming: bool = False) -> RunClaim:
-    """Claim ``path`` for this run (:class:`vitlab.claim.RunClaim`: one writer per folder), then check it.
-
-    A new run takes only a new or empty folder, or, with ``run.overwrite``, one that holds a run: its manifest's
-    files are removed and nothing else (:meth:`vitlab.rundir.RunDir.take_for_new_run`); a folder of the user's is
-    never taken. The check runs while the claim is held, so it cannot race another ``vitlab fit``.
-    """
-    claim = RunClaim(path).acquire()
-    try:
-        if not resuming:
-            run = RunDir(path)
-            stopped = run.is_run() and manifest.has_manifest(path) and stopped_before_a_checkpoint(path)
-            if stopped:
-                print(
-                    f"run directory {path} holds a run that stopped before its first checkpoint (nothing to resume): "
-                    "its files are replaced",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            run.take_for_new_run(overwrite=cfg.run.overwrite or stopped)
-    except BaseException:
-        claim.release()
-        raise
-    return claim
-
-
-def stopped_before_a_checkpoint(path: Path) -> bool:
-    """True for the folder of a run that stopped (a full disk, Ctrl+C, a crash) before it wrote ``last.ckpt``, the
-    export or the test metrics: it can be neither continued nor used, so it is not a run a retry must keep."""
-    run = RunDir(path)
-    return not any(p.exists() for p in (run.last_checkpoint, run.export_dir, run / TEST_METRICS_FILE))
-
-
-def recovery_hint(path: Path) -> str:
-    """How to go on after ``vitlab fit`` on ``path`` stopped part-way (a full disk, a read-only folder, Ctrl+C)."""
-    if RunDir(path).last_checkpoint.is_file():
-        return f"continue the run from its last checkpoint: vitlab fit --resume {path}"
-    return "run the same command again: the run stopped before its first checkpoint, so it starts over"
-
-
-def make_run_dir(cfg: RunConfig, *, resuming: bool = False) -> Path:
-    """The run directory, created and checked (:func:`run_dir_path`, :func:`claim_run_dir`); the claim is released
-    at once: :func:`fit` holds it for the whole run instead."""
-    path = run_dir_path(cfg)
-    if _is_launching_process():
-        claim = claim_run_dir(cfg, path, resuming=resuming)
-        claim.created = False  # the caller asked for the folder: keep it
-        claim.release()
-    return path
-
-
-def resolve_resume(target: str | Path) -> tuple[Path, Path]:
-    """``(run_dir, checkpoint)`` for ``--resume TARGET``: a run directory (its ``last.ckpt``) or a ``.ckpt`` file."""
-    target = Path(target).expanduser()
-    if target.is_dir():
-        ckpt = RunDir(target).last_checkpoint
-        if not ckpt.is_file():
-            raise RunDirError(
-                f"--resume {target}: the folder has no checkpoints/last.ckpt; pass the run directory `vitlab fit` "
-                "printed, or a .ckpt file"
-            )
-        return target, ckpt
-    if target.is_file():
-        return target.parent.parent, target
-    raise RunDirError(f"--resume {target}: no such run directory or checkpoint; pass the folder `vitlab fit` printed")
-
-
-def absolute_data_paths(cfg: RunConfig) -> None:
-    """Store ``data.root`` and ``data.path`` as absolute paths, so the run's config works from any folder (as
-    ``vitlab evaluate`` and ``vitlab report`` use it). A relative ``data.path`` is resolved the way the loaders
-    look for it: relative to the current folder if it is there, else relative to ``data.root``."""
-    data = cfg.data
-    root = Path(data.root).expanduser().absolute()
-    if data.path is not None and not Path(data.path).expanduser().is_absolute():
-        given = Path(data.path).expanduser()
-        data.path = str((given if given.exists() or not (root / given).exists() else root / given).absolute())
-    elif data.path is not None:
-        data.path = str(Path(data.path).expanduser())
-    data.root = str(root)
-
-
-def data_info(dm: VisionDataModule) -> dict[str, Any]:
-    return {
-        "dataset": dm.cfg.name,
-        "num_classes": dm.num_classes,
-        "in_chans": dm.in_chans,
-        "img_size": dm.img_size,
-        "mean": list(dm.mean),
-        "std": list(dm.std),
-        "class_names": list(dm.class_names),
-    }
-
-
-def model_kwargs_for(cfg: RunConfig, info: dict[str, Any]) -> dict[str, Any]:
-    """Model overrides from the config, with image size, channels and classes filled in from the data."""
-    kwargs = {k: v for k, v in cfg.model.items() if k not in ("name", "pretrained")}  # pretrained: weights, not shape
-    preset = get_preset(cfg.model["name"])
-    accepted = constructor_args(preset.cls)
-    for key, value in (
-        ("img_size", info["img_size"]),
-        ("in_chans", info["in_chans"]),
-        ("num_classes", info["num_classes"]),
-    ):
-        if key in accepted:
-            kwargs.setdefault(key, value)
-    if kwargs.get("img_size", info["img_size"]) != info["img_size"]:
-        raise ConfigError(
-            f"model.img_size={kwargs['img_size']} but the data gives {info['img_size']}x{info['img_size']} images; "
-            "set data.img_size to resize the data instead"
-        )
-    if isinstance(kwargs.get("num_classes"), int) and kwargs["num_classes"] < info["num_classes"]:
-        raise ConfigError(
-            f"model.num_classes={kwargs['num_classes']} but the data has {info['num_classes']} classes (labels "
-            f"0..{info['num_classes'] - 1}); unset model.num_classes (it is taken from the data) or set it to "
-            f"{info['num_classes']}"
-        )
-    return kwargs
-
-
-def check_first_batch_fits(name: str, kwargs: dict[str, Any], batch_size: int) -> None:
-    """Refuse an input whose first batch cannot fit in this machine's memory, before the model is built.
-
-    The estimate counts only what a ViT-like model surely holds: the position embedding ``[N, C]`` (with its
-    gradient and two AdamW moments), one batch of tokens ``[B, N, C]`` and the batch of images ``[B, C_in, S, S]``,
-    in float32, for ``N = (S / patch)^2`` tokens of width ``C = embed_dim``. Presets without those options are not
-    checked.
-    """
-    resolved = {**get_preset(name).kwargs, **kwargs}
-    size, patch, width = (resolved.get(key) for key in ("img_size", "patch_size", "embed_dim"))
-    width = width[0] if isinstance(width, list | tuple) and width else width
-    if not all(isinstance(v, int) and v > 0 for v in (size, patch, width)):
-        return
-    tokens = (size // patch) ** 2
-    needed = 4 * (tokens * width * (4 + batch_size) + batch_size * resolved.get("in_chans", 3) * size * size)
-    try:
-        available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return
-    if needed > available:
-        raise ConfigError(
-            f"{size}x{size} images in {patch}x{patch} patches give {tokens:,} tokens of width {width} an image: the "
-            f"first batch of {batch_size} needs at least {needed / 2**30:,.0f} GiB, more than this machine's "
-            f"{available / 2**30:.0f} GiB; choose a smaller data.img_size or a larger model.patch_size"
-        )
-
-
-def check_resume_matches(cfg: RunConfig, kwargs: dict[str, Any], stored: dict[str, Any], ckpt: Path) -> None:
-    """``--resume``: the model this config builds must be the checkpoint's (same preset, same constructor
-    arguments); checked before any file is touched, so a wrong ``--config`` or ``model.*`` override cannot
-    damage the run."""
-    import json
-
-    def normal(value: Any) -> Any:
-        return json.loads(json.dumps(to_dict(value), sort_keys=True, default=str))
-
-    was, now = stored["config"]["model"]["name"], cfg.model["name"]
-    differences = [f"model.name (checkpoint {was}, now {now})"] if was != now else []
-    old, new = normal(stored["model_kwargs"]), normal(kwargs)
-    for key in sorted(set(old) | set(new)):
-        if was == now and old.get(key) != new.get(key):
-            differences.append(f"model.{key} (checkpoint {old.get(key)!r}, now {new.get(key)!r})")
-    if differences:
-        raise RunDirError(
-            f"--resume {ckpt}: the checkpoint does not match this config: {'; '.join(differences)}. Resume with the "
-            "run's own config (`vitlab fit --resume RUN`, without --config or model.* overrides), or start a new run "
-            "with another run.dir; nothing was written"
-        )
-
-
-def _changed_settings(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, list[Any]]:
-    """``{"trainer.max_epochs": [3, 5], ...}``: the dotted keys whose values differ between two config dicts."""
-    changed: dict[str, list[Any]] = {}
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            changed |= _changed_settings(a, b, f"{prefix}{key}.")
-        elif a != b:
-            changed[f"{prefix}{key}"] = [a, b]
-    return changed
 
 
 def model_line(preset: str, model: torch.nn.Module) -> str:
@@ -424,6 +229,35 @@ def _read_resume(cfg: RunConfig, resume: str | Path) -> tuple[Path, dict[str, An
     return ckpt_path, checkpoint_hparams(checkpoint), note
 
 
+def _checked_data(cfg: RunConfig, stored: dict[str, Any] | None) -> tuple[VisionDataModule, dict[str, Any]]:
+    """The data module, set up and checked (a first batch fits, the data trains), and its description."""
+    dm = build_datamodule(cfg.data)
+    shape = {"img_size": dm.img_size, "in_chans": dm.in_chans, "num_classes": dm.num_classes}
+    check_first_batch_fits(cfg.model["name"], model_kwargs_for(cfg, shape), cfg.data.batch_size)
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.check_trainable()
+    normalisation = pretrained_normalisation(cfg, dm, stored)
+    if normalisation:
+        print(normalisation, flush=True)
+    return dm, data_info(dm)
+
+
+def _built_model(cfg: RunConfig, kwargs: dict[str, Any], info: dict[str, Any], *, resuming: bool) -> torch.nn.Module:
+    """The model of the config with ``kwargs``, its pretrained weights unless ``resuming`` (the checkpoint has them)."""
+    try:
+        model = create_model(cfg.model["name"], pretrained=None if resuming else cfg.model.get("pretrained"), **kwargs)
+    except (ValueError, TypeError) as e:
+        if isinstance(e, ConfigError | VitlabError):
+            raise
+        raise ConfigError(f"cannot build model {cfg.model['name']!r} with {kwargs}: {e}") from e
+    if isinstance(model, PretrainedConfigured):
+        model.pretrained_cfg = {"mean": info["mean"], "std": info["std"]}  # what the data is normalised with
+    if cfg.trainer.grad_checkpointing:
+        enable_grad_checkpointing(model)
+    return model
+
+
 def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Callback] | None = None) -> Path:
     """Train a model as ``cfg`` says; returns the run directory.
 
@@ -437,30 +271,11 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     pl.seed_everything(cfg.run.seed, workers=True, verbose=False)
     absolute_data_paths(cfg)
     run_dir = run_dir_path(cfg)
-    dm = build_datamodule(cfg.data)
-    shape = {"img_size": dm.img_size, "in_chans": dm.in_chans, "num_classes": dm.num_classes}
-    check_first_batch_fits(cfg.model["name"], model_kwargs_for(cfg, shape), cfg.data.batch_size)
-    dm.prepare_data()
-    dm.setup("fit")
-    dm.check_trainable()
-    normalisation = pretrained_normalisation(cfg, dm, stored)
-    if normalisation:
-        print(normalisation, flush=True)
-    info = data_info(dm)
+    dm, info = _checked_data(cfg, stored)
     kwargs = model_kwargs_for(cfg, info)
     if stored is not None:
         check_resume_matches(cfg, kwargs, stored, ckpt_path)
-    try:
-        pretrained = None if ckpt_path else cfg.model.get("pretrained")  # a resumed run has its weights
-        model = create_model(cfg.model["name"], pretrained=pretrained, **kwargs)
-    except (ValueError, TypeError) as e:
-        if isinstance(e, ConfigError | VitlabError):
-            raise
-        raise ConfigError(f"cannot build model {cfg.model['name']!r} with {kwargs}: {e}") from e
-    if isinstance(model, PretrainedConfigured):
-        model.pretrained_cfg = {"mean": info["mean"], "std": info["std"]}  # what the data is normalised with
-    if cfg.trainer.grad_checkpointing:
-        enable_grad_checkpointing(model)
+    model = _built_model(cfg, kwargs, info, resuming=ckpt_path is not None)
     hparams = {"config": to_dict(cfg), "model_kwargs": kwargs, "data_info": info}
     task = build_task(cfg, model, hparams)
     validate = len(dm.val_set) > 0  # data.val_fraction=0: no validation loop, best.ckpt is the last epoch's
@@ -474,7 +289,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         if isinstance(callback, DynamicsController):
             callback.check(model)
     all_callbacks += setup_finetuning(cfg, model, task.monitor) + list(callbacks or [])
-    if _is_launching_process():
+    if is_launching_process():
         print(run_precision(cfg).line(), flush=True)  # the run's first line, before Lightning's own
         if schedule_note:
             print(schedule_note, file=sys.stderr, flush=True)
@@ -486,7 +301,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
                 raise
             first = str(e).split(". ")[0].rstrip(".")
             raise ConfigError(f"the trainer.* settings are not valid for Lightning: {first}; fix that setting") from e
-    claim = claim_run_dir(cfg, run_dir, resuming=ckpt_path is not None) if _is_launching_process() else None
+    claim = claim_run_dir(cfg, run_dir, resuming=ckpt_path is not None) if is_launching_process() else None
     try:
         _fit_claimed(cfg, run_dir, trainer, task, dm, info, ckpt_path)
     except OSError as e:  # a full disk, a quota, a read-only folder: one line that says how to go on
@@ -517,7 +332,7 @@ def _fit_claimed(
         if ckpt_path is not None and run.is_run():
             import json
 
-            changed = _changed_settings(run.config_dict(), to_dict(cfg))
+            changed = changed_settings(run.config_dict(), to_dict(cfg))
             changed.pop("run.dir", None)
             record = {"time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "checkpoint": str(ckpt_path)}
             append_line(

@@ -4,9 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.layers import capture_attention
-from vitlab.models import create_model
-from vitlab.models.cet_vit import (
+from vitlab.families.cet_vit.model import (
     CETViT,
     MicroEncoder,
     dynamic_k_assignment,
@@ -15,6 +13,8 @@ from vitlab.models.cet_vit import (
     slot_usage_k,
     topk_softmax,
 )
+from vitlab.layers import capture_attention
+from vitlab.models import create_model
 
 SMALL_PRESETS = ["cet_vit_pico", "cet_vit_nano", "cet_vit_tiny"]
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.evaluation.grouping import grouping_ablation
-from vitlab.losses.ei import ei_terms, ei_weight
+from vitlab.families.cet_vit.ei import ei_terms, ei_weight
+from vitlab.families.cet_vit.grouping import grouping_ablation
+from vitlab.families.cet_vit.model import ablate_assignment, exact_k_targets, topk_softmax
 from vitlab.models import create_model
-from vitlab.models.cet_vit import ablate_assignment, exact_k_targets, topk_softmax
 
 
 def _pico(**kw):
@@ -100,10 +100,9 @@ def test_budgets_filled_on_the_device_train_exactly_as_budgets_copied_from_the_h
     """``budget_values`` (filled where the tensors live) against ``torch.tensor(k_candidates)`` (a copy from the
     host): the same logits, Dynamic-K targets, loss and gradients, bit for bit, with the exact estimator and the
     dense straight-through selection (the two paths that use the budgets as a tensor)."""
-    from vitlab.families.cet_vit import parts
+    from vitlab.families.cet_vit import parts, slots
     from vitlab.families.cet_vit.config import CETLossConfig
     from vitlab.families.cet_vit.task import regularisation
-    from vitlab.layers import slots
 
     def from_host(k_candidates, like):
         return torch.tensor(k_candidates, dtype=like.dtype, device=like.device)
@@ -219,7 +218,7 @@ def test_grouping_none_is_the_micro_encoder_and_a_head_on_mean_micro():
     F.cross_entropy(model(x), y).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None, name
-    from vitlab.diagnostics.probes import collect_assignments
+    from vitlab.families.cet_vit.probes import collect_assignments
 
     with pytest.raises(TypeError, match="grouping: none has no S"):
         collect_assignments(model, [(x, y)])
@@ -232,7 +231,7 @@ def test_grouping_none_is_the_micro_encoder_and_a_head_on_mean_micro():
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`:UserWarning")  # no Trainer attached
 def test_grouping_none_trains_through_the_cet_task():
     from vitlab.config import build_config
-    from vitlab.training import CETViTTask
+    from vitlab.families.cet_vit.task import CETViTTask
 
     model = _pico(grouping="none").train()
     task = CETViTTask(model, cfg=build_config("cet_vit/digits"), hparams={"data_info": {"num_classes": 4}})
@@ -241,7 +240,7 @@ def test_grouping_none_trains_through_the_cet_task():
 
 
 def test_topk_margin_is_the_gap_between_the_kth_and_the_next_logit():
-    from vitlab.models.cet_vit import topk_margin
+    from vitlab.families.cet_vit.model import topk_margin
 
     logits = torch.tensor([[[5.0, 1.0, 3.0, 2.5], [0.0, 0.0, 4.0, 1.0]]])  # one image, two tokens, 4 slots
     # k = 2: token 0 keeps 5 and 3, next 2.5 -> 0.5; token 1 keeps 4 and 1, next 0 -> 1.0
@@ -251,8 +250,8 @@ def test_topk_margin_is_the_gap_between_the_kth_and_the_next_logit():
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`:UserWarning")  # no Trainer attached
 def test_the_cet_task_reports_the_vceo_margin_of_its_assignment_logits():
     from vitlab.config import build_config
-    from vitlab.models.cet_vit import topk_margin
-    from vitlab.training import CETViTTask
+    from vitlab.families.cet_vit.model import topk_margin
+    from vitlab.families.cet_vit.task import CETViTTask
 
     model = _pico().eval()
     task = CETViTTask(model, cfg=build_config("cet_vit/digits"), hparams={"data_info": {"num_classes": 4}})

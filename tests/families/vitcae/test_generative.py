@@ -15,7 +15,8 @@ import vitlab
 from vitlab.cli.main import main
 from vitlab.config import RunConfig, dump_yaml
 from vitlab.data import DataConfig, build_datamodule
-from vitlab.evaluation.generative import (
+from vitlab.export import export_model
+from vitlab.families.vitcae.generative import (
     GRID_FILES,
     choose_interpolation_pairs,
     fit_class_gaussians,
@@ -29,7 +30,6 @@ from vitlab.evaluation.generative import (
     ssim_window,
     take_images,
 )
-from vitlab.export import export_model
 
 MAX_IMAGES = 60
 
@@ -168,7 +168,7 @@ def test_inpainting_psnr_and_mean_fill_baseline_by_hand(tmp_path):
 
 
 def test_prior_fill_keeps_the_known_pixels_and_decodes_the_prior_mean_in_the_masked_patches():
-    from vitlab.evaluation.generative import prior_fill
+    from vitlab.families.vitcae.generative import prior_fill
 
     torch.manual_seed(0)
     model = tiny_vitcae().eval()
@@ -184,7 +184,7 @@ def test_prior_fill_keeps_the_known_pixels_and_decodes_the_prior_mean_in_the_mas
 
 
 def test_path_measures_by_hand():
-    from vitlab.evaluation.generative import path_measures
+    from vitlab.families.vitcae.generative import path_measures
 
     class Identity(nn.Module):  # encodes an image to its first two pixels, so the latent path is checkable
         def __init__(self):

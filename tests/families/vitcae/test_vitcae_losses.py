@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
-from vitlab.losses.vitcae import (
+from vitlab.families.vitcae.losses import (
     ViTCAELossConfig,
     conditional_prior_variance,
     imq_mmd,
@@ -14,8 +14,7 @@ from vitlab.losses.vitcae import (
     reconstruction_loss,
     vitcae_loss,
 )
-from vitlab.models import ViTCAE
-from vitlab.models.vitcae import ViTCAEOutput
+from vitlab.families.vitcae.model import ViTCAE, ViTCAEOutput
 
 SCALES = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -247,7 +246,7 @@ def test_calibrated_blend_keeps_the_magnitude_and_gives_the_mmd_most_of_it():
 
 
 def test_calibration_scale_is_the_kl_to_mmd_ratio_capped():
-    from vitlab.training.vitcae_task import calibration_scale
+    from vitlab.families.vitcae.task import calibration_scale
 
     assert calibration_scale(torch.tensor([34.5, 1.3, 91.7, 0.023]), 100.0) == pytest.approx((34.5 / 1.3, 100.0))
     assert calibration_scale(torch.tensor([10.0, -0.01, 10.0, 0.0]), 50.0) == (50.0, 50.0)  # an MMD estimate <= 0

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
+from vitlab.families.vitcae.model import FiLM, ViTCAE, ViTCAEOutput, unpatchify
 from vitlab.layers import CrossAttention, capture_attention
-from vitlab.models import ViTCAE, create_model, list_models
-from vitlab.models.vitcae import FiLM, ViTCAEOutput, unpatchify
+from vitlab.models import create_model, list_models
 
 B, IMG, PATCH, CHANS, CLASSES = 3, 8, 2, 1, 5
 N = (IMG // PATCH) ** 2

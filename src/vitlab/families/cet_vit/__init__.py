@@ -1,8 +1,9 @@
 """CET-ViT (the card's slot-grouping ViT with the EI regulariser): its declaration as a family.
 
-The model (``model``; ``parts``, ``options``, ``outputs``, ``presets``), the ``model`` and ``loss`` config types
-(``config``), the task (``task``: cross-entropy, the EI terms of ``vitlab.losses.ei``, the Dynamic-K cost), the
-grouping ablation (``grouping``) and the explanation rules (``explain``).
+The model (``model``; ``parts``, ``slots``, ``options``, ``outputs``, ``presets``), the EI regulariser (``ei``), the
+``model`` and ``loss`` config types (``config``), the task (``task``: cross-entropy, the EI terms, the Dynamic-K
+cost), the grouping ablation (``grouping``), the metrics of ``S`` in ``vitlab evaluate`` (``evaluation``) and the
+explanation rules (``explain``).
 """
 
 from vitlab.family import Family, register_family
@@ -16,10 +17,11 @@ FAMILY = register_family(
             "model": "vitlab.families.cet_vit.config:CETViTConfig",
             "loss": "vitlab.families.cet_vit.config:CETLossConfig",
         },
-        presets="vitlab.families.cet_vit.presets:PRESETS",
-        commands=(),
+        presets="vitlab.families.cet_vit.presets:CATALOGUE",
+        commands=("vitlab.families.cet_vit.commands",),
         report_sections=(),
         explainer="vitlab.families.cet_vit.explain:explainer",
+        evaluation="vitlab.families.cet_vit.evaluation",
         bench_objective="vitlab.families.cet_vit.task:bench_objective",
     )
 )

@@ -3,7 +3,7 @@
 
 The learned assignment ``S`` is replaced at test time by a random top-k (each token keeps its own top-k weights on
 ``k`` slots drawn at random) or by the uniform assignment (every token spread over all slots, so all macro tokens
-are equal), with the weights left alone (:func:`vitlab.models.cet_vit.ablate_assignment`). The accuracy lost is
+are equal), with the weights left alone (:func:`vitlab.families.cet_vit.model.ablate_assignment`). The accuracy lost is
 what the learned grouping contributes; slot-usage K (card, Disclosure 1) is reported beside it.
 """
 

@@ -23,7 +23,7 @@ Training interface: ``forward(x)`` returns the logits only, so CET-ViT obeys the
 model (evaluation, TTA, calibration, attention capture call ``model(x)``). A training task calls
 ``forward_with_aux(x) -> (logits, CETViTAux)`` and adds ``aux.regularization(lambda_ei, lambda_k)``, i.e.
 ``lambda_ei * ei_loss + lambda_k * k_cost``, to the cross-entropy; ``lambda_ei`` follows
-:func:`vitlab.losses.ei.ei_weight`.
+:func:`vitlab.families.cet_vit.ei.ei_weight`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
+from vitlab.families.cet_vit import baselines  # noqa: F401 (registers the size-matched baselines)
+from vitlab.families.cet_vit.ei import EIVariant, ei_terms
 from vitlab.families.cet_vit.options import DYNAMIC_K_MODES, GROUPINGS, POS_EMBEDS, SELECT_GRADS, check_options
 from vitlab.families.cet_vit.outputs import CETViTAux
 from vitlab.families.cet_vit.parts import (
@@ -50,8 +52,7 @@ from vitlab.families.cet_vit.parts import (
     PreNormCrossAttention,
 )
 from vitlab.families.cet_vit.presets import DESCRIPTIONS, PRESETS
-from vitlab.layers import Block, PatchEmbed, trunc_normal_
-from vitlab.layers.slots import (
+from vitlab.families.cet_vit.slots import (
     ASSIGNMENT_ABLATIONS,
     POOLS,
     ablate_assignment,
@@ -64,7 +65,7 @@ from vitlab.layers.slots import (
     topk_margin,
     topk_softmax,
 )
-from vitlab.losses.ei import EIVariant, ei_terms
+from vitlab.layers import Block, PatchEmbed, trunc_normal_
 from vitlab.models.contract import ModelContract, check_output_fmt, tokens_to_maps
 from vitlab.models.registry import register_preset
 from vitlab.models.sizing import parameter_count
@@ -125,11 +126,11 @@ class CETViT(MicroInputSize, ModelContract, nn.Module):
         ei: EI variant reported in ``aux.ei["ei_loss"]``: ``full``, ``two_term``, ``entropy_only`` or ``none``.
         ei_degen_slots: the pairs of the EI degeneracy term: ``occupied`` (default, the slots with assignment mass)
             or ``all`` (the card's mean over every pair, an empty slot counting as cosine 0); an empty slot is never
-            normalised either way (:func:`vitlab.losses.ei.macro_degeneracy`).
+            normalised either way (:func:`vitlab.families.cet_vit.ei.macro_degeneracy`).
         ei_svd: how the EI term's singular values are computed: ``device`` (default, ``svdvals`` on the model's
             device), ``host`` (the CPU, the values and gradient copied; the same numbers, for a GPU where cuSOLVER's
             per-image calls and synchronisation cost more than the copies) or ``gram`` (the eigenvalues of
-            ``S^T S`` in float64, one batched call; :func:`vitlab.losses.ei.assignment_singular_values`).
+            ``S^T S`` in float64, one batched call; :func:`vitlab.families.cet_vit.ei.assignment_singular_values`).
         fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
             dropout, and stochastic depth (linear over all blocks in forward order).
@@ -139,7 +140,7 @@ class CETViT(MicroInputSize, ModelContract, nn.Module):
             DeepEncoder are built, and there is no S and no EI term.
 
     ``assignment_ablation`` (an attribute, not a constructor option): ``none``, or ``random`` / ``uniform`` to
-    replace S at test time (:func:`ablate_assignment`; :func:`vitlab.evaluation.grouping.grouping_ablation`).
+    replace S at test time (:func:`ablate_assignment`; :func:`vitlab.families.cet_vit.grouping.grouping_ablation`).
     """
 
     classifier_name = "head.fc"

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import get_args
 
 from vitlab.families.cet_vit.config import DynamicK, Grouping, PosEmbed, SelectGrad
-from vitlab.layers.slots import POOLS
-from vitlab.losses.ei import DEGEN_SLOTS, EI_SVD_WAYS, EI_VARIANTS
+from vitlab.families.cet_vit.ei import DEGEN_SLOTS, EI_SVD_WAYS, EI_VARIANTS
+from vitlab.families.cet_vit.slots import POOLS
 
 DYNAMIC_K_MODES: tuple[str, ...] = get_args(DynamicK)
 POS_EMBEDS: tuple[str, ...] = get_args(PosEmbed)

@@ -16,8 +16,8 @@ class CETViTAux:
         S: ``[B, N, K_max]`` the sparse assignment.
         h_macro: ``[B, K_max, D]`` the pooled macro tokens (input of the MacroEncoder).
         slot_usage_k: ``[B]`` post-hoc active-slot count (:func:`slot_usage_k`).
-        ei: the EI terms of :func:`vitlab.losses.ei.ei_terms` (``[B]`` each) and the scalar ``ei_loss``; empty when
-            ``forward_with_aux(compute_ei=False)`` skipped them (no SVD), and then ``ei_loss`` is 0.
+        ei: the EI terms of :func:`vitlab.families.cet_vit.ei.ei_terms` (``[B]`` each) and the scalar ``ei_loss``; empty
+            when ``forward_with_aux(compute_ei=False)`` skipped them (no SVD), and then ``ei_loss`` is 0.
         k_cost: scalar ``E[K] / K_max`` of the straight-through estimator (0 without one and with ``exact``, whose
             cost enters the target instead).
         k_chosen: ``[B]`` the slot budget used per image, or None without an estimator.

@@ -13,8 +13,8 @@ from timm.models import checkpoint
 from timm.models.swin_transformer import SwinTransformerStage
 from torch import nn
 
+from vitlab.families.cet_vit.slots import budget_values, dense_straight_through, dynamic_k_assignment, topk_softmax
 from vitlab.layers import Block, CrossAttention, Mlp, trunc_normal_
-from vitlab.layers.slots import budget_values, dense_straight_through, dynamic_k_assignment, topk_softmax
 
 # shape checks on data: torch.fx (timm's fx feature extraction) keeps these calls whole
 register_notrace_function(topk_softmax)

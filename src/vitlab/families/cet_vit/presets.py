@@ -1,6 +1,8 @@
 """CET-ViT's presets, plain data: preset name -> constructor arguments of
 :class:`~vitlab.families.cet_vit.model.CETViT` (which registers them), and their one-line descriptions."""
 
+from typing import Any
+
 #: preset name -> constructor arguments (the family declaration names this table)
 PRESETS: dict[str, dict] = {
     "cet_vit_pico": dict(
@@ -72,4 +74,62 @@ DESCRIPTIONS: dict[str, str] = {
     "cet_vit_nano_global": "cet_vit_nano's size, a global ViT-shaped micro encoder (width 128, MLP 2), 8:1 slots",
     "cet_vit_tiny": "small CET-ViT (~2.3M params)",
     "cet_vit_base": "CET-ViT v4 Base sized to the model card (33.5M params on 32x32, 100 classes; card: 33.12M)",
+}
+#: The input each CET-ViT preset is compared at (patch 2 is CET-ViT's default): CPU presets on CIFAR-10,
+#: ``cet_vit_base`` on CIFAR-100 (the card's table).
+MATCH_INPUTS: dict[str, dict[str, int]] = {
+    "cet_vit_nano": dict(img_size=32, in_chans=3, num_classes=10),
+    "cet_vit_tiny": dict(img_size=32, in_chans=3, num_classes=10),
+    "cet_vit_base": dict(img_size=32, in_chans=3, num_classes=100),
+}
+#: Tokens merged per block by the ToMe baseline (the card's "size-matched ViT, r=8"); ToMe adds no parameters.
+TOME_R = 8
+
+#: ``{cet preset: {family: (base preset, keyword arguments)}}``: ``match_width(base, <cet params>, patch_size=2,
+#: **MATCH_INPUTS[cet])`` at authoring time, hard-coded. The ToMe baseline is the ViT with ``tome_r = TOME_R``.
+MATCHED: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
+    "cet_vit_nano": {
+        "vit": ("vit_nano", dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0)),
+        "swin": ("swin_nano", dict(embed_dim=24, depths=(1, 1, 2, 1), num_heads=(2, 4, 8, 16))),
+    },
+    "cet_vit_tiny": {
+        "vit": ("vit_micro", dict(embed_dim=177, depth=6, num_heads=3)),
+        "swin": ("swin_micro", dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 4, 8, 16))),
+    },
+    "cet_vit_base": {
+        "vit": ("vit_base", dict(embed_dim=480, depth=12, num_heads=12)),
+        "swin": ("swin_tiny", dict(embed_dim=105, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))),
+    },
+}
+
+
+def _baselines() -> dict[str, tuple[str, str, str, dict[str, Any]]]:
+    """Every size-matched baseline: name -> (model class, CET-ViT preset it matches, base preset, arguments)."""
+    out = {}
+    for target, matched in MATCHED.items():
+        inputs = {**MATCH_INPUTS[target], "patch_size": 2}
+        (vit_base, vit), (swin_base, swin) = matched["vit"], matched["swin"]
+        out[f"vit_matched_{target}"] = ("VisionTransformer", target, vit_base, {**vit, **inputs})
+        out[f"tome_matched_{target}"] = ("VisionTransformer", target, vit_base, {**vit, **inputs, "tome_r": TOME_R})
+        out[f"swin_matched_{target}"] = ("SwinTransformer", target, swin_base, {**swin, **inputs})
+    return out
+
+
+#: the size-matched baselines (registered by :mod:`vitlab.families.cet_vit.baselines`)
+BASELINES = _baselines()
+
+
+def _baseline_description(target: str, base: str, kwargs: dict[str, Any]) -> str:
+    what = f"{base} + ToMe r = {TOME_R}" if "tome_r" in kwargs else base
+    size = MATCH_INPUTS[target]["img_size"]
+    return (
+        f"{what} at width {kwargs['embed_dim']}, size-matched to {target} "
+        f"({size}x{size}, patch 2, {MATCH_INPUTS[target]['num_classes']} classes)"
+    )
+
+
+#: preset name -> (model class, description): the family's catalogue, read without torch
+CATALOGUE: dict[str, tuple[str, str]] = {
+    **{name: ("CETViT", DESCRIPTIONS[name]) for name in PRESETS},
+    **{name: (cls, _baseline_description(target, base, kw)) for name, (cls, target, base, kw) in BASELINES.items()},
 }

@@ -16,8 +16,9 @@ FAMILY = register_family(
             "model": "vitlab.families.vitcae.config:ViTCAEConfig",
             "loss": "vitlab.families.vitcae.config:ViTCAELossConfig",
         },
-        presets="vitlab.families.vitcae.model:PRESETS",
+        presets="vitlab.families.vitcae.presets:CATALOGUE",
         commands=("vitlab.families.vitcae.commands",),
         report_sections=("vitlab.families.vitcae.report:generate_section",),
+        explainer="vitlab.families.vitcae.explain:explainer",
     )
 )

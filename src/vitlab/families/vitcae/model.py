@@ -13,7 +13,7 @@ decoder paragraphs; where the paper is silent, docs/vitcae.md decides):
    the patch tokens to ``M`` conditioning tokens made from ``z_cls``, and a FiLM-modulated FFN; a linear head to
    pixels, unpatchified into an image in the same (normalised) space as the input.
 
-``forward`` returns a :class:`ViTCAEOutput` with everything the losses of :mod:`vitlab.losses.vitcae` need.
+``forward`` returns a :class:`ViTCAEOutput` with everything the losses of :mod:`vitlab.families.vitcae.losses` need.
 As a classifier the model follows the timm contract: ``forward_head(forward_features(x))`` gives the logits.
 """
 
@@ -30,6 +30,7 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.families.vitcae.losses import reparameterize
+from vitlab.families.vitcae.presets import CATALOGUE, PRESETS
 from vitlab.layers import Attention, CrossAttention, trunc_normal_
 from vitlab.layers.attention import TemperatureForm
 from vitlab.models.contract import ModelContract
@@ -405,59 +406,5 @@ class ViTCAE(ModelContract, nn.Module):
         )
 
 
-_VITCAE_SIZES = {
-    "vitcae_pico": dict(
-        img_size=8,
-        patch_size=2,
-        in_chans=1,
-        embed_dim=64,
-        depth=4,
-        num_heads=4,
-        mlp_ratio=2.0,
-        latent_dim=16,
-        patch_latent_dim=8,
-        decoder_dim=64,
-        decoder_depth=2,
-        decoder_heads=4,
-    ),
-    "vitcae_nano": dict(
-        embed_dim=128,
-        depth=6,
-        num_heads=4,
-        mlp_ratio=2.0,
-        latent_dim=32,
-        patch_latent_dim=16,
-        decoder_dim=128,
-        decoder_depth=3,
-        decoder_heads=4,
-    ),
-    "vitcae_tiny": dict(
-        embed_dim=192, depth=12, num_heads=3, latent_dim=64, patch_latent_dim=16, decoder_dim=192, decoder_depth=4
-    ),
-    "vitcae_small": dict(
-        embed_dim=384,
-        depth=12,
-        num_heads=6,
-        latent_dim=128,
-        patch_latent_dim=32,
-        decoder_dim=256,
-        decoder_depth=4,
-        decoder_heads=8,
-    ),
-    "vitcae_base": dict(
-        embed_dim=768,
-        depth=12,
-        num_heads=12,
-        latent_dim=256,
-        patch_latent_dim=64,
-        decoder_dim=512,
-        decoder_depth=8,
-        decoder_heads=16,
-    ),
-}
-#: preset name -> constructor arguments (the family declaration names this table)
-PRESETS = _VITCAE_SIZES
-for _name, _kw in _VITCAE_SIZES.items():
-    _shape = f"encoder width {_kw['embed_dim']}, depth {_kw['depth']}; decoder width {_kw['decoder_dim']}"
-    _input = " (8x8 one-channel images such as digits, patch 2)" if _name == "vitcae_pico" else ""
-    register_preset(_name, ViTCAE, f"ViTCAE, {_shape}{_input}", **_kw)
+for _name, _kw in PRESETS.items():
+    register_preset(_name, ViTCAE, CATALOGUE[_name][1], **_kw)

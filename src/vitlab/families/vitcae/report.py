@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.report.collect import Facts, Figure, Figures, RunRecord, Section
+from vitlab.report.page import Facts, Figure, Figures, Section
+from vitlab.report.record import RunRecord
 from vitlab.rundir import GENERATE_DIR
 
 #: the ViTCAE grids of ``generate/`` (the files of ``vitlab.families.vitcae.generative.GRID_FILES``) and their captions

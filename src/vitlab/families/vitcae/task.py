@@ -29,9 +29,9 @@ SAMPLED_TERMS = ("mmd_cls", "mmd_pt", "mmd_share_cls", "mmd_share_pt")
 
 
 class ViTCAETask(ClassificationTask):
-    """Trains :class:`~vitlab.models.vitcae.ViTCAE` on ``L_total(t)`` of eq. 25 (``loss:`` section of the config:
-    :class:`~vitlab.losses.vitcae.ViTCAELossConfig`). Every term is logged separately every epoch; the accuracy
-    of the classifier on ``mu_cls`` is the classification accuracy of the paper's Table I.
+    """Trains :class:`~vitlab.families.vitcae.model.ViTCAE` on ``L_total(t)`` of eq. 25 (``loss:`` section of the
+    config: :class:`~vitlab.families.vitcae.losses.ViTCAELossConfig`). Every term is logged separately every epoch; the
+    accuracy of the classifier on ``mu_cls`` is the classification accuracy of the paper's Table I.
 
     ``train/loss`` and ``val/loss`` hold eq. 25 at that epoch; ``test/loss`` is ``rec + pt_est + lambda_ce ce``
     (``monitor``, which neither the epoch nor a random prior sample changes), the same in ``vitlab fit`` and
@@ -41,7 +41,7 @@ class ViTCAETask(ClassificationTask):
     draws the two as one quantity.
 
     The model reconstructs the normalised input; reconstruction metrics in pixel space come from
-    :func:`vitlab.evaluation.generative.run_generative_tasks`, which runs after training.
+    :func:`vitlab.families.vitcae.generative.run_generative_tasks`, which runs after training.
     """
 
     loss_config = ViTCAELossConfig

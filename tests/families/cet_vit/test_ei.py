@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.diagnostics import probes
-from vitlab.losses.ei import assignment_singular_values, ei_terms, ei_weight, macro_degeneracy, reversibility
-from vitlab.models.cet_vit import topk_softmax
+from vitlab.families.cet_vit import probes
+from vitlab.families.cet_vit.ei import assignment_singular_values, ei_terms, ei_weight, macro_degeneracy, reversibility
+from vitlab.families.cet_vit.model import topk_softmax
 
 N, K = 256, 32
 

@@ -1,7 +1,0 @@
-"""The vitlab generate command: moved to its family, :mod:`vitlab.families.vitcae.commands`;
-this path names the same module (old imports keep working)."""
-
-import sys
-from importlib import import_module
-
-sys.modules[__name__] = import_module("vitlab.families.vitcae.commands")

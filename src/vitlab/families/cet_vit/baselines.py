@@ -1,0 +1,47 @@
+"""Baselines matched in size to CET-ViT (CET-ViT v4 model card: "External baselines trained under an identical
+protocol"): presets of the core's ViT, ToMe and Swin that the family registers.
+
+The card compares CET-ViT with Swin and a ToMe ViT "size-matched": within 2% of its parameter count. The matched presets
+(their table is plain data in :mod:`vitlab.families.cet_vit.presets`) were found with
+:func:`vitlab.models.sizing.match_width` (only the width changes; depth, heads and MLP ratio are those of the named base
+preset) and are hard-coded so a preset never changes under a user; ``tests/models/test_sizing.py`` checks that they are
+still within 2%. Every baseline sees the same input as CET-ViT: 32x32 images cut into 2x2 patches (the 16x16 grid of 256
+tokens of CET-ViT's micro encoder). Each CET-ViT preset is matched at the input it is meant for
+(:data:`vitlab.families.cet_vit.presets.MATCH_INPUTS`): the CPU presets on CIFAR-10, ``cet_vit_base`` on CIFAR-100 as in
+the card.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from vitlab.families.cet_vit.presets import BASELINES, CATALOGUE
+from vitlab.models.registry import register_preset
+from vitlab.models.swin import SwinTransformer
+from vitlab.models.vit import VisionTransformer
+
+
+@dataclass(frozen=True)
+class MatchedPreset:
+    """A size-matched baseline: its CET-ViT ``target``, the ``base`` preset whose shape it widens or narrows."""
+
+    name: str
+    target: str
+    base: str
+    cls: type[nn.Module]
+    kwargs: dict[str, Any]
+
+
+_CLASSES: dict[str, type[nn.Module]] = {"VisionTransformer": VisionTransformer, "SwinTransformer": SwinTransformer}
+
+
+def matched_presets() -> list[MatchedPreset]:
+    """Every size-matched baseline: ``vit_matched_<cet>``, ``tome_matched_<cet>``, ``swin_matched_<cet>``."""
+    return [MatchedPreset(name, target, base, _CLASSES[cls], kw) for name, (cls, target, base, kw) in BASELINES.items()]
+
+
+for _m in matched_presets():
+    register_preset(_m.name, _m.cls, CATALOGUE[_m.name][1], **_m.kwargs)

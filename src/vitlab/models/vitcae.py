@@ -1,7 +1,0 @@
-"""ViTCAE: moved to its family, :mod:`vitlab.families.vitcae.model`;
-this path names the same module (old imports keep working)."""
-
-import sys
-from importlib import import_module
-
-sys.modules[__name__] = import_module("vitlab.families.vitcae.model")

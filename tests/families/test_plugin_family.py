@@ -1,0 +1,90 @@
+"""A family is one package: the toy MLP-Mixer of tests/plugins, installed through a distribution's entry point
+(``vitlab.families``), trains, evaluates and exports from the command line with no edit under src/vitlab, and the
+config check stays as strict with it as without it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data_fixtures import write_imagefolder
+
+ROOT = Path(__file__).parents[2]
+VITLAB = [sys.executable, "-m", "vitlab.cli.main"]
+
+
+@pytest.fixture
+def plugin_env(tmp_path):
+    """The environment of a Python whose site holds a distribution that declares the toy family's entry point."""
+    dist = tmp_path / "site" / "vitlab_toy_mixer-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vitlab-toy-mixer\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[vitlab.families]\ntoy_mixer = vitlab_toy_mixer\n")
+    path = os.pathsep.join([str(ROOT / "src"), str(tmp_path / "site"), str(ROOT / "tests" / "plugins")])
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+def _vitlab(env, *args, cwd):
+    return subprocess.run([*VITLAB, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_plugin_family_fits_evaluates_and_exports_from_the_command_line(plugin_env, tmp_path):
+    write_imagefolder(tmp_path / "data", {"": 10}, classes=("a", "b"), size=(8, 8), gray=True)
+    run = tmp_path / "run"
+    fit = _vitlab(
+        plugin_env,
+        "fit",
+        "model.name=mixer_pico",
+        "loss.logit_penalty=0.01",
+        "data.name=imagefolder",
+        f"data.path={tmp_path / 'data'}",
+        "data.in_chans=1",
+        "data.batch_size=4",
+        "trainer.max_epochs=1",
+        "trainer.accelerator=cpu",
+        f"run.dir={run}",
+        cwd=tmp_path,
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert (run / "export" / "model.safetensors").is_file() and (run / "test_metrics.json").is_file()
+
+    evaluate = _vitlab(plugin_env, "evaluate", str(run), "--no-corruptions", cwd=tmp_path)
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    assert (run / "evaluation" / "evaluation.json").is_file()
+
+    export = _vitlab(plugin_env, "export", str(run), "--out", str(tmp_path / "exported"), cwd=tmp_path)
+    assert export.returncode == 0, export.stderr[-3000:]
+    assert (tmp_path / "exported" / "config.json").is_file()
+
+    explain = _vitlab(plugin_env, "explain", str(run), "--evaluate", "--num-images", "2", cwd=tmp_path)
+    assert explain.returncode == 2, explain.stderr[-3000:]
+    assert "family 'toy_mixer' declares no explainer" in explain.stderr.splitlines()[0], explain.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.name=mixer_pic", "unknown model 'mixer_pic'. Did you mean mixer_pico"),
+        ("model.dimm=8", "model 'mixer_pico' (ToyMixer) has no option 'dimm'. Did you mean dim?"),
+        ("loss.logit_penalti=1", "unknown config key 'loss.logit_penalti'"),
+        ("loss.lambda_ei=0.9", "loss.lambda_ei"),
+    ],
+)
+def test_the_config_check_stays_strict_with_a_plugin_family(plugin_env, tmp_path, override, message):
+    out = _vitlab(plugin_env, "fit", "model.name=mixer_pico", override, f"run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_list_models_lists_the_plugin_familys_presets_without_torch(plugin_env, tmp_path):
+    code = (
+        "import sys; from vitlab.cli.main import main; main(['list-models', 'mixer_*']); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=plugin_env, cwd=tmp_path)
+    assert out.stdout.splitlines() == [
+        f"{'mixer_pico':24s} toy MLP-Mixer, width 16, depth 2 (8x8 one-channel images)",
+        "False",
+    ]

@@ -1,0 +1,51 @@
+"""A toy MLP-Mixer: patches -> blocks of token mixing and channel mixing -> mean over tokens -> classes."""
+
+import torch
+from torch import nn
+
+from vitlab.models.registry import register_preset
+from vitlab_toy_mixer.config import CATALOGUE, PRESETS
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, num_tokens: int, dim: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.token_mlp = nn.Sequential(nn.Linear(num_tokens, num_tokens), nn.GELU())
+        self.channel_mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, N, C]."""
+        x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channel_mlp(self.norm2(x))
+
+
+class ToyMixer(nn.Module):
+    def __init__(
+        self,
+        *,
+        img_size: int = 8,
+        patch_size: int = 2,
+        in_chans: int = 1,
+        num_classes: int = 10,
+        dim: int = 16,
+        depth: int = 2,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.patch_embed = nn.Conv2d(in_chans, dim, patch_size, stride=patch_size)
+        num_tokens = (img_size // patch_size) ** 2
+        self.blocks = nn.ModuleList(MixerBlock(num_tokens, dim) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, in_chans, H, W] -> logits [B, num_classes]."""
+        tokens = self.patch_embed(x).flatten(2).transpose(1, 2)
+        for block in self.blocks:
+            tokens = block(tokens)
+        return self.head(self.norm(tokens).mean(dim=1))
+
+
+for _name, _kw in PRESETS.items():
+    register_preset(_name, ToyMixer, CATALOGUE[_name][1], **_kw)
