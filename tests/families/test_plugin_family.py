@@ -59,9 +59,27 @@ def test_a_plugin_family_fits_evaluates_and_exports_from_the_command_line(plugin
     assert export.returncode == 0, export.stderr[-3000:]
     assert (tmp_path / "exported" / "config.json").is_file()
 
-    explain = _vitlab(plugin_env, "explain", str(run), "--evaluate", "--num-images", "2", cwd=tmp_path)
-    assert explain.returncode == 2, explain.stderr[-3000:]
-    assert "family 'toy_mixer' declares no explainer" in explain.stderr.splitlines()[0], explain.stderr
+    # a family that declares no explainer gets the generic one (vitlab.explain.hilrp: rules by operation type): LRP
+    # explains the mixer by construction; a method that needs declared attention is refused in one line
+    explain = _vitlab(
+        plugin_env, "explain", str(run), "--evaluate", "--num-images", "2", "--methods", "lrp", cwd=tmp_path
+    )
+    assert explain.returncode == 0, explain.stderr[-3000:]
+    assert (run / "explain" / "explain_evaluation.json").is_file()
+    refused = _vitlab(
+        plugin_env,
+        "explain",
+        str(run),
+        "--evaluate",
+        "--num-images",
+        "2",
+        "--methods",
+        "attention",
+        "--force",
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 2, (refused.stdout + refused.stderr)[-3000:]
+    assert "declares no CLS-token attention" in refused.stderr.splitlines()[0], refused.stderr
 
 
 @pytest.mark.parametrize(
