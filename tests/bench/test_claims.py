@@ -71,3 +71,25 @@ def test_the_budget_slopes_are_recomputed_from_the_per_run_files(claims, tmp_pat
     edited.write_text(readme.replace(expected, expected.replace("holds", "does not hold")))
     problems = claims.check(results, edited, ROOT / "docs" / "results.md")
     assert len(problems) == 1 and problems[0].startswith("cet-card-slope-swin")
+
+
+def test_a_claim_with_fewer_seeds_than_planned_is_pending_not_judged():
+    """A verdict on part of the registered seeds would be a peek: the claim stays pending until every seed is in."""
+    from benchmarks.reports.claims import Claim, Difference
+
+    def claim(planned):
+        return Claim(
+            "x",
+            "src",
+            "s",
+            "n",
+            "keeps",
+            "scale",
+            "cmd",
+            lambda: Difference([90.0, 91.0], [90.5, 91.5], paired=True),
+            planned=planned,
+        )
+
+    with pytest.raises(FileNotFoundError, match="2 of the 3 planned seeds"):
+        claim(3).compute()
+    assert claim(2).compute()["verdict"] == "holds"
