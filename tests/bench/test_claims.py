@@ -86,7 +86,7 @@ def test_a_claim_with_fewer_seeds_than_planned_is_pending_not_judged():
             "keeps",
             "scale",
             "cmd",
-            lambda: Difference([90.0, 91.0], [90.5, 91.5], paired=True),
+            lambda: Difference([90.5, 91.5], [90.0, 91.0], paired=True),
             planned=planned,
         )
 
