@@ -56,6 +56,9 @@ class Family:
     ``evaluation``: the metrics ``vitlab evaluate`` takes of a ``SlotAssigner``'s assignment ``S`` (a module, or an
     object, with ``image_metrics(S) -> {name: [B]}`` and ``report(metrics, labels, class_accuracy, class_names, seed)
     -> dict``, the ``assignment`` section of ``evaluation.json``); empty: none.
+    ``temperature``: model class name -> whether its attention has a temperature (tau) when the config does not set
+    ``model.temperature`` (the default of that option), read without torch by the check of ``dynamics.mode``; a class
+    not named is checked once built (``DynamicsPolicy.check``).
     ``bench_objective``: the training loss ``vitlab bench`` times for its models (``"module:function"``,
     ``(model, x, y) -> scalar``), what its task computes with the loss section's defaults; empty: the cross-entropy
     of the model's output, as for every classifier.
@@ -71,6 +74,7 @@ class Family:
     explainer: str | Any = ""
     evaluation: str | Any = ""
     bench_objective: str | Any = ""
+    temperature: Mapping[str, bool] = field(default_factory=dict)
 
     def model_classes(self) -> tuple[type, ...]:
         return tuple(resolve(ref) for ref in self.models)

@@ -264,6 +264,8 @@ class RunConfig:
         self.model = build_section(model_config_type(class_name), self.model, "model")
         check_model_sizes(self.model)
         self.loss = check_loss_section(class_name, self.loss)
+        if self.dynamics is not None:
+            self.dynamics.check_model(self.model)
 
 
 # -------------------------------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from vitlab.config.model import has_temperature
 from vitlab.errors import ConfigError
 
 DRIFT_UNITS = ("image", "patch")
@@ -14,6 +16,10 @@ MODES = ("schedule", "learn", "fixed")
 PROBE_TAUS = ("model", "unit")
 KAPPA_DTYPES = ("float64", "float32")
 FREEZE_SCOPES = ("qkv", "pattern")
+#: the modes that change tau, so need a temperature in every controlled module
+TAU_MODES = ("schedule", "learn")
+#: the remedy when they find none (here before torch, in ``DynamicsPolicy.check`` on the built model)
+TEMPERATURE_FIX = "build the model with temperature=true (e.g. model.temperature=true) or use dynamics.mode=fixed"
 
 
 @dataclass
@@ -205,3 +211,13 @@ class DynamicsConfig:
             problems.append(f"dynamics.burn_in must be >= 0 epochs, got {self.burn_in}")
         if problems:
             raise ConfigError("; ".join(problems))
+
+    def check_model(self, model: dict[str, Any]) -> None:
+        """Refuse, before torch is imported, a mode that changes tau for a model section whose attention has no
+        temperature (:func:`vitlab.config.model.has_temperature`); a class that declares nothing is left to
+        ``DynamicsPolicy.check`` on the built model."""
+        if self.mode in TAU_MODES and has_temperature(model) is False:
+            raise ConfigError(
+                f"dynamics.mode={self.mode!r} needs a temperature in every controlled module, but model "
+                f"{model['name']!r} is built without one; {TEMPERATURE_FIX}"
+            )

@@ -90,6 +90,10 @@ class SwinTransformerConfig(ImageModelConfig, total=False):
     dynamic_img_size: bool
 
 
+#: the core's model classes with a ``temperature`` option -> its default: whether their attention has a temperature
+#: (tau) when the config does not set ``model.temperature`` (a family declares its own in ``Family.temperature``)
+CORE_TEMPERATURE_DEFAULTS: dict[str, bool] = {"VisionTransformer": False}
+
 #: the core's model classes -> the type of their ``model`` section
 CORE_MODEL_CONFIGS: dict[str, type] = {
     "VisionTransformer": VisionTransformerConfig,
@@ -134,6 +138,19 @@ def model_class_name(model: Any) -> str:
                 f"model {name!r} ({cls}) has no option {key!r}.{hint} Valid options: {', '.join(sorted(valid))}"
             )
     return cls
+
+
+def has_temperature(model: dict[str, Any]) -> bool | None:
+    """Whether the attention of the model a checked ``model`` section builds has a temperature (tau), torch-free:
+    ``model.temperature`` where the section sets it, else its class's declared default
+    (:data:`CORE_TEMPERATURE_DEFAULTS`, ``Family.temperature``); None for a class that declares none."""
+    if "temperature" in model:
+        return bool(model["temperature"])
+    class_name = catalogue()[model["name"]][0]
+    if class_name in CORE_TEMPERATURE_DEFAULTS:
+        return CORE_TEMPERATURE_DEFAULTS[class_name]
+    family = family_of_class_name(class_name)
+    return family.temperature.get(class_name) if family else None
 
 
 def check_model_sizes(model: dict[str, Any]) -> None:

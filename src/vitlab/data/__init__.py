@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vitlab.data.config import AugmentConfig, DataConfig
+from vitlab.data.config import DATASETS, AugmentConfig, DataConfig, DataError
 from vitlab.lazy import lazy_exports
 
 if TYPE_CHECKING:
@@ -19,16 +19,8 @@ if TYPE_CHECKING:
         build_datamodule,
         split_indices,
     )
-    from vitlab.data.datasets import (
-        DATASETS,
-        DataError,
-        DatasetInfo,
-        DatasetNotFoundError,
-        DatasetSource,
-        dataset_info,
-        download_dataset,
-        load_dataset,
-    )
+    from vitlab.data.datasets import dataset_info, download_dataset, load_dataset
+    from vitlab.data.sources import DatasetInfo, DatasetNotFoundError, DatasetSource
     from vitlab.data.transforms import (
         BatchAugment,
         NormalizeCollate,
@@ -42,11 +34,9 @@ if TYPE_CHECKING:
 #: public name -> the module that defines it
 _LAZY = {
     "BatchAugment": "vitlab.data.transforms",
-    "DATASETS": "vitlab.data.datasets",
-    "DataError": "vitlab.data.datasets",
-    "DatasetInfo": "vitlab.data.datasets",
-    "DatasetNotFoundError": "vitlab.data.datasets",
-    "DatasetSource": "vitlab.data.datasets",
+    "DatasetInfo": "vitlab.data.sources",
+    "DatasetNotFoundError": "vitlab.data.sources",
+    "DatasetSource": "vitlab.data.sources",
     "EpochShuffleSampler": "vitlab.data.datamodule",
     "ImageSplit": "vitlab.data.datamodule",
     "NormalizeCollate": "vitlab.data.transforms",

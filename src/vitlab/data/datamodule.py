@@ -11,8 +11,9 @@ from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vitlab.data.config import DataConfig
-from vitlab.data.datasets import DataError, DatasetInfo, ImagePool, dataset_info, download_dataset, load_dataset
+from vitlab.data.config import DataConfig, DataError
+from vitlab.data.datasets import dataset_info, download_dataset, load_dataset
+from vitlab.data.sources import DatasetInfo, ImagePool
 from vitlab.data.transforms import NormalizeCollate, build_train_transform, channel_mean_std
 
 TEST_FRACTION = 0.2  # carved off the training set when a dataset ships no test split

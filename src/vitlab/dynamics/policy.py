@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from vitlab.config import from_dict
-from vitlab.config.dynamics import DynamicsConfig
+from vitlab.config.dynamics import TAU_MODES, TEMPERATURE_FIX, DynamicsConfig
 from vitlab.diagnostics.convergence import (
     ConvergenceTracker,
     calibrate_rho,
@@ -93,11 +93,10 @@ class DynamicsPolicy:
                 "one kind with dynamics.target"
             )
         has_temperature = [m.log_tau is not None for _, m in named]
-        if cfg.mode in ("schedule", "learn") and not all(has_temperature):
+        if cfg.mode in TAU_MODES and not all(has_temperature):
             raise ConfigError(
                 f"dynamics.mode={cfg.mode!r} needs a temperature in every controlled module, but "
-                f"{[n for (n, _), t in zip(named, has_temperature, strict=True) if not t]} have none; build the model "
-                "with temperature=true (e.g. model.temperature=true) or use dynamics.mode=fixed"
+                f"{[n for (n, _), t in zip(named, has_temperature, strict=True) if not t]} have none; {TEMPERATURE_FIX}"
             )
         grid = _model_attribute(model, "grid_size")
         if grid is None:

@@ -4,15 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.families.cet_vit.model import (
-    CETViT,
-    MicroEncoder,
-    dynamic_k_assignment,
-    param_breakdown,
-    pool_slots,
-    slot_usage_k,
-    topk_softmax,
-)
+from vitlab.families.cet_vit.model import CETViT, param_breakdown
+from vitlab.families.cet_vit.parts import MicroEncoder
+from vitlab.families.cet_vit.slots import dynamic_k_assignment, pool_slots, slot_usage_k, topk_softmax
 from vitlab.layers import capture_attention
 from vitlab.models import create_model
 

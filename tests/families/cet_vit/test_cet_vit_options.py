@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from vitlab.families.cet_vit.ei import ei_terms, ei_weight
 from vitlab.families.cet_vit.grouping import grouping_ablation
-from vitlab.families.cet_vit.model import ablate_assignment, exact_k_targets, topk_softmax
+from vitlab.families.cet_vit.slots import ablate_assignment, exact_k_targets, topk_softmax
 from vitlab.models import create_model
 
 
@@ -240,7 +240,7 @@ def test_grouping_none_trains_through_the_cet_task():
 
 
 def test_topk_margin_is_the_gap_between_the_kth_and_the_next_logit():
-    from vitlab.families.cet_vit.model import topk_margin
+    from vitlab.families.cet_vit.slots import topk_margin
 
     logits = torch.tensor([[[5.0, 1.0, 3.0, 2.5], [0.0, 0.0, 4.0, 1.0]]])  # one image, two tokens, 4 slots
     # k = 2: token 0 keeps 5 and 3, next 2.5 -> 0.5; token 1 keeps 4 and 1, next 0 -> 1.0
@@ -250,7 +250,7 @@ def test_topk_margin_is_the_gap_between_the_kth_and_the_next_logit():
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`:UserWarning")  # no Trainer attached
 def test_the_cet_task_reports_the_vceo_margin_of_its_assignment_logits():
     from vitlab.config import build_config
-    from vitlab.families.cet_vit.model import topk_margin
+    from vitlab.families.cet_vit.slots import topk_margin
     from vitlab.families.cet_vit.task import CETViTTask
 
     model = _pico().eval()

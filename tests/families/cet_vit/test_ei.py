@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from vitlab.families.cet_vit import probes
 from vitlab.families.cet_vit.ei import assignment_singular_values, ei_terms, ei_weight, macro_degeneracy, reversibility
-from vitlab.families.cet_vit.model import topk_softmax
+from vitlab.families.cet_vit.slots import topk_softmax
 
 N, K = 256, 32
 

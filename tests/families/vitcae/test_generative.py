@@ -16,15 +16,14 @@ from vitlab.cli.main import main
 from vitlab.config import RunConfig, dump_yaml
 from vitlab.data import DataConfig, build_datamodule
 from vitlab.export import export_model
-from vitlab.families.vitcae.generative import (
+from vitlab.families.vitcae.generative import inpainting_task, run_generative_tasks
+from vitlab.families.vitcae.pieces import (
     GRID_FILES,
     choose_interpolation_pairs,
     fit_class_gaussians,
-    inpainting_task,
     interpolate_latents,
     patch_mask_to_pixels,
     random_patch_mask,
-    run_generative_tasks,
     sample_class_latents,
     save_image_grid,
     ssim_window,
@@ -168,7 +167,7 @@ def test_inpainting_psnr_and_mean_fill_baseline_by_hand(tmp_path):
 
 
 def test_prior_fill_keeps_the_known_pixels_and_decodes_the_prior_mean_in_the_masked_patches():
-    from vitlab.families.vitcae.generative import prior_fill
+    from vitlab.families.vitcae.pieces import prior_fill
 
     torch.manual_seed(0)
     model = tiny_vitcae().eval()
@@ -184,7 +183,7 @@ def test_prior_fill_keeps_the_known_pixels_and_decodes_the_prior_mean_in_the_mas
 
 
 def test_path_measures_by_hand():
-    from vitlab.families.vitcae.generative import path_measures
+    from vitlab.families.vitcae.pieces import path_measures
 
     class Identity(nn.Module):  # encodes an image to its first two pixels, so the latent path is checkable
         def __init__(self):

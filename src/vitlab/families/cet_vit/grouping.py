@@ -3,7 +3,7 @@
 
 The learned assignment ``S`` is replaced at test time by a random top-k (each token keeps its own top-k weights on
 ``k`` slots drawn at random) or by the uniform assignment (every token spread over all slots, so all macro tokens
-are equal), with the weights left alone (:func:`vitlab.families.cet_vit.model.ablate_assignment`). The accuracy lost is
+are equal), with the weights left alone (:func:`vitlab.families.cet_vit.slots.ablate_assignment`). The accuracy lost is
 what the learned grouping contributes; slot-usage K (card, Disclosure 1) is reported beside it.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.families.cet_vit.model import ASSIGNMENT_ABLATIONS
+from vitlab.families.cet_vit.slots import ASSIGNMENT_ABLATIONS
 
 
 @torch.no_grad()

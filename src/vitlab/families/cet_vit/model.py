@@ -29,7 +29,6 @@ model (evaluation, TTA, calibration, attention capture call ``model(x)``). A tra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,8 +38,9 @@ from torch import nn
 
 from vitlab.families.cet_vit import baselines  # noqa: F401 (registers the size-matched baselines)
 from vitlab.families.cet_vit.ei import EIVariant, ei_terms
-from vitlab.families.cet_vit.options import DYNAMIC_K_MODES, GROUPINGS, POS_EMBEDS, SELECT_GRADS, check_options
-from vitlab.families.cet_vit.outputs import CETViTAux
+from vitlab.families.cet_vit.features import FeatureTaps
+from vitlab.families.cet_vit.options import check_options
+from vitlab.families.cet_vit.outputs import CETViTAux, Encoded
 from vitlab.families.cet_vit.parts import (
     VCEO,
     CrossScaleAttention,
@@ -49,47 +49,23 @@ from vitlab.families.cet_vit.parts import (
     MacroEncoder,
     MicroEncoder,
     MicroInputSize,
-    PreNormCrossAttention,
 )
 from vitlab.families.cet_vit.presets import DESCRIPTIONS, PRESETS
 from vitlab.families.cet_vit.slots import (
-    ASSIGNMENT_ABLATIONS,
-    POOLS,
     ablate_assignment,
-    dense_straight_through,
-    dynamic_k_assignment,
-    exact_k_targets,
     occupied_slots,
     pool_slots,
     slot_usage_k,
     topk_margin,
-    topk_softmax,
 )
 from vitlab.layers import Block, PatchEmbed, trunc_normal_
-from vitlab.models.contract import ModelContract, check_output_fmt, tokens_to_maps
+from vitlab.models.contract import ModelContract
 from vitlab.models.registry import register_preset
 from vitlab.models.sizing import parameter_count
 from vitlab.models.vit import check_patch_grid
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The model
-# ------------------------------------------------------------------------------------------------------------------
-@dataclass
-class _Encoded:
-    """Intermediate results of one CET-ViT pass (``CETViT._encode``)."""
-
-    tokens: torch.Tensor  # [B, N + K, D]
-    S: torch.Tensor
-    h_macro: torch.Tensor
-    occupied: torch.Tensor | None
-    micro: torch.Tensor  # [B, N, D] the projected micro tokens entering the part after the V-CEO
-    assign_logits: torch.Tensor  # [B, N, K_max]
-    choice: torch.Tensor | None = None
-    k_logits: torch.Tensor | None = None
-
-
-class CETViT(MicroInputSize, ModelContract, nn.Module):
+class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
     """CET-ViT classifier (CET-ViT v4 model card: "Architecture"). ``x: [B, C, H, W] -> logits [B, num_classes]``.
 
     timm's model contract (:mod:`vitlab.models.contract`): ``forward_features`` -> ``forward_head``;
@@ -377,12 +353,12 @@ class CETViT(MicroInputSize, ModelContract, nn.Module):
 
     def _encode(
         self, x: torch.Tensor, force_choice: torch.Tensor | None = None, taps: list[torch.Tensor] | None = None
-    ) -> _Encoded:
+    ) -> Encoded:
         """One pass; ``force_choice: [B, C]`` one-hot overrides the Dynamic-K estimator's choice; ``taps`` receives
         the outputs that ``feature_info`` lists, in its order."""
         h_micro = self.micro_tokens(x, taps)  # [B, N, C]
         if self.grouping == "none":
-            return _Encoded(h_micro, None, None, None, h_micro, None)
+            return Encoded(h_micro, None, None, None, h_micro, None)
         logits = self.v_ceo.logits(h_micro)
         choice = k_logits = None
         if self.k_estimator is None:
@@ -395,10 +371,10 @@ class CETViT(MicroInputSize, ModelContract, nn.Module):
         S = ablate_assignment(S, self.assignment_ablation, self.v_ceo.topk)
         micro = self.fusion_proj(h_micro)  # [B, N, D]
         tokens, h_macro, occupied = self._after_vceo(micro, S, taps)
-        return _Encoded(tokens, S, h_macro, occupied, micro, logits, choice, k_logits)
+        return Encoded(tokens, S, h_macro, occupied, micro, logits, choice, k_logits)
 
     @torch.no_grad()
-    def candidate_logits(self, encoded: _Encoded) -> torch.Tensor:
+    def candidate_logits(self, encoded: Encoded) -> torch.Tensor:
         """``[C, B, classes]``: every image's logits with its assignment restricted to each candidate budget.
 
         The part after the V-CEO runs once per candidate from the same micro tokens, without gradient and with
@@ -428,78 +404,6 @@ class CETViT(MicroInputSize, ModelContract, nn.Module):
         """``[B, C, H, W] -> [B, N + K_max, D]``: the fused micro tokens followed by the macro tokens
         (``grouping: none``: ``[B, N, C]``, the micro tokens)."""
         return self._encode(x).tokens
-
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | Sequence[int] | None = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Final features (``forward_features``) and the token streams at the taps ``indices`` of ``feature_info``
-        (timm's: None all, an int the last ``n``, a list those): see the class docstring for the streams.
-
-        ``output_fmt="NCHW"``: maps ``[B, C, G, G]``; ``"NLC"``: tokens (micro and fused ``[B, N, C]``, macro the
-        slots ``[B, K_max, D]``). The whole pass runs whatever ``stop_early`` says (the fused stream needs the macro
-        one). CET-ViT has no norm over its tokens, so ``norm=True`` is refused.
-        """
-        check_output_fmt(output_fmt)
-        if norm:
-            raise ValueError(
-                "CET-ViT has no final norm over its tokens (its head normalises the pooled streams); use norm=False"
-            )
-        take, _ = self.take_indices(len(self.feature_info), indices)
-        taps: list[torch.Tensor] = []
-        grid, enc = self.patch_embed.dynamic_feat_size(x.shape[-2:]), self._encode(x, taps=taps)
-        inter = []
-        for i in take:
-            y, stream = taps[i], self.feature_info[i]["stream"]
-            y = y.flatten(1, 2) if y.ndim == 4 else y  # the micro stages' [B, G, G, C]
-            if output_fmt == "NCHW":
-                y = tokens_to_maps(enc.S @ y if stream == "macro" else y, grid)
-            inter.append(y)
-        return inter if intermediates_only else (enc.tokens, inter)
-
-    def prune_intermediate_layers(
-        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """Drop the DeepEncoder blocks after the last tap of ``indices``. With ``prune_head`` the model becomes a
-        feature extractor (timm's ``features_only``): ``forward`` returns the tokens (``global_pool=""``), and every
-        part no tap reads goes: the head, the cross-scale update of the slots (only the head reads it), and what
-        follows the last tap (later micro stages; with micro taps only, the V-CEO and everything after it, which
-        leaves the ``grouping: none`` model; later macro blocks, the cross-scale attention and the DeepEncoder), so
-        each parameter left gets a gradient and DDP needs no ``find_unused_parameters``. ``prune_norm`` changes
-        nothing (there is no final token norm). Returns the absolute indices."""
-        take, last = self.take_indices(len(self.feature_info), indices)
-        streams = [info["stream"] for info in self.feature_info]
-        if self.grouping != "none":
-            first_deep = len(self.feature_info) - len(self.deep_encoder)
-            self.deep_encoder = self.deep_encoder[: max(0, last - first_deep + 1)]
-            self.feature_info = self.feature_info[: first_deep + len(self.deep_encoder)]
-        if prune_head:
-            self.reset_classifier(0, "")
-            self.head = nn.Identity()
-            self._prune_before(streams, last)
-            self.feature_info = self.feature_info[: last + 1]
-        return take
-
-    def _prune_before(self, streams: list[str], last: int) -> None:
-        """:meth:`prune_intermediate_layers` with ``prune_head``: the parts after tap ``last`` (``streams``: the
-        stream of each tap of ``feature_info``), which no tap reads."""
-        micro = streams.count("micro")
-        if last < micro:
-            self.micro_encoder.stages = self.micro_encoder.stages[: last + 1]
-            self.micro_encoder.widen = self.micro_encoder.widen[: last + 1]
-            for name in ("v_ceo", "k_estimator", "fusion_proj", "macro_encoder", "cross_scale"):
-                setattr(self, name, None)
-            self.grouping, self.deep_encoder = "none", nn.ModuleList()
-        elif streams[last] == "macro":
-            self.macro_encoder.blocks = self.macro_encoder.blocks[: last - micro + 1]
-            self.cross_scale, self.deep_encoder = None, nn.ModuleList()
-        elif self.cross_scale is not None:
-            self.cross_scale.macro_from_micro = None
 
     def forward_head(
         self, x: torch.Tensor, pre_logits: bool = False, occupied: torch.Tensor | None = None
@@ -573,32 +477,3 @@ def param_breakdown(model: CETViT) -> dict[str, int]:
 
 for _name, _kw in PRESETS.items():
     register_preset(_name, CETViT, DESCRIPTIONS[_name], **_kw)
-
-__all__ = [
-    "ASSIGNMENT_ABLATIONS",
-    "DYNAMIC_K_MODES",
-    "GROUPINGS",
-    "POOLS",
-    "POS_EMBEDS",
-    "PRESETS",
-    "SELECT_GRADS",
-    "VCEO",
-    "CETViT",
-    "CETViTAux",
-    "CrossScaleAttention",
-    "DynamicKEstimator",
-    "FusionHead",
-    "MacroEncoder",
-    "MicroEncoder",
-    "PreNormCrossAttention",
-    "ablate_assignment",
-    "dense_straight_through",
-    "dynamic_k_assignment",
-    "exact_k_targets",
-    "occupied_slots",
-    "param_breakdown",
-    "pool_slots",
-    "slot_usage_k",
-    "topk_margin",
-    "topk_softmax",
-]

@@ -1,5 +1,6 @@
 """What :meth:`CETViT.forward_with_aux <vitlab.families.cet_vit.model.CETViT.forward_with_aux>` returns next to
-the logits: the assignment, the macro tokens, the EI terms and the Dynamic-K record."""
+the logits (the assignment, the macro tokens, the EI terms and the Dynamic-K record), and what one pass keeps on the
+way (:class:`Encoded`)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,17 @@ class CETViTAux:
     def regularization(self, lambda_ei: float, lambda_k: float) -> torch.Tensor:
         """``lambda_ei * ei_loss + lambda_k * k_cost``: the term a training task adds to the cross-entropy."""
         return lambda_ei * self.ei_loss + lambda_k * self.k_cost
+
+
+@dataclass
+class Encoded:
+    """Intermediate results of one CET-ViT pass (``CETViT._encode``; :meth:`CETViT.candidate_logits` reads it again)."""
+
+    tokens: torch.Tensor  # [B, N + K, D]
+    S: torch.Tensor
+    h_macro: torch.Tensor
+    occupied: torch.Tensor | None
+    micro: torch.Tensor  # [B, N, D] the projected micro tokens entering the part after the V-CEO
+    assign_logits: torch.Tensor  # [B, N, K_max]
+    choice: torch.Tensor | None = None
+    k_logits: torch.Tensor | None = None

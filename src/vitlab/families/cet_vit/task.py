@@ -12,7 +12,7 @@ from vitlab.config import RunConfig
 from vitlab.config.loss import build_loss
 from vitlab.families.cet_vit.config import CETLossConfig
 from vitlab.families.cet_vit.ei import ei_weight
-from vitlab.families.cet_vit.model import exact_k_targets
+from vitlab.families.cet_vit.slots import exact_k_targets
 from vitlab.training.tasks import ClassificationTask
 
 

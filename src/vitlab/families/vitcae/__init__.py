@@ -20,5 +20,6 @@ FAMILY = register_family(
         commands=("vitlab.families.vitcae.commands",),
         report_sections=("vitlab.families.vitcae.report:generate_section",),
         explainer="vitlab.families.vitcae.explain:explainer",
+        temperature={"ViTCAE": True},
     )
 )

@@ -30,7 +30,8 @@ def _generate(p: argparse.ArgumentParser) -> Runner:
         from vitlab.data import build_datamodule
         from vitlab.errors import ConfigError
         from vitlab.export import load_model
-        from vitlab.families.vitcae.generative import GRID_FILES, run_generative_tasks
+        from vitlab.families.vitcae.generative import run_generative_tasks
+        from vitlab.families.vitcae.pieces import GRID_FILES
         from vitlab.models.protocols import GenerativeModel
         from vitlab.rundir import GENERATE_DIR, GENERATE_METRICS_FILE, RunDir, check_outputs
 

@@ -54,7 +54,6 @@ from vitlab.data import ImageSplit, NormalizeCollate, VisionDataModule, denormal
 from vitlab.families.vitcae.model import ViTCAE
 from vitlab.families.vitcae.pieces import (
     CHUNK,
-    GRID_CELL_PIXELS,
     GRID_FILES,
     GRID_MAX_CLASSES,
     GRID_SAMPLES_PER_CLASS,
@@ -64,12 +63,9 @@ from vitlab.families.vitcae.pieces import (
     INTERPOLATION_GRID_PAIRS,
     INTERPOLATION_PAIRS,
     INTERPOLATION_STEPS,
-    JUDGE_EPOCHS,
-    JUDGE_MIN_STEPS,
     PIXEL_JUDGE_MAX_IMAGES,
     RECONSTRUCTION_GRID_IMAGES,
     SAMPLES_PER_CLASS,
-    SKLEARN_MAX_ITER,
     Batches,
     ClassGaussians,
     ConvJudge,
@@ -82,6 +78,8 @@ from vitlab.families.vitcae.pieces import (
     judge_accuracy,
     linear_probe_accuracy,
     patch_mask_to_pixels,
+    path_measures,
+    prior_fill,
     random_patch_mask,
     sample_class_latents,
     sample_conditional_patches,
@@ -261,38 +259,6 @@ def interpolation_task(
 
 
 @torch.no_grad()
-def path_measures(
-    model: ViTCAE,
-    frames: Tensor,
-    path_latents: Tensor,
-    judge: ConvJudge,
-    start_labels: Tensor,
-    end_labels: Tensor,
-    mean: Sequence[float],
-    std: Sequence[float],
-) -> dict[str, float]:
-    """The interpolation measured on its path (task 3). ``frames: [P, T, C, H, W]`` in [0, 1] decoded from
-    ``path_latents: [P, T, d_z]``; the end classes ``[P]``. See the module docstring for the three numbers."""
-    pairs, steps = frames.shape[:2]
-    device = next(model.parameters()).device
-    flat = frames.flatten(0, 1)
-    encoded = torch.cat([model.encode(normalize(c.to(device), mean, std)).mu_cls.cpu() for c in flat.split(CHUNK)])
-    encoded = encoded.view(pairs, steps, -1)
-    length = (path_latents[:, -1] - path_latents[:, 0]).norm(dim=-1).clamp_min(1e-12)  # [P]
-    inner = slice(1, steps - 1)
-    latent_error = (encoded[:, inner] - path_latents[:, inner]).norm(dim=-1) / length.unsqueeze(1)
-    predicted = judge.predict(flat).view(pairs, steps)[:, inner]
-    at_an_end = (predicted == start_labels.unsqueeze(1)) | (predicted == end_labels.unsqueeze(1))
-    step_sizes = (frames[:, 1:] - frames[:, :-1]).flatten(2).pow(2).mean(-1).sqrt()  # [P, T - 1]
-    share = step_sizes.max(dim=1).values / step_sizes.sum(dim=1).clamp_min(1e-12)
-    return {
-        "interpolation/path_latent_error": float(latent_error.mean()),
-        "interpolation/path_endpoint_classes": float(at_an_end.float().mean()),
-        "interpolation/path_max_step_share": float(share.mean()),
-    }
-
-
-@torch.no_grad()
 def inpainting_task(
     model: nn.Module,
     batches: Batches,
@@ -355,18 +321,6 @@ def inpainting_task(
         metrics[f"inpainting/{name}_psnr"] = values[name]
         metrics[f"inpainting/{name}_psnr_gain"] = values[name] - baseline
     return metrics
-
-
-@torch.no_grad()
-def prior_fill(model: ViTCAE, x: Tensor, patch_mask: Tensor, pixel_mask: Tensor) -> Tensor:
-    """One inpainting pass that uses the generative model: encode ``x`` (normalised, ``[B, C, H, W]``), replace
-    the latents of the masked patches (``patch_mask: [B, N]``) by the conditional prior mean ``mu_hat_pt(mu_cls)``,
-    decode, and paste the unmasked pixels of ``x`` back (``pixel_mask: [B, 1, H, W]``, True = masked)."""
-    post = model.encode(x)
-    prior_mu, _ = model.prior(post.mu_cls)
-    z_pt = torch.where(patch_mask.unsqueeze(-1), prior_mu, post.mu_pt)
-    decoded = model.decode(post.mu_cls, z_pt)
-    return torch.where(pixel_mask, decoded, x)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -496,49 +450,3 @@ def run_generative_tasks(
         stage(None)
     atomic_write_json(out_dir / GENERATE_METRICS_FILE, metrics)
     return metrics
-
-
-__all__ = [
-    "CHUNK",
-    "GRID_CELL_PIXELS",
-    "GRID_FILES",
-    "GRID_MAX_CLASSES",
-    "GRID_SAMPLES_PER_CLASS",
-    "INPAINTING_GRID_IMAGES",
-    "INPAINTING_ITERATIONS",
-    "INPAINTING_MASK_RATIO",
-    "INTERPOLATION_GRID_PAIRS",
-    "INTERPOLATION_PAIRS",
-    "INTERPOLATION_STEPS",
-    "JUDGE_EPOCHS",
-    "JUDGE_MIN_STEPS",
-    "PIXEL_JUDGE_MAX_IMAGES",
-    "RECONSTRUCTION_GRID_IMAGES",
-    "SAMPLES_PER_CLASS",
-    "SKLEARN_MAX_ITER",
-    "Batches",
-    "ClassGaussians",
-    "ConvJudge",
-    "EncodedSplit",
-    "choose_interpolation_pairs",
-    "conditional_generation_task",
-    "encode_split",
-    "fit_class_gaussians",
-    "fit_pixel_judge",
-    "inpainting_task",
-    "interpolate_latents",
-    "interpolation_task",
-    "judge_accuracy",
-    "linear_probe_accuracy",
-    "patch_mask_to_pixels",
-    "path_measures",
-    "prior_fill",
-    "random_patch_mask",
-    "reconstruction_task",
-    "run_generative_tasks",
-    "sample_class_latents",
-    "sample_conditional_patches",
-    "save_image_grid",
-    "ssim_window",
-    "take_images",
-]

@@ -20,7 +20,7 @@ from sklearn.preprocessing import StandardScaler
 from torch import Tensor, nn
 from torchvision.utils import make_grid
 
-from vitlab.data import denormalize
+from vitlab.data import denormalize, normalize
 from vitlab.families.vitcae.model import ViTCAE
 from vitlab.rundir import save_figure
 
@@ -180,6 +180,18 @@ def patch_mask_to_pixels(mask: Tensor, grid_size: tuple[int, int], patch_size: i
         raise ValueError(f"a {grid_h}x{grid_w} patch grid needs masks [B, {grid_h * grid_w}], got {list(mask.shape)}")
     grid = mask.view(-1, 1, grid_h, grid_w)
     return grid.repeat_interleave(patch_size, dim=2).repeat_interleave(patch_size, dim=3)
+
+
+@torch.no_grad()
+def prior_fill(model: ViTCAE, x: Tensor, patch_mask: Tensor, pixel_mask: Tensor) -> Tensor:
+    """One inpainting pass that uses the generative model: encode ``x`` (normalised, ``[B, C, H, W]``), replace
+    the latents of the masked patches (``patch_mask: [B, N]``) by the conditional prior mean ``mu_hat_pt(mu_cls)``,
+    decode, and paste the unmasked pixels of ``x`` back (``pixel_mask: [B, 1, H, W]``, True = masked)."""
+    post = model.encode(x)
+    prior_mu, _ = model.prior(post.mu_cls)
+    z_pt = torch.where(patch_mask.unsqueeze(-1), prior_mu, post.mu_pt)
+    decoded = model.decode(post.mu_cls, z_pt)
+    return torch.where(pixel_mask, decoded, x)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -356,6 +368,39 @@ def _train_judge(
 def judge_accuracy(judge: ConvJudge, images: Tensor, labels: Tensor) -> float:
     """Accuracy of a fitted judge on ``images: [N, C, H, W]`` in [0, 1] with true ``labels: [N]``."""
     return float((judge.predict(images) == labels.cpu()).float().mean())
+
+
+@torch.no_grad()
+def path_measures(
+    model: ViTCAE,
+    frames: Tensor,
+    path_latents: Tensor,
+    judge: ConvJudge,
+    start_labels: Tensor,
+    end_labels: Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> dict[str, float]:
+    """The interpolation measured on its path (task 3 of :mod:`vitlab.families.vitcae.generative`, whose docstring
+    gives the three numbers). ``frames: [P, T, C, H, W]`` in [0, 1] decoded from ``path_latents: [P, T, d_z]``; the
+    end classes ``[P]``."""
+    pairs, steps = frames.shape[:2]
+    device = next(model.parameters()).device
+    flat = frames.flatten(0, 1)
+    encoded = torch.cat([model.encode(normalize(c.to(device), mean, std)).mu_cls.cpu() for c in flat.split(CHUNK)])
+    encoded = encoded.view(pairs, steps, -1)
+    length = (path_latents[:, -1] - path_latents[:, 0]).norm(dim=-1).clamp_min(1e-12)  # [P]
+    inner = slice(1, steps - 1)
+    latent_error = (encoded[:, inner] - path_latents[:, inner]).norm(dim=-1) / length.unsqueeze(1)
+    predicted = judge.predict(flat).view(pairs, steps)[:, inner]
+    at_an_end = (predicted == start_labels.unsqueeze(1)) | (predicted == end_labels.unsqueeze(1))
+    step_sizes = (frames[:, 1:] - frames[:, :-1]).flatten(2).pow(2).mean(-1).sqrt()  # [P, T - 1]
+    share = step_sizes.max(dim=1).values / step_sizes.sum(dim=1).clamp_min(1e-12)
+    return {
+        "interpolation/path_latent_error": float(latent_error.mean()),
+        "interpolation/path_endpoint_classes": float(at_an_end.float().mean()),
+        "interpolation/path_max_step_share": float(share.mean()),
+    }
 
 
 def linear_probe_accuracy(train: EncodedSplit, test: EncodedSplit, seed: int = 0) -> float:

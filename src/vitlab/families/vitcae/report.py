@@ -9,7 +9,7 @@ from vitlab.report.page import Facts, Figure, Figures, Section
 from vitlab.report.record import RunRecord
 from vitlab.rundir import GENERATE_DIR
 
-#: the ViTCAE grids of ``generate/`` (the files of ``vitlab.families.vitcae.generative.GRID_FILES``) and their captions
+#: the ViTCAE grids of ``generate/`` (the files of ``vitlab.families.vitcae.pieces.GRID_FILES``) and their captions
 GRID_CAPTIONS = {
     "reconstruction": "Reconstruction: test images and their reconstructions.",
     "conditional": "Class-conditional samples, one row per class.",
@@ -19,7 +19,7 @@ GRID_CAPTIONS = {
 
 
 def generate_section(run: RunRecord) -> Section | None:
-    from vitlab.families.vitcae.generative import GRID_FILES
+    from vitlab.families.vitcae.pieces import GRID_FILES
 
     figures = []
     for task, file in GRID_FILES.items():
