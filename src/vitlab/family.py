@@ -110,7 +110,6 @@ def families() -> Iterator[Family]:
     """Every declared family, the built-in ones first."""
     global _loaded
     if not _loaded:
-        _loaded = True
         package = import_module(BUILTIN_PACKAGE)
         for info in iter_modules(package.__path__, f"{BUILTIN_PACKAGE}."):
             import_module(info.name)
@@ -118,6 +117,7 @@ def families() -> Iterator[Family]:
             declared = entry_point.load()
             if isinstance(declared, Family):
                 register_family(declared)
+        _loaded = True  # after every family loaded: a failure is raised again on the next call, not half-hidden
     yield from list(_FAMILIES.values())
 
 

@@ -271,3 +271,28 @@ def test_vitlab_swin_swaps_with_timms_swin():
         theirs.reset_classifier(0, "")
         assert ours(x).shape == theirs(x).shape == (2, *ours.default_cfg["pool_size"], ours.num_features)
     assert ours.output_fmt == theirs.output_fmt == "NHWC"
+
+
+def test_a_find_spec_of_timm_before_its_import_does_not_use_up_the_registration():
+    """``importlib.util.find_spec("timm")`` (how packages ask whether timm is installed) loads nothing; the import
+    after it still registers vitlab's presets."""
+    code = (
+        "import importlib.util, vitlab; importlib.util.find_spec('timm'); import timm; "
+        "print(len(timm.list_models('vitlab_*')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout.strip()) > 0, out.stderr
+
+
+def test_a_failing_after_import_hook_warns_and_the_import_goes_on():
+    code = (
+        "import warnings, sys; from vitlab.lazy import after_import\n"
+        "assert 'colorsys' not in sys.modules\n"
+        "after_import('colorsys', lambda: 1 / 0)\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import colorsys\n"
+        "print(colorsys.rgb_to_hsv(1, 0, 0), [str(w.message) for w in seen])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "(0.0, 1.0, 1)" in out.stdout and "hook after importing colorsys failed" in out.stdout, out.stdout

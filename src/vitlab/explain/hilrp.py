@@ -64,6 +64,13 @@ class Variant:
     epsilon: float = 1e-2
     gamma: float = 0.25
 
+    def __post_init__(self) -> None:
+        if self.linear not in ("zero", "epsilon", "gamma") or self.softmax not in ("attnlrp", "constant"):
+            raise ValueError(
+                f"Variant(linear={self.linear!r}, softmax={self.softmax!r}): linear must be zero, epsilon or gamma "
+                "and softmax attnlrp or constant"
+            )
+
 
 @dataclass
 class Ledger:
@@ -278,7 +285,10 @@ def _einsum(mode: RelevanceMode, name: str, args, kwargs):
     ops = list(ops[0]) if len(ops) == 1 and isinstance(ops[0], list | tuple) else ops
     live = [i for i, t in enumerate(ops) if _live(t)]
     if len(live) > 2:
-        raise UnsupportedOperation(f"no relevance rule for an einsum of {len(live)} relevance-carrying operands")
+        raise UnsupportedOperation(
+            f"no relevance rule for an einsum of {len(live)} relevance-carrying operands; write it as products of two "
+            "operands, or use a gradient method (saliency, input_x_gradient)"
+        )
     if len(live) < 2:
         return torch.einsum(eq, *ops)
     i, j = live
@@ -326,8 +336,9 @@ def _linear(mode: RelevanceMode, name: str, args, kwargs):
     x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
     extra = {k: v for k, v in kwargs.items() if k not in ("weight", "bias")}
-    if name != "linear":
-        for key, value in zip(("stride", "padding", "dilation", "groups"), args[3:], strict=False):
+    if name != "linear":  # F.conv*(x, w, b, stride, padding, dilation, groups); the transposes order theirs otherwise
+        order = ("stride", "padding", "output_padding", "groups", "dilation") if "transpose" in name else None
+        for key, value in zip(order or ("stride", "padding", "dilation", "groups"), args[3:], strict=False):
             extra[key] = value
     return mode.affine(getattr(F, name), x, weight, bias, **extra)
 

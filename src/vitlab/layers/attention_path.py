@@ -199,8 +199,9 @@ def cpu_clock() -> Callable[[], float]:
 
 def _measurable(x: torch.Tensor) -> bool:
     """Whether timing candidates on ``x`` means anything: not while compiling or ``torch.fx`` tracing, not under a
-    dispatch mode (a FLOP counter would count every candidate), not on the meta device."""
-    if torch.compiler.is_compiling() or is_fx_symbolic_tracing():
+    dispatch mode (a FLOP counter would count every candidate) or a torch-function mode (an explanation's relevance
+    rules: what they time is not the kernel, and the choice would be kept for the machine), not on the meta device."""
+    if torch.compiler.is_compiling() or is_fx_symbolic_tracing() or torch._C._len_torch_function_stack() > 0:
         return False
     return not (_get_current_dispatch_mode() is not None or x.device.type == "meta")
 

@@ -9,8 +9,8 @@ from typing import Literal
 from vitlab.config.model import ImageModelConfig
 
 #: the values of CET-ViT's string options (``vitlab.families.cet_vit.options`` checks the model's with these; the
-#: pooling, EI variant and degeneracy slots are the core's ``layers.slots.POOLS``, ``losses.ei.EI_VARIANTS`` and
-#: ``DEGEN_SLOTS``, which ``tests/config/test_model_section.py`` keeps equal to them)
+#: pooling, EI variant and degeneracy slots are the family's ``slots.POOLS``, ``ei.EI_VARIANTS`` and ``DEGEN_SLOTS``,
+#: which ``tests/config/test_model_section.py`` keeps equal to them)
 DynamicK = Literal["none", "gumbel", "exact"]
 PosEmbed = Literal["none", "learned"]
 SelectGrad = Literal["hard", "dense_st"]
