@@ -23,6 +23,29 @@ METHOD_NAMES = (
 )  # fmt: skip
 
 
+def _check_target(args: argparse.Namespace) -> None:
+    """What explain works on: a run (``RUN_OR_EXPORT``) or ``--model timm:NAME`` (then the positional target, if
+    any, is the first image), checked before anything loads."""
+    from vitlab.errors import ConfigError
+
+    if args.model:
+        if not args.model.startswith("timm:"):
+            raise ConfigError(f"--model takes timm:NAME, got {args.model!r}; pass a run directory as RUN_OR_EXPORT")
+        if args.evaluate:
+            raise ConfigError("--evaluate reads a run's test set; pass a run directory instead of --model")
+        args.images = [args.target, *args.images] if args.target else args.images
+        args.target = args.model
+    elif args.weights or args.img_size:
+        raise ConfigError("--weights and --img-size belong to --model timm:NAME; a run directory has its own")
+    if not args.target:
+        raise ConfigError("name a run directory (RUN_OR_EXPORT) or a timm model (--model timm:NAME --weights FILE)")
+    if args.evaluate:
+        if args.images or args.method:
+            raise ConfigError("--evaluate reads the run's test set; drop IMAGES and --method (use --methods)")
+        if args.num_images < 1:
+            raise ConfigError(f"--num-images must be at least 1, got {args.num_images}")
+
+
 @command("explain", "explanation maps (attention, rollout, LRP, Grad-CAM, integrated gradients) and their faithfulness")
 def _explain(p: argparse.ArgumentParser) -> Runner:
     p.add_argument(
@@ -57,22 +80,8 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
         names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
         if names is not None and not all(names):
             raise ConfigError(f"--class-names has an empty name: {args.class_names!r}; separate names by commas")
-        if args.model:
-            if not args.model.startswith("timm:"):
-                raise ConfigError(f"--model takes timm:NAME, got {args.model!r}; pass a run directory as RUN_OR_EXPORT")
-            if args.evaluate:
-                raise ConfigError("--evaluate reads a run's test set; pass a run directory instead of --model")
-            args.images = [args.target, *args.images] if args.target else args.images
-            args.target = args.model
-        elif args.weights or args.img_size:
-            raise ConfigError("--weights and --img-size belong to --model timm:NAME; a run directory has its own")
-        if not args.target:
-            raise ConfigError("name a run directory (RUN_OR_EXPORT) or a timm model (--model timm:NAME --weights FILE)")
+        _check_target(args)
         if args.evaluate:
-            if args.images or args.method:
-                raise ConfigError("--evaluate reads the run's test set; drop IMAGES and --method (use --methods)")
-            if args.num_images < 1:
-                raise ConfigError(f"--num-images must be at least 1, got {args.num_images}")
             from vitlab.explain.run import evaluate_run, evaluation_table
 
             results = evaluate_run(
