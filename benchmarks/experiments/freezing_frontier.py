@@ -138,8 +138,12 @@ def ceiling(run: Path, rounds: int, steps: int) -> dict[str, Any]:
     built = build_step(run)
     layers, heads = built[2], built[3]
     timed = time_configs(built, [(n,) * layers for n in range(1, heads + 1)], rounds, steps)
+    return {"experiment": "freezing-frontier-ceiling", **timing_record(run, timed, rounds, steps)}
+
+
+def timing_record(run: Path, timed: dict[tuple[int, ...], Any], rounds: int, steps: int) -> dict[str, Any]:
+    """What a results file records of :func:`time_configs`' measurements."""
     return {
-        "experiment": "freezing-frontier-ceiling",
         "model_from": repo_relative(str(run)),
         "rounds": rounds,
         "steps": steps,
@@ -197,17 +201,7 @@ def frontier(root: Path, run: Path, rounds: int, steps: int) -> dict[str, Any]:
     return {
         "experiment": "freezing-frontier",
         "results": repo_relative(str(root)),
-        "timing": {
-            "model_from": repo_relative(str(run)),
-            "rounds": rounds,
-            "steps": steps,
-            "clock": "thread CPU time, one thread, interleaved with nothing frozen",
-            "configs": [
-                {"frozen_per_layer": list(c), "ratio_to_none": v[0], "ratios": v[1], "seconds": v[2]}
-                for c, v in sorted(timed.items())
-            ],
-            "ceiling_saving": 1 - ratio_of[ceiling],
-        },
+        "timing": {**timing_record(run, timed, rounds, steps), "ceiling_saving": 1 - ratio_of[ceiling]},
         "arms": rows,
     }
 
