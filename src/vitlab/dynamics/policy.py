@@ -297,14 +297,7 @@ class DynamicsPolicy:
         if extend is not None and current.shape[2] == cfg.probe_min and epoch in first_decision:
             current = torch.cat([current, extend().float()], dim=2)
         tau = self.temperatures()
-        directed = None
-        if drift is not None and self.before_previous is not None and self.last_drift is not None:
-            if two_epoch_mean is None:  # the adaptive probe measured it already, on each head's images
-                common = min(current.shape[2], self.before_previous.shape[2])
-                two_epoch_mean = self._transport(
-                    "drift_two_epoch", current[:, :, :common], self.before_previous[:, :, :common]
-                ).mean(dim=-1)
-            directed = directedness(two_epoch_mean, self.last_drift, drift)
+        directed = self._directedness(current, drift, two_epoch_mean)
         if epoch >= cfg.burn_in:
             # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
             # placeholder.
@@ -314,19 +307,49 @@ class DynamicsPolicy:
         if cfg.freeze and (converged & ~self.frozen).any():
             self.frozen = self.frozen | converged
             self.guard.freeze(self.frozen)
-        drift_model_tau = None
-        if model_tau is not None:
-            model_tau = model_tau.float()
-            if self.previous_model_tau is not None:
-                common = min(model_tau.shape[2], self.previous_model_tau.shape[2])
-                drift_model_tau = self._transport(
-                    "drift_model_tau", model_tau[:, :, :common], self.previous_model_tau[:, :, :common]
-                ).mean(dim=-1)
-            self.previous_model_tau = model_tau
+        drift_model_tau = None if model_tau is None else self._model_tau_drift(model_tau)
         if cfg.convergence == "noise":
             self.before_previous, self.last_drift = self.previous, drift
         self.previous = current
         self.epoch = epoch
+        record = self._record(epoch, drift, directed, tau, converged)
+        if model_tau is not None:
+            record["drift_model_tau"] = None if drift_model_tau is None else drift_model_tau.tolist()
+            record["mean_drift_model_tau"] = None if drift_model_tau is None else float(drift_model_tau.mean())
+        if cfg.kappa_every > 1:
+            record["kappa_epoch"] = self.kappa_epoch
+        if cfg.probe_min is not None:
+            record["drift_images"] = None if drift_images is None else drift_images.tolist()
+        return record
+
+    def _directedness(
+        self, current: torch.Tensor, drift: torch.Tensor | None, two_epoch_mean: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The noise rule's directedness ``d(t-2, t) / (d(t-2, t-1) + d(t-1, t))`` per head, once three epochs exist."""
+        if drift is None or self.before_previous is None or self.last_drift is None:
+            return None
+        if two_epoch_mean is None:  # the adaptive probe measured it already, on each head's images
+            common = min(current.shape[2], self.before_previous.shape[2])
+            two_epoch_mean = self._transport(
+                "drift_two_epoch", current[:, :, :common], self.before_previous[:, :, :common]
+            ).mean(dim=-1)
+        return directedness(two_epoch_mean, self.last_drift, drift)
+
+    def _model_tau_drift(self, model_tau: torch.Tensor) -> torch.Tensor | None:
+        """The drift of the probe at the model's own tau (``log_model_tau``; recorded, decides nothing)."""
+        model_tau = model_tau.float()
+        drift = None
+        if self.previous_model_tau is not None:
+            common = min(model_tau.shape[2], self.previous_model_tau.shape[2])
+            drift = self._transport(
+                "drift_model_tau", model_tau[:, :, :common], self.previous_model_tau[:, :, :common]
+            ).mean(dim=-1)
+        self.previous_model_tau = model_tau
+        return drift
+
+    def _record(self, epoch, drift, directed, tau, converged) -> dict[str, Any]:
+        """The epoch's ``dynamics.jsonl`` record (docs/dynamics.md, "dynamics.jsonl")."""
+        cfg = self.config
         record = {
             "epoch": epoch,
             "mode": cfg.mode,
@@ -350,13 +373,6 @@ class DynamicsPolicy:
             "non_converged": int((~converged).sum()),
             "mean_drift": None if drift is None else float(drift.mean()),
         }
-        if model_tau is not None:
-            record["drift_model_tau"] = None if drift_model_tau is None else drift_model_tau.tolist()
-            record["mean_drift_model_tau"] = None if drift_model_tau is None else float(drift_model_tau.mean())
-        if cfg.kappa_every > 1:
-            record["kappa_epoch"] = self.kappa_epoch
-        if cfg.probe_min is not None:
-            record["drift_images"] = None if drift_images is None else drift_images.tolist()
         return record
 
     def _drift(
