@@ -45,9 +45,9 @@ class Family:
     ``models``: its model classes (``"module:Class"``); a model that is an instance of one belongs to the family.
     Importing them registers the family's presets (``vitlab.models.registry.register_preset``).
     ``task``: its Lightning task (``"module:Class"``, a ``BaseTask`` subclass) for those models.
-    ``config_types``: config section -> type that types and checks the section: ``model``, a ``TypedDict`` of the
-    constructor options (none declared: the section takes no option); ``loss``, the task's dataclass (none declared:
-    the section takes no key).
+    ``config_types``: config section -> type that types and checks the section: ``model``, the frozen dataclass of the
+    constructor options (``vitlab.config.model.takes_options``; none declared: the section takes no option);
+    ``loss``, the task's dataclass (none declared: the section takes no key).
     ``presets``: its catalogue (``"module:TABLE"`` of a module that imports no torch, or the table): preset name ->
     ``(model class name, one-line description)``, what the config check and ``vitlab list-models`` read.
     ``commands``: modules whose import registers the family's extra ``vitlab`` sub-commands.
@@ -56,9 +56,6 @@ class Family:
     ``evaluation``: the metrics ``vitlab evaluate`` takes of a ``SlotAssigner``'s assignment ``S`` (a module, or an
     object, with ``image_metrics(S) -> {name: [B]}`` and ``report(metrics, labels, class_accuracy, class_names, seed)
     -> dict``, the ``assignment`` section of ``evaluation.json``); empty: none.
-    ``temperature``: model class name -> whether its attention has a temperature (tau) when the config does not set
-    ``model.temperature`` (the default of that option), read without torch by the check of ``dynamics.mode``; a class
-    not named is checked once built (``DynamicsPolicy.check``).
     ``bench_objective``: the training loss ``vitlab bench`` times for its models (``"module:function"``,
     ``(model, x, y) -> scalar``), what its task computes with the loss section's defaults; empty: the cross-entropy
     of the model's output, as for every classifier.
@@ -74,7 +71,6 @@ class Family:
     explainer: str | Any = ""
     evaluation: str | Any = ""
     bench_objective: str | Any = ""
-    temperature: Mapping[str, bool] = field(default_factory=dict)
 
     def model_classes(self) -> tuple[type, ...]:
         return tuple(resolve(ref) for ref in self.models)

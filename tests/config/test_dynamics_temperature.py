@@ -1,6 +1,6 @@
 """``dynamics.mode`` schedule or learn on a model without a temperature is refused before torch is imported: the
-declaration of each class's ``temperature`` default (``CORE_TEMPERATURE_DEFAULTS``, ``Family.temperature``) decides,
-and it has to agree with the constructors and presets."""
+default of each class's ``temperature`` option (its options dataclass, ``vitlab.config.model``) decides, and it has
+to agree with the presets."""
 
 import os
 import subprocess

@@ -1,40 +1,47 @@
 """The ``model`` and ``loss`` sections are typed by the preset's class: every type agrees with its constructor (or
 its task), values of the wrong type and unknown keys are refused with the key and the closest valid names."""
 
-import inspect
+import dataclasses
 import typing
 
 import pytest
 
 from vitlab.config import ClassificationLossConfig, ConfigError, RunConfig, build_config
-from vitlab.config.coerce import build_section
 from vitlab.config.loss import build_loss
-from vitlab.config.model import MODEL_KEYS, catalogue, model_config_type
+from vitlab.config.model import MODEL_KEYS, catalogue, model_options_type, model_section
 from vitlab.errors import ModelOptionError
 from vitlab.families.cet_vit.ei import EI_SCHEDULES
 from vitlab.family import family_of_class
+from vitlab.models.builder import create_model
 from vitlab.models.registry import constructor_args, get_preset, list_models
 
 
 @pytest.mark.parametrize("class_name", sorted({cls for cls, _ in catalogue().values()}))
-def test_each_model_section_type_holds_its_constructors_keywords(class_name):
-    section = model_config_type(class_name)
-    assert typing.is_typeddict(section)
+def test_each_model_class_takes_the_fields_of_its_options_dataclass(class_name):
+    """One definition: the constructor's keywords and defaults are the options dataclass's fields."""
+    options = model_options_type(class_name)
+    assert dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen
     cls = next(get_preset(name).cls for name, (c, _) in catalogue().items() if c == class_name)
-    assert set(typing.get_type_hints(section)) - set(MODEL_KEYS) == set(constructor_args(cls))
+    assert cls.options_type is options
+    defaults = {name: p.default for name, p in constructor_args(cls).items()}
+    assert defaults == {f.name: f.default for f in dataclasses.fields(options)}
+    assert not set(defaults) & set(MODEL_KEYS)
 
 
 @pytest.mark.parametrize("preset", list_models())
-def test_every_preset_value_and_constructor_default_fits_the_section_type(preset):
+def test_every_preset_fits_its_options_and_the_section_check(preset):
     entry = get_preset(preset)
-    section = model_config_type(entry.cls.__name__)
-    defaults = {
-        name: list(p.default) if isinstance(p.default, tuple) else p.default
-        for name, p in constructor_args(entry.cls).items()
-        if p.default is not inspect.Parameter.empty
-    }
-    values = {**defaults, **{k: list(v) if isinstance(v, tuple) else v for k, v in entry.kwargs.items()}}
-    assert build_section(section, {"name": preset, **values}, "model")["name"] == preset
+    options = entry.cls.options_type(**entry.kwargs)  # the options' own check
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in entry.kwargs.items()}  # as YAML gives them
+    section = model_section({"name": preset, **values})
+    assert section == {"name": preset, **{k: getattr(options, k) for k in values}}
+
+
+def test_a_model_built_in_python_is_checked_as_the_config_is():
+    with pytest.raises(ValueError, match="temperature_form must be one of inverse, divide, got 'inverted'"):
+        create_model("vit_pico", temperature_form="inverted")
+    with pytest.raises(ValueError, match="Token Merging \\(tome_r > 0\\) needs global_pool='token'"):
+        create_model("tome_pico", global_pool="avg")
 
 
 def test_the_section_keeps_only_the_keys_the_config_sets():

@@ -3,7 +3,6 @@ declared once with ``register_family`` and then found by the training, the evalu
 
 import argparse
 from dataclasses import dataclass
-from typing import TypedDict
 
 import pytest
 import torch
@@ -93,12 +92,11 @@ def test_a_family_name_is_declared_once(toy_family):
         register_family(Family(name="toy", models=(), task=ToyTask))
 
 
-class ToyModelConfig(TypedDict, total=False):
-    name: str
-    pretrained: str | None
-    num_classes: int
-    img_size: int
-    in_chans: int
+@dataclass(frozen=True, kw_only=True)
+class ToyModelConfig:
+    num_classes: int = 3
+    img_size: int = 8
+    in_chans: int = 1
 
 
 @dataclass

@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from vitlab.config.coerce import build_section, from_dict, to_dict
+from vitlab.config.coerce import from_dict, to_dict
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.config.loss import ClassificationLossConfig, check_loss_section, loss_config_type
-from vitlab.config.model import ModelConfig, catalogue, check_model_sizes, model_class_name, model_config_type
+from vitlab.config.model import ModelConfig, catalogue, model_class_name, model_section
 from vitlab.data.config import AugmentConfig, DataConfig, check_dataset_name
 from vitlab.errors import ConfigError
 
@@ -239,12 +239,12 @@ class FinetuneConfig:
 class RunConfig:
     """Everything one ``vitlab fit`` needs. Two sections are checked by the preset's class and hold the keys the config
     sets: ``model``, ``{name: <preset>, pretrained: <weights>, **constructor overrides}``, typed by the class's
-    ``TypedDict`` (:func:`vitlab.config.model.model_config_type`); ``loss``, the loss weights of the task that trains
+    options dataclass (:func:`vitlab.config.model.model_section`); ``loss``, the loss weights of the task that trains
     the class, typed and checked by its dataclass (:func:`vitlab.config.loss.check_loss_section`), which the task
     builds. A section given in Python is checked in ``__post_init__`` as one read from YAML; ``dynamics`` is the
     attention-dynamics controller's section, or None for no controller."""
 
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(name="vit_pico"))
+    model: dict[str, Any] = field(default_factory=lambda: ModelConfig(name="vit_pico"))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -253,16 +253,9 @@ class RunConfig:
     dynamics: DynamicsConfig | None = None
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
-    @classmethod
-    def section_types(cls, values: dict[str, Any]) -> dict[str, type]:
-        """The type of ``model`` for these values (``from_dict`` asks): the preset's class's. An unknown preset, or an
-        option its class does not have, is refused here."""
-        return {"model": model_config_type(model_class_name(values.get("model", {"name": "vit_pico"})))}
-
     def __post_init__(self) -> None:
+        self.model = model_section(self.model)
         class_name = model_class_name(self.model)
-        self.model = build_section(model_config_type(class_name), self.model, "model")
-        check_model_sizes(self.model)
         self.loss = check_loss_section(class_name, self.loss)
         if self.dynamics is not None:
             self.dynamics.check_model(self.model)
@@ -437,8 +430,9 @@ def _warn_about_a_new_preset(model: Any, override: Any) -> None:
 def build_config(config: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply dotted overrides, validate every key and type of every section, all
     before torch is imported: the dataclasses and their checks, the ``model`` and ``loss`` sections by the preset's
-    class (:meth:`RunConfig.section_types`), the dataset's name (``data``). The data's files and the model's option
-    values together are checked where they are used, still before ``fit`` claims its folder."""
+    class (:func:`vitlab.config.model.model_section`, :func:`vitlab.config.loss.check_loss_section`), the dataset's
+    name (``data``). The data's files and the model's option values together are checked where they are used, still
+    before ``fit`` claims its folder."""
     data: dict[str, Any] = load_yaml(config) if config else {}
     if overrides:
         parsed = parse_overrides(overrides)

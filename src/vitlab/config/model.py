@@ -1,21 +1,26 @@
-"""The ``model`` section of a run config, typed: a preset's name, its weights, and the constructor options the config
-changes, checked against the preset's class before anything imports torch.
+"""The ``model`` section of a run config and the options of each model class, defined once, torch-free.
 
-The section is a ``TypedDict`` (every key optional but ``name``), not a dataclass with defaults: a key the config does
-not set takes the preset's value, so the section holds exactly the keys it sets. Each model class has its own type:
-:class:`VisionTransformerConfig` and :class:`SwinTransformerConfig` here, a family's in its ``config_types["model"]``
-(``vitlab.family``). ``tests/config/test_model_section.py`` keeps every type equal to its constructor's keywords.
+A model class's options are one frozen dataclass (:class:`VisionTransformerOptions`, :class:`SwinTransformerOptions`
+here; a family's in its ``config_types["model"]``): its fields, with their types and defaults, are the constructor's
+keyword arguments (:func:`takes_options` gives the class that signature, and the constructor builds the dataclass,
+whose ``__post_init__`` checks the values), the keys and types the config check accepts, and the options that
+``vitlab list-models`` and the catalogue name. The section itself holds only the keys the config sets (a key it does
+not set takes the preset's value): ``{name: <preset>, pretrained: <weights>, **options}``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import inspect
 import typing
-from typing import Any, Literal, NotRequired, TypedDict
+from collections.abc import Callable
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
+from vitlab.config.coerce import typed_mapping
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
 from vitlab.family import Family, families
-from vitlab.model_catalogue import PRESETS
+from vitlab.model_catalogue import CATALOGUE
 
 #: model keys that are no constructor option
 MODEL_KEYS = ("name", "pretrained")
@@ -32,85 +37,183 @@ SIZE_OPTIONS = (
     "num_heads",
     "window_size",
 )
+#: the attention temperature's two forms (:class:`vitlab.layers.attention.Attention`)
+TemperatureForm = Literal["inverse", "divide"]
+M = TypeVar("M", bound=type)
 
 
 class ModelConfig(TypedDict):
-    """What every ``model`` section holds: the preset (``vitlab list-models``) and, optionally, weights to start from
-    (``timm:NAME``, a run directory or a file; docs/recipes.md, "Pretrained weights and fine-tuning")."""
+    """What every ``model`` section holds besides options: the preset (``vitlab list-models``) and, optionally,
+    weights to start from (``timm:NAME``, a run directory or a file; docs/recipes.md, "Pretrained weights and
+    fine-tuning")."""
 
     name: str
     pretrained: NotRequired[str | None]
 
 
-class ImageModelConfig(ModelConfig, total=False):
-    """What every image model's section may set: the input and the classes."""
-
-    img_size: int
-    patch_size: int
-    in_chans: int
-    num_classes: int
-
-
-class ViTEncoderConfig(ImageModelConfig, total=False):
-    """The options of a ViT encoder (the plain ViT's, ToMe's and ViTCAE's)."""
-
-    embed_dim: int
-    depth: int
-    num_heads: int
-    mlp_ratio: float
-    qkv_bias: bool
-    drop_rate: float
-    attn_drop_rate: float
-    drop_path_rate: float
-    temperature: bool
-    temperature_form: Literal["inverse", "divide"]
+def check_patch_grid(img_size: int, patch_size: int) -> int:
+    """Number of patches per side; a clear error when the image does not tile into patches."""
+    if img_size % patch_size != 0:
+        raise ConfigError(
+            f"image size {img_size} is not divisible by the patch size {patch_size}; set model.patch_size to a "
+            f"divisor of {img_size} (e.g. {', '.join(str(p) for p in range(1, img_size + 1) if img_size % p == 0)}) "
+            "or resize the data with data.img_size"
+        )
+    return img_size // patch_size
 
 
-class VisionTransformerConfig(ViTEncoderConfig, total=False):
-    """Options of :class:`vitlab.models.vit.VisionTransformer` (and the ToMe presets)."""
-
-    global_pool: Literal["token", "avg"]
-    tome_r: int
-    dynamic_img_size: bool
-
-
-class SwinTransformerConfig(ImageModelConfig, total=False):
-    """Options of :class:`vitlab.models.swin.SwinTransformer`: ``depths`` and ``num_heads`` give one entry per stage."""
-
-    embed_dim: int
-    depths: list[int]
-    num_heads: list[int]
-    window_size: int
-    mlp_ratio: float
-    qkv_bias: bool
-    drop_rate: float
-    attn_drop_rate: float
-    drop_path_rate: float
-    global_pool: Literal["avg", ""]
-    dynamic_img_size: bool
+def check_choices(options: Any) -> None:
+    """Every ``Literal`` field of the options dataclass holds one of its values (what the config check does for a
+    section read from YAML, here for a model built in Python)."""
+    for name, tp in typing.get_type_hints(type(options)).items():
+        value = getattr(options, name)
+        if typing.get_origin(tp) is Literal and value not in typing.get_args(tp):
+            raise ValueError(f"{name} must be one of {', '.join(map(str, typing.get_args(tp)))}, got {value!r}")
 
 
-#: the core's model classes with a ``temperature`` option -> its default: whether their attention has a temperature
-#: (tau) when the config does not set ``model.temperature`` (a family declares its own in ``Family.temperature``)
-CORE_TEMPERATURE_DEFAULTS: dict[str, bool] = {"VisionTransformer": False}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageModelOptions:
+    """What every image model takes: the input and the classes. ``__post_init__`` checks the patch grid and the
+    ``Literal`` options; a subclass that adds checks calls it."""
 
-#: the core's model classes -> the type of their ``model`` section
-CORE_MODEL_CONFIGS: dict[str, type] = {
-    "VisionTransformer": VisionTransformerConfig,
-    "SwinTransformer": SwinTransformerConfig,
+    img_size: int = 32
+    patch_size: int = 4
+    in_chans: int = 3
+    num_classes: int = 10
+
+    def __post_init__(self) -> None:
+        check_patch_grid(self.img_size, self.patch_size)
+        check_choices(self)
+
+    @property
+    def grid(self) -> int:
+        """Patches per side."""
+        return self.img_size // self.patch_size
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViTEncoderOptions(ImageModelOptions):
+    """A ViT encoder's (the plain ViT's, ToMe's and ViTCAE's). ``temperature``: a learnable per-head temperature
+    (tau) in every attention; its default says whether the class's attention has one when the config does not set it
+    (:func:`has_temperature`)."""
+
+    embed_dim: int = 192
+    depth: int = 12
+    num_heads: int = 3
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    temperature: bool = False
+    temperature_form: TemperatureForm = "inverse"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VisionTransformerOptions(ViTEncoderOptions):
+    """Options of :class:`vitlab.models.vit.VisionTransformer` (and the ToMe presets): ``global_pool``, the head's
+    pooling; ``tome_r``, tokens merged per block by Token Merging (0: the plain ViT); ``dynamic_img_size``, any input
+    size that tiles into patches."""
+
+    global_pool: Literal["token", "avg"] = "token"
+    tome_r: int = 0
+    dynamic_img_size: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tome_r < 0:
+            raise ValueError(f"tome_r (tokens merged per block) must be >= 0, got {self.tome_r}")
+        if self.tome_r > 0 and self.global_pool != "token":
+            raise ValueError(
+                "Token Merging (tome_r > 0) needs global_pool='token': merged tokens stand for different numbers of "
+                "patches, so a plain mean over them is not the image mean; set global_pool='token' or tome_r=0"
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SwinTransformerOptions(ImageModelOptions):
+    """Options of :class:`vitlab.models.swin.SwinTransformer`: ``depths`` and ``num_heads`` give one entry per stage,
+    stage ``i`` of width ``embed_dim * 2**i``."""
+
+    patch_size: int = 2
+    embed_dim: int = 96
+    depths: tuple[int, ...] = (2, 2, 6, 2)
+    num_heads: tuple[int, ...] = (3, 6, 12, 24)
+    window_size: int = 4
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    global_pool: Literal["avg", ""] = "avg"
+    dynamic_img_size: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.depths) != len(self.num_heads):
+            raise ValueError(
+                f"depths and num_heads give one entry per stage and must have the same length, got "
+                f"{len(self.depths)} and {len(self.num_heads)}"
+            )
+        for stage, heads in enumerate(self.num_heads):
+            width = self.embed_dim * 2**stage
+            if width % heads != 0:
+                raise ValueError(
+                    f"stage {stage} has width {width} (embed_dim * 2**{stage}), not divisible by its {heads} heads; "
+                    "choose embed_dim or num_heads so that every stage width is a multiple of its head count"
+                )
+
+
+#: the core's model classes -> their options
+CORE_MODEL_OPTIONS: dict[str, type] = {
+    "VisionTransformer": VisionTransformerOptions,
+    "SwinTransformer": SwinTransformerOptions,
 }
 
 
+def takes_options(options: type) -> Callable[[M], M]:
+    """Class decorator: the model class's constructor takes the fields of the dataclass ``options`` as its keyword
+    arguments. Sets ``cls.options_type`` and the signature that ``inspect``, timm and an editor's help show; the
+    constructor itself takes ``**options`` and builds ``options(**options)``, which checks them."""
+
+    def decorate(cls: M) -> M:
+        parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        hints = typing.get_type_hints(options)
+        for f in dataclasses.fields(options):
+            kind = inspect.Parameter.KEYWORD_ONLY
+            parameters.append(inspect.Parameter(f.name, kind, default=f.default, annotation=hints[f.name]))
+        cls.__init__.__signature__ = inspect.Signature(parameters, return_annotation=None)
+        cls.options_type = options
+        return cls
+
+    return decorate
+
+
 def catalogue() -> dict[str, tuple[str, str]]:
-    """Every preset, torch-free: the core's (:data:`vitlab.model_catalogue.PRESETS`) and each family's
+    """Every preset, torch-free: the core's (:data:`vitlab.model_catalogue.CATALOGUE`) and each family's
     (``Family.presets``): preset name -> (model class name, description)."""
-    return {**PRESETS, **{name: row for family in families() for name, row in family.catalogue().items()}}
+    return {**CATALOGUE, **{name: row for family in families() for name, row in family.catalogue().items()}}
+
+
+def model_options_type(class_name: str) -> type | None:
+    """The options dataclass of a model class: the core's or its family's ``config_types["model"]``; None for a
+    class that declares none (whose section then takes no option)."""
+    if class_name in CORE_MODEL_OPTIONS:
+        return CORE_MODEL_OPTIONS[class_name]
+    family = family_of_class_name(class_name)
+    declared = family.config_type("model") if family else None
+    if declared is not None and not dataclasses.is_dataclass(declared):
+        raise TypeError(
+            f"family {family.name!r} declares config_types['model'] = {declared!r}, which is no dataclass; declare "
+            "the model's options as one frozen dataclass (docs/architecture.md, 'Adding a family')"
+        )
+    return declared
 
 
 def model_options(class_name: str) -> tuple[str, ...]:
-    """The constructor options of a model class: the keys of its ``model`` section type (none if it declares none)."""
-    section = model_config_type(class_name)
-    return tuple(key for key in typing.get_type_hints(section) if key not in MODEL_KEYS) if section is not dict else ()
+    """The constructor options of a model class: the fields of its options dataclass."""
+    options = model_options_type(class_name)
+    return tuple(f.name for f in dataclasses.fields(options)) if options is not None else ()
 
 
 def model_class_name(model: Any) -> str:
@@ -140,36 +243,38 @@ def model_class_name(model: Any) -> str:
     return cls
 
 
+def model_section(model: Any) -> dict[str, Any]:
+    """The checked ``model`` section: the preset and its keys (:func:`model_class_name`), each value of its option's
+    type (tuples for lists), each size at least 1."""
+    class_name = model_class_name(model)
+    preset = {key: model[key] for key in MODEL_KEYS if key in model}
+    options = {key: value for key, value in model.items() if key not in MODEL_KEYS}
+    section = typed_mapping(ModelConfig, preset, "model")
+    if options:
+        section |= typed_mapping(model_options_type(class_name), options, "model")
+    check_model_sizes(section)
+    return section
+
+
 def has_temperature(model: dict[str, Any]) -> bool | None:
     """Whether the attention of the model a checked ``model`` section builds has a temperature (tau), torch-free:
-    ``model.temperature`` where the section sets it, else its class's declared default
-    (:data:`CORE_TEMPERATURE_DEFAULTS`, ``Family.temperature``); None for a class that declares none."""
+    ``model.temperature`` where the section sets it, else the default of its class's ``temperature`` option; None for a
+    class without that option (left to ``DynamicsPolicy.check`` on the built model)."""
     if "temperature" in model:
         return bool(model["temperature"])
-    class_name = catalogue()[model["name"]][0]
-    if class_name in CORE_TEMPERATURE_DEFAULTS:
-        return CORE_TEMPERATURE_DEFAULTS[class_name]
-    family = family_of_class_name(class_name)
-    return family.temperature.get(class_name) if family else None
+    options = model_options_type(catalogue()[model["name"]][0])
+    fields = {f.name: f.default for f in dataclasses.fields(options)} if options is not None else {}
+    return bool(fields["temperature"]) if "temperature" in fields else None
 
 
 def check_model_sizes(model: dict[str, Any]) -> None:
     """Every size the ``model`` section sets (:data:`SIZE_OPTIONS`) is at least 1, else a :class:`ConfigError`."""
     for key in SIZE_OPTIONS:
         value = model.get(key)
-        values = value if isinstance(value, list) else [value]
+        values = value if isinstance(value, list | tuple) else [value]
         if any(isinstance(v, int) and v < 1 for v in values):
-            raise ConfigError(f"model.{key} must be at least 1, got {value}; set model.{key} to a positive size")
-
-
-def model_config_type(class_name: str) -> type:
-    """The type of the ``model`` section for a model class: the core's or its family's ``config_types["model"]``;
-    ``dict`` for a class that declares none (whose section then takes no option)."""
-    if class_name in CORE_MODEL_CONFIGS:
-        return CORE_MODEL_CONFIGS[class_name]
-    family = family_of_class_name(class_name)
-    declared = family.config_type("model") if family else None
-    return declared if declared is not None else dict
+            shown = list(value) if isinstance(value, tuple) else value
+            raise ConfigError(f"model.{key} must be at least 1, got {shown}; set model.{key} to a positive size")
 
 
 def family_of_class_name(class_name: str) -> Family | None:

@@ -15,16 +15,13 @@ module, never copies of it:
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitlab.config.model import TemperatureForm
 from vitlab.layers.attention_path import attend
 from vitlab.layers.dropout import dropout
-
-TemperatureForm = Literal["inverse", "divide"]
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
-from vitlab.errors import ConfigError
+from vitlab.config.model import VisionTransformerOptions, takes_options
 from vitlab.layers import Block, PatchEmbed, trunc_normal_
-from vitlab.layers.attention import TemperatureForm
 from vitlab.layers.tome import TokenMatching
+from vitlab.model_catalogue import CATALOGUE, TOME_PRESETS, VIT_PRESETS
 from vitlab.models.contract import ModelContract, check_output_fmt, tokens_to_maps
 from vitlab.models.registry import register_preset
 
@@ -26,17 +27,7 @@ from vitlab.models.registry import register_preset
 GLOBAL_POOLS = ("token", "avg", "")
 
 
-def check_patch_grid(img_size: int, patch_size: int) -> int:
-    """Number of patches per side; a clear error when the image does not tile into patches."""
-    if img_size % patch_size != 0:
-        raise ConfigError(
-            f"image size {img_size} is not divisible by the patch size {patch_size}; set model.patch_size to a "
-            f"divisor of {img_size} (e.g. {', '.join(str(p) for p in range(1, img_size + 1) if img_size % p == 0)}) "
-            "or resize the data with data.img_size"
-        )
-    return img_size // patch_size
-
-
+@takes_options(VisionTransformerOptions)
 class VisionTransformer(ModelContract, nn.Module):
     """ViT classifier. ``x: [B, C, H, W] -> logits [B, num_classes]``.
 
@@ -55,75 +46,39 @@ class VisionTransformer(ModelContract, nn.Module):
     it once, for a new fixed size. At the size the model was built for, both leave the logits unchanged.
     """
 
-    def __init__(
-        self,
-        *,
-        img_size: int = 32,
-        patch_size: int = 4,
-        in_chans: int = 3,
-        num_classes: int = 10,
-        embed_dim: int = 192,
-        depth: int = 12,
-        num_heads: int = 3,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        global_pool: str = "token",
-        temperature: bool = False,
-        temperature_form: TemperatureForm = "inverse",
-        tome_r: int = 0,
-        dynamic_img_size: bool = False,
-    ) -> None:
+    def __init__(self, **options: Any) -> None:
         super().__init__()
-        if global_pool not in GLOBAL_POOLS[:2]:
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
-        if tome_r < 0:
-            raise ValueError(f"tome_r (tokens merged per block) must be >= 0, got {tome_r}")
-        if tome_r > 0 and global_pool != "token":
-            raise ValueError(
-                "Token Merging (tome_r > 0) needs global_pool='token': merged tokens stand for different numbers of "
-                "patches, so a plain mean over them is not the image mean; set global_pool='token' or tome_r=0"
-            )
-        grid = check_patch_grid(img_size, patch_size)
-        self.dynamic_img_size = dynamic_img_size
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        self.embed_dim = self.num_features = self.head_hidden_size = embed_dim
-        self.tome_r = tome_r
+        o = VisionTransformerOptions(**options)
+        self.dynamic_img_size = o.dynamic_img_size
+        self.num_classes = o.num_classes
+        self.global_pool = o.global_pool
+        self.embed_dim = self.num_features = self.head_hidden_size = o.embed_dim
+        self.tome_r = o.tome_r
         self.patch_embed = PatchEmbed(
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            embed_dim=embed_dim,
-            strict_img_size=not dynamic_img_size,
-            output_fmt="NHWC" if dynamic_img_size else None,  # NHWC: the grid for the position embedding
+            img_size=o.img_size,
+            patch_size=o.patch_size,
+            in_chans=o.in_chans,
+            embed_dim=o.embed_dim,
+            strict_img_size=not o.dynamic_img_size,
+            output_fmt="NHWC" if o.dynamic_img_size else None,  # NHWC: the grid for the position embedding
         )
         self.num_prefix_tokens = 1
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, grid * grid + 1, embed_dim))
-        self.pos_drop = nn.Dropout(drop_rate)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, o.embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, o.grid * o.grid + 1, o.embed_dim))
+        self.pos_drop = nn.Dropout(o.drop_rate)
         # Plain Python (not torch.linspace) so the model can be built on the meta device.
-        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+        dpr = [o.drop_path_rate * i / max(o.depth - 1, 1) for i in range(o.depth)]
+        block = dict(mlp_ratio=o.mlp_ratio, qkv_bias=o.qkv_bias, proj_drop=o.drop_rate, attn_drop=o.attn_drop_rate)
+        temperature = dict(temperature=o.temperature, temperature_form=o.temperature_form)
         self.blocks = nn.ModuleList(
-            Block(
-                embed_dim,
-                num_heads=num_heads,
-                mlp_ratio=mlp_ratio,
-                qkv_bias=qkv_bias,
-                proj_drop=drop_rate,
-                attn_drop=attn_drop_rate,
-                drop_path=dpr[i],
-                temperature=temperature,
-                temperature_form=temperature_form,
-            )
-            for i in range(depth)
+            Block(o.embed_dim, num_heads=o.num_heads, drop_path=dpr[i], **block, **temperature) for i in range(o.depth)
         )
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.feature_info = [
+            dict(module=f"blocks.{i}", num_chs=o.embed_dim, reduction=o.patch_size) for i in range(o.depth)
+        ]
+        self.norm = nn.LayerNorm(o.embed_dim, eps=1e-6)
+        self.head_drop = nn.Dropout(o.drop_rate)
+        self.head = nn.Linear(o.embed_dim, o.num_classes) if o.num_classes > 0 else nn.Identity()
         trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
         self.apply(functools.partial(init_weights_vit_timm, needs_reset=False))  # timm's ViT init: Linear layers
@@ -280,23 +235,5 @@ class VisionTransformer(ModelContract, nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-_VIT_SIZES = {
-    "vit_pico": dict(embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0),
-    "vit_nano": dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0),
-    "vit_micro": dict(embed_dim=192, depth=6, num_heads=3),
-    "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
-    "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
-    "vit_base": dict(embed_dim=768, depth=12, num_heads=12),
-}
-for _name, _kw in _VIT_SIZES.items():
-    register_preset(_name, VisionTransformer, f"ViT classifier, width {_kw['embed_dim']}, depth {_kw['depth']}", **_kw)
-# Token Merging with r = 8 per block, the ToMe baseline of the CET-ViT v4 model card ("External baselines"), on the
-# ViTs that train on a CPU; the same weights as the plain preset of the same size.
-for _size in ("pico", "nano", "tiny"):
-    register_preset(
-        f"tome_{_size}",
-        VisionTransformer,
-        f"vit_{_size} with Token Merging, r = 8 per block",
-        tome_r=8,
-        **_VIT_SIZES[f"vit_{_size}"],
-    )
+for _name, _kw in {**VIT_PRESETS, **TOME_PRESETS}.items():
+    register_preset(_name, VisionTransformer, CATALOGUE[_name][1], **_kw)

@@ -13,7 +13,7 @@ FAMILY = register_family(
         models=("vitlab_toy_mixer.model:ToyMixer",),
         task="vitlab_toy_mixer.task:ToyMixerTask",
         config_types={
-            "model": "vitlab_toy_mixer.config:ToyMixerConfig",
+            "model": "vitlab_toy_mixer.config:ToyMixerOptions",
             "loss": "vitlab_toy_mixer.config:ToyMixerLoss",
         },
         presets="vitlab_toy_mixer.config:CATALOGUE",

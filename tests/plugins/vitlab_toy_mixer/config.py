@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from vitlab.config.model import ImageModelConfig
+from vitlab.config.model import ImageModelOptions
 
 #: preset name -> constructor arguments
 PRESETS = {"mixer_pico": dict(img_size=8, patch_size=2, in_chans=1, dim=16, depth=2)}
@@ -10,11 +10,15 @@ PRESETS = {"mixer_pico": dict(img_size=8, patch_size=2, in_chans=1, dim=16, dept
 CATALOGUE = {"mixer_pico": ("ToyMixer", "toy MLP-Mixer, width 16, depth 2 (8x8 one-channel images)")}
 
 
-class ToyMixerConfig(ImageModelConfig, total=False):
-    """Options of :class:`vitlab_toy_mixer.model.ToyMixer`."""
+@dataclass(frozen=True, kw_only=True)
+class ToyMixerOptions(ImageModelOptions):
+    """Options of :class:`vitlab_toy_mixer.model.ToyMixer`: the constructor's keywords, the config's keys and types."""
 
-    dim: int
-    depth: int
+    img_size: int = 8
+    patch_size: int = 2
+    in_chans: int = 1
+    dim: int = 16
+    depth: int = 2
 
 
 @dataclass

@@ -1,10 +1,13 @@
 """A toy MLP-Mixer: patches -> blocks of token mixing and channel mixing -> mean over tokens -> classes."""
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from vitlab.config.model import takes_options
 from vitlab.models.registry import register_preset
-from vitlab_toy_mixer.config import CATALOGUE, PRESETS
+from vitlab_toy_mixer.config import CATALOGUE, PRESETS, ToyMixerOptions
 
 
 class MixerBlock(nn.Module):
@@ -20,24 +23,16 @@ class MixerBlock(nn.Module):
         return x + self.channel_mlp(self.norm2(x))
 
 
+@takes_options(ToyMixerOptions)
 class ToyMixer(nn.Module):
-    def __init__(
-        self,
-        *,
-        img_size: int = 8,
-        patch_size: int = 2,
-        in_chans: int = 1,
-        num_classes: int = 10,
-        dim: int = 16,
-        depth: int = 2,
-    ) -> None:
+    def __init__(self, **options: Any) -> None:
         super().__init__()
-        self.num_classes = num_classes
-        self.patch_embed = nn.Conv2d(in_chans, dim, patch_size, stride=patch_size)
-        num_tokens = (img_size // patch_size) ** 2
-        self.blocks = nn.ModuleList(MixerBlock(num_tokens, dim) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
+        o = ToyMixerOptions(**options)
+        self.num_classes = o.num_classes
+        self.patch_embed = nn.Conv2d(o.in_chans, o.dim, o.patch_size, stride=o.patch_size)
+        self.blocks = nn.ModuleList(MixerBlock(o.grid * o.grid, o.dim) for _ in range(o.depth))
+        self.norm = nn.LayerNorm(o.dim)
+        self.head = nn.Linear(o.dim, o.num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, in_chans, H, W] -> logits [B, num_classes]."""

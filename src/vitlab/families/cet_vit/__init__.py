@@ -14,7 +14,7 @@ FAMILY = register_family(
         models=("vitlab.families.cet_vit.model:CETViT",),
         task="vitlab.families.cet_vit.task:CETViTTask",
         config_types={
-            "model": "vitlab.families.cet_vit.config:CETViTConfig",
+            "model": "vitlab.families.cet_vit.config:CETViTOptions",
             "loss": "vitlab.families.cet_vit.config:CETLossConfig",
         },
         presets="vitlab.families.cet_vit.presets:CATALOGUE",

@@ -28,7 +28,6 @@ model (evaluation, TTA, calibration, attention capture call ``model(x)``). A tra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -36,10 +35,11 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
+from vitlab.config.model import takes_options
 from vitlab.families.cet_vit import baselines  # noqa: F401 (registers the size-matched baselines)
-from vitlab.families.cet_vit.ei import EIVariant, ei_terms
+from vitlab.families.cet_vit.config import CETViTOptions
+from vitlab.families.cet_vit.ei import ei_terms
 from vitlab.families.cet_vit.features import FeatureTaps
-from vitlab.families.cet_vit.options import check_options
 from vitlab.families.cet_vit.outputs import CETViTAux, Encoded
 from vitlab.families.cet_vit.parts import (
     VCEO,
@@ -62,9 +62,9 @@ from vitlab.layers import Block, PatchEmbed, trunc_normal_
 from vitlab.models.contract import ModelContract
 from vitlab.models.registry import register_preset
 from vitlab.models.sizing import parameter_count
-from vitlab.models.vit import check_patch_grid
 
 
+@takes_options(CETViTOptions)
 class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
     """CET-ViT classifier (CET-ViT v4 model card: "Architecture"). ``x: [B, C, H, W] -> logits [B, num_classes]``.
 
@@ -79,41 +79,7 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
     macro blocks, the cross-scale attention and the deep blocks; ``group_matcher`` orders the parameters the same way
     for layer-wise learning-rate decay.
 
-    Args:
-        img_size, patch_size, in_chans, num_classes: input and output.
-        embed_dims, depths, num_heads: per MicroEncoder stage (width, Swin blocks, heads).
-        window_size: Swin window (shrinks to the grid when larger); dynamic_img_size: :class:`MicroInputSize`.
-        pos_embed: ``none`` (the card, which is silent) or ``learned``: an absolute position embedding added after
-            the PatchEmbed (docs/cet_vit.md, "Architecture as built"), so the stages after the windowed micro
-            encoder know where a token was.
-        num_slots: ``K_max`` macro slots. ``topk``: non-zeros per row of S (``topk = num_slots`` is dense).
-        slot_ratio: when > 0, ``K_max = max(topk + 1, N // slot_ratio)`` sized to the token count ``N`` instead of
-            ``num_slots`` (the card's 256 tokens into 32 slots is ``slot_ratio=8``).
-        mask_empty_slots: remove slots without assignment mass from mean(macro), the cross-attention keys and the
-            MacroEncoder's keys (otherwise they enter as their slot embedding alone, as in the card).
-        select_grad: ``hard`` (the card's top-k: gradient to ``k`` logits per token) or ``dense_st`` (same forward,
-            the dense softmax's gradient to all ``K_max`` logits, :func:`dense_straight_through`).
-        pool: ``mean`` (default) or ``sum`` (the card's plain ``S^T h_micro``), see :func:`pool_slots`.
-        fusion_dim, fusion_heads: width and heads of the MacroEncoder, CrossScaleAttention and DeepEncoder.
-        macro_depth, deep_depth: global blocks in the MacroEncoder and the DeepEncoder.
-        dynamic_k: ``none``, ``gumbel`` (the straight-through estimator, docs/cet_vit.md, "Dynamic K") or ``exact`` (the
-            estimator learns from the exact per-candidate losses, :func:`exact_k_targets`).
-        k_candidates, k_hidden_dim, k_tau: the estimator's budgets, hidden width and Gumbel temperature.
-        ei: EI variant reported in ``aux.ei["ei_loss"]``: ``full``, ``two_term``, ``entropy_only`` or ``none``.
-        ei_degen_slots: the pairs of the EI degeneracy term: ``occupied`` (default, the slots with assignment mass)
-            or ``all`` (the card's mean over every pair, an empty slot counting as cosine 0); an empty slot is never
-            normalised either way (:func:`vitlab.families.cet_vit.ei.macro_degeneracy`).
-        ei_svd: how the EI term's singular values are computed: ``device`` (default, ``svdvals`` on the model's
-            device), ``host`` (the CPU, the values and gradient copied; the same numbers, for a GPU where cuSOLVER's
-            per-image calls and synchronisation cost more than the copies) or ``gram`` (the eigenvalues of
-            ``S^T S`` in float64, one batched call; :func:`vitlab.families.cet_vit.ei.assignment_singular_values`).
-        fused_window_attention: the MicroEncoder's window attention through SDPA (see :class:`MicroEncoder`).
-        drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and before the head, attention
-            dropout, and stochastic depth (linear over all blocks in forward order).
-        grouping: ``card`` (the card's pipeline) or ``none``, an ablation switch
-            (docs/experiments/cet_vit_ablation.md, "Which element costs the accuracy"): PatchEmbed, the
-            MicroEncoder and ``fc(LN(mean(h_micro)))`` only; no V-CEO, MacroEncoder, CrossScaleAttention or
-            DeepEncoder are built, and there is no S and no EI term.
+    Options: :class:`~vitlab.families.cet_vit.config.CETViTOptions`.
 
     ``assignment_ablation`` (an attribute, not a constructor option): ``none``, or ``random`` / ``uniform`` to
     replace S at test time (:func:`ablate_assignment`; :func:`vitlab.families.cet_vit.grouping.grouping_ablation`).
@@ -121,156 +87,92 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
 
     classifier_name = "head.fc"
 
-    def __init__(
-        self,
-        *,
-        img_size: int = 32,
-        patch_size: int = 2,
-        in_chans: int = 3,
-        num_classes: int = 100,
-        embed_dims: Sequence[int] = (96, 192, 384, 768),
-        depths: Sequence[int] = (2, 2, 8, 2),
-        num_heads: Sequence[int] = (3, 6, 12, 24),
-        window_size: int = 4,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        pos_embed: str = "none",
-        num_slots: int = 32,
-        topk: int = 3,
-        slot_ratio: int = 0,
-        mask_empty_slots: bool = False,
-        select_grad: str = "hard",
-        pool: str = "mean",
-        fusion_dim: int = 192,
-        fusion_heads: int = 6,
-        macro_depth: int = 6,
-        deep_depth: int = 1,
-        dynamic_k: str = "none",
-        k_candidates: Sequence[int] = (4, 8, 16, 32),
-        k_hidden_dim: int = 64,
-        k_tau: float = 1.0,
-        ei: EIVariant = "full",
-        ei_degen_slots: str = "occupied",
-        ei_svd: str = "device",
-        fused_window_attention: bool = False,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        grouping: str = "card",
-        dynamic_img_size: bool = False,
-    ) -> None:
+    def __init__(self, **options: Any) -> None:
         super().__init__()
-        embed_dims, depths, num_heads = tuple(embed_dims), tuple(depths), tuple(num_heads)
-        k_candidates = tuple(k_candidates)
-        grid = check_patch_grid(img_size, patch_size)
-        if slot_ratio < 0:
-            raise ValueError(f"slot_ratio must be 0 (use num_slots) or a positive tokens per slot, got {slot_ratio}")
-        if slot_ratio > 0:
-            num_slots = max(topk + 1, grid * grid // slot_ratio)
-        check_options(
-            embed_dims=embed_dims,
-            depths=depths,
-            num_heads=num_heads,
-            num_slots=num_slots,
-            topk=topk,
-            pool=pool,
-            fusion_dim=fusion_dim,
-            fusion_heads=fusion_heads,
-            dynamic_k=dynamic_k,
-            k_candidates=k_candidates,
-            ei=ei,
-            choices={
-                "pos_embed": pos_embed,
-                "select_grad": select_grad,
-                "grouping": grouping,
-                "ei_degen_slots": ei_degen_slots,
-                "ei_svd": ei_svd,
-            },
-        )
-        self.grouping = grouping
-        self.num_classes = num_classes
-        self.num_slots = num_slots
-        self.pool = pool
-        self.ei_variant = ei
-        self.ei_degen_slots = ei_degen_slots
-        self.ei_svd = ei_svd
-        self.mask_empty_slots = mask_empty_slots
-        self.dynamic_k = dynamic_k
+        o = CETViTOptions(**options)
+        self.grouping, self.num_classes, self.num_slots, self.pool = o.grouping, o.num_classes, o.slots, o.pool
+        self.ei_variant, self.ei_degen_slots, self.ei_svd = o.ei, o.ei_degen_slots, o.ei_svd
+        self.mask_empty_slots, self.dynamic_k = o.mask_empty_slots, o.dynamic_k
         self.assignment_ablation = "none"
-        self.window_size, self.dynamic_img_size = window_size, dynamic_img_size
+        self.window_size, self.dynamic_img_size = o.window_size, o.dynamic_img_size
         self.global_pool = "avg"
-        if grouping == "none":
-            macro_depth = deep_depth = 0
-        micro_end = sum(depths)
+        macro_depth, deep_depth = (0, 0) if o.grouping == "none" else (o.macro_depth, o.deep_depth)
+        micro_end = sum(o.depths)
         macro_end = micro_end + macro_depth
         num_blocks = macro_end + deep_depth
         # Plain Python (not torch.linspace) so the model can be built on the meta device.
-        dpr = [drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]
-        micro_dpr, macro_dpr, deep_dpr = dpr[:micro_end], dpr[micro_end:macro_end], dpr[macro_end:]
-        blocks = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=drop_rate, attn_drop=attn_drop_rate)
+        dpr = [o.drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]
+        blocks = dict(mlp_ratio=o.mlp_ratio, qkv_bias=o.qkv_bias, proj_drop=o.drop_rate, attn_drop=o.attn_drop_rate)
+        self._build_micro(o, dpr[:micro_end], blocks)
+        if o.grouping == "none":
+            self.k_estimator = None
+            self.embed_dim = self.num_features = self.head_hidden_size = o.embed_dims[-1]
+            self.head = FusionHead(o.embed_dims[-1], num_classes=o.num_classes, drop=o.drop_rate, streams=1)
+        else:
+            self._build_grouping(o, dpr[micro_end:macro_end], dpr[macro_end:], blocks)
+        self.apply(init_weights_vit_timm)
 
+    def _build_micro(self, o: CETViTOptions, dpr: list[float], blocks: dict[str, Any]) -> None:
+        """PatchEmbed, the optional position embedding and the MicroEncoder, with their ``feature_info``."""
         self.patch_embed = PatchEmbed(
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            embed_dim=embed_dims[0],
+            img_size=o.img_size,
+            patch_size=o.patch_size,
+            in_chans=o.in_chans,
+            embed_dim=o.embed_dims[0],
             norm_layer=nn.LayerNorm,
             output_fmt="NHWC",
-            strict_img_size=not dynamic_img_size,
+            strict_img_size=not o.dynamic_img_size,
         )
-        if pos_embed == "learned":
-            self.pos_embed = nn.Parameter(torch.zeros(1, grid, grid, embed_dims[0]))
+        if o.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, o.grid, o.grid, o.embed_dims[0]))
             trunc_normal_(self.pos_embed, std=0.02)
         else:
             self.pos_embed = None
         self.micro_encoder = MicroEncoder(
-            grid=grid,
-            embed_dims=embed_dims,
-            depths=depths,
-            num_heads=num_heads,
-            window_size=window_size,
-            drop_path=micro_dpr,
-            fused_attention=fused_window_attention,
-            dynamic_mask=dynamic_img_size,
+            grid=o.grid,
+            embed_dims=o.embed_dims,
+            depths=o.depths,
+            num_heads=o.num_heads,
+            window_size=o.window_size,
+            drop_path=dpr,
+            fused_attention=o.fused_window_attention,
+            dynamic_mask=o.dynamic_img_size,
             **blocks,
         )
-        micro_dim = embed_dims[-1]
         self.feature_info = [
-            dict(module=f"micro_encoder.stages.{i}", num_chs=dim, reduction=patch_size, stream="micro")
-            for i, dim in enumerate(embed_dims)
+            dict(module=f"micro_encoder.stages.{i}", num_chs=dim, reduction=o.patch_size, stream="micro")
+            for i, dim in enumerate(o.embed_dims)
         ]
-        if grouping == "none":
-            self.k_estimator = None
-            self.embed_dim = self.num_features = self.head_hidden_size = micro_dim
-            self.head = FusionHead(micro_dim, num_classes=num_classes, drop=drop_rate, streams=1)
-            self.apply(init_weights_vit_timm)
-            return
+
+    def _build_grouping(
+        self, o: CETViTOptions, macro_dpr: list[float], deep_dpr: list[float], blocks: dict[str, Any]
+    ) -> None:
+        """The V-CEO (and the Dynamic-K estimator), MacroEncoder, CrossScaleAttention, DeepEncoder and the head."""
+        micro_dim, fusion_dim, heads = o.embed_dims[-1], o.fusion_dim, o.fusion_heads
         self.embed_dim, self.num_features, self.head_hidden_size = fusion_dim, 2 * fusion_dim, 2 * fusion_dim
-        fused = dict(num_chs=fusion_dim, reduction=patch_size)
+        fused = dict(num_chs=fusion_dim, reduction=o.patch_size)
         self.feature_info += [
-            dict(module=f"macro_encoder.blocks.{i}", stream="macro", **fused) for i in range(macro_depth)
+            dict(module=f"macro_encoder.blocks.{i}", stream="macro", **fused) for i in range(o.macro_depth)
         ]
         self.feature_info += [dict(module="cross_scale", stream="fused", **fused)]
-        self.feature_info += [dict(module=f"deep_encoder.{i}", stream="fused", **fused) for i in range(deep_depth)]
-        self.v_ceo = VCEO(micro_dim, num_slots=num_slots, topk=topk, select_grad=select_grad)
-        if dynamic_k != "none":
+        self.feature_info += [dict(module=f"deep_encoder.{i}", stream="fused", **fused) for i in range(o.deep_depth)]
+        self.v_ceo = VCEO(micro_dim, num_slots=o.slots, topk=o.topk, select_grad=o.select_grad)
+        self.k_estimator = None
+        if o.dynamic_k != "none":
             self.k_estimator = DynamicKEstimator(
-                micro_dim, k_candidates=k_candidates, hidden_dim=k_hidden_dim, tau=k_tau, mode=dynamic_k
+                micro_dim, k_candidates=o.k_candidates, hidden_dim=o.k_hidden_dim, tau=o.k_tau, mode=o.dynamic_k
             )
-        else:
-            self.k_estimator = None
         self.fusion_proj = nn.Linear(micro_dim, fusion_dim) if micro_dim != fusion_dim else nn.Identity()
         self.macro_encoder = MacroEncoder(
-            fusion_dim, num_slots=num_slots, depth=macro_depth, num_heads=fusion_heads, drop_path=macro_dpr, **blocks
+            fusion_dim, num_slots=o.slots, depth=o.macro_depth, num_heads=heads, drop_path=macro_dpr, **blocks
         )
         self.cross_scale = CrossScaleAttention(
-            fusion_dim, num_heads=fusion_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate
+            fusion_dim, num_heads=heads, qkv_bias=o.qkv_bias, attn_drop=o.attn_drop_rate, proj_drop=o.drop_rate
         )
         self.deep_encoder = nn.ModuleList(
-            Block(fusion_dim, num_heads=fusion_heads, drop_path=deep_dpr[i], **blocks) for i in range(deep_depth)
+            Block(fusion_dim, num_heads=heads, drop_path=deep_dpr[i], **blocks) for i in range(o.deep_depth)
         )
-        self.head = FusionHead(fusion_dim, num_classes=num_classes, drop=drop_rate)
-        self.apply(init_weights_vit_timm)
+        self.head = FusionHead(fusion_dim, num_classes=o.num_classes, drop=o.drop_rate)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:

@@ -13,13 +13,12 @@ FAMILY = register_family(
         models=("vitlab.families.vitcae.model:ViTCAE",),
         task="vitlab.families.vitcae.task:ViTCAETask",
         config_types={
-            "model": "vitlab.families.vitcae.config:ViTCAEConfig",
+            "model": "vitlab.families.vitcae.config:ViTCAEOptions",
             "loss": "vitlab.families.vitcae.config:ViTCAELossConfig",
         },
         presets="vitlab.families.vitcae.presets:CATALOGUE",
         commands=("vitlab.families.vitcae.commands",),
         report_sections=("vitlab.families.vitcae.report:generate_section",),
         explainer="vitlab.families.vitcae.explain:explainer",
-        temperature={"ViTCAE": True},
     )
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vitlab.config.model import ViTEncoderConfig
+from vitlab.config.model import ViTEncoderOptions
 
 WAE_IMQ_SCALES: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 MMD_KERNEL_SCALES = ("prior", "unit")
@@ -13,16 +13,29 @@ MMD_CALIBRATIONS = ("kl", "none")
 MONITORS = ("continuous", "objective")
 
 
-class ViTCAEConfig(ViTEncoderConfig, total=False):
-    """Options of :class:`vitlab.families.vitcae.model.ViTCAE`: the encoder's (a ViT's), the latents' and the
-    decoder's."""
+@dataclass(frozen=True, kw_only=True)
+class ViTCAEOptions(ViTEncoderOptions):
+    """Options of :class:`vitlab.families.vitcae.model.ViTCAE` (ViTCAE, Sec. III): the encoder's (a ViT's: width D,
+    blocks L, heads, FFN ratio, QKV bias; ``temperature``, the learnable per-head tau of eq. 19, on by default;
+    ``temperature_form`` ``inverse``, logits * tau, or ``divide``, eq. 19 as printed), the latents' (``latent_dim``
+    ``d_z`` of ``z_cls``, ``patch_latent_dim`` ``d_p`` of each patch latent) and the decoder's (width, blocks,
+    heads, ``num_cond_tokens`` ``M`` conditioning tokens made from ``z_cls`` for its cross-attention). The dropout
+    rates serve encoder and decoder alike; ``num_classes`` classes of the linear classifier on ``mu_cls``."""
 
-    latent_dim: int
-    patch_latent_dim: int
-    decoder_dim: int
-    decoder_depth: int
-    decoder_heads: int
-    num_cond_tokens: int
+    temperature: bool = True
+    latent_dim: int = 64
+    patch_latent_dim: int = 16
+    decoder_dim: int = 192
+    decoder_depth: int = 4
+    decoder_heads: int = 3
+    num_cond_tokens: int = 4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_classes < 1:
+            raise ValueError(f"ViTCAE is class-conditioned and needs num_classes >= 1, got {self.num_classes}")
+        if self.num_cond_tokens < 1:
+            raise ValueError(f"num_cond_tokens (M) must be at least 1, got {self.num_cond_tokens}")
 
 
 @dataclass

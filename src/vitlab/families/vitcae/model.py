@@ -19,6 +19,7 @@ As a classifier the model follows the timm contract: ``forward_head(forward_feat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,13 +30,14 @@ from timm.layers import DropPath, Mlp
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
+from vitlab.config.model import ViTEncoderOptions, takes_options
+from vitlab.families.vitcae.config import ViTCAEOptions
 from vitlab.families.vitcae.losses import reparameterize
 from vitlab.families.vitcae.presets import CATALOGUE, PRESETS
 from vitlab.layers import Attention, CrossAttention, trunc_normal_
-from vitlab.layers.attention import TemperatureForm
 from vitlab.models.contract import ModelContract
 from vitlab.models.registry import register_preset
-from vitlab.models.vit import VisionTransformer, check_patch_grid
+from vitlab.models.vit import VisionTransformer
 
 
 @dataclass
@@ -155,6 +157,7 @@ class DecoderBlock(nn.Module):
         return x + self.drop_path3(self.film(self.mlp(self.norm2(x)), z_cls))
 
 
+@takes_options(ViTCAEOptions)
 class ViTCAE(ModelContract, nn.Module):
     """ViT-based class-conditioned autoencoder. ``x: [B, C, H, W] -> ViTCAEOutput``.
 
@@ -166,121 +169,67 @@ class ViTCAE(ModelContract, nn.Module):
     embeddings and blocks; the latent heads, the decoder and the classifier form the last group) and
     ``pretrained_cfg``.
 
-    Args:
-        img_size, patch_size, in_chans: input geometry; ``N = (img_size / patch_size)^2`` patch tokens.
-        num_classes: classes of the linear classifier on ``mu_cls``.
-        embed_dim, depth, num_heads, mlp_ratio, qkv_bias: encoder width D, blocks L, heads, FFN ratio, QKV bias.
-        latent_dim: ``d_z``, width of the global latent ``z_cls``.
-        patch_latent_dim: ``d_p``, width of each patch latent in ``z_pt``.
-        decoder_dim, decoder_depth, decoder_heads: decoder width, blocks and heads.
-        num_cond_tokens: ``M``, conditioning tokens made from ``z_cls`` for the decoder's cross-attention.
-        temperature: learnable per-head encoder temperature (eq. 19); ``False`` builds the plain attention.
-        temperature_form: ``inverse`` (logits * tau, the default) or ``divide`` (eq. 19 as printed).
-        drop_rate, attn_drop_rate, drop_path_rate: dropout on features, on attention weights, stochastic depth;
-            used by encoder and decoder alike.
+    Options: :class:`~vitlab.families.vitcae.config.ViTCAEOptions`; ``N = (img_size / patch_size)^2`` patch tokens.
     """
 
     #: the attention the dynamics controller steers (eq. 20, 26): the encoder's, never the decoder's
     dynamics_target = "encoder."
     first_conv = "encoder.patch_embed.proj"
 
-    def __init__(
-        self,
-        *,
-        img_size: int = 32,
-        patch_size: int = 4,
-        in_chans: int = 3,
-        num_classes: int = 10,
-        embed_dim: int = 192,
-        depth: int = 12,
-        num_heads: int = 3,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        latent_dim: int = 64,
-        patch_latent_dim: int = 16,
-        decoder_dim: int = 192,
-        decoder_depth: int = 4,
-        decoder_heads: int = 3,
-        num_cond_tokens: int = 4,
-        temperature: bool = True,
-        temperature_form: TemperatureForm = "inverse",
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-    ) -> None:
+    def __init__(self, **options: Any) -> None:
         super().__init__()
-        if num_classes < 1:
-            raise ValueError(f"ViTCAE is class-conditioned and needs num_classes >= 1, got {num_classes}")
-        if num_cond_tokens < 1:
-            raise ValueError(f"num_cond_tokens (M) must be at least 1, got {num_cond_tokens}")
-        grid = check_patch_grid(img_size, patch_size)
-        self.grid_size = (grid, grid)
-        self.num_patches = grid * grid
-        self.patch_size = patch_size
-        self.in_chans = in_chans
-        self.num_classes = num_classes
-        self.latent_dim = latent_dim
-        self.patch_latent_dim = patch_latent_dim
-        self.num_cond_tokens = num_cond_tokens
-        self.decoder_dim = decoder_dim
-
-        self.num_features, self.head_hidden_size = embed_dim, latent_dim
+        o = ViTCAEOptions(**options)
+        self.grid_size = (o.grid, o.grid)
+        self.num_patches = o.grid * o.grid
+        self.patch_size, self.in_chans, self.num_classes = o.patch_size, o.in_chans, o.num_classes
+        self.latent_dim, self.patch_latent_dim = o.latent_dim, o.patch_latent_dim
+        self.num_cond_tokens, self.decoder_dim = o.num_cond_tokens, o.decoder_dim
+        self.num_features, self.head_hidden_size = o.embed_dim, o.latent_dim
         # 1. Encoder (eq. 17, 19).
-        self.encoder = VisionTransformer(
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            num_classes=0,
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            mlp_ratio=mlp_ratio,
-            qkv_bias=qkv_bias,
-            drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate,
-            temperature=temperature,
-            temperature_form=temperature_form,
-        )
-
-        # 2. Posteriors, conditional prior f, estimator g, classifier.
-        self.mu_cls = nn.Linear(embed_dim, latent_dim)
-        self.logvar_cls = nn.Linear(embed_dim, latent_dim)
-        self.mu_pt = nn.Linear(embed_dim, patch_latent_dim)
-        self.logvar_pt = nn.Linear(embed_dim, patch_latent_dim)
-        self.prior_net = Mlp(
-            in_features=latent_dim, hidden_features=embed_dim, out_features=self.num_patches * 2 * patch_latent_dim
-        )
-        self.estimator_net = Mlp(
-            in_features=latent_dim, hidden_features=embed_dim, out_features=self.num_patches * patch_latent_dim
-        )
-        self.head = nn.Linear(latent_dim, num_classes)
-
-        # 3. Decoder.
-        self.decoder_embed = nn.Linear(patch_latent_dim, decoder_dim)
-        self.decoder_pos_embed = nn.Parameter(torch.zeros(1, self.num_patches, decoder_dim))
-        self.cond_embed = nn.Linear(latent_dim, num_cond_tokens * decoder_dim)
-        dpr = [drop_path_rate * i / max(decoder_depth - 1, 1) for i in range(decoder_depth)]  # meta-device safe
-        self.decoder_blocks = nn.ModuleList(
-            DecoderBlock(
-                decoder_dim,
-                cond_dim=latent_dim,
-                num_heads=decoder_heads,
-                mlp_ratio=mlp_ratio,
-                qkv_bias=qkv_bias,
-                proj_drop=drop_rate,
-                attn_drop=attn_drop_rate,
-                drop_path=dpr[i],
-            )
-            for i in range(decoder_depth)
-        )
-        self.decoder_norm = nn.LayerNorm(decoder_dim, eps=1e-6)
-        self.decoder_head = nn.Linear(decoder_dim, patch_size * patch_size * in_chans)
-
+        encoder = {f.name: getattr(o, f.name) for f in dataclasses.fields(ViTEncoderOptions)}
+        self.encoder = VisionTransformer(**{**encoder, "num_classes": 0})
+        self._build_latents_and_decoder(o)
         trunc_normal_(self.decoder_pos_embed, std=0.02)
         for name, module in self.named_children():
             if name != "encoder":  # the encoder initialises itself
                 module.apply(init_weights_vit_timm)  # timm's ViT init; FiLM's reset_parameters restores its identity
+
+    def _build_latents_and_decoder(self, o: ViTCAEOptions) -> None:
+        # 2. Posteriors, conditional prior f, estimator g, classifier.
+        self.mu_cls = nn.Linear(o.embed_dim, o.latent_dim)
+        self.logvar_cls = nn.Linear(o.embed_dim, o.latent_dim)
+        self.mu_pt = nn.Linear(o.embed_dim, o.patch_latent_dim)
+        self.logvar_pt = nn.Linear(o.embed_dim, o.patch_latent_dim)
+        self.prior_net = Mlp(
+            in_features=o.latent_dim,
+            hidden_features=o.embed_dim,
+            out_features=self.num_patches * 2 * o.patch_latent_dim,
+        )
+        self.estimator_net = Mlp(
+            in_features=o.latent_dim, hidden_features=o.embed_dim, out_features=self.num_patches * o.patch_latent_dim
+        )
+        self.head = nn.Linear(o.latent_dim, o.num_classes)
+
+        # 3. Decoder.
+        self.decoder_embed = nn.Linear(o.patch_latent_dim, o.decoder_dim)
+        self.decoder_pos_embed = nn.Parameter(torch.zeros(1, self.num_patches, o.decoder_dim))
+        self.cond_embed = nn.Linear(o.latent_dim, o.num_cond_tokens * o.decoder_dim)
+        dpr = [o.drop_path_rate * i / max(o.decoder_depth - 1, 1) for i in range(o.decoder_depth)]  # meta-device safe
+        self.decoder_blocks = nn.ModuleList(
+            DecoderBlock(
+                o.decoder_dim,
+                cond_dim=o.latent_dim,
+                num_heads=o.decoder_heads,
+                mlp_ratio=o.mlp_ratio,
+                qkv_bias=o.qkv_bias,
+                proj_drop=o.drop_rate,
+                attn_drop=o.attn_drop_rate,
+                drop_path=dpr[i],
+            )
+            for i in range(o.decoder_depth)
+        )
+        self.decoder_norm = nn.LayerNorm(o.decoder_dim, eps=1e-6)
+        self.decoder_head = nn.Linear(o.decoder_dim, o.patch_size * o.patch_size * o.in_chans)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
