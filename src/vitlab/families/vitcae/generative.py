@@ -40,6 +40,7 @@ come from the training images without augmentation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -288,13 +289,7 @@ def inpainting_task(
         masked = x.masked_fill(pixel_mask, 0.0)
         target = denormalize(x, mean, std)
         mean_fill = denormalize(masked, mean, std)
-        outputs = {"plain": model(masked).recon}
-        if generative:
-            outputs["prior_fill"] = prior_fill(model, masked, patch_mask.to(device), pixel_mask)
-            current = outputs["prior_fill"]
-            for _ in range(INPAINTING_ITERATIONS - 1):
-                current = prior_fill(model, current, patch_mask.to(device), pixel_mask)
-            outputs["iterated"] = current
+        outputs = _inpaintings(model, masked, patch_mask.to(device), pixel_mask, generative)
         selected = pixel_mask.expand_as(x)
         for name in fills:
             psnr[name].update(denormalize(outputs[name], mean, std)[selected], target[selected])
@@ -323,6 +318,20 @@ def inpainting_task(
     return metrics
 
 
+def _inpaintings(
+    model: nn.Module, masked: Tensor, patch_mask: Tensor, pixel_mask: Tensor, generative: bool
+) -> dict[str, Tensor]:
+    """The model's output on the ``masked`` images (``plain``) and, for a generative model, the prior fill once
+    (``prior_fill``) and ``INPAINTING_ITERATIONS`` times (``iterated``)."""
+    outputs = {"plain": model(masked).recon}
+    if generative:
+        outputs["prior_fill"] = current = prior_fill(model, masked, patch_mask, pixel_mask)
+        for _ in range(INPAINTING_ITERATIONS - 1):
+            current = prior_fill(model, current, patch_mask, pixel_mask)
+        outputs["iterated"] = current
+    return outputs
+
+
 # -------------------------------------------------------------------------------------------------------------------
 # Everything at once.
 
@@ -347,6 +356,19 @@ def _clean_loader(dm: VisionDataModule, split: ImageSplit) -> DataLoader:
     )
 
 
+class _Stages:
+    """The stages of :func:`run_generative_tasks`: calling it with the next stage's name closes the running one,
+    printing its seconds where ``progress`` asks for them (None closes the last)."""
+
+    def __init__(self, progress: bool) -> None:
+        self.progress, self.name, self.started = progress, None, time.perf_counter()
+
+    def __call__(self, name: str | None) -> None:
+        if self.progress and self.name is not None:
+            print(f"generate: {self.name} done in {time.perf_counter() - self.started:.1f} s", flush=True)
+        self.name, self.started = name, time.perf_counter()
+
+
 def run_generative_tasks(
     model: ViTCAE,
     datamodule: VisionDataModule,
@@ -357,20 +379,13 @@ def run_generative_tasks(
     max_images: int | None = None,
     progress: bool = True,
 ) -> dict[str, float]:
-    """Run the four generative tasks and the linear probe; write their grids and ``metrics.json`` into ``out_dir``.
+    """Run the four generative tasks and the linear probe (module doc); write their grids (``GRID_FILES``) and
+    ``metrics.json`` into ``out_dir``; return the metrics.
 
-    ``model`` is moved to ``device`` and run in eval mode (its training flag is restored afterwards). Training
-    latents and pixels come from the un-augmented training images. ``max_images`` caps the images used from each
-    of the training and test sets (for quick runs); None uses all. Every random draw (class samples, prior noise,
-    pairs, masks, sklearn) follows ``seed``. Returns the metrics, also written to ``out_dir / "metrics.json"``:
-    ``images/{train,test}``, ``classifier/accuracy`` (the ViTCAE's own head), ``linear_probe/accuracy``,
-    ``reconstruction/{mse,psnr,ssim,judge_accuracy}``, ``conditional/{judge_accuracy,prior_mean_judge_accuracy,
-    estimator_judge_accuracy,judge_test_accuracy,prior_std_rms,prior_mean_rms,self_agreement,latent_agreement,
-    num_classes}``, ``interpolation/{endpoint_psnr,endpoint_judge_accuracy,path_latent_error,
-    path_endpoint_classes,path_max_step_share}``, ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}`` and
-    ``inpainting/{prior_fill,iterated}_{psnr,psnr_gain}``. The grids are the files of ``GRID_FILES``.
-    ``progress``: print one line per stage with its time (the judge's training and the encodings take minutes on
-    large sets).
+    ``model`` is moved to ``device`` and run in eval mode (its training flag is restored afterwards). ``max_images``
+    caps the images used from each of the training and test sets (for quick runs); None uses all. Every random draw
+    (class samples, prior noise, pairs, masks, sklearn) follows ``seed``. ``progress``: print one line per stage
+    with its time (the judge's training and the encodings take minutes on large sets).
     """
     if not isinstance(model, GenerativeModel):
         raise TypeError(f"the generative tasks need a ViTCAE, got {type(model).__name__}")
@@ -380,73 +395,50 @@ def run_generative_tasks(
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(device)
     datamodule.setup()
-    mean, std, class_names = datamodule.mean, datamodule.std, datamodule.class_names
-    train_loader = _clean_loader(datamodule, datamodule.train_set)
-    test_loader = _clean_loader(datamodule, datamodule.test_set)
-
-    def test_batches() -> Iterator[tuple[Tensor, Tensor]]:
-        return take_images(test_loader, max_images)
-
-    clock = {"name": None, "t0": time.perf_counter()}
-
-    def stage(name: str | None) -> None:
-        """Close the running stage (its time) and open the next one."""
-        if progress and clock["name"] is not None:
-            print(f"generate: {clock['name']} done in {time.perf_counter() - clock['t0']:.1f} s", flush=True)
-        clock["name"], clock["t0"] = name, time.perf_counter()
-
-    generator = torch.Generator().manual_seed(seed)
+    mean, std = datamodule.mean, datamodule.std
+    test_batches = functools.partial(take_images, _clean_loader(datamodule, datamodule.test_set), max_images)
+    grids = {task: out_dir / name for task, name in GRID_FILES.items()}
+    stage, generator = _Stages(progress), torch.Generator().manual_seed(seed)
+    sampling = dict(device=device, class_names=datamodule.class_names, generator=generator)
     model.to(device)
     with _eval_mode(model), torch.no_grad():
         stage("encoding the training images")
-        train = encode_split(
-            model, take_images(train_loader, max_images), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES
-        )
+        train_images = take_images(_clean_loader(datamodule, datamodule.train_set), max_images)
+        train = encode_split(model, train_images, mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES)
         stage("encoding the test images")
         test = encode_split(model, test_batches(), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES)
         stage("training the CNN judge")
         judge = fit_pixel_judge(train.images, train.labels[: len(train.images)], seed, device=device)
         stage("classifier and linear probe")
-        classifier = model.head(test.mu_cls.to(device)).argmax(-1).cpu()
-        metrics = {
-            "images/train": len(train.labels),
-            "images/test": len(test.labels),
-            "classifier/accuracy": float((classifier == test.labels).float().mean()),
-            "linear_probe/accuracy": linear_probe_accuracy(train, test, seed),
-            "conditional/judge_test_accuracy": judge_accuracy(judge, test.images, test.labels[: len(test.images)]),
-        }
+        metrics = _classifier_metrics(model, train, test, judge, seed, device)
         stage("reconstruction")
         metrics |= reconstruction_task(
-            model, test_batches(), mean, std, out_dir / GRID_FILES["reconstruction"], device=device, judge=judge
+            model, test_batches(), mean, std, grids["reconstruction"], device=device, judge=judge
         )
         stage("conditional generation")
-        metrics |= conditional_generation_task(
-            model,
-            fit_class_gaussians(train.mu_cls, train.labels),
-            judge,
-            mean,
-            std,
-            out_dir / GRID_FILES["conditional"],
-            device=device,
-            class_names=class_names,
-            generator=generator,
-        )
+        gaussians = fit_class_gaussians(train.mu_cls, train.labels)
+        metrics |= conditional_generation_task(model, gaussians, judge, mean, std, grids["conditional"], **sampling)
         stage("interpolation")
-        metrics |= interpolation_task(
-            model,
-            test,
-            judge,
-            mean,
-            std,
-            out_dir / GRID_FILES["interpolation"],
-            device=device,
-            class_names=class_names,
-            generator=generator,
-        )
+        metrics |= interpolation_task(model, test, judge, mean, std, grids["interpolation"], **sampling)
         stage("inpainting")
         metrics |= inpainting_task(
-            model, test_batches(), mean, std, out_dir / GRID_FILES["inpainting"], device=device, generator=generator
+            model, test_batches(), mean, std, grids["inpainting"], device=device, generator=generator
         )
         stage(None)
     atomic_write_json(out_dir / GENERATE_METRICS_FILE, metrics)
     return metrics
+
+
+def _classifier_metrics(
+    model: ViTCAE, train: EncodedSplit, test: EncodedSplit, judge: ConvJudge, seed: int, device: torch.device
+) -> dict[str, float]:
+    """The image counts, the accuracy of the ViTCAE's own head and of a linear probe on ``mu_cls``, and the judge's
+    accuracy on the real test images (an upper bound for the samples)."""
+    classifier = model.head(test.mu_cls.to(device)).argmax(-1).cpu()
+    return {
+        "images/train": len(train.labels),
+        "images/test": len(test.labels),
+        "classifier/accuracy": float((classifier == test.labels).float().mean()),
+        "linear_probe/accuracy": linear_probe_accuracy(train, test, seed),
+        "conditional/judge_test_accuracy": judge_accuracy(judge, test.images, test.labels[: len(test.images)]),
+    }
