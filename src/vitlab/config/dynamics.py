@@ -20,6 +20,20 @@ FREEZE_SCOPES = ("qkv", "pattern")
 TAU_MODES = ("schedule", "learn")
 #: the remedy when they find none (here before torch, in ``DynamicsPolicy.check`` on the built model)
 TEMPERATURE_FIX = "build the model with temperature=true (e.g. model.temperature=true) or use dynamics.mode=fixed"
+#: the options that take one of a few names, and those names
+_CHOICES = {
+    "mode": MODES,
+    "freeze_scope": FREEZE_SCOPES,
+    "probe_tau": PROBE_TAUS,
+    "drift_units": DRIFT_UNITS,
+    "convergence": CONVERGENCE_RULES,
+    "tau_clause": TAU_CLAUSES,
+    "kappa_dtype": KAPPA_DTYPES,
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass
@@ -143,33 +157,37 @@ class DynamicsConfig:
     drift_workers: int | None = None
 
     def __post_init__(self) -> None:
+        problems = [
+            *self._not_one_of("mode", "freeze_scope", "probe_tau", "drift_units", "convergence"),
+            *self._rule_problems(),
+            *self._probe_problems(),
+        ]
+        if not 0 < self.eps < 1:
+            problems.append(f"dynamics.eps must be in (0, 1), got {self.eps}")
+        if not (self.eps_d > 0 and self.eps_tau > 0):
+            problems.append(f"dynamics.eps_d and dynamics.eps_tau must be > 0, got {self.eps_d} and {self.eps_tau}")
+        if self.patience < 1:
+            problems.append(f"dynamics.patience must be >= 1 epoch, got {self.patience}")
+        if self.burn_in < 0:
+            problems.append(f"dynamics.burn_in must be >= 0 epochs, got {self.burn_in}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def _not_one_of(self, *names: str) -> list[str]:
+        """The named options whose value is not one of their :data:`_CHOICES`."""
+        return [
+            f"dynamics.{name} must be one of {', '.join(_CHOICES[name])}, got {getattr(self, name)!r}"
+            for name in names
+            if getattr(self, name) not in _CHOICES[name]
+        ]
+
+    def _rule_problems(self) -> list[str]:
+        """What is wrong with the convergence rule's and the schedule's options."""
         problems = []
-        if self.mode not in MODES:
-            problems.append(f"dynamics.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.freeze_scope not in FREEZE_SCOPES:
-            problems.append(
-                f"dynamics.freeze_scope must be one of {', '.join(FREEZE_SCOPES)}, got {self.freeze_scope!r}"
-            )
-        if self.probe_tau not in PROBE_TAUS:
-            problems.append(f"dynamics.probe_tau must be one of {', '.join(PROBE_TAUS)}, got {self.probe_tau!r}")
-        if self.drift_units not in DRIFT_UNITS:
-            problems.append(f"dynamics.drift_units must be one of {', '.join(DRIFT_UNITS)}, got {self.drift_units!r}")
-        if self.convergence not in CONVERGENCE_RULES:
-            problems.append(
-                f"dynamics.convergence must be one of {', '.join(CONVERGENCE_RULES)}, got {self.convergence!r}"
-            )
-        if isinstance(self.rho, str):
-            if self.rho != "auto":
-                problems.append(f"dynamics.rho must be 'auto' or a directedness in (0, 1], got {self.rho!r}")
-        elif isinstance(self.rho, bool) or not isinstance(self.rho, int | float) or not 0 < self.rho <= 1:
+        if self.rho != "auto" and (not _is_number(self.rho) or not 0 < self.rho <= 1):
             problems.append(f"dynamics.rho must be 'auto' or a directedness in (0, 1], got {self.rho!r}")
-        if self.tau_clause not in TAU_CLAUSES:
-            problems.append(f"dynamics.tau_clause must be one of {', '.join(TAU_CLAUSES)}, got {self.tau_clause!r}")
-        if (
-            isinstance(self.decay_ratio, bool)
-            or not isinstance(self.decay_ratio, int | float)
-            or not 0 < self.decay_ratio < 1
-        ):
+        problems += self._not_one_of("tau_clause")
+        if not _is_number(self.decay_ratio) or not 0 < self.decay_ratio < 1:
             problems.append(
                 "dynamics.decay_ratio must be in (0, 1) (a fraction of the head's earlier drift), "
                 f"got {self.decay_ratio!r}"
@@ -180,6 +198,11 @@ class DynamicsConfig:
             problems.append(f"dynamics.rel_d must be in (0, 1) (a fraction of the peak drift), got {self.rel_d}")
         if not self.alpha > 0:
             problems.append(f"dynamics.alpha must be > 0 (eq. 20), got {self.alpha}")
+        return problems
+
+    def _probe_problems(self) -> list[str]:
+        """What is wrong with the probe's, the clusters' and the transport's options."""
+        problems = []
         if self.probe_size < 1 or self.probe_batch_size < 1:
             problems.append("dynamics.probe_size and dynamics.probe_batch_size must be >= 1")
         if not 1 <= self.kappa_images <= self.probe_size:
@@ -188,8 +211,7 @@ class DynamicsConfig:
             )
         if self.kappa_every < 1:
             problems.append(f"dynamics.kappa_every must be >= 1 epoch, got {self.kappa_every}")
-        if self.kappa_dtype not in KAPPA_DTYPES:
-            problems.append(f"dynamics.kappa_dtype must be one of {', '.join(KAPPA_DTYPES)}, got {self.kappa_dtype!r}")
+        problems += self._not_one_of("kappa_dtype")
         if self.probe_min is not None and not self.kappa_images <= self.probe_min <= self.probe_size:
             problems.append(
                 f"dynamics.probe_min must be in [kappa_images={self.kappa_images}, probe_size={self.probe_size}] "
@@ -201,16 +223,7 @@ class DynamicsConfig:
             problems.append(
                 f"dynamics.drift_workers must be >= 1 thread or null (as many as torch uses), got {self.drift_workers}"
             )
-        if not 0 < self.eps < 1:
-            problems.append(f"dynamics.eps must be in (0, 1), got {self.eps}")
-        if not (self.eps_d > 0 and self.eps_tau > 0):
-            problems.append(f"dynamics.eps_d and dynamics.eps_tau must be > 0, got {self.eps_d} and {self.eps_tau}")
-        if self.patience < 1:
-            problems.append(f"dynamics.patience must be >= 1 epoch, got {self.patience}")
-        if self.burn_in < 0:
-            problems.append(f"dynamics.burn_in must be >= 0 epochs, got {self.burn_in}")
-        if problems:
-            raise ConfigError("; ".join(problems))
+        return problems
 
     def check_model(self, model: dict[str, Any]) -> None:
         """Refuse, before torch is imported, a mode that changes tau for a model section whose attention has no
