@@ -274,10 +274,6 @@ class RunDir:
     def export_dir(self) -> Path:
         return self.path / EXPORT_DIR
 
-    def evaluation_dir(self, suffix: str = "") -> Path:
-        """``evaluation/`` or, for a model evaluated with changed options, ``evaluation-KEY=VALUE/``."""
-        return self.path / f"{EVALUATION_DIR}{suffix}"
-
     # state -----------------------------------------------------------------------------------------------------
     def is_run(self) -> bool:
         """True when the folder holds a run's resolved config."""
@@ -458,8 +454,3 @@ def config_with_overrides(
     else:
         update = parse_overrides(list(overrides))
     return from_dict(RunConfig, deep_merge(dict(values), dict(update)))
-
-
-def run_config(run_dir: str | Path, overrides: Sequence[str] | Mapping[str, Any] | None = None) -> RunConfig:
-    """The resolved config of a run directory, with ``overrides`` applied."""
-    return RunDir(run_dir).config(overrides)

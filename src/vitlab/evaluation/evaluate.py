@@ -371,7 +371,7 @@ def evaluate_run(
     )
     settings = dict(max_batches=max_batches, model_overrides=dict(model_overrides or {}), seed=seed)
     results: dict[str, Any] = {
-        "run": _run_section(target, test, len(val_labels), views, severities, out, **settings),
+        "run": _run_section(target, test, len(val_labels), settings, views, severities, out),
         **_test_sections(test, calibration, list(dm.class_names), severities, evaluation, seed),
         "files": {"reliability": RELIABILITY_FILE},
     }
@@ -418,13 +418,10 @@ def _run_section(
     target: EvaluationTarget,
     test: _TestPredictions,
     n_val: int,
+    settings: dict[str, Any],
     views: list[View],
     severities: Sequence[int],
     out: Path,
-    *,
-    max_batches: int | None,
-    model_overrides: dict[str, Any],
-    seed: int,
 ) -> dict[str, Any]:
     """The ``run`` section of ``evaluation.json``: what was evaluated, on what, and how."""
     model, dm = target.model, target.datamodule
@@ -437,9 +434,7 @@ def _run_section(
         "num_classes": dm.num_classes,
         "n_test": len(test.labels),
         "n_val": n_val,
-        "max_batches": max_batches,
-        "model_overrides": model_overrides,
-        "seed": seed,
+        **settings,  # max_batches, model_overrides, seed
         "tta_views": [view.name for view in views],
         "severities": list(severities),
         "out_dir": str(out),
