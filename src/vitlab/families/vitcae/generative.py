@@ -1,40 +1,24 @@
-"""ViTCAE's four generative tasks and the linear probe (ViTCAE paper, "four distinct tasks"; docs/vitcae.md).
+"""ViTCAE's four generative tasks and the linear probe (ViTCAE paper, "four distinct tasks", which it does not list;
+the project's reading and each metric's meaning: docs/vitcae.md, "The generative tasks"). Each task writes a PNG
+grid and its numbers, in [0, 1] pixel space after undoing the normalisation:
 
-The paper judges its autoencoder on "four distinct tasks" without listing them; the four below are the project's
-reading (docs/vitcae.md, "The generative tasks"). Each one here writes a PNG grid and its numbers:
+1. Reconstruction: MSE, PSNR (of the MSE pooled over the set) and SSIM (window: :func:`ssim_window`) over the test
+   set: ``reconstruction/{mse,psnr,ssim,judge_accuracy}``.
+2. Class-conditional generation: ``z_cls`` from a Gaussian per class fitted to ``mu_cls`` of the training set
+   (Ledoit-Wolf shrunk covariance), ``z_pt`` from ``p(z_pt | z_cls)``, decoded; class consistency is judged by a
+   small CNN trained independently on pixels (:class:`ConvJudge`): ``conditional/{judge_accuracy,
+   prior_mean_judge_accuracy,estimator_judge_accuracy,judge_test_accuracy,prior_std_rms,prior_mean_rms,
+   self_agreement,latent_agreement,num_classes}``.
+3. Interpolation: decode along the line between two test images' ``mu_cls`` (patch latents: the prior mean):
+   ``interpolation/{endpoint_psnr,endpoint_judge_accuracy,path_latent_error,path_endpoint_classes,
+   path_max_step_share}``.
+4. Inpainting: a seeded fraction of the patches set to the dataset mean, encoded and decoded, PSNR on the masked
+   pixels against the mean fill, and for a generative model the prior-mean fill once and iterated
+   ``INPAINTING_ITERATIONS`` times: ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}`` and
+   ``inpainting/{prior_fill,iterated}_{psnr,psnr_gain}``.
 
-1. Reconstruction: MSE, PSNR and SSIM over the test set, in [0, 1] pixel space after undoing the normalisation.
-   PSNR is ``10 log10(1 / MSE)`` of the MSE pooled over every pixel of the set (torchmetrics, ``data_range=1``);
-   SSIM is the mean per-image SSIM with the window of :func:`ssim_window` (a smaller one for tiny images).
-2. Class-conditional generation: a Gaussian per class fitted to ``mu_cls`` of the training set, with a full
-   covariance shrunk by Ledoit-Wolf (the latent dimensions are correlated, and shrinkage keeps the estimate
-   positive definite when a class has fewer images than ``d_z``); ``z_cls`` sampled from it, ``z_pt`` from the
-   conditional prior ``p(z_pt | z_cls)``, decoded. Class consistency is the accuracy, on the samples, of a judge
-   trained independently of the ViTCAE: a small CNN (:class:`ConvJudge`) on the pixels of the training images.
-   The same ``z_cls`` are also decoded with the prior mean ``mu_hat_pt(z_cls)`` and with the estimator ``g(z_cls)``
-   as patch latents (``prior_mean_judge_accuracy``, ``estimator_judge_accuracy``): the samples' ``z_pt`` noise has
-   the prior's std, which is measured (``prior_std_rms`` against ``prior_mean_rms``) and can be larger than the
-   patch means themselves. Upper bounds beside them: the judge on real test images (``judge_test_accuracy``) and
-   on their reconstructions (``reconstruction/judge_accuracy``). The ViTCAE's own classifier is reported too: on
-   the re-encoded samples (``self_agreement``) and on the sampled ``z_cls`` themselves (``latent_agreement``).
-3. Interpolation: a straight line between two test images' ``mu_cls``, patch latents from the prior mean
-   ``mu_hat_pt(z_cls)``, decoded; pairs of images of different classes. At the ends: PSNR of the decoded end
-   points against their images (what the prior-mean patch latents lose) and the judge's accuracy there. On the
-   path (the interpolation itself): ``path_latent_error``, how far the re-encoded frames' ``mu_cls`` lie from the
-   points of the line they were decoded from, relative to the line's length (0: the decoder follows the line);
-   ``path_endpoint_classes``, the share of the inner frames the judge gives to one of the two end classes; and
-   ``path_max_step_share``, the largest pixel change between neighbouring frames over the sum of them (``1 /
-   (steps - 1)`` for an even morph, 1 for a single jump).
-4. Inpainting: a seeded random fraction of the patches set to 0 in normalised space (the per-channel dataset
-   mean), encoded and decoded; PSNR on the masked pixels against the mean-fill baseline, which is exactly what the
-   masked input holds there. The autoencoder reproduces its input, mean fill included, so two fills that use the
-   generative model are measured too: ``prior_fill`` replaces the masked patches' latents by the conditional prior
-   mean ``mu_hat_pt(z_cls)`` before decoding (the known pixels are pasted back), and ``iterated`` repeats
-   encode -> prior fill -> decode -> paste ``INPAINTING_ITERATIONS`` times.
-
-Linear probe (the project's decision where the ViTCAE paper is silent; docs/vitcae.md, "Class conditioning"): a
-logistic regression on frozen ``mu_cls`` of the training set, accuracy on the test set. Training latents and pixels
-come from the training images without augmentation.
+Linear probe (the project's decision where the paper is silent): a logistic regression on frozen ``mu_cls`` of the
+un-augmented training images, accuracy on the test set (``linear_probe/accuracy``).
 """
 
 from __future__ import annotations
