@@ -119,7 +119,8 @@ def write_output(path: str | Path, data: str | bytes, *, force: bool = False) ->
 
 
 def save_figure(figure: Any, path: str | Path, **savefig_kwargs: Any) -> Path:
-    """A matplotlib figure written atomically (rendered in memory, then :func:`atomic_write_bytes`)."""
+    """A matplotlib figure written atomically (rendered in memory, then :func:`atomic_write_bytes`, which creates
+    the folder); returns ``path``."""
     import io
 
     path = Path(path)

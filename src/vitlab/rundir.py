@@ -33,30 +33,14 @@ from typing import TYPE_CHECKING, Any
 from vitlab import manifest
 
 # the writing itself is vitlab.atomic's (every write goes through it); its names are also this module's
-from vitlab.atomic import (
-    atomic_write_bytes as atomic_write_bytes,
-)
-from vitlab.atomic import (
-    atomic_write_json as atomic_write_json,
-)
-from vitlab.atomic import (
-    atomic_write_text as atomic_write_text,
-)
-from vitlab.atomic import (
-    check_outputs as check_outputs,
-)
-from vitlab.atomic import (
-    environment_error as environment_error,
-)
-from vitlab.atomic import (
-    save_figure as save_figure,
-)
-from vitlab.atomic import (
-    umask_mode as umask_mode,
-)
-from vitlab.atomic import (
-    write_output as write_output,
-)
+from vitlab.atomic import atomic_write_bytes as atomic_write_bytes
+from vitlab.atomic import atomic_write_json as atomic_write_json
+from vitlab.atomic import atomic_write_text as atomic_write_text
+from vitlab.atomic import check_outputs as check_outputs
+from vitlab.atomic import environment_error as environment_error
+from vitlab.atomic import save_figure as save_figure
+from vitlab.atomic import umask_mode as umask_mode
+from vitlab.atomic import write_output as write_output
 from vitlab.environment import environment as environment
 from vitlab.errors import CheckpointError, ConfigError, RunDirError
 
@@ -274,10 +258,6 @@ class RunDir:
     def export_dir(self) -> Path:
         return self.path / EXPORT_DIR
 
-    def evaluation_dir(self, suffix: str = "") -> Path:
-        """``evaluation/`` or, for a model evaluated with changed options, ``evaluation-KEY=VALUE/``."""
-        return self.path / f"{EVALUATION_DIR}{suffix}"
-
     # state -----------------------------------------------------------------------------------------------------
     def is_run(self) -> bool:
         """True when the folder holds a run's resolved config."""
@@ -458,8 +438,3 @@ def config_with_overrides(
     else:
         update = parse_overrides(list(overrides))
     return from_dict(RunConfig, deep_merge(dict(values), dict(update)))
-
-
-def run_config(run_dir: str | Path, overrides: Sequence[str] | Mapping[str, Any] | None = None) -> RunConfig:
-    """The resolved config of a run directory, with ``overrides`` applied."""
-    return RunDir(run_dir).config(overrides)

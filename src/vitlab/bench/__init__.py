@@ -12,21 +12,9 @@ hits all of them alike; ratios and MFU are formed per round and summarised by th
 (:func:`quartile_summary`, :func:`bootstrap_median`; the fewest seconds of one call: :func:`fastest`; the statistics
 of runs over seeds are :func:`vitlab.evaluation.stats.summarize`).
 
-Definitions (``docs/benchmarks.md``):
-
-- FLOPs per image: the forward FLOPs that ``torch.utils.flop_counter.FlopCounterMode`` counts (matrix products,
-  convolutions and attention; elementwise work is not counted), :func:`vitlab.models.sizing.flops_per_image`.
-  Training FLOPs are 3x the forward FLOPs (the backward pass computes two matrix products per forward one: input
-  and weight gradients); the counted backward-over-forward ratio is reported next to it as a check
-  (:func:`training_flops_per_image`).
-- MFU: achieved FLOP/s (FLOPs per image x images/s) over the FLOP/s of a ``matmul_size``-square matrix multiply
-  measured in the same round, at the same precision (bf16 through autocast) and thread count.
-- Peak memory of a training step: on CUDA, ``max_memory_allocated`` above the allocation before the network was
-  built; on CPU, the growth of the peak resident set size of a fresh process (Linux: ``VmHWM`` after resetting it
-  through ``/proc/self/clear_refs``; elsewhere ``getrusage`` ``ru_maxrss``) from before building the network to
-  after two training steps (weights, gradients, AdamW state, activations and
-  allocator overhead). A fresh process per network, because a process's peak RSS never goes down and the
-  allocator keeps freed memory, so a second network measured in the same process would read the first one's peak.
+FLOPs per image (:func:`training_flops_per_image`: 3x the forward FLOPs that ``FlopCounterMode`` counts), MFU
+(against the matmul peak of the same round, precision and thread count) and the peak memory of a training step
+(:func:`peak_memory`) are defined in ``docs/benchmarks.md``.
 
 Modules: ``specs`` (what is measured), ``flops``, ``timing``, ``memory``, ``run`` (:func:`bench` and its report).
 """

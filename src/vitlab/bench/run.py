@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -19,6 +20,10 @@ from vitlab.layers import attention_path
 
 #: the networks a run compares ``ours`` with, each as ``ours_over_<name>``
 COMPARED = ("timm", "ours_eager", "timm_compiled", "ours_no_checkpointing")
+#: the networks whose peak memory a run measures (the others are the same network run another way)
+MEMORY_MEASURED = ("ours", "timm", "ours_no_checkpointing")
+#: the settings that :func:`measure_networks` takes as they are
+_MEASURE_SETTINGS = ("batch_size", "precision", "device", "repeats", "warmup", "sample_seconds", "matmul_size")
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -45,58 +50,25 @@ def bench(
 ) -> dict[str, Any]:
     """Benchmark the preset ``model`` (with keyword ``overrides``) alone or, with ``vs="timm"``, next to timm's.
 
-    ``ours`` runs as ``vitlab fit`` trains: its dropout and attention path (:func:`vitlab.create_model`), the
-    gradient-norm clipping of ``optim.grad_clip``'s default, AdamW with ``optim.fused=fused`` and, with
-    ``compile``, its blocks compiled (``trainer.compile``, mode ``compile_mode``); ``timm`` runs as a timm user's
-    script does by default: eager, torch's default AdamW, no clipping. With ``compile`` the run also times
-    ``ours_eager`` and, with ``vs="timm"``, ``timm_compiled`` (``torch.compile`` of the whole network, same
-    mode), all alternating in one process.
+    ``ours`` runs as ``vitlab fit`` trains (its dropout and attention path, ``optim.grad_clip``'s default, AdamW with
+    ``optim.fused=fused``, with ``compile`` its blocks compiled in ``compile_mode``); ``timm`` as a timm user's
+    script does (eager, torch's default AdamW, no clipping). With ``compile`` the run also times ``ours_eager`` and,
+    with ``vs="timm"``, ``timm_compiled`` (``torch.compile`` of the whole network); with ``grad_checkpointing``
+    ``ours`` recomputes its blocks' activations and ``ours_no_checkpointing`` is timed beside it. ``precision``
+    ``auto`` resolves for ``device`` by :func:`vitlab.acceleration.choose_precision`.
 
-    With ``grad_checkpointing`` ``ours`` recomputes its blocks' activations in the backward pass
-    (``trainer.grad_checkpointing``) and the run also times and measures ``ours_no_checkpointing``, the same network
-    without, alternating.
-
-
-    ``precision``: ``auto`` (the default, as ``vitlab fit``'s) resolves for ``device`` by
-    :func:`vitlab.acceleration.choose_precision`; ``settings`` holds the precision used and ``precision_choice``
-    the request and the reason.
-
-    Returns the :func:`measure_networks` record with ``settings``, ``environment``, ``attention_paths`` (the paths
-    :mod:`vitlab.layers.attention_path` chose in this process, with their timings), ``load_average``
-    (``os.getloadavg()`` before and after), each network's ``description``, ``runner`` and ``peak_memory`` (when
-    ``memory``; eager training steps), and the throughput ratios formed per round, ``{clock: {phase: summary}}``:
-    ``ours_over_timm``, and with ``compile`` ``ours_over_ours_eager`` and ``ours_over_timm_compiled``, with
-    ``grad_checkpointing`` ``ours_over_ours_no_checkpointing``.
+    Returns the :func:`measure_networks` record with ``settings`` (``precision_choice``: the request and the
+    reason), ``load_average`` (before and after), ``environment``, ``attention_paths`` (the choices of
+    :mod:`vitlab.layers.attention_path` in this process), each network's ``description``, ``spec``, ``runner`` and
+    ``peak_memory`` (with ``memory``), and the per-round throughput ratios ``ours_over_<other>`` for the networks of
+    :data:`COMPARED` that ran, ``{clock: {phase: summary}}``.
     """
-    if precision not in ("auto", *PRECISIONS):
-        raise ConfigError(f"precision must be one of auto, {', '.join(PRECISIONS)}, got {precision!r}")
-    choice = choose_precision(precision, torch.device(device).type)
-    precision = choice.precision
-    check_settings(batch_size=batch_size, precision=precision, repeats=repeats, warmup=warmup)
-    if vs not in (None, "timm"):
-        raise ConfigError(f"--vs compares with 'timm' only, got {vs!r}")
-    check_compile_mode(compile_mode)
-    check_device(device)
-    overrides = dict(overrides or {})
-    ours = NetworkSpec("vitlab", model, overrides)
-    specs = {"ours": NetworkSpec("vitlab", model, overrides, grad_checkpointing=True) if grad_checkpointing else ours}
-    compiled = dict(mode=compile_mode, backend=compile_backend)
-    clip = OptimConfig().grad_clip
-    eager = Runner(fused=fused, grad_clip=clip)
-    runners = {"ours": Runner("blocks", fused=fused, grad_clip=clip, **compiled) if compile else eager}
-    if compile:
-        specs["ours_eager"], runners["ours_eager"] = specs["ours"], eager
-    if grad_checkpointing:
-        specs["ours_no_checkpointing"], runners["ours_no_checkpointing"] = ours, runners["ours"]
-    if vs == "timm":
-        specs["timm"], runners["timm"] = timm_counterpart(model, overrides), Runner()
-        if compile:
-            specs["timm_compiled"], runners["timm_compiled"] = specs["timm"], Runner(compile="model", **compiled)
+    choice = _check_options(precision, device, vs, compile_mode, batch_size=batch_size, repeats=repeats, warmup=warmup)
     settings = dict(
         model=model,
-        overrides=overrides,
+        overrides=dict(overrides or {}),
         batch_size=batch_size,
-        precision=precision,
+        precision=choice.precision,
         precision_choice=choice.record(),
         compile=compile,
         compile_mode=compile_mode,
@@ -111,41 +83,75 @@ def bench(
         device=device,
         grad_checkpointing=grad_checkpointing,
     )
+    specs, runners = _networks(settings)
+    return {"benchmark": "bench", "settings": settings, **_measure(specs, runners, settings, memory=memory)}
+
+
+def _check_options(
+    precision: str, device: str, vs: str | None, compile_mode: str | None, *, batch_size: int, repeats: int, warmup: int
+) -> PrecisionChoice:
+    """:func:`bench`'s options checked before anything is built; returns the precision ``precision`` resolves to."""
+    if precision not in ("auto", *PRECISIONS):
+        raise ConfigError(f"precision must be one of auto, {', '.join(PRECISIONS)}, got {precision!r}")
+    choice = choose_precision(precision, torch.device(device).type)
+    check_settings(batch_size=batch_size, precision=choice.precision, repeats=repeats, warmup=warmup)
+    if vs not in (None, "timm"):
+        raise ConfigError(f"--vs compares with 'timm' only, got {vs!r}")
+    check_compile_mode(compile_mode)
+    check_device(device)
+    return choice
+
+
+def _networks(settings: dict[str, Any]) -> tuple[dict[str, NetworkSpec], dict[str, Runner]]:
+    """The networks a run of ``settings`` times and how each runs (:func:`bench`): ``ours`` and those of
+    :data:`COMPARED` that the settings ask for."""
+    s = settings
+    ours = NetworkSpec("vitlab", s["model"], s["overrides"])
+    checkpointed = NetworkSpec("vitlab", s["model"], s["overrides"], grad_checkpointing=True)
+    specs = {"ours": checkpointed if s["grad_checkpointing"] else ours}
+    compiled = dict(mode=s["compile_mode"], backend=s["compile_backend"])
+    clip = OptimConfig().grad_clip
+    eager = Runner(fused=s["fused"], grad_clip=clip)
+    runners = {"ours": Runner("blocks", fused=s["fused"], grad_clip=clip, **compiled) if s["compile"] else eager}
+    if s["compile"]:
+        specs["ours_eager"], runners["ours_eager"] = specs["ours"], eager
+    if s["grad_checkpointing"]:
+        specs["ours_no_checkpointing"], runners["ours_no_checkpointing"] = ours, runners["ours"]
+    if s["vs"] == "timm":
+        specs["timm"], runners["timm"] = timm_counterpart(s["model"], s["overrides"]), Runner()
+        if s["compile"]:
+            specs["timm_compiled"], runners["timm_compiled"] = specs["timm"], Runner(compile="model", **compiled)
+    return specs, runners
+
+
+def _measure(
+    specs: dict[str, NetworkSpec], runners: dict[str, Runner], settings: dict[str, Any], *, memory: bool
+) -> dict[str, Any]:
+    """Peak memory (with ``memory``), then the alternating timing of the networks (:func:`measure_networks`), with
+    the machine's load average before and after, its environment and the per-round ratios of ``ours``."""
+    s = settings
     load_before = os.getloadavg()
-    with torch_threads(threads):
+    with torch_threads(s["threads"]):
         peak = {
-            name: peak_memory(spec, batch_size=batch_size, precision=precision, device=device, threads=threads)
+            name: peak_memory(
+                spec, batch_size=s["batch_size"], precision=s["precision"], device=s["device"], threads=s["threads"]
+            )
             for name, spec in specs.items()
-            if memory and name in ("ours", "timm", "ours_no_checkpointing")
+            if memory and name in MEMORY_MEASURED
         }
         networks = {}
         for name, spec in specs.items():
             torch.manual_seed(0)  # the compiled and the eager copy of a network start from the same weights
             networks[name] = spec.build()
-        result = measure_networks(
-            networks,
-            batch_size=batch_size,
-            precision=precision,
-            device=device,
-            runners=runners,
-            repeats=repeats,
-            warmup=warmup,
-            sample_seconds=sample_seconds,
-            matmul_size=matmul_size,
-        )
+        result = measure_networks(networks, runners=runners, **{key: s[key] for key in _MEASURE_SETTINGS})
         environment = run_environment()
     for name, spec in specs.items():
-        objective = result["networks"][name]["objective"]
-        loss = "" if objective == "cross_entropy" else f", loss {objective}"
-        result["networks"][name]["description"] = f"{spec.describe()}, {runners[name].describe()}{loss}"
-        result["networks"][name]["spec"] = {
-            "source": spec.source,
-            "name": spec.name,
-            "kwargs": spec.kwargs,
-            "grad_checkpointing": spec.grad_checkpointing,
-        }
+        network = result["networks"][name]
+        loss = "" if network["objective"] == "cross_entropy" else f", loss {network['objective']}"
+        network["description"] = f"{spec.describe()}, {runners[name].describe()}{loss}"
+        network["spec"] = asdict(spec)
         if name in peak:
-            result["networks"][name]["peak_memory"] = peak[name]
+            network["peak_memory"] = peak[name]
     for other in COMPARED:
         if other in specs:
             result[f"ours_over_{other}"] = {
@@ -153,8 +159,6 @@ def bench(
                 for clock in result["clocks"]
             }
     return {
-        "benchmark": "bench",
-        "settings": settings,
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "environment": environment,
         "attention_paths": attention_path.decisions(),

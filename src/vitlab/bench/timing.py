@@ -254,7 +254,6 @@ def measure_networks(
         tasks[f"{name} train"] = _Task(subject.train_step)
         tasks[f"{name} inference"] = _Task(subject.inference)
     _measure_alternating(tasks, repeats=repeats, warmup=warmup, sample_seconds=sample_seconds, device=device)
-
     peak_flops = {
         (p, clock): [matmul.flops / s for s in tasks[f"matmul {p}"].seconds[clock]]
         for p, matmul in matmuls.items()
@@ -267,29 +266,47 @@ def measure_networks(
             "precision": p,
             "flops_per_s": {clock: quartile_summary(peak_flops[p, clock]) for clock in clocks},
         }
-    result["networks"] = {}
-    for name, network in networks.items():
-        entry: dict[str, Any] = {
-            "parameters": parameter_count(network),
-            "flops_per_image": flops[name],
-            "runner": {**asdict(runners[name]), "description": runners[name].describe()},
-            "objective": objective_name(network),
-        }
-        for phase in PHASES:
-            work = flops[name]["training" if phase == "train" else "forward"] * batch_size
-            entry[phase] = {}
-            for clock in clocks:
-                seconds = tasks[f"{name} {phase}"].seconds[clock]
-                measured = {
-                    "images_per_s": quartile_summary([batch_size / s for s in seconds]),
-                    "mfu": _mfu(work, seconds, peak_flops[precision, clock]),
-                    "seconds_per_batch": seconds,
-                }
-                if precision != "32-true":
-                    measured["mfu_vs_fp32_peak"] = _mfu(work, seconds, peak_flops["32-true", clock])
-                entry[phase][clock] = measured
-        result["networks"][name] = entry
+    seconds = {
+        name: {phase: {clock: tasks[f"{name} {phase}"].seconds[clock] for clock in clocks} for phase in PHASES}
+        for name in networks
+    }
+    result["networks"] = {
+        name: _network_record(network, runners[name], flops[name], seconds[name], batch_size, precision, peak_flops)
+        for name, network in networks.items()
+    }
     return result
+
+
+def _network_record(
+    network: nn.Module,
+    runner: Runner,
+    flops: dict[str, Any],
+    seconds: dict[str, dict[str, list[float]]],
+    batch_size: int,
+    precision: str,
+    peak_flops: dict[tuple[str, str], list[float]],
+) -> dict[str, Any]:
+    """One network's entry of :func:`measure_networks`: what it is, and per phase and clock its throughput and MFU
+    over the rounds from ``seconds[phase][clock]`` (seconds per batch, per round)."""
+    entry: dict[str, Any] = {
+        "parameters": parameter_count(network),
+        "flops_per_image": flops,
+        "runner": {**asdict(runner), "description": runner.describe()},
+        "objective": objective_name(network),
+    }
+    for phase in PHASES:
+        work = flops["training" if phase == "train" else "forward"] * batch_size
+        entry[phase] = {}
+        for clock, per_batch in seconds[phase].items():
+            measured = {
+                "images_per_s": quartile_summary([batch_size / s for s in per_batch]),
+                "mfu": _mfu(work, per_batch, peak_flops[precision, clock]),
+                "seconds_per_batch": per_batch,
+            }
+            if precision != "32-true":
+                measured["mfu_vs_fp32_peak"] = _mfu(work, per_batch, peak_flops["32-true", clock])
+            entry[phase][clock] = measured
+    return entry
 
 
 def _mfu(work: float, seconds: list[float], peaks: list[float]) -> dict[str, float]:

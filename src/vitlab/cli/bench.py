@@ -13,6 +13,7 @@ Measurements alternate between the networks and a matmul peak in one process (se
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 from vitlab.cli.registry import Runner, command
@@ -61,38 +62,35 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--out", help="write the JSON record here")
     p.add_argument("--force", action="store_true", help="replace an existing --out file (refused without it)")
 
-    def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.bench import bench, format_bench
-        from vitlab.config import parse_overrides
-        from vitlab.rundir import check_outputs, write_output
+    return functools.partial(_run, p)
 
-        if args.threads < 0:
-            p.error(f"--threads must be >= 0, got {args.threads}")
-        if args.out:
-            check_outputs([args.out], force=args.force)
-        result = bench(
-            args.model,
-            overrides=parse_overrides(overrides),
-            batch_size=args.batch_size,
-            precision=args.precision,
-            compile=args.compile,
-            compile_mode=args.compile_mode,
-            compile_backend=args.compile_backend,
-            fused={"true": True, "false": False}.get(args.fused, args.fused),
-            vs=args.vs,
-            threads=args.threads or None,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            sample_seconds=args.sample_seconds,
-            matmul_size=args.matmul_size,
-            device=args.device,
-            memory=not args.no_memory,
-            grad_checkpointing=args.grad_checkpointing,
-        )
-        print(format_bench(result))
-        if args.out:
-            out = write_output(Path(args.out), strict_dumps(result, indent=2), force=True)
-            print(f"wrote {out}")
-        return 0
 
-    return run
+#: ``vitlab bench`` options passed to :func:`vitlab.bench.bench` as they are
+_AS_GIVEN = (
+    "batch_size", "precision", "compile", "compile_mode", "compile_backend", "vs", "repeats", "warmup",
+    "sample_seconds", "matmul_size", "device", "grad_checkpointing",
+)  # fmt: skip
+
+
+def _run(p: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str]) -> int:
+    from vitlab.bench import bench, format_bench
+    from vitlab.config import parse_overrides
+    from vitlab.rundir import check_outputs, write_output
+
+    if args.threads < 0:
+        p.error(f"--threads must be >= 0, got {args.threads}")
+    if args.out:
+        check_outputs([args.out], force=args.force)
+    result = bench(
+        args.model,
+        overrides=parse_overrides(overrides),
+        fused={"true": True, "false": False}.get(args.fused, args.fused),
+        threads=args.threads or None,
+        memory=not args.no_memory,
+        **{name: getattr(args, name) for name in _AS_GIVEN},
+    )
+    print(format_bench(result))
+    if args.out:
+        out = write_output(Path(args.out), strict_dumps(result, indent=2), force=True)
+        print(f"wrote {out}")
+    return 0

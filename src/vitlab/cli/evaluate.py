@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitlab.cli.registry import Runner, command
+from vitlab.cli.registry import Runner, command, refuse_overrides
 
 
 def data_overrides(args: argparse.Namespace, overrides: list[str], command: str = "vitlab evaluate") -> dict[str, Any]:
@@ -122,12 +122,10 @@ def _compare(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--force", action="store_true", help="replace FILE.md and FILE.json if they exist")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.errors import ConfigError
         from vitlab.evaluation.compare import compare_runs, comparison_json, comparison_markdown
         from vitlab.rundir import check_outputs, write_output
 
-        if overrides:
-            raise ConfigError(f"vitlab compare takes no config overrides, got {' '.join(overrides)}")
+        refuse_overrides("compare", overrides)
         if args.out:
             check_outputs([Path(args.out).with_suffix(".md"), Path(args.out).with_suffix(".json")], force=args.force)
         comparison = compare_runs(args.runs, group_by=args.group_by, metric=args.metric, pairs=args.pairs)

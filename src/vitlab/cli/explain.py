@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vitlab.cli.registry import Runner, command
+from vitlab.cli.registry import Runner, command, refuse_overrides, skip_unreadable
 
 METHOD_NAMES = (
     "attention", "rollout", "grad_rollout", "lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma", "gradcam", "saliency",
@@ -72,58 +72,58 @@ def _explain(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--weights", help="the --model's weights: a local .safetensors or .pth file")
     p.add_argument("--img-size", type=int, help="the --model's input size (default: its pretrained config's)")
 
-    def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.errors import ConfigError
+    return _run
 
-        if overrides:
-            raise ConfigError(f"vitlab explain takes no config overrides, got {' '.join(overrides)}")
-        names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
-        if names is not None and not all(names):
-            raise ConfigError(f"--class-names has an empty name: {args.class_names!r}; separate names by commas")
-        _check_target(args)
-        if args.evaluate:
-            from vitlab.explain.run import evaluate_run, evaluation_table
 
-            results = evaluate_run(
-                args.target,
-                images=args.num_images,
-                methods=args.methods,
-                out_dir=args.out,
-                force=args.force,
-                class_names=names,
-            )
-            print(evaluation_table(results))
-            return 0
-        if not args.images or not args.method or not args.out:
-            raise ConfigError("name IMAGES, --method and --out (or pass --evaluate to measure the methods)")
-        from vitlab.evaluation.predict import image_files
-        from vitlab.explain.run import explain_files
+def _run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from vitlab.errors import ConfigError
 
-        files = list(image_files(args.images))
-        if not files:
-            raise ConfigError(f"no image files in {' '.join(args.images)}")
-        skipped = []
+    refuse_overrides("explain", overrides)
+    names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
+    if names is not None and not all(names):
+        raise ConfigError(f"--class-names has an empty name: {args.class_names!r}; separate names by commas")
+    _check_target(args)
+    if args.evaluate:
+        from vitlab.explain.run import evaluate_run, evaluation_table
 
-        def bad(path: Path, e: Exception) -> None:
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            print(f"skipped {path}: not a readable image ({reason})", file=sys.stderr)
-            skipped.append(path)
-
-        written = explain_files(
+        results = evaluate_run(
             args.target,
-            files,
-            method=args.method,
+            images=args.num_images,
+            methods=args.methods,
             out_dir=args.out,
-            target_class=args.target_class,
             force=args.force,
             class_names=names,
-            on_error=bad,
-            weights=args.weights,
-            img_size=args.img_size,
         )
-        print(f"written: {len(written) - 1} overlays and {written[-1]}")
-        if skipped:
-            print(f"{len(skipped)} of {len(files)} files skipped", file=sys.stderr)
+        print(evaluation_table(results))
         return 0
+    if not args.images or not args.method or not args.out:
+        raise ConfigError("name IMAGES, --method and --out (or pass --evaluate to measure the methods)")
+    return _explain_images(args, names)
 
-    return run
+
+def _explain_images(args: argparse.Namespace, names: list[str] | None) -> int:
+    """``vitlab explain TARGET IMAGES --method M --out DIR``: an overlay per readable image and the maps."""
+    from vitlab.errors import ConfigError
+    from vitlab.evaluation.predict import image_files
+    from vitlab.explain.run import explain_files
+
+    files = list(image_files(args.images))
+    if not files:
+        raise ConfigError(f"no image files in {' '.join(args.images)}")
+    skipped: list[Path] = []
+    written = explain_files(
+        args.target,
+        files,
+        method=args.method,
+        out_dir=args.out,
+        target_class=args.target_class,
+        force=args.force,
+        class_names=names,
+        on_error=skip_unreadable(skipped),
+        weights=args.weights,
+        img_size=args.img_size,
+    )
+    print(f"written: {len(written) - 1} overlays and {written[-1]}")
+    if skipped:
+        print(f"{len(skipped)} of {len(files)} files skipped", file=sys.stderr)
+    return 0

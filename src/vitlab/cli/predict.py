@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vitlab.cli.registry import Runner, command
+from vitlab.cli.registry import Runner, command, refuse_overrides, skip_unreadable
 
 
 @command("predict", "top-k classes of image files or folders with a trained run or export")
@@ -30,8 +30,7 @@ def _predict(p: argparse.ArgumentParser) -> Runner:
         from vitlab.export import check_device
         from vitlab.rundir import check_outputs
 
-        if overrides:
-            raise ConfigError(f"vitlab predict takes no config overrides, got {' '.join(overrides)}")
+        refuse_overrides("predict", overrides)
         if args.topk < 1 or args.batch_size < 1:
             raise ConfigError("--topk and --batch-size must be >= 1")
         if args.out:
@@ -39,13 +38,8 @@ def _predict(p: argparse.ArgumentParser) -> Runner:
         device = check_device(args.device)
         model, info = load_predictor(args.model)
         model = model.to(device)
-        skipped: list[str] = []
-
-        def bad(path: Path, e: Exception) -> None:
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            print(f"skipped {path}: not a readable image ({reason})", file=sys.stderr)
-            skipped.append(str(path))
-
+        skipped: list[Path] = []
+        bad = skip_unreadable(skipped)
         files = list(image_files(args.images))
         records = list(rows(predict(model, info, files, topk=args.topk, batch_size=args.batch_size, on_error=bad)))
         width = max([len(r["path"]) for r in records] + [4])

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vitlab.cli.registry import Runner, command
+from vitlab.cli.registry import Runner, command, refuse_overrides
 from vitlab.jsonio import strict_dumps
 
 #: probe name -> (setup of its options, returning its runner; help): the core's and those the families add
@@ -60,13 +60,6 @@ def write_json(report: Any, destination: str | None, text: str) -> None:
     if destination:
         path = write_output(destination, strict_dumps(report, indent=2), force=True)  # checked by check_json
         print(f"written: {path}")
-
-
-def refuse_overrides(name: str, overrides: list[str]) -> None:
-    from vitlab.errors import ConfigError
-
-    if overrides:
-        raise ConfigError(f"vitlab probe {name} takes no config overrides, got {' '.join(overrides)}")
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -131,7 +124,7 @@ def _init_distance(p: argparse.ArgumentParser) -> Runner:
         from vitlab.export import load_model
         from vitlab.models.builder import create_model
 
-        refuse_overrides("init-distance", overrides)
+        refuse_overrides("probe init-distance", overrides)
         model = load_model(args.target)
 
         def make_fresh(seed: int) -> torch.nn.Module:

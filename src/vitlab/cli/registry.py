@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from pathlib import Path
+
+from vitlab.errors import ConfigError
 
 Runner = Callable[[argparse.Namespace, list[str]], int]
 Setup = Callable[[argparse.ArgumentParser], Runner]
@@ -23,3 +27,20 @@ def command(name: str, help: str) -> Callable[[Setup], Setup]:
         return setup
 
     return wrap
+
+
+def refuse_overrides(command: str, overrides: list[str]) -> None:
+    """Refuse config overrides given to ``vitlab COMMAND``, which takes none."""
+    if overrides:
+        raise ConfigError(f"vitlab {command} takes no config overrides, got {' '.join(overrides)}")
+
+
+def skip_unreadable(skipped: list[Path]) -> Callable[[Path, Exception], None]:
+    """An ``on_error`` for image files that a command reads: one line on stderr, and the file added to ``skipped``."""
+
+    def skip(path: Path, e: Exception) -> None:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"skipped {path}: not a readable image ({reason})", file=sys.stderr)
+        skipped.append(path)
+
+    return skip

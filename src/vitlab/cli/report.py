@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli.registry import Runner, command
+from vitlab.cli.registry import Runner, command, refuse_overrides
 
 
 @command("report", "self-contained HTML report of a run (curves, metrics, grids, attention), or a comparison of runs")
@@ -24,11 +24,9 @@ def _report(p: argparse.ArgumentParser) -> Runner:
     )
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.errors import ConfigError
         from vitlab.report import write_report
 
-        if overrides:
-            raise ConfigError(f"vitlab report takes no config overrides, got {' '.join(overrides)}")
+        refuse_overrides("report", overrides)
         path = write_report(args.run_dirs, args.out, attention_images=args.attention_images, force=args.force)
         print(f"report: {path}")
         return 0

@@ -8,6 +8,7 @@ the config sets, nothing else).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import types
@@ -59,39 +60,38 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping, got {value!r}")
         return from_dict(tp, value, where)
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        if type(value) in args:  # an exact match wins: `limit_train_batches: 1` is one batch, not 1.0 = 100%
-            return value
-        options = [arg for arg in args if arg is not type(None)]
-        if len(options) == 1:  # `X | None`: X's own error names the problem
-            return _coerce(value, options[0], where)
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{where}: {value!r} does not fit {tp}")
+        return _coerce_union(value, tp, where)
     if tp is Any:
         return value
     if origin is typing.Literal:
         if value in args:
             return value
         raise ConfigError(f"{where} must be one of {', '.join(map(str, args))}, got {value!r}")
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where} must be a list, got {value!r}")
-        return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-    if origin is tuple:
-        if not isinstance(value, list | tuple) or len(value) != len(args):
-            raise ConfigError(f"{where} must be a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin in (tuple, dict, list):
+        return _coerce_container(value, origin, args, where)
+    return _coerce_scalar(value, tp, where)
+
+
+def _coerce_union(value: Any, tp: Any, where: str) -> Any:
+    """``value`` as the first member of the union ``tp`` it fits, an exact type first."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    if type(value) in args:  # an exact match wins: `limit_train_batches: 1` is one batch, not 1.0 = 100%
+        return value
+    options = [arg for arg in args if arg is not type(None)]
+    if len(options) == 1:  # `X | None`: X's own error names the problem
+        return _coerce(value, options[0], where)
+    for arg in options:
+        with contextlib.suppress(ConfigError):
+            return _coerce(value, arg, where)
+    raise ConfigError(f"{where}: {value!r} does not fit {tp}")
+
+
+def _coerce_container(value: Any, origin: type, args: tuple[Any, ...], where: str) -> Any:
+    """``value`` as ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict[...]`` or ``list[...]`` (a list is read as a tuple)."""
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping, got {value!r}")
@@ -100,14 +100,24 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{where} must be a list, got {value!r}")
         return list(value)
+    if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+    if not isinstance(value, list | tuple) or len(value) != len(args):
+        raise ConfigError(f"{where} must be a list of {len(args)} values, got {value!r}")
+    return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+
+
+def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
+    """``value`` as ``bool``, ``int``, ``str`` or ``float`` (an int, or a string such as YAML 1.1's ``1e-3``, is
+    read as a float); any other type takes the value as it is."""
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):
         # YAML 1.1 reads "1e-3" (no dot) as a string; researchers write learning rates that way.
-        try:
+        with contextlib.suppress(ValueError):
             return float(value)
-        except ValueError:
-            pass
     if tp is bool:
         if isinstance(value, bool):
             return value

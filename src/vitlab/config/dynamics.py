@@ -20,97 +20,83 @@ FREEZE_SCOPES = ("qkv", "pattern")
 TAU_MODES = ("schedule", "learn")
 #: the remedy when they find none (here before torch, in ``DynamicsPolicy.check`` on the built model)
 TEMPERATURE_FIX = "build the model with temperature=true (e.g. model.temperature=true) or use dynamics.mode=fixed"
+#: the options that take one of a few names, and those names
+_CHOICES = {
+    "mode": MODES,
+    "freeze_scope": FREEZE_SCOPES,
+    "probe_tau": PROBE_TAUS,
+    "drift_units": DRIFT_UNITS,
+    "convergence": CONVERGENCE_RULES,
+    "tau_clause": TAU_CLAUSES,
+    "kappa_dtype": KAPPA_DTYPES,
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass
 class DynamicsConfig:
     """The ``dynamics`` section of a run config. Thresholds are in the units of the measurements: ``d`` in image
-    sides by default (``drift_units``), tau dimensionless. ``docs/experiments/dynamics_table1_paper_rule.md``,
-    "Measured drift, and the defaults", has the drift curves behind them.
+    sides by default (``drift_units``), tau dimensionless. ``docs/dynamics.md`` ("Configuration") gives the reasons
+    and measurements behind each default.
 
     Attributes:
         mode: ``schedule`` (eq. 20 sets tau each epoch; tau also learns by gradient within the epoch), ``learn``
             (gradient only) or ``fixed`` (tau = 1 and kept out of training: the uncontrolled baseline).
-        alpha: the ``alpha > 0`` of eq. 20, per unit of drift. Default 4 in image sides: the paper's ``alpha = 1``
-            per patch width on a 4x4 grid (digits and MNIST here); with ``drift_units: patch`` the same strength on
-            a grid of side ``g`` is ``alpha = 4 / g``.
-        drift_units: ``image`` (default): the ground cost of the drift is the distance between patch centres in
-            image sides, so a head whose attention moves by the same fraction of the image has the same drift on a
-            4x4 and an 8x8 grid; ``patch``: in patch widths (the paper's grid; its drift grows with the grid side).
+        alpha: the ``alpha > 0`` of eq. 20, per unit of drift (4 per image side: the paper's ``alpha = 1`` per patch
+            width on a 4x4 grid; with ``drift_units: patch`` the same strength on a grid of side ``g`` is ``4 / g``).
+        drift_units: the ground cost of the drift: ``image``, the distance between patch centres in image sides (the
+            same movement has the same drift on any grid), or ``patch``, in patch widths (the paper's grid).
         probe_size: validation images in the fixed probe batch.
         probe_seed: seed of the random subset of the validation set that forms the probe; ``None`` takes the first
             ``probe_size`` images in the validation loader's order.
         probe_batch_size: probe images per forward pass (bounds the memory of the materialised attention).
-        probe_tau: the temperature of the probe pass whose drift drives eq. 20 and the convergence decision.
-            ``unit`` (default): tau = 1 during the probe, so the drift and the clusters follow the head's Q/K weights
-            alone and the controlled and uncontrolled arms are measured alike (a lower tau alone lowers the drift
-            of the same weights: docs/dynamics.md, "Decisions where the paper is silent"); ``model``: each head's
-            own tau (the paper's literal reading: the drift then includes the change of tau that the schedule itself
-            made).
+        probe_tau: the temperature of the probe pass whose drift drives eq. 20 and the decision: ``unit`` (tau = 1,
+            so the drift follows the head's Q/K weights alone and both arms are measured alike) or ``model`` (each
+            head's own tau, the paper's literal reading).
         log_model_tau: with ``probe_tau: unit`` in ``schedule``/``learn`` mode, also probe at each head's own tau
-            and write that drift beside the decision's (``drift_model_tau``; one more probe pass and one more set
-            of transport problems per epoch, no clusters). It decides nothing and costs a large part of the
-            controller's time (docs/experiments/dynamics_costs.md, "What the controller costs with the noise rule"),
-            so it is off by default; the Table I recipe (benchmarks/experiments/table1.sh) turns it on.
+            and record that drift (``drift_model_tau``); it decides nothing and costs a probe pass and its transport.
         eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
-        convergence: ``decay`` (default): a head is stable when it has settled: each of its last ``decay_window``
-            drifts is below ``decay_ratio`` times the median of its earlier drifts (a head that keeps moving by a
-            constant step, in any direction, is never stable; docs/dynamics.md, "The convergence rule");
-            ``noise`` (the default before 2026-12-06): a head is stable when its movement no longer accumulates
-            (``rho``);
-            ``relative``: a head is stable in an epoch when its drift is below ``rel_d`` times
-            its own peak drift so far, a rule with no units (the same on any grid) that a constant rescaling of the
-            whole drift curve (another constant learning rate) does not change; ``absolute``: below ``eps_d`` (the
-            paper's rule) ...
-        rho: the directedness below which the ``noise`` rule (the default) counts a head as stable: the drift from
-            epoch t-2 to t over the sum of the two one-epoch drifts (1: attention keeps moving one way; 0.71: a random
-            walk; 0.5: jitter around one pattern), a ratio free of the grid and of a constant learning rate's scale.
-            ``auto`` (default): calibrated for this run's patch grid and probe image count so that a simulated random
-            walk is stable in at most 5% of its epochs and directed motion never is
-            (:func:`vitlab.diagnostics.convergence.calibrate_rho`); a number sets it (the earlier default was 0.75,
-            which a random walk averaged over 256 probe images is below in almost every epoch) ...
+        convergence: when a head is stable in an epoch (:class:`~vitlab.diagnostics.convergence.ConvergenceTracker`):
+            ``decay`` (default): each of its last ``decay_window`` drifts is below ``decay_ratio`` times the median of
+            its earlier drifts; ``noise``: its movement no longer accumulates (directedness below ``rho``);
+            ``relative``: its drift is below ``rel_d`` times its peak drift so far; ``absolute``: below ``eps_d``
+            (the paper's rule) ...
+        rho: the directedness ``d(t-2, t) / (d(t-2, t-1) + d(t-1, t))`` below which the ``noise`` rule counts an
+            epoch stable (1: moving one way; 0.71: a random walk; 0.5: jitter). ``auto``: calibrated for this run's
+            grid and probe size (:func:`vitlab.diagnostics.convergence.calibrate_rho`); a number sets it ...
         rel_d: the fraction of the peak drift of the ``relative`` rule ...
         decay_ratio: the ``decay`` rule's fraction of the head's typical earlier drift (median) ...
         decay_window: ... that each of its last this many drifts must be below.
-        eps_d: the threshold of the ``absolute`` rule, in ``drift_units`` (default 0.0125 image sides = the
-            earlier 0.05 patch widths on a 4x4 grid) ...
-        tau_clause: ``none`` (default): the decision reads the drift alone, so both arms of a comparison are judged
-            by the same function of the same measurement; ``own``: also require ``|tau_t - tau_{t-1}| < eps_tau`` (the
-            paper's second clause; it cannot fail where tau is fixed, so it judges the controlled arm alone).
-            The paper's rule is ``convergence: absolute, tau_clause: own``; the rule before the calibration was
-            ``convergence: noise, rho: 0.75, tau_clause: own``.
+        eps_d: the threshold of the ``absolute`` rule, in ``drift_units`` ...
+        tau_clause: ``none``: the decision reads the drift alone, the same function in both arms of a comparison;
+            ``own``: also require ``|tau_t - tau_{t-1}| < eps_tau`` (the paper's second clause, which cannot fail
+            where tau is fixed). The paper's rule is ``convergence: absolute, tau_clause: own``.
         eps_tau: ... with ``tau_clause: own``, its tau moved by less than ``eps_tau`` ...
         patience: ... for this many consecutive epochs; it is then converged.
-        burn_in: epochs before the convergence test starts (the streaks count from epoch ``burn_in + 1``, so no head
-            converges before epoch ``burn_in + patience``). Right after initialisation attention is nearly uniform
-            and barely moves because nothing has been learned yet, not because it has settled.
+        burn_in: epochs before the convergence test starts (no head converges before epoch ``burn_in + patience``):
+            right after initialisation attention barely moves because nothing has been learned yet.
         freeze: freeze converged heads (eq. 26).
-        freeze_scope: what freezing fixes. ``qkv`` (eq. 26 as printed): the head's rows of ``W_q``, ``W_k``,
-            ``W_v`` and its tau. ``pattern``: only what the drift measured and found settled, the attention pattern
-            (``W_q``, ``W_k``, tau); its rows of ``W_v`` keep training
-            (``docs/experiments/dynamics_table1_noise_rule.md``, "Freezing only the pattern", for the measurement
-            behind it).
+        freeze_scope: what freezing fixes: ``qkv`` (eq. 26 as printed: the head's rows of ``W_q``, ``W_k``, ``W_v``
+            and its tau) or ``pattern`` (what the drift measured: ``W_q``, ``W_k`` and tau; ``W_v`` keeps training).
         target: module-name prefix of the controlled attention modules; ``""`` controls every shared ``Attention``.
             ``None``: the model's ``dynamics_target`` attribute if it has one, else the modules with a temperature
             if there are any (ViTCAE's encoder, not its decoder), else every module.
-        kappa_images: probe images (the first ones) whose attention matrices are eigen-decomposed for ``kappa``;
-            an eigen-decomposition costs O(N^3) per head and image, the drift only O(N^2).
+        kappa_images: probe images (the first ones) whose attention is eigen-decomposed for ``kappa`` (O(N^3) per
+            head and image, where the drift is O(N^2)).
         kappa_every: count the clusters every this many epochs (and at epoch 0); between, a record repeats the last
-            count and names its epoch in ``kappa_epoch``. ``1``: every epoch (the paper's figures).
-        kappa_dtype: ``float64`` (default) or ``float32`` eigenvalues for ``kappa``; float32 gave the same counts on
-            the measured probes (``docs/experiments/dynamics_costs.md``), but a modulus within float32 rounding of
-            ``1 - eps`` can count differently.
-        probe_min: ``None`` (default): every epoch measures the drift of every head on all ``probe_size`` images, as
-            the paper does. An integer turns on the adaptive probe: the probe pass and the drift run on the first
-            ``probe_min`` images, and are extended to all ``probe_size`` images only for heads whose decision is
-            uncertain: under the threshold rules a drift within ``probe_z`` standard errors of the threshold, under
-            the noise rule a directedness within ``probe_z`` standard errors of ``rho`` (delta method,
-            :func:`~vitlab.diagnostics.convergence.directedness_standard_error`). An approximation of eq. 20's ``d``
-            for the other heads (standard error about ``d / sqrt(probe_min)``).
+            count and names its epoch in ``kappa_epoch``.
+        kappa_dtype: ``float64`` or ``float32`` eigenvalues for ``kappa`` (a modulus within float32 rounding of
+            ``1 - eps`` can count differently).
+        probe_min: ``None``: every head's drift on all ``probe_size`` images every epoch, as the paper does. An
+            integer: the adaptive probe: the probe pass and the drift run on the first ``probe_min`` images and are
+            extended to all of them only for heads whose decision is uncertain (a drift, or under the noise rule a
+            directedness, within ``probe_z`` standard errors of its threshold).
         probe_z: the standard errors of the adaptive probe (see ``probe_min``).
-        drift_workers: threads that solve the drift's transport problems; ``None`` (default): as many as torch uses
-            (``torch.get_num_threads()``, so ``OMP_NUM_THREADS=1`` keeps the controller on one core). The values do
-            not depend on it; on a GPU machine the problems run on the otherwise idle CPU cores.
+        drift_workers: threads that solve the drift's transport problems; ``None``: as many as torch uses
+            (``torch.get_num_threads()``). The values do not depend on it.
     """
 
     mode: str = "schedule"
@@ -143,33 +129,37 @@ class DynamicsConfig:
     drift_workers: int | None = None
 
     def __post_init__(self) -> None:
+        problems = [
+            *self._not_one_of("mode", "freeze_scope", "probe_tau", "drift_units", "convergence"),
+            *self._rule_problems(),
+            *self._probe_problems(),
+        ]
+        if not 0 < self.eps < 1:
+            problems.append(f"dynamics.eps must be in (0, 1), got {self.eps}")
+        if not (self.eps_d > 0 and self.eps_tau > 0):
+            problems.append(f"dynamics.eps_d and dynamics.eps_tau must be > 0, got {self.eps_d} and {self.eps_tau}")
+        if self.patience < 1:
+            problems.append(f"dynamics.patience must be >= 1 epoch, got {self.patience}")
+        if self.burn_in < 0:
+            problems.append(f"dynamics.burn_in must be >= 0 epochs, got {self.burn_in}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def _not_one_of(self, *names: str) -> list[str]:
+        """The named options whose value is not one of their :data:`_CHOICES`."""
+        return [
+            f"dynamics.{name} must be one of {', '.join(_CHOICES[name])}, got {getattr(self, name)!r}"
+            for name in names
+            if getattr(self, name) not in _CHOICES[name]
+        ]
+
+    def _rule_problems(self) -> list[str]:
+        """What is wrong with the convergence rule's and the schedule's options."""
         problems = []
-        if self.mode not in MODES:
-            problems.append(f"dynamics.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.freeze_scope not in FREEZE_SCOPES:
-            problems.append(
-                f"dynamics.freeze_scope must be one of {', '.join(FREEZE_SCOPES)}, got {self.freeze_scope!r}"
-            )
-        if self.probe_tau not in PROBE_TAUS:
-            problems.append(f"dynamics.probe_tau must be one of {', '.join(PROBE_TAUS)}, got {self.probe_tau!r}")
-        if self.drift_units not in DRIFT_UNITS:
-            problems.append(f"dynamics.drift_units must be one of {', '.join(DRIFT_UNITS)}, got {self.drift_units!r}")
-        if self.convergence not in CONVERGENCE_RULES:
-            problems.append(
-                f"dynamics.convergence must be one of {', '.join(CONVERGENCE_RULES)}, got {self.convergence!r}"
-            )
-        if isinstance(self.rho, str):
-            if self.rho != "auto":
-                problems.append(f"dynamics.rho must be 'auto' or a directedness in (0, 1], got {self.rho!r}")
-        elif isinstance(self.rho, bool) or not isinstance(self.rho, int | float) or not 0 < self.rho <= 1:
+        if self.rho != "auto" and (not _is_number(self.rho) or not 0 < self.rho <= 1):
             problems.append(f"dynamics.rho must be 'auto' or a directedness in (0, 1], got {self.rho!r}")
-        if self.tau_clause not in TAU_CLAUSES:
-            problems.append(f"dynamics.tau_clause must be one of {', '.join(TAU_CLAUSES)}, got {self.tau_clause!r}")
-        if (
-            isinstance(self.decay_ratio, bool)
-            or not isinstance(self.decay_ratio, int | float)
-            or not 0 < self.decay_ratio < 1
-        ):
+        problems += self._not_one_of("tau_clause")
+        if not _is_number(self.decay_ratio) or not 0 < self.decay_ratio < 1:
             problems.append(
                 "dynamics.decay_ratio must be in (0, 1) (a fraction of the head's earlier drift), "
                 f"got {self.decay_ratio!r}"
@@ -180,6 +170,11 @@ class DynamicsConfig:
             problems.append(f"dynamics.rel_d must be in (0, 1) (a fraction of the peak drift), got {self.rel_d}")
         if not self.alpha > 0:
             problems.append(f"dynamics.alpha must be > 0 (eq. 20), got {self.alpha}")
+        return problems
+
+    def _probe_problems(self) -> list[str]:
+        """What is wrong with the probe's, the clusters' and the transport's options."""
+        problems = []
         if self.probe_size < 1 or self.probe_batch_size < 1:
             problems.append("dynamics.probe_size and dynamics.probe_batch_size must be >= 1")
         if not 1 <= self.kappa_images <= self.probe_size:
@@ -188,8 +183,7 @@ class DynamicsConfig:
             )
         if self.kappa_every < 1:
             problems.append(f"dynamics.kappa_every must be >= 1 epoch, got {self.kappa_every}")
-        if self.kappa_dtype not in KAPPA_DTYPES:
-            problems.append(f"dynamics.kappa_dtype must be one of {', '.join(KAPPA_DTYPES)}, got {self.kappa_dtype!r}")
+        problems += self._not_one_of("kappa_dtype")
         if self.probe_min is not None and not self.kappa_images <= self.probe_min <= self.probe_size:
             problems.append(
                 f"dynamics.probe_min must be in [kappa_images={self.kappa_images}, probe_size={self.probe_size}] "
@@ -201,16 +195,7 @@ class DynamicsConfig:
             problems.append(
                 f"dynamics.drift_workers must be >= 1 thread or null (as many as torch uses), got {self.drift_workers}"
             )
-        if not 0 < self.eps < 1:
-            problems.append(f"dynamics.eps must be in (0, 1), got {self.eps}")
-        if not (self.eps_d > 0 and self.eps_tau > 0):
-            problems.append(f"dynamics.eps_d and dynamics.eps_tau must be > 0, got {self.eps_d} and {self.eps_tau}")
-        if self.patience < 1:
-            problems.append(f"dynamics.patience must be >= 1 epoch, got {self.patience}")
-        if self.burn_in < 0:
-            problems.append(f"dynamics.burn_in must be >= 0 epochs, got {self.burn_in}")
-        if problems:
-            raise ConfigError("; ".join(problems))
+        return problems
 
     def check_model(self, model: dict[str, Any]) -> None:
         """Refuse, before torch is imported, a mode that changes tau for a model section whose attention has no

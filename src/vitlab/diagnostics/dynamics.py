@@ -78,19 +78,8 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
     ``ot.emd2`` prepares them, and the solver, given the whole cost matrix, drops the zero-mass points itself, so
     the values are those of ``ot.emd2`` on the reduced problem (to rounding, ~1e-16).
     """
-    if p.shape != q.shape:
-        raise ValueError(f"p and q must have the same shape, got {list(p.shape)} and {list(q.shape)}")
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
+    cost64 = _checked_drift_inputs(p, q, cost, workers)
     num_patches = p.shape[-1]
-    if cost.shape != (num_patches, num_patches):
-        raise ValueError(f"cost must be [N, N] = [{num_patches}, {num_patches}] to match p, got {list(cost.shape)}")
-    cost64 = cost.detach().to("cpu", torch.float64)
-    if cost64.diagonal().abs().max() > 0 or not torch.equal(cost64, cost64.T) or (cost64 < 0).any():
-        raise ValueError("cost must be a metric: symmetric, non-negative, zero on the diagonal (see patch_grid_cost)")
-    _check_distributions(p, "p")
-    _check_distributions(q, "q")
-
     p64 = p.detach().to("cpu", torch.float64).reshape(-1, num_patches)
     q64 = q.detach().to("cpu", torch.float64).reshape(-1, num_patches)
     difference = (p64 / p64.sum(-1, keepdim=True) - q64 / q64.sum(-1, keepdim=True)).numpy()
@@ -123,6 +112,23 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
     else:
         solve(rows)
     return torch.from_numpy(drift).reshape(p.shape[:-1]).to(p.device)
+
+
+def _checked_drift_inputs(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, workers: int) -> torch.Tensor:
+    """:func:`attention_drift`'s inputs checked; returns ``cost`` as float64 on the CPU."""
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape, got {list(p.shape)} and {list(q.shape)}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    num_patches = p.shape[-1]
+    if cost.shape != (num_patches, num_patches):
+        raise ValueError(f"cost must be [N, N] = [{num_patches}, {num_patches}] to match p, got {list(cost.shape)}")
+    cost64 = cost.detach().to("cpu", torch.float64)
+    if cost64.diagonal().abs().max() > 0 or not torch.equal(cost64, cost64.T) or (cost64 < 0).any():
+        raise ValueError("cost must be a metric: symmetric, non-negative, zero on the diagonal (see patch_grid_cost)")
+    _check_distributions(p, "p")
+    _check_distributions(q, "q")
+    return cost64
 
 
 def attention_to_cls_distribution(attn: torch.Tensor, num_prefix_tokens: int = 1) -> torch.Tensor:

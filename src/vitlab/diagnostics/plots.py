@@ -319,9 +319,7 @@ def plot_drift_vs_lr(runs: dict[str, list[dict[str, Any]]], path: str | Path) ->
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, path, dpi=150)
+    path = save_figure(fig, path, dpi=150)
     plt.close(fig)
     return path
 

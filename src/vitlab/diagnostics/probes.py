@@ -136,16 +136,7 @@ def init_distance(
     if n_seeds < 2:
         raise ValueError(f"init_distance needs at least 2 fresh seeds to measure their spread, got n_seeds={n_seeds}")
     trained = dict(model.named_parameters())
-    fresh_stats: dict[str, list[tuple[float, float]]] = {name: [] for name in trained}
-    for seed in range(n_seeds):
-        fresh = dict(make_fresh(seed).named_parameters())
-        if fresh.keys() != trained.keys() or any(fresh[n].shape != trained[n].shape for n in trained):
-            raise ValueError(
-                "make_fresh(seed) must build the same architecture as the trained model (same parameter names and "
-                "shapes); rebuild it from the trained model's preset and constructor arguments"
-            )
-        for name, param in fresh.items():
-            fresh_stats[name].append(_mean_std(param))
+    fresh_stats = _fresh_statistics(trained, make_fresh, n_seeds)
     rows = []
     for name, param in trained.items():
         means = torch.tensor([m for m, _ in fresh_stats[name]], dtype=torch.float64)
@@ -176,6 +167,23 @@ def init_distance(
         "tensors": rows,
         "indistinguishable": [row["name"] for row in rows if row["indistinguishable"]],
     }
+
+
+def _fresh_statistics(
+    trained: dict[str, nn.Parameter], make_fresh: Callable[[int], nn.Module], n_seeds: int
+) -> dict[str, list[tuple[float, float]]]:
+    """Per parameter name, the mean and std of its entries in each of ``n_seeds`` fresh models."""
+    stats: dict[str, list[tuple[float, float]]] = {name: [] for name in trained}
+    for seed in range(n_seeds):
+        fresh = dict(make_fresh(seed).named_parameters())
+        if fresh.keys() != trained.keys() or any(fresh[n].shape != trained[n].shape for n in trained):
+            raise ValueError(
+                "make_fresh(seed) must build the same architecture as the trained model (same parameter names and "
+                "shapes); rebuild it from the trained model's preset and constructor arguments"
+            )
+        for name, param in fresh.items():
+            stats[name].append(_mean_std(param))
+    return stats
 
 
 def format_init_distance(report: dict[str, Any]) -> str:

@@ -110,7 +110,4 @@ def save_segment_maps(
     dpi: int = 120,
 ) -> Path:
     """:func:`draw_segment_maps` written to a PNG at ``path`` (its folder is created)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(draw_segment_maps(images, S, grid, titles=titles, alpha=alpha), path, dpi=dpi)
-    return path
+    return save_figure(draw_segment_maps(images, S, grid, titles=titles, alpha=alpha), path, dpi=dpi)

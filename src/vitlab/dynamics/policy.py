@@ -15,12 +15,7 @@ from torch import nn
 
 from vitlab.config import from_dict
 from vitlab.config.dynamics import TAU_MODES, TEMPERATURE_FIX, DynamicsConfig
-from vitlab.diagnostics.convergence import (
-    ConvergenceTracker,
-    calibrate_rho,
-    directedness,
-    directedness_standard_error,
-)
+from vitlab.diagnostics.convergence import ConvergenceTracker, calibrate_rho, directedness, directedness_standard_error
 from vitlab.diagnostics.dynamics import (
     attention_drift,
     attention_to_cls_distribution,
@@ -258,19 +253,14 @@ class DynamicsPolicy:
         """Record one epoch: drift against the previous measurement, the temperature schedule (eq. 20), convergence
         and freezing (eq. 26). Returns the epoch's record (as written to ``dynamics.jsonl``).
 
-        Order: the drift ``d_t`` is measured with the weights and tau the epoch ended with; in ``schedule`` mode
-        ``tau_{t+1} = 1 / (1 + alpha d_t)`` is written into the heads that are not frozen; from epoch ``burn_in`` on
-        the tracker sees ``d_t`` and that new tau; heads that converge are frozen with it. The first call (epoch 0)
-        has no drift.
+        The drift ``d_t`` is measured with the weights and tau the epoch ended with; in ``schedule`` mode ``tau_{t+1}
+        = 1 / (1 + alpha d_t)`` is written into the heads that are not frozen; from epoch ``burn_in`` on the tracker
+        sees ``d_t`` and that new tau (:meth:`_decide`). The first call (epoch 0) has no drift.
 
         With the adaptive probe (``probe_min``) ``measurement`` holds the first ``probe_min`` probe images and
-        ``extend()`` returns the distributions of the others, ``[L, H, P - probe_min, N]``; from epoch ``burn_in`` on
-        it is called when some head's drift is within ``probe_z`` standard errors of ``eps_d``, and those heads'
-        drift then averages over every probe image for which the previous epoch has a distribution too. It is also
-        called at epoch ``burn_in - 1``, so that the first decision can use the whole probe.
-
-        ``model_tau``: the distributions of the same probe images at the model's own tau, ``[L, H, P', N]``
-        (``log_model_tau``); their drift is recorded as ``drift_model_tau`` and decides nothing.
+        ``extend()`` returns the others' distributions, ``[L, H, P - probe_min, N]``, for the heads whose decision is
+        uncertain (:meth:`_drift`) and before the first decision. ``model_tau``: the same probe images at the model's
+        own tau, ``[L, H, P', N]`` (``log_model_tau``); their drift is recorded and decides nothing.
         """
         cfg = self.config
         num_layers, num_heads = self.shape
@@ -289,29 +279,15 @@ class DynamicsPolicy:
             self.tracker.observe(drift)  # every epoch: the relative rule's peak, the decay rule's history
             if cfg.mode == "schedule":
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
-        # the whole probe for the first decision: the epoch before it, and under the noise rule (d(t-2, t)) the one
-        # before that too
-        first_decision = {max(cfg.burn_in - 1, 0)} | (
-            {max(cfg.burn_in - 2, 0)} if cfg.convergence == "noise" else set()
-        )
-        if extend is not None and current.shape[2] == cfg.probe_min and epoch in first_decision:
+        if extend is not None and current.shape[2] == cfg.probe_min and epoch in self._before_first_decision():
             current = torch.cat([current, extend().float()], dim=2)
         tau = self.temperatures()
         directed = self._directedness(current, drift, two_epoch_mean)
-        if epoch >= cfg.burn_in:
-            # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
-            # placeholder.
-            converged = self.tracker.decide(torch.zeros_like(tau) if drift is None else drift, tau, directed)
-        else:
-            converged = self.tracker.converged.clone()
-        if cfg.freeze and (converged & ~self.frozen).any():
-            self.frozen = self.frozen | converged
-            self.guard.freeze(self.frozen)
+        converged = self._decide(epoch, drift, tau, directed)
         drift_model_tau = None if model_tau is None else self._model_tau_drift(model_tau)
         if cfg.convergence == "noise":
             self.before_previous, self.last_drift = self.previous, drift
-        self.previous = current
-        self.epoch = epoch
+        self.previous, self.epoch = current, epoch
         record = self._record(epoch, drift, directed, tau, converged)
         if model_tau is not None:
             record["drift_model_tau"] = None if drift_model_tau is None else drift_model_tau.tolist()
@@ -321,6 +297,29 @@ class DynamicsPolicy:
         if cfg.probe_min is not None:
             record["drift_images"] = None if drift_images is None else drift_images.tolist()
         return record
+
+    def _before_first_decision(self) -> set[int]:
+        """The epochs whose probe pass takes the whole probe, so that the first decision can use it: the one before
+        it and, under the noise rule (``d(t-2, t)``), the one before that too."""
+        cfg = self.config
+        return {max(cfg.burn_in - 1, 0)} | ({max(cfg.burn_in - 2, 0)} if cfg.convergence == "noise" else set())
+
+    def _decide(
+        self, epoch: int, drift: torch.Tensor | None, tau: torch.Tensor, directed: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Convergence from epoch ``burn_in`` on, and the heads that converge frozen with their tau (eq. 26);
+        returns ``converged: [L, H]`` bool."""
+        cfg = self.config
+        if epoch >= cfg.burn_in:
+            # The first tracker update only records tau (no previous tau, no streak): at epoch 0 its drift is a
+            # placeholder.
+            converged = self.tracker.decide(torch.zeros_like(tau) if drift is None else drift, tau, directed)
+        else:
+            converged = self.tracker.converged.clone()
+        if cfg.freeze and (converged & ~self.frozen).any():
+            self.frozen = self.frozen | converged
+            self.guard.freeze(self.frozen)
+        return converged
 
     def _directedness(
         self, current: torch.Tensor, drift: torch.Tensor | None, two_epoch_mean: torch.Tensor | None
@@ -350,7 +349,7 @@ class DynamicsPolicy:
     def _record(self, epoch, drift, directed, tau, converged) -> dict[str, Any]:
         """The epoch's ``dynamics.jsonl`` record (docs/dynamics.md, "dynamics.jsonl")."""
         cfg = self.config
-        record = {
+        return {
             "epoch": epoch,
             "mode": cfg.mode,
             "modules": self.module_names,
@@ -373,7 +372,6 @@ class DynamicsPolicy:
             "non_converged": int((~converged).sum()),
             "mean_drift": None if drift is None else float(drift.mean()),
         }
-        return record
 
     def _drift(
         self, current: torch.Tensor, extend: Callable[[], torch.Tensor] | None, deciding: bool

@@ -170,7 +170,4 @@ def reliability_diagram(
         _draw_reliability(axes, _as_probabilities(scores.cpu()), labels, n_bins, panel_title)
     if after is not None:
         figure.suptitle(title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(figure, path, dpi=100)
-    return path
+    return save_figure(figure, path, dpi=100)

@@ -40,9 +40,7 @@ from vitlab.evaluation.outputs import (
     logits_and_assignment,
 )
 from vitlab.evaluation.stats import per_class_mean
-from vitlab.evaluation.terminal import (
-    format_evaluation,
-)
+from vitlab.evaluation.terminal import format_evaluation
 from vitlab.export import load_model, model_from_checkpoint
 from vitlab.family import family_of, resolve
 from vitlab.jsonio import finite_or_none
@@ -184,10 +182,6 @@ class _TestPredictions:
     corrupt_correct: dict[tuple[str, int], int]
 
 
-def _cat(chunks: list[torch.Tensor]) -> torch.Tensor | None:
-    return torch.cat(chunks) if chunks else None
-
-
 @torch.inference_mode()
 def _predict_validation(
     model: nn.Module,
@@ -251,7 +245,7 @@ def _predict_test(
     return _TestPredictions(
         torch.cat(logits_chunks),
         torch.cat(labels_chunks),
-        _cat(tta_chunks),
+        torch.cat(tta_chunks) if tta_chunks else None,
         {name: torch.cat(chunks) for name, chunks in metric_chunks.items()},
         corrupt_correct,
     )
@@ -339,43 +333,69 @@ def evaluate_run(
     out_dir: str | Path | None = None,
     model_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the evaluation suite on a trained classifier and write ``evaluation.json`` + ``reliability.png``.
+    """Run the evaluation suite on the trained classifier at ``run_dir_or_export`` (a run directory, its ``export/``
+    folder or a ``.ckpt``) and write ``evaluation.json`` + ``reliability.png``.
 
-    Args:
-        run_dir_or_export: a run directory, its ``export/`` folder, or a ``.ckpt`` file.
-        data_overrides: keys of the ``data`` config section to change (``["eval_batch_size=256"]`` or a dict).
-        tta_views: number of test-time views (:func:`build_tta_views`); 0 turns TTA off.
-        hflip: whether the flip view is allowed; None = if the model was trained with flips or the dataset is
-            in :data:`FLIP_INVARIANT_DATASETS`.
-        tta_shift: pixels of the shift views; None = :func:`default_tta_shift`.
-        corruptions: run the CIFAR-C corruption suite at ``severities``.
-        seed: the validation half used to fit the temperature, the corruption noise and the bootstrap.
-        max_batches: evaluate only the first ``max_batches`` batches of each of the validation and test loaders.
-        out_dir: where the JSON and PNG go (default ``<run>/evaluation``, ``<run>/evaluation-tome_r=8`` with
-            ``model_overrides={"tome_r": 8}``).
-        model_overrides: constructor options of the trained model to change that leave its weights alone, e.g.
-            ``{"tome_r": 8}``: Token Merging at inference in a ViT trained without it.
+    ``data_overrides``: keys of the ``data`` section (``["eval_batch_size=256"]`` or a dict). ``tta_views``: test-time
+    views (:func:`build_tta_views`; 0: none); ``hflip``: whether the flip view is allowed (None: if the model was
+    trained with flips or the dataset is in :data:`FLIP_INVARIANT_DATASETS`); ``tta_shift``: pixels of the shift
+    views (None: :func:`default_tta_shift`). ``corruptions``: the CIFAR-C suite at ``severities``. ``seed``: the
+    validation half the temperature is fitted on, the corruption noise and the bootstrap. ``max_batches``: only the
+    first batches of the validation and test loaders. ``out_dir``: default ``<run>/evaluation``, or
+    ``<run>/evaluation-tome_r=8`` with ``model_overrides={"tome_r": 8}`` (options that leave the weights alone).
 
-    Returns the results dict that is written to ``evaluation.json``: sections ``run``, ``test``,
-    ``calibration`` (validation halves), ``test_calibrated``, ``tta``, ``corruptions``, ``mean_corrupted``,
-    ``per_class`` and ``assignment`` (None for models without an assignment matrix).
+    Returns what ``evaluation.json`` holds: sections ``run``, ``test``, ``calibration`` (validation halves),
+    ``test_calibrated``, ``tta``, ``corruptions``, ``mean_corrupted``, ``per_class``, ``assignment`` (None for models
+    without an assignment matrix) and ``files``.
     """
     _check_options(tta_views, severities, max_batches, tta_shift, seed)
     target = load_evaluation_target(run_dir_or_export, data_overrides, device, model_overrides)
     model, dm = target.model.eval(), target.datamodule
     dm.setup()
-    dataset = dm.cfg.name
-    model_name = getattr(model, "preset", type(model).__name__)
-    flip_allowed = (target.train_hflip or dataset in FLIP_INVARIANT_DATASETS) if hflip is None else hflip
+    flip_allowed = (target.train_hflip or dm.cfg.name in FLIP_INVARIANT_DATASETS) if hflip is None else hflip
     shift = default_tta_shift(dm.img_size) if tta_shift is None else tta_shift
     views = build_tta_views(tta_views, hflip=flip_allowed, shift=shift)
-    corruption_names = list(CORRUPTIONS) if corruptions else []
-    normalize = functools.partial(normalize_pixels, mean=target.mean, std=target.std)  # the model's training stats
+    corrupted = [(name, severity) for name in (CORRUPTIONS if corruptions else []) for severity in severities]
+    val_logits, val_labels, test, evaluation = _predict(target, views, corrupted, seed, device, max_batches)
+    calibration = calibration_split_eval(val_logits, val_labels, seed=seed, n_bins=N_BINS)
+    suffix = "".join(f"-{key}={value}" for key, value in sorted((model_overrides or {}).items()))
+    out = Path(out_dir) if out_dir is not None else target.out_dir.with_name(target.out_dir.name + suffix)
+    temperature = calibration["temperature"]
+    reliability_diagram(
+        test.logits,
+        test.labels,
+        out / RELIABILITY_FILE,
+        title=f"{getattr(model, 'preset', type(model).__name__)} on {dm.cfg.name} test: T = {temperature:.3f}",
+        after=test.logits / temperature,
+        n_bins=N_BINS,
+    )
+    settings = dict(max_batches=max_batches, model_overrides=dict(model_overrides or {}), seed=seed)
+    results: dict[str, Any] = {
+        "run": _run_section(target, test, len(val_labels), settings, views, severities, out),
+        **_test_sections(test, calibration, list(dm.class_names), severities, evaluation, seed),
+        "files": {"reliability": RELIABILITY_FILE},
+    }
+    atomic_write_json(out / EVALUATION_FILE, results)
+    return results
 
+
+def _predict(
+    target: EvaluationTarget,
+    views: list[View],
+    corruptions: list[tuple[str, int]],
+    seed: int,
+    device: str | torch.device,
+    max_batches: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, _TestPredictions, Any]:
+    """The validation logits and labels (checked against the data's class count), the pass over the test set, and
+    the family's evaluation of the assignment matrix (None without one); images normalised with the statistics the
+    model was trained with."""
+    model, dm = target.model, target.datamodule
+    normalize = functools.partial(normalize_pixels, mean=target.mean, std=target.std)
     val_logits, val_labels = _predict_validation(model, dm, normalize, device, max_batches)
     if val_logits.shape[1] != dm.num_classes:
         raise ConfigError(
-            f"the model predicts {val_logits.shape[1]} classes but {dataset} has {dm.num_classes}; evaluate the "
+            f"the model predicts {val_logits.shape[1]} classes but {dm.cfg.name} has {dm.num_classes}; evaluate the "
             "model on the data it was trained on"
         )
     family = family_of(model)
@@ -385,46 +405,40 @@ def evaluate_run(
         dm,
         normalize,
         views=views,
-        corruptions=[(name, severity) for name in corruption_names for severity in severities],
+        corruptions=corruptions,
         generator=torch.Generator(device=device).manual_seed(seed),
         device=device,
         max_batches=max_batches,
         image_metrics=evaluation.image_metrics if evaluation is not None else None,
     )
-    calibration = calibration_split_eval(val_logits, val_labels, seed=seed, n_bins=N_BINS)
-    temperature = calibration["temperature"]
-    suffix = "".join(f"-{key}={value}" for key, value in sorted((model_overrides or {}).items()))
-    out = Path(out_dir) if out_dir is not None else target.out_dir.with_name(target.out_dir.name + suffix)
-    reliability_diagram(
-        test.logits,
-        test.labels,
-        out / RELIABILITY_FILE,
-        title=f"{model_name} on {dataset} test: T = {temperature:.3f}",
-        after=test.logits / temperature,
-        n_bins=N_BINS,
-    )
-    results: dict[str, Any] = {
-        "run": {
-            "source": str(target.source),
-            "run_model": target.run_model,
-            "model": model_name,
-            "architecture": type(model).__name__,
-            "dataset": dataset,
-            "num_classes": dm.num_classes,
-            "n_test": len(test.labels),
-            "n_val": len(val_labels),
-            "max_batches": max_batches,
-            "model_overrides": dict(model_overrides or {}),
-            "seed": seed,
-            "tta_views": [view.name for view in views],
-            "severities": list(severities),
-            "out_dir": str(out),
-        },
-        **_test_sections(test, calibration, list(dm.class_names), severities, evaluation, seed),
-        "files": {"reliability": RELIABILITY_FILE},
+    return val_logits, val_labels, test, evaluation
+
+
+def _run_section(
+    target: EvaluationTarget,
+    test: _TestPredictions,
+    n_val: int,
+    settings: dict[str, Any],
+    views: list[View],
+    severities: Sequence[int],
+    out: Path,
+) -> dict[str, Any]:
+    """The ``run`` section of ``evaluation.json``: what was evaluated, on what, and how."""
+    model, dm = target.model, target.datamodule
+    return {
+        "source": str(target.source),
+        "run_model": target.run_model,
+        "model": getattr(model, "preset", type(model).__name__),
+        "architecture": type(model).__name__,
+        "dataset": dm.cfg.name,
+        "num_classes": dm.num_classes,
+        "n_test": len(test.labels),
+        "n_val": n_val,
+        **settings,  # max_batches, model_overrides, seed
+        "tta_views": [view.name for view in views],
+        "severities": list(severities),
+        "out_dir": str(out),
     }
-    atomic_write_json(out / EVALUATION_FILE, results)
-    return results
 
 
 __all__ = [

@@ -83,6 +83,18 @@ def read_image(path: Path, info: dict[str, Any]) -> torch.Tensor:
     return resize_to_square(pixels, int(info["img_size"]))
 
 
+def readable_images(files: Iterable[Path], info: dict[str, Any], on_error: Any) -> Iterator[tuple[Path, torch.Tensor]]:
+    """``(path, pixels)`` of each file :func:`read_image` reads; an unreadable one goes to ``on_error(path, e)``."""
+    for path in files:
+        try:
+            pixels = read_image(Path(path), info)
+        except (OSError, ValueError, SyntaxError) as e:  # PIL: UnidentifiedImageError (an OSError), truncated files
+            if on_error is not None:
+                on_error(path, e)
+            continue
+        yield path, pixels
+
+
 def normalise(images: torch.Tensor, info: dict[str, Any]) -> torch.Tensor:
     """``uint8 [B, C, H, W]`` -> the run's normalised float input, as ``NormalizeCollate`` makes it (the one
     normalisation, :func:`vitlab.data.transforms.normalize`, with the run's mean and std)."""
@@ -118,14 +130,9 @@ def predict(
         paths.clear()
         images.clear()
 
-    for path in files:
-        try:
-            images.append(read_image(path, info))
-        except (OSError, ValueError, SyntaxError) as e:  # PIL: UnidentifiedImageError (an OSError), truncated files
-            if on_error is not None:
-                on_error(path, e)
-            continue
+    for path, pixels in readable_images(files, info, on_error):
         paths.append(path)
+        images.append(pixels)
         if len(images) == batch_size:
             yield from flush()
     if images:

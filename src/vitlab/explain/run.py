@@ -16,7 +16,7 @@ from vitlab.data.sources import class_names_problem
 from vitlab.data.transforms import denormalize
 from vitlab.errors import ConfigError
 from vitlab.evaluation.evaluate import load_evaluation_target
-from vitlab.evaluation.predict import load_predictor, normalise, read_image
+from vitlab.evaluation.predict import load_predictor, normalise, readable_images
 from vitlab.explain.adapters import OVERVIEW_METHODS, explainer_for
 from vitlab.explain.api import explain
 from vitlab.explain.evaluate import evaluate_methods
@@ -141,14 +141,9 @@ def overlay_names(files: Sequence[Path], method: str) -> list[str]:
 def _read_images(files: Sequence[Path], info: dict[str, Any], on_error: Any) -> tuple[list[Path], list[torch.Tensor]]:
     """The readable files and their pixels (:func:`read_image`); each unreadable one goes to ``on_error(path, e)``."""
     kept, pixels = [], []
-    for path in files:
-        try:
-            pixels.append(read_image(Path(path), info))
-        except (OSError, ValueError, SyntaxError) as e:  # PIL: UnidentifiedImageError (an OSError), truncated files
-            if on_error is not None:
-                on_error(path, e)
-            continue
+    for path, image in readable_images(files, info, on_error):
         kept.append(path)
+        pixels.append(image)
     if not kept:
         raise ConfigError(f"none of the {len(files)} files given is a readable image")
     return kept, pixels

@@ -5,7 +5,9 @@ normalisation the source was trained with. Fitting the weights to a model and lo
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,14 +95,19 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def timm_hub_file(name: str) -> str:
-    """Where timm downloads ``NAME[.TAG]``'s weights from, to tell an offline user which file to fetch."""
+def _timm_pretrained_cfg(name: str) -> Any:
+    """timm's ``PretrainedCfg`` of ``NAME[.TAG]`` (no download), or None for a name timm does not know."""
     import timm
 
     try:
-        cfg = timm.models.get_pretrained_cfg(name)
+        return timm.models.get_pretrained_cfg(name)
     except Exception:  # timm raises RuntimeError or KeyError for unknown names
-        cfg = None
+        return None
+
+
+def timm_hub_file(name: str) -> str:
+    """Where timm downloads ``NAME[.TAG]``'s weights from, to tell an offline user which file to fetch."""
+    cfg = _timm_pretrained_cfg(name)
     if cfg is None:
         return "the weights file"
     if cfg.hf_hub_id:
@@ -115,23 +122,15 @@ def hub_offline() -> bool:
 
     import huggingface_hub
 
-    return bool(huggingface_hub.constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
-        "1",
-        "true",
-        "yes",
-        "on",
-    )
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    return bool(huggingface_hub.constants.HF_HUB_OFFLINE) or offline
 
 
 def timm_weights_cached(name: str) -> bool:
     """True when ``NAME[.TAG]``'s weights file is in the local Hugging Face cache (timm then loads it offline)."""
     import huggingface_hub
-    import timm
 
-    try:
-        cfg = timm.models.get_pretrained_cfg(name)
-    except Exception:  # timm raises RuntimeError or KeyError for unknown names
-        return False
+    cfg = _timm_pretrained_cfg(name)
     if cfg is None or not cfg.hf_hub_id:
         return False
     files = {cfg.hf_hub_filename, "model.safetensors", "pytorch_model.bin"} - {None}
@@ -176,12 +175,7 @@ def source_pretrained_cfg(source: str | Path) -> dict[str, Any]:
     export's ``config.json`` or the checkpoint's ``data_info``); ``{}`` for a bare weights file."""
     text = str(source)
     if text.startswith(TIMM_PREFIX):
-        import timm
-
-        try:
-            cfg = timm.models.get_pretrained_cfg(text[len(TIMM_PREFIX) :])
-        except Exception:  # timm raises RuntimeError or KeyError for unknown names
-            cfg = None
+        cfg = _timm_pretrained_cfg(text[len(TIMM_PREFIX) :])
         return {} if cfg is None else cfg.to_dict()
     path = Path(text).expanduser()
     candidates = [path / "config.json", path / "export" / "config.json", path / "checkpoints" / "best.ckpt"]
@@ -216,65 +210,81 @@ def timm_vit_kwargs(model: nn.Module) -> dict[str, Any]:
     qk-norm, LayerScale, pre-norm, another block or attention class...): such a model is refused, never mapped
     with a part dropped.
     """
-    from timm.layers import Mlp
-    from timm.layers import PatchEmbed as TimmPatchEmbed
-    from timm.models.vision_transformer import Attention as TimmAttention
-    from timm.models.vision_transformer import Block as TimmBlock
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     name = type(model).__name__
-
-    def refuse(feature: str) -> PretrainedWeightsError:
-        return PretrainedWeightsError(
-            f"from_timm: this timm {name} uses {feature}, which vitlab's ViT does not have; only plain ViTs "
-            "(class token, learned position embedding, pre-norm blocks, LayerNorm eps 1e-6, GELU MLP) map without "
-            "losing part of the model"
-        )
-
     if not isinstance(model, TimmViT):
         raise PretrainedWeightsError(
             f"from_timm needs a timm.models.vision_transformer.VisionTransformer, got {name}; other families "
             "(DeiT distilled, Swin, EVA, ConvNeXt...) have no vitlab equivalent"
         )
+    feature = next(itertools.chain(_embedding_features(model), _block_features(model), _head_features(model)), None)
+    if feature is not None:
+        raise PretrainedWeightsError(
+            f"from_timm: this timm {name} uses {feature}, which vitlab's ViT does not have; only plain ViTs "
+            "(class token, learned position embedding, pre-norm blocks, LayerNorm eps 1e-6, GELU MLP) map without "
+            "losing part of the model"
+        )
+    pe, first = model.patch_embed, model.blocks[0]
+    return dict(
+        img_size=pe.img_size[0],
+        patch_size=pe.patch_size[0],
+        in_chans=pe.proj.in_channels,
+        num_classes=model.head.out_features if isinstance(model.head, nn.Linear) else 0,
+        embed_dim=model.embed_dim,
+        depth=len(model.blocks),
+        num_heads=first.attn.num_heads,
+        mlp_ratio=first.mlp.fc1.out_features / model.embed_dim,
+        qkv_bias=first.attn.qkv.bias is not None,
+        global_pool=model.global_pool,
+    )
+
+
+def _embedding_features(model: nn.Module) -> Iterator[str]:
+    """The features of a timm ViT's tokens, pooling, norms and patch embedding that vitlab's ViT lacks."""
+    from timm.layers import PatchEmbed as TimmPatchEmbed
+
     identity = nn.Identity
     if getattr(model, "num_reg_tokens", 0):
-        raise refuse(f"{model.num_reg_tokens} register tokens")
+        yield f"{model.num_reg_tokens} register tokens"
     if model.cls_token is None or model.num_prefix_tokens != 1:
-        raise refuse("no class token" if model.cls_token is None else f"{model.num_prefix_tokens} prefix tokens")
-    if getattr(model, "no_embed_class", False) or model.pos_embed is None:
-        raise refuse(
-            "no position embedding on the class token (no_embed_class)"
-            if model.pos_embed is not None
-            else "no learned position embedding"
-        )
+        yield "no class token" if model.cls_token is None else f"{model.num_prefix_tokens} prefix tokens"
+    if model.pos_embed is None:
+        yield "no learned position embedding"
+    if getattr(model, "no_embed_class", False):
+        yield "no position embedding on the class token (no_embed_class)"
     if getattr(model, "dynamic_img_size", False):
-        raise refuse("dynamic image sizes")
-    for attr, feature in (
-        ("norm_pre", "a norm before the blocks (pre_norm=True, CLIP style)"),
-        ("fc_norm", "a norm after pooling (fc_norm)"),
-    ):
-        if not isinstance(getattr(model, attr, identity()), identity):
-            raise refuse(feature)
+        yield "dynamic image sizes"
+    if not isinstance(getattr(model, "norm_pre", identity()), identity):
+        yield "a norm before the blocks (pre_norm=True, CLIP style)"
+    if not isinstance(getattr(model, "fc_norm", identity()), identity):
+        yield "a norm after pooling (fc_norm)"
     if getattr(model, "attn_pool", None) is not None or model.global_pool not in ("token", "avg"):
-        raise refuse(f"global_pool={model.global_pool!r}")
+        yield f"global_pool={model.global_pool!r}"
     if not isinstance(model.norm, nn.LayerNorm) or model.norm.eps != 1e-6:
-        raise refuse("a final norm other than LayerNorm(eps=1e-6)")
+        yield "a final norm other than LayerNorm(eps=1e-6)"
     pe = model.patch_embed
     if type(pe) is not TimmPatchEmbed or not isinstance(pe.norm, identity) or pe.proj.bias is None:
-        raise refuse("another patch embedding")
+        yield "another patch embedding"
     if pe.img_size[0] != pe.img_size[1] or pe.patch_size[0] != pe.patch_size[1]:
-        raise refuse(f"non-square images or patches ({pe.img_size}, {pe.patch_size})")
+        yield f"non-square images or patches ({pe.img_size}, {pe.patch_size})"
     if getattr(model, "patch_drop", None) is not None and not isinstance(model.patch_drop, identity):
-        raise refuse("patch dropout")
-    embed_dim = model.embed_dim
-    blocks = list(model.blocks)
-    first = blocks[0]
-    for i, block in enumerate(blocks):
+        yield "patch dropout"
+
+
+def _block_features(model: nn.Module) -> Iterator[str]:
+    """The features of a timm ViT's blocks that vitlab's ViT lacks, each naming its block."""
+    from timm.layers import Mlp
+    from timm.models.vision_transformer import Attention as TimmAttention
+    from timm.models.vision_transformer import Block as TimmBlock
+
+    identity, embed_dim, first = nn.Identity, model.embed_dim, model.blocks[0]
+    for i, block in enumerate(model.blocks):
         if type(block) is not TimmBlock:
-            raise refuse(f"{type(block).__name__} blocks")
+            yield f"{type(block).__name__} blocks"
         attn = block.attn
         if type(attn) is not TimmAttention:
-            raise refuse(f"{type(attn).__name__} attention in block {i}")
+            yield f"{type(attn).__name__} attention in block {i}"
         for part, feature in (
             (attn.q_norm, "qk-norm"),
             (attn.k_norm, "qk-norm"),
@@ -284,35 +294,23 @@ def timm_vit_kwargs(model: nn.Module) -> dict[str, Any]:
             (getattr(block.mlp, "norm", identity()), "a norm inside the MLP"),
         ):
             if not isinstance(part, identity):
-                raise refuse(f"{feature} (block {i})")
+                yield f"{feature} (block {i})"
         if getattr(attn, "gate", None) is not None:
-            raise refuse(f"gated attention (block {i})")
+            yield f"gated attention (block {i})"
         if attn.proj.bias is None or attn.qkv.weight.shape != (3 * embed_dim, embed_dim):
-            raise refuse(f"another attention projection shape (block {i})")
-        for norm in (block.norm1, block.norm2):
-            if not isinstance(norm, nn.LayerNorm) or norm.eps != 1e-6:
-                raise refuse(f"a block norm other than LayerNorm(eps=1e-6) (block {i})")
+            yield f"another attention projection shape (block {i})"
+        if any(not isinstance(norm, nn.LayerNorm) or norm.eps != 1e-6 for norm in (block.norm1, block.norm2)):
+            yield f"a block norm other than LayerNorm(eps=1e-6) (block {i})"
         if type(block.mlp) is not Mlp or type(block.mlp.act) is not nn.GELU or block.mlp.act.approximate != "none":
-            raise refuse(f"an MLP other than Linear-GELU-Linear (block {i})")
-        same = (
-            attn.num_heads == first.attn.num_heads
-            and (attn.qkv.bias is None) == (first.attn.qkv.bias is None)
-            and block.mlp.fc1.out_features == first.mlp.fc1.out_features
-        )
-        if not same:
-            raise refuse(f"blocks of different shapes (block {i})")
-    head = model.head
-    if not isinstance(head, nn.Linear | identity):
-        raise refuse(f"a {type(head).__name__} head")
-    return dict(
-        img_size=pe.img_size[0],
-        patch_size=pe.patch_size[0],
-        in_chans=pe.proj.in_channels,
-        num_classes=head.out_features if isinstance(head, nn.Linear) else 0,
-        embed_dim=embed_dim,
-        depth=len(blocks),
-        num_heads=first.attn.num_heads,
-        mlp_ratio=first.mlp.fc1.out_features / embed_dim,
-        qkv_bias=first.attn.qkv.bias is not None,
-        global_pool=model.global_pool,
-    )
+            yield f"an MLP other than Linear-GELU-Linear (block {i})"
+        if (
+            attn.num_heads != first.attn.num_heads
+            or (attn.qkv.bias is None) != (first.attn.qkv.bias is None)
+            or block.mlp.fc1.out_features != first.mlp.fc1.out_features
+        ):
+            yield f"blocks of different shapes (block {i})"
+
+
+def _head_features(model: nn.Module) -> Iterator[str]:
+    if not isinstance(model.head, nn.Linear | nn.Identity):
+        yield f"a {type(model.head).__name__} head"

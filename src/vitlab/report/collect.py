@@ -28,10 +28,7 @@ from typing import Any
 
 from vitlab.errors import ConfigError, VitlabError
 from vitlab.report.comparison import collect_comparison
-from vitlab.report.curves import (
-    add_step_series,
-    curve_panels,
-)
+from vitlab.report.curves import add_step_series, curve_panels
 from vitlab.report.page import (
     ATTENTION_IMAGES,
     DYNAMICS_CAPTIONS,

@@ -23,10 +23,7 @@ from vitlab.report.page import (
     Text,
 )
 from vitlab.report.record import RunRecord
-from vitlab.rundir import (
-    DYNAMICS_FILE,
-    EVALUATION_DIR,
-)
+from vitlab.rundir import DYNAMICS_FILE, EVALUATION_DIR
 
 
 def summary_metrics(run: RunRecord) -> dict[str, float]:

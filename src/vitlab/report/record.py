@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.config import RunConfig
-from vitlab.report.page import (
-    PNG_SIGNATURE,
-)
+from vitlab.report.page import PNG_SIGNATURE
 from vitlab.rundir import (
     CONFIG_FILE,
     ENV_FILE,

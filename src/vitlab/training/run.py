@@ -70,13 +70,7 @@ from vitlab.training.preflight import (
     data_info,
     model_kwargs_for,
 )
-from vitlab.training.run_folder import (
-    claim_run_dir,
-    is_launching_process,
-    recovery_hint,
-    resolve_resume,
-    run_dir_path,
-)
+from vitlab.training.run_folder import claim_run_dir, is_launching_process, recovery_hint, resolve_resume, run_dir_path
 from vitlab.training.tasks import BaseTask, ClassificationTask, cosine_resume_note
 
 #: the files TensorBoard writes into ``tb/`` (a user's file beside them stays)

@@ -12,11 +12,7 @@ from vitlab import manifest
 from vitlab.claim import RunClaim
 from vitlab.config import RunConfig
 from vitlab.errors import RunDirError
-from vitlab.rundir import (
-    RUN_DIR_ENV,
-    TEST_METRICS_FILE,
-    RunDir,
-)
+from vitlab.rundir import RUN_DIR_ENV, TEST_METRICS_FILE, RunDir
 
 
 def is_launching_process() -> bool:

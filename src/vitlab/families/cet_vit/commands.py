@@ -11,11 +11,17 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from vitlab.cli.probe import add_json_option, check_json, probe, refuse_overrides, write_json
-from vitlab.cli.registry import Runner
+from vitlab.cli.probe import add_json_option, check_json, probe, write_json
+from vitlab.cli.registry import Runner, refuse_overrides
 from vitlab.jsonio import strict_dumps
+
+if TYPE_CHECKING:
+    import torch
 
 SLOT_K_FILE = "slot_k.json"
 SEGMENTS_FILE = "segments.png"
@@ -33,7 +39,7 @@ def _reversibility(p: argparse.ArgumentParser) -> Runner:
         check_json(args)
         from vitlab.families.cet_vit.probes import format_reversibility_table, reversibility_table
 
-        refuse_overrides("reversibility", overrides)
+        refuse_overrides("probe reversibility", overrides)
         rows = reversibility_table(args.tokens, args.slots, args.batch, args.seed)
         write_json(rows, args.json, format_reversibility_table(rows))
         return 0
@@ -53,60 +59,65 @@ def _slot_k(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--class-names", nargs="+", metavar="NAME", help="names of the classes, for data that carry none")
     p.add_argument("--force", action="store_true", help="replace slot_k.json and segments.png in an --out folder")
 
-    def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        import itertools
+    return functools.partial(_run_slot_k, p)
 
-        from vitlab.cli.evaluate import data_overrides
-        from vitlab.data import denormalize, normalize
-        from vitlab.diagnostics.segments import save_segment_maps
-        from vitlab.errors import ConfigError
-        from vitlab.evaluation.evaluate import load_evaluation_target
-        from vitlab.families.cet_vit.probes import collect_assignments, format_slot_usage, slot_usage_summary
-        from vitlab.models.protocols import SlotAssigner
-        from vitlab.rundir import check_outputs, write_output
 
-        if args.num_images < 0 or (args.max_batches is not None and args.max_batches < 1):
-            p.error("--num-images must be >= 0 and --max-batches >= 1")
-        if args.out:  # the run's own probes/ is replaced; a folder the user names keeps its files unless --force
-            check_outputs([Path(args.out) / SLOT_K_FILE, Path(args.out) / SEGMENTS_FILE], force=args.force)
-        data = data_overrides(args, overrides, "vitlab probe slot-k")
-        target = load_evaluation_target(args.target, data, args.device)
-        model, dm = target.model, target.datamodule
-        if not isinstance(model, SlotAssigner):
-            raise ConfigError(f"{args.target} holds a {type(model).__name__}, which has no slot assignment S")
-        names = args.class_names or dm.class_names
-        if len(names) != dm.num_classes:
-            raise ConfigError(f"--class-names gives {len(names)} names for the {dm.num_classes} classes of the data")
+def _run_slot_k(p: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str]) -> int:
+    from vitlab.cli.evaluate import data_overrides
+    from vitlab.data import denormalize, normalize
+    from vitlab.errors import ConfigError
+    from vitlab.evaluation.evaluate import load_evaluation_target
+    from vitlab.families.cet_vit.probes import collect_assignments, format_slot_usage, slot_usage_summary
+    from vitlab.models.protocols import SlotAssigner
+    from vitlab.rundir import check_outputs, write_output
 
-        def batches():
-            # through [0, 1] pixels: the model is fed the normalisation it was trained with
-            for x, y in itertools.islice(dm.test_dataloader(), args.max_batches):
-                yield normalize(denormalize(x, dm.mean, dm.std), target.mean, target.std), y
+    if args.num_images < 0 or (args.max_batches is not None and args.max_batches < 1):
+        p.error("--num-images must be >= 0 and --max-batches >= 1")
+    if args.out:  # the run's own probes/ is replaced; a folder the user names keeps its files unless --force
+        check_outputs([Path(args.out) / SLOT_K_FILE, Path(args.out) / SEGMENTS_FILE], force=args.force)
+    data = data_overrides(args, overrides, "vitlab probe slot-k")
+    target = load_evaluation_target(args.target, data, args.device)
+    model, dm = target.model, target.datamodule
+    if not isinstance(model, SlotAssigner):
+        raise ConfigError(f"{args.target} holds a {type(model).__name__}, which has no slot assignment S")
+    names = args.class_names or dm.class_names
+    if len(names) != dm.num_classes:
+        raise ConfigError(f"--class-names gives {len(names)} names for the {dm.num_classes} classes of the data")
 
-        collected = collect_assignments(model, batches(), keep_images=args.num_images, device=args.device)
-        summary = slot_usage_summary(collected["slot_k"], collected["labels"], names, collected["predictions"])
-        summary["source"] = str(target.source)
-        summary["per_image"] = collected["slot_k"].tolist()
-        out = Path(args.out) if args.out else target.out_dir.parent / "probes"
-        write_output(out / SLOT_K_FILE, strict_dumps(summary, indent=2), force=True)
-        print(format_slot_usage(summary))
-        print(f"written: {out / SLOT_K_FILE}")
-        if args.num_images:
-            shown = len(collected["images"])
-            titles = [
-                f"{names[label]}\npred {names[pred]}, K={k}"
-                for label, pred, k in zip(
-                    collected["labels"][:shown].tolist(),
-                    collected["predictions"][:shown].tolist(),
-                    collected["slot_k"][:shown].tolist(),
-                    strict=True,
-                )
-            ]
-            pixels = denormalize(collected["images"], target.mean, target.std)
-            path = save_segment_maps(
-                out / SEGMENTS_FILE, pixels, collected["S"], tuple(model.grid_size), titles=titles, alpha=args.alpha
-            )
-            print(f"written: {path}")
-        return 0
+    def batches():
+        # through [0, 1] pixels: the model is fed the normalisation it was trained with
+        for x, y in itertools.islice(dm.test_dataloader(), args.max_batches):
+            yield normalize(denormalize(x, dm.mean, dm.std), target.mean, target.std), y
 
-    return run
+    collected = collect_assignments(model, batches(), keep_images=args.num_images, device=args.device)
+    summary = slot_usage_summary(collected["slot_k"], collected["labels"], names, collected["predictions"])
+    summary["source"] = str(target.source)
+    summary["per_image"] = collected["slot_k"].tolist()
+    out = Path(args.out) if args.out else target.out_dir.parent / "probes"
+    write_output(out / SLOT_K_FILE, strict_dumps(summary, indent=2), force=True)
+    print(format_slot_usage(summary))
+    print(f"written: {out / SLOT_K_FILE}")
+    if args.num_images:
+        pixels = denormalize(collected["images"], target.mean, target.std)
+        print(f"written: {_save_segments(out / SEGMENTS_FILE, pixels, collected, names, model.grid_size, args.alpha)}")
+    return 0
+
+
+def _save_segments(
+    path: Path, pixels: torch.Tensor, collected: dict[str, Any], names: list[str], grid: tuple[int, int], alpha: float
+) -> Path:
+    """The segment maps of the kept images (``pixels``: [n, C, H, W] in [0, 1]), each titled with its class, the
+    prediction and its slot count K."""
+    from vitlab.diagnostics.segments import save_segment_maps
+
+    shown = len(collected["images"])
+    titles = [
+        f"{names[label]}\npred {names[pred]}, K={k}"
+        for label, pred, k in zip(
+            collected["labels"][:shown].tolist(),
+            collected["predictions"][:shown].tolist(),
+            collected["slot_k"][:shown].tolist(),
+            strict=True,
+        )
+    ]
+    return save_segment_maps(path, pixels, collected["S"], tuple(grid), titles=titles, alpha=alpha)

@@ -1,45 +1,30 @@
-"""ViTCAE's four generative tasks and the linear probe (ViTCAE paper, "four distinct tasks"; docs/vitcae.md).
+"""ViTCAE's four generative tasks and the linear probe (ViTCAE paper, "four distinct tasks", which it does not list;
+the project's reading and each metric's meaning: docs/vitcae.md, "The generative tasks"). Each task writes a PNG
+grid and its numbers, in [0, 1] pixel space after undoing the normalisation:
 
-The paper judges its autoencoder on "four distinct tasks" without listing them; the four below are the project's
-reading (docs/vitcae.md, "The generative tasks"). Each one here writes a PNG grid and its numbers:
+1. Reconstruction: MSE, PSNR (of the MSE pooled over the set) and SSIM (window: :func:`ssim_window`) over the test
+   set: ``reconstruction/{mse,psnr,ssim,judge_accuracy}``.
+2. Class-conditional generation: ``z_cls`` from a Gaussian per class fitted to ``mu_cls`` of the training set
+   (Ledoit-Wolf shrunk covariance), ``z_pt`` from ``p(z_pt | z_cls)``, decoded; class consistency is judged by a
+   small CNN trained independently on pixels (:class:`ConvJudge`): ``conditional/{judge_accuracy,
+   prior_mean_judge_accuracy,estimator_judge_accuracy,judge_test_accuracy,prior_std_rms,prior_mean_rms,
+   self_agreement,latent_agreement,num_classes}``.
+3. Interpolation: decode along the line between two test images' ``mu_cls`` (patch latents: the prior mean):
+   ``interpolation/{endpoint_psnr,endpoint_judge_accuracy,path_latent_error,path_endpoint_classes,
+   path_max_step_share}``.
+4. Inpainting: a seeded fraction of the patches set to the dataset mean, encoded and decoded, PSNR on the masked
+   pixels against the mean fill, and for a generative model the prior-mean fill once and iterated
+   ``INPAINTING_ITERATIONS`` times: ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}`` and
+   ``inpainting/{prior_fill,iterated}_{psnr,psnr_gain}``.
 
-1. Reconstruction: MSE, PSNR and SSIM over the test set, in [0, 1] pixel space after undoing the normalisation.
-   PSNR is ``10 log10(1 / MSE)`` of the MSE pooled over every pixel of the set (torchmetrics, ``data_range=1``);
-   SSIM is the mean per-image SSIM with the window of :func:`ssim_window` (a smaller one for tiny images).
-2. Class-conditional generation: a Gaussian per class fitted to ``mu_cls`` of the training set, with a full
-   covariance shrunk by Ledoit-Wolf (the latent dimensions are correlated, and shrinkage keeps the estimate
-   positive definite when a class has fewer images than ``d_z``); ``z_cls`` sampled from it, ``z_pt`` from the
-   conditional prior ``p(z_pt | z_cls)``, decoded. Class consistency is the accuracy, on the samples, of a judge
-   trained independently of the ViTCAE: a small CNN (:class:`ConvJudge`) on the pixels of the training images.
-   The same ``z_cls`` are also decoded with the prior mean ``mu_hat_pt(z_cls)`` and with the estimator ``g(z_cls)``
-   as patch latents (``prior_mean_judge_accuracy``, ``estimator_judge_accuracy``): the samples' ``z_pt`` noise has
-   the prior's std, which is measured (``prior_std_rms`` against ``prior_mean_rms``) and can be larger than the
-   patch means themselves. Upper bounds beside them: the judge on real test images (``judge_test_accuracy``) and
-   on their reconstructions (``reconstruction/judge_accuracy``). The ViTCAE's own classifier is reported too: on
-   the re-encoded samples (``self_agreement``) and on the sampled ``z_cls`` themselves (``latent_agreement``).
-3. Interpolation: a straight line between two test images' ``mu_cls``, patch latents from the prior mean
-   ``mu_hat_pt(z_cls)``, decoded; pairs of images of different classes. At the ends: PSNR of the decoded end
-   points against their images (what the prior-mean patch latents lose) and the judge's accuracy there. On the
-   path (the interpolation itself): ``path_latent_error``, how far the re-encoded frames' ``mu_cls`` lie from the
-   points of the line they were decoded from, relative to the line's length (0: the decoder follows the line);
-   ``path_endpoint_classes``, the share of the inner frames the judge gives to one of the two end classes; and
-   ``path_max_step_share``, the largest pixel change between neighbouring frames over the sum of them (``1 /
-   (steps - 1)`` for an even morph, 1 for a single jump).
-4. Inpainting: a seeded random fraction of the patches set to 0 in normalised space (the per-channel dataset
-   mean), encoded and decoded; PSNR on the masked pixels against the mean-fill baseline, which is exactly what the
-   masked input holds there. The autoencoder reproduces its input, mean fill included, so two fills that use the
-   generative model are measured too: ``prior_fill`` replaces the masked patches' latents by the conditional prior
-   mean ``mu_hat_pt(z_cls)`` before decoding (the known pixels are pasted back), and ``iterated`` repeats
-   encode -> prior fill -> decode -> paste ``INPAINTING_ITERATIONS`` times.
-
-Linear probe (the project's decision where the ViTCAE paper is silent; docs/vitcae.md, "Class conditioning"): a
-logistic regression on frozen ``mu_cls`` of the training set, accuracy on the test set. Training latents and pixels
-come from the training images without augmentation.
+Linear probe (the project's decision where the paper is silent): a logistic regression on frozen ``mu_cls`` of the
+un-augmented training images, accuracy on the test set (``linear_probe/accuracy``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -288,13 +273,7 @@ def inpainting_task(
         masked = x.masked_fill(pixel_mask, 0.0)
         target = denormalize(x, mean, std)
         mean_fill = denormalize(masked, mean, std)
-        outputs = {"plain": model(masked).recon}
-        if generative:
-            outputs["prior_fill"] = prior_fill(model, masked, patch_mask.to(device), pixel_mask)
-            current = outputs["prior_fill"]
-            for _ in range(INPAINTING_ITERATIONS - 1):
-                current = prior_fill(model, current, patch_mask.to(device), pixel_mask)
-            outputs["iterated"] = current
+        outputs = _inpaintings(model, masked, patch_mask.to(device), pixel_mask, generative)
         selected = pixel_mask.expand_as(x)
         for name in fills:
             psnr[name].update(denormalize(outputs[name], mean, std)[selected], target[selected])
@@ -323,6 +302,20 @@ def inpainting_task(
     return metrics
 
 
+def _inpaintings(
+    model: nn.Module, masked: Tensor, patch_mask: Tensor, pixel_mask: Tensor, generative: bool
+) -> dict[str, Tensor]:
+    """The model's output on the ``masked`` images (``plain``) and, for a generative model, the prior fill once
+    (``prior_fill``) and ``INPAINTING_ITERATIONS`` times (``iterated``)."""
+    outputs = {"plain": model(masked).recon}
+    if generative:
+        outputs["prior_fill"] = current = prior_fill(model, masked, patch_mask, pixel_mask)
+        for _ in range(INPAINTING_ITERATIONS - 1):
+            current = prior_fill(model, current, patch_mask, pixel_mask)
+        outputs["iterated"] = current
+    return outputs
+
+
 # -------------------------------------------------------------------------------------------------------------------
 # Everything at once.
 
@@ -347,6 +340,19 @@ def _clean_loader(dm: VisionDataModule, split: ImageSplit) -> DataLoader:
     )
 
 
+class _Stages:
+    """The stages of :func:`run_generative_tasks`: calling it with the next stage's name closes the running one,
+    printing its seconds where ``progress`` asks for them (None closes the last)."""
+
+    def __init__(self, progress: bool) -> None:
+        self.progress, self.name, self.started = progress, None, time.perf_counter()
+
+    def __call__(self, name: str | None) -> None:
+        if self.progress and self.name is not None:
+            print(f"generate: {self.name} done in {time.perf_counter() - self.started:.1f} s", flush=True)
+        self.name, self.started = name, time.perf_counter()
+
+
 def run_generative_tasks(
     model: ViTCAE,
     datamodule: VisionDataModule,
@@ -357,20 +363,13 @@ def run_generative_tasks(
     max_images: int | None = None,
     progress: bool = True,
 ) -> dict[str, float]:
-    """Run the four generative tasks and the linear probe; write their grids and ``metrics.json`` into ``out_dir``.
+    """Run the four generative tasks and the linear probe (module doc); write their grids (``GRID_FILES``) and
+    ``metrics.json`` into ``out_dir``; return the metrics.
 
-    ``model`` is moved to ``device`` and run in eval mode (its training flag is restored afterwards). Training
-    latents and pixels come from the un-augmented training images. ``max_images`` caps the images used from each
-    of the training and test sets (for quick runs); None uses all. Every random draw (class samples, prior noise,
-    pairs, masks, sklearn) follows ``seed``. Returns the metrics, also written to ``out_dir / "metrics.json"``:
-    ``images/{train,test}``, ``classifier/accuracy`` (the ViTCAE's own head), ``linear_probe/accuracy``,
-    ``reconstruction/{mse,psnr,ssim,judge_accuracy}``, ``conditional/{judge_accuracy,prior_mean_judge_accuracy,
-    estimator_judge_accuracy,judge_test_accuracy,prior_std_rms,prior_mean_rms,self_agreement,latent_agreement,
-    num_classes}``, ``interpolation/{endpoint_psnr,endpoint_judge_accuracy,path_latent_error,
-    path_endpoint_classes,path_max_step_share}``, ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}`` and
-    ``inpainting/{prior_fill,iterated}_{psnr,psnr_gain}``. The grids are the files of ``GRID_FILES``.
-    ``progress``: print one line per stage with its time (the judge's training and the encodings take minutes on
-    large sets).
+    ``model`` is moved to ``device`` and run in eval mode (its training flag is restored afterwards). ``max_images``
+    caps the images used from each of the training and test sets (for quick runs); None uses all. Every random draw
+    (class samples, prior noise, pairs, masks, sklearn) follows ``seed``. ``progress``: print one line per stage
+    with its time (the judge's training and the encodings take minutes on large sets).
     """
     if not isinstance(model, GenerativeModel):
         raise TypeError(f"the generative tasks need a ViTCAE, got {type(model).__name__}")
@@ -380,73 +379,50 @@ def run_generative_tasks(
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(device)
     datamodule.setup()
-    mean, std, class_names = datamodule.mean, datamodule.std, datamodule.class_names
-    train_loader = _clean_loader(datamodule, datamodule.train_set)
-    test_loader = _clean_loader(datamodule, datamodule.test_set)
-
-    def test_batches() -> Iterator[tuple[Tensor, Tensor]]:
-        return take_images(test_loader, max_images)
-
-    clock = {"name": None, "t0": time.perf_counter()}
-
-    def stage(name: str | None) -> None:
-        """Close the running stage (its time) and open the next one."""
-        if progress and clock["name"] is not None:
-            print(f"generate: {clock['name']} done in {time.perf_counter() - clock['t0']:.1f} s", flush=True)
-        clock["name"], clock["t0"] = name, time.perf_counter()
-
-    generator = torch.Generator().manual_seed(seed)
+    mean, std = datamodule.mean, datamodule.std
+    test_batches = functools.partial(take_images, _clean_loader(datamodule, datamodule.test_set), max_images)
+    grids = {task: out_dir / name for task, name in GRID_FILES.items()}
+    stage, generator = _Stages(progress), torch.Generator().manual_seed(seed)
+    sampling = dict(device=device, class_names=datamodule.class_names, generator=generator)
     model.to(device)
     with _eval_mode(model), torch.no_grad():
         stage("encoding the training images")
-        train = encode_split(
-            model, take_images(train_loader, max_images), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES
-        )
+        train_images = take_images(_clean_loader(datamodule, datamodule.train_set), max_images)
+        train = encode_split(model, train_images, mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES)
         stage("encoding the test images")
         test = encode_split(model, test_batches(), mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES)
         stage("training the CNN judge")
         judge = fit_pixel_judge(train.images, train.labels[: len(train.images)], seed, device=device)
         stage("classifier and linear probe")
-        classifier = model.head(test.mu_cls.to(device)).argmax(-1).cpu()
-        metrics = {
-            "images/train": len(train.labels),
-            "images/test": len(test.labels),
-            "classifier/accuracy": float((classifier == test.labels).float().mean()),
-            "linear_probe/accuracy": linear_probe_accuracy(train, test, seed),
-            "conditional/judge_test_accuracy": judge_accuracy(judge, test.images, test.labels[: len(test.images)]),
-        }
+        metrics = _classifier_metrics(model, train, test, judge, seed, device)
         stage("reconstruction")
         metrics |= reconstruction_task(
-            model, test_batches(), mean, std, out_dir / GRID_FILES["reconstruction"], device=device, judge=judge
+            model, test_batches(), mean, std, grids["reconstruction"], device=device, judge=judge
         )
         stage("conditional generation")
-        metrics |= conditional_generation_task(
-            model,
-            fit_class_gaussians(train.mu_cls, train.labels),
-            judge,
-            mean,
-            std,
-            out_dir / GRID_FILES["conditional"],
-            device=device,
-            class_names=class_names,
-            generator=generator,
-        )
+        gaussians = fit_class_gaussians(train.mu_cls, train.labels)
+        metrics |= conditional_generation_task(model, gaussians, judge, mean, std, grids["conditional"], **sampling)
         stage("interpolation")
-        metrics |= interpolation_task(
-            model,
-            test,
-            judge,
-            mean,
-            std,
-            out_dir / GRID_FILES["interpolation"],
-            device=device,
-            class_names=class_names,
-            generator=generator,
-        )
+        metrics |= interpolation_task(model, test, judge, mean, std, grids["interpolation"], **sampling)
         stage("inpainting")
         metrics |= inpainting_task(
-            model, test_batches(), mean, std, out_dir / GRID_FILES["inpainting"], device=device, generator=generator
+            model, test_batches(), mean, std, grids["inpainting"], device=device, generator=generator
         )
         stage(None)
     atomic_write_json(out_dir / GENERATE_METRICS_FILE, metrics)
     return metrics
+
+
+def _classifier_metrics(
+    model: ViTCAE, train: EncodedSplit, test: EncodedSplit, judge: ConvJudge, seed: int, device: torch.device
+) -> dict[str, float]:
+    """The image counts, the accuracy of the ViTCAE's own head and of a linear probe on ``mu_cls``, and the judge's
+    accuracy on the real test images (an upper bound for the samples)."""
+    classifier = model.head(test.mu_cls.to(device)).argmax(-1).cpu()
+    return {
+        "images/train": len(train.labels),
+        "images/test": len(test.labels),
+        "classifier/accuracy": float((classifier == test.labels).float().mean()),
+        "linear_probe/accuracy": linear_probe_accuracy(train, test, seed),
+        "conditional/judge_test_accuracy": judge_accuracy(judge, test.images, test.labels[: len(test.images)]),
+    }

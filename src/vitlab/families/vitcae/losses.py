@@ -21,10 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from vitlab.families.vitcae.config import (
-    WAE_IMQ_SCALES,
-    ViTCAELossConfig,
-)
+from vitlab.families.vitcae.config import WAE_IMQ_SCALES, ViTCAELossConfig
 
 if TYPE_CHECKING:  # losses sit below models: the model's output type only annotates
     from vitlab.families.vitcae.model import ViTCAEOutput
@@ -137,25 +134,17 @@ def vitcae_loss(
 ) -> dict[str, torch.Tensor]:
     """The total objective of eq. 25 with every term, for logging.
 
-    Args:
-        out: the model's forward output on ``x``.
-        x: the input images ``[B, C, H, W]`` (in the space the model reconstructs).
-        y: class labels ``[B]``.
-        epoch: the 1-based training epoch ``t`` (the first epoch is 1); ``t <= T_w`` uses KL only.
-        cfg: weights and curriculum.
-        mmd_scale: the constants ``(s_cls, s_pt)`` that multiply ``W_cls`` and ``W_pt`` in the blend
-            (``mmd_calibration: kl``; the task measures them at the switch). ``(1, 1)``: eq. 25 as printed.
+    ``out``: the model's forward output on ``x: [B, C, H, W]`` (in the space the model reconstructs); ``y: [B]``
+    class labels; ``epoch``: the 1-based training epoch ``t``, and ``t <= T_w`` (``cfg.warmup_epochs``) uses KL only
+    (the MMD terms are then computed without gradient, for logging). ``mmd_scale``: the constants ``(s_cls, s_pt)``
+    that multiply ``W_cls`` and ``W_pt`` in the blend (``mmd_calibration: kl``; the task measures them at the
+    switch); ``(1, 1)``: eq. 25 as printed.
 
-    Returns:
-        ``{"loss", "monitor", "rec", "rec_l1", "rec_l2", "pt_est", "kl_cls", "kl_pt", "mmd_cls", "mmd_pt",
-        "mmd_share_cls", "mmd_share_pt", "ce"}``, scalars. ``rec`` and ``pt_est`` include their weights; the
-        regularisers and ``ce`` are unweighted (``mmd_*`` before ``mmd_scale``). ``monitor`` is ``rec + pt_est +
-        lambda_ce ce``, the same function before and after the switch. ``mmd_share_*`` is the MMD's part of the
-        blend, ``a s |W| / (a s |W| + (1 - a) KL)``, evaluated in both phases (detached). During warm-up the MMD
-        terms are computed without gradient, for logging only.
-
-    The MMD prior samples: ``z_cls`` is compared with ``N(0, I)``; ``z_pt`` with reparameterised samples of the
-    conditional prior ``N(mu_hat_pt, diag sigma_hat_pt^2)`` (see ``ViTCAELossConfig.mmd_detach_prior``).
+    Returns ``{"loss", "monitor", "rec", "rec_l1", "rec_l2", "pt_est", "kl_cls", "kl_pt", "mmd_cls", "mmd_pt",
+    "mmd_share_cls", "mmd_share_pt", "ce"}``, scalars. ``rec`` and ``pt_est`` include their weights; the
+    regularisers and ``ce`` are unweighted (``mmd_*`` before ``mmd_scale``). ``monitor`` is ``rec + pt_est +
+    lambda_ce ce``, the same function before and after the switch. ``mmd_share_*`` is the MMD's part of the blend,
+    ``a s |W| / (a s |W| + (1 - a) KL)``, in both phases (detached).
     """
     terms = {
         "rec_l1": F.l1_loss(out.recon, x),
@@ -168,14 +157,7 @@ def vitcae_loss(
     }
     mmd_active = epoch > cfg.warmup_epochs
     with torch.set_grad_enabled(mmd_active and torch.is_grad_enabled()):
-        prior_mu, prior_logvar = out.prior_mu_pt, out.prior_logvar_pt
-        if cfg.mmd_detach_prior:
-            prior_mu, prior_logvar = prior_mu.detach(), prior_logvar.detach()
-        variance_pt = 1.0
-        if cfg.mmd_kernel_scale == "prior":  # p(z_cls) = N(0, I) has variance 1 exactly
-            variance_pt = conditional_prior_variance(out.prior_mu_pt, out.prior_logvar_pt)
-        terms["mmd_cls"] = imq_mmd(out.z_cls, torch.randn_like(out.z_cls), cfg.mmd_scales)
-        terms["mmd_pt"] = imq_mmd(out.z_pt, reparameterize(prior_mu, prior_logvar), cfg.mmd_scales, variance_pt)
+        terms["mmd_cls"], terms["mmd_pt"] = _mmd_terms(out, cfg)
     a = cfg.mmd_mix
     for name, scale in zip(("cls", "pt"), mmd_scale, strict=True):
         mmd_part = a * scale * terms[f"mmd_{name}"].detach().abs()
@@ -194,3 +176,16 @@ def vitcae_loss(
     )
     terms["monitor"] = terms["rec"] + terms["pt_est"] + cfg.lambda_ce * terms["ce"]
     return terms
+
+
+def _mmd_terms(out: ViTCAEOutput, cfg: ViTCAELossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 25's ``W_cls``, ``z_cls`` against samples of ``N(0, I)``, and ``W_pt``, ``z_pt`` against reparameterised
+    samples of the conditional prior ``N(mu_hat_pt, diag sigma_hat_pt^2)`` (``ViTCAELossConfig.mmd_detach_prior``)."""
+    prior_mu, prior_logvar = out.prior_mu_pt, out.prior_logvar_pt
+    if cfg.mmd_detach_prior:
+        prior_mu, prior_logvar = prior_mu.detach(), prior_logvar.detach()
+    variance_pt = 1.0
+    if cfg.mmd_kernel_scale == "prior":  # p(z_cls) = N(0, I) has variance 1 exactly
+        variance_pt = conditional_prior_variance(out.prior_mu_pt, out.prior_logvar_pt)
+    mmd_cls = imq_mmd(out.z_cls, torch.randn_like(out.z_cls), cfg.mmd_scales)
+    return mmd_cls, imq_mmd(out.z_pt, reparameterize(prior_mu, prior_logvar), cfg.mmd_scales, variance_pt)

@@ -237,10 +237,7 @@ def save_image_grid(
         figure.text(x / fig_w, (mosaic.shape[0] + 3) / fig_h, label, ha="center", va="bottom", fontsize=8)
     if title:
         figure.text(0.5, 1 - 4 / fig_h, title, ha="center", va="top", fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(figure, path, dpi=100)
-    return path
+    return save_figure(figure, path, dpi=100)
 
 
 # -------------------------------------------------------------------------------------------------------------------
