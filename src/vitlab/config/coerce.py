@@ -1,9 +1,7 @@
 """Building dataclasses from nested dicts, with errors that name the key (``from_dict``), and back (``to_dict``).
 
-A dataclass whose field types depend on the values (a run's ``model`` section, typed by the preset's class) says
-so with a ``section_types(values) -> {field: type}`` classmethod; a
-``typing.TypedDict`` types a mapping whose keys are all optional (the ``model`` section: a preset and the options
-the config sets, nothing else).
+A ``typing.TypedDict`` or a dataclass type also types a plain mapping through :func:`typed_mapping`, each key one of
+its fields (the ``model`` section: a preset and the options the config sets, nothing else).
 """
 
 from __future__ import annotations
@@ -38,7 +36,8 @@ def unknown_key_error(key: str, valid: list[str], where: str) -> ConfigError:
 
 
 def typed_mapping(tp: Any, values: Any, where: str) -> dict[str, Any]:
-    """``values`` checked against the ``TypedDict`` ``tp``: each key one of its keys, each value of its type."""
+    """``values`` checked against ``tp`` (a ``TypedDict`` or a dataclass type): each key one of its keys, each value of
+    its type; the mapping stays a mapping (a dataclass type is not built: its defaults are not filled in)."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where} must be a mapping, got {values!r}")
     hints = typing.get_type_hints(tp)
@@ -129,12 +128,6 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def build_section(tp: Any, value: Any, where: str) -> Any:
-    """``value`` as the type ``tp`` (a dataclass, a ``TypedDict``, ...): an instance of a dataclass is kept, a mapping
-    is built (:func:`from_dict`)."""
-    return _coerce(value, tp, where)
-
-
 def from_dict(cls: type, values: dict[str, Any], where: str = "") -> Any:
     """Build dataclass ``cls`` from ``values``; an unknown key raises :class:`ConfigError` with suggestions, and so
     does a ``ValueError`` of the dataclass's own check."""
@@ -144,9 +137,6 @@ def from_dict(cls: type, values: dict[str, Any], where: str = "") -> Any:
     for key in values:
         if key not in types_:
             raise unknown_key_error(key, list(types_), where)
-    section_types = getattr(cls, "section_types", None)
-    if section_types is not None:
-        types_ = {**types_, **section_types(values)}
     kwargs = {}
     for key, value in values.items():
         kwargs[key] = _coerce(value, types_[key], f"{where}.{key}" if where else key)
