@@ -17,8 +17,6 @@ Methods (the papers each follows are in :mod:`vitlab.explain.methods` and :mod:`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +29,7 @@ from vitlab.explain.adapters import Explainer, explainer_for
 from vitlab.explain.hilrp import UnsupportedOperation, Variant, relevance
 from vitlab.explain.methods import attention_rollout, gradient_rollout, last_attention
 from vitlab.explain.recording import recorded_attention
+from vitlab.models.contract import module_mode
 
 #: integration steps of integrated gradients (Gauss-Legendre; completeness is checked per image)
 IG_STEPS = 32
@@ -71,17 +70,6 @@ def optional_import(module: str) -> Any:
         raise ImportError(f"this explanation method needs {module.split('.')[0]}; {INSTALL_HINT}") from e
 
 
-@contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    modes = [m.training for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in zip(model.modules(), modes, strict=True):
-            m.training = mode
-
-
 def explain(
     model: nn.Module, images: torch.Tensor, method: str = "lrp", target: torch.Tensor | int | None = None
 ) -> Explanation:
@@ -95,7 +83,7 @@ def explain(
     explainer = explainer_for(model)
     explainer.check(method)
     images = images.detach()
-    with _eval_mode(model):
+    with module_mode(model, training=False):
         with torch.no_grad():
             logits = explainer.logits(model, images)
         if target is None:

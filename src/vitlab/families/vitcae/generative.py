@@ -23,10 +23,9 @@ un-augmented training images, accuracy on the test set (``linear_probe/accuracy`
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -72,6 +71,7 @@ from vitlab.families.vitcae.pieces import (
     ssim_window,
     take_images,
 )
+from vitlab.models.contract import module_mode
 from vitlab.models.protocols import GenerativeModel
 from vitlab.rundir import GENERATE_METRICS_FILE, atomic_write_json
 
@@ -320,16 +320,6 @@ def _inpaintings(
 # Everything at once.
 
 
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 def _clean_loader(dm: VisionDataModule, split: ImageSplit) -> DataLoader:
     """The images of ``split`` without augmentation, normalised, with integer labels, in their stored order."""
     collate = NormalizeCollate(dm.mean, dm.std, num_classes=dm.num_classes)
@@ -385,7 +375,7 @@ def run_generative_tasks(
     stage, generator = _Stages(progress), torch.Generator().manual_seed(seed)
     sampling = dict(device=device, class_names=datamodule.class_names, generator=generator)
     model.to(device)
-    with _eval_mode(model), torch.no_grad():
+    with module_mode(model, training=False), torch.no_grad():
         stage("encoding the training images")
         train_images = take_images(_clean_loader(datamodule, datamodule.train_set), max_images)
         train = encode_split(model, train_images, mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES)
