@@ -9,13 +9,7 @@ one schema (:meth:`RunDir.final_metrics`), the resolved config with overrides (:
 only ``atomic``, ``manifest``, ``environment``, ``config`` and ``errors``; training writes through it, evaluation,
 compare, the report and the plots read through it.
 
-Layout::
-
-    config.yaml  env.json  metrics.jsonl  steps.jsonl  timing.json  test_metrics.json  ddp_check.json
-    dynamics.jsonl  dynamics/  tb/  checkpoints/{best,last}.ckpt  export/{model.safetensors,config.json}
-    generate/  evaluation/  evaluation-KEY=VALUE/  report.html  resumes.jsonl
-    .lock   (while a `vitlab fit` writes the folder: its pid and host; see :class:`vitlab.claim.RunClaim`)
-    .vitlab-manifest.jsonl   (every file vitlab wrote here, as it wrote it: :mod:`vitlab.manifest`)
+The layout, file by file: docs/rundir.md.
 
 Files a user names (``--out``) follow one rule, :func:`check_outputs` and :func:`write_output`: an existing file is
 refused unless ``--force``, and a file is written whole or not at all.

@@ -2,20 +2,13 @@
 the project's reading and each metric's meaning: docs/vitcae.md, "The generative tasks"). Each task writes a PNG
 grid and its numbers, in [0, 1] pixel space after undoing the normalisation:
 
-1. Reconstruction: MSE, PSNR (of the MSE pooled over the set) and SSIM (window: :func:`ssim_window`) over the test
-   set: ``reconstruction/{mse,psnr,ssim,judge_accuracy}``.
-2. Class-conditional generation: ``z_cls`` from a Gaussian per class fitted to ``mu_cls`` of the training set
-   (Ledoit-Wolf shrunk covariance), ``z_pt`` from ``p(z_pt | z_cls)``, decoded; class consistency is judged by a
-   small CNN trained independently on pixels (:class:`ConvJudge`): ``conditional/{judge_accuracy,
-   prior_mean_judge_accuracy,estimator_judge_accuracy,judge_test_accuracy,prior_std_rms,prior_mean_rms,
-   self_agreement,latent_agreement,num_classes}``.
-3. Interpolation: decode along the line between two test images' ``mu_cls`` (patch latents: the prior mean):
-   ``interpolation/{endpoint_psnr,endpoint_judge_accuracy,path_latent_error,path_endpoint_classes,
-   path_max_step_share}``.
-4. Inpainting: a seeded fraction of the patches set to the dataset mean, encoded and decoded, PSNR on the masked
-   pixels against the mean fill, and for a generative model the prior-mean fill once and iterated
-   ``INPAINTING_ITERATIONS`` times: ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}`` and
-   ``inpainting/{prior_fill,iterated}_{psnr,psnr_gain}``.
+1. Reconstruction (:func:`reconstruction_task`): MSE, PSNR (of the MSE pooled over the set) and SSIM
+   (:func:`ssim_window`) over the test set.
+2. Class-conditional generation (:func:`conditional_generation_task`): ``z_cls`` from a Gaussian per class,
+   ``z_pt`` from ``p(z_pt | z_cls)``, decoded, judged by a CNN trained independently on pixels (:class:`ConvJudge`).
+3. Interpolation (:func:`interpolation_task`): decoding along the line between two test images' ``mu_cls``.
+4. Inpainting (:func:`inpainting_task`): a seeded fraction of the patches set to the dataset mean, against the mean
+   fill; for a generative model also the prior-mean fill, once and iterated ``INPAINTING_ITERATIONS`` times.
 
 Linear probe (the project's decision where the paper is silent): a logistic regression on frozen ``mu_cls`` of the
 un-augmented training images, accuracy on the test set (``linear_probe/accuracy``).
