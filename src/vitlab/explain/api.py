@@ -1,18 +1,15 @@
 """``vitlab.explain(model, images, method=..., target=None) -> Explanation``: which pixels a prediction rests on.
 
-Methods (the papers each follows are in :mod:`vitlab.explain.methods` and :mod:`vitlab.explain.hilrp`):
+Methods (what each applies to: docs/explain.md, "Methods"):
 
-- ``attention``, ``rollout``, ``grad_rollout``: from the attention matrices of a CLS-token ViT.
-- ``lrp`` (HiLRP with AttnLRP's rules), ``cp_lrp`` (the softmax held constant), ``lrp_epsilon``, ``lrp_gamma``:
-  relevance rules by operation type (:mod:`vitlab.explain.hilrp`); ``conservation`` is
-  ``|sum(input relevance) + absorbed - logit| / |logit|``, where ``absorbed`` is what the rules absorb (biases,
-  embeddings, LayerNorm betas, the softmax's remainder), and ``input_share`` is ``sum(input relevance) / logit``.
+- ``attention``, ``rollout``, ``grad_rollout``: from the attention of a CLS-token ViT (:mod:`vitlab.explain.methods`).
+- ``lrp``, ``cp_lrp``, ``lrp_epsilon``, ``lrp_gamma``: relevance rules by operation type (:mod:`vitlab.explain.hilrp`);
+  ``conservation`` is ``|sum(input relevance) + absorbed - logit| / |logit|``, ``input_share`` is
+  ``sum(input relevance) / logit``.
 - ``gradcam``: Grad-CAM (Selvaraju et al., ICCV 2017) on a token grid, through ``pytorch-grad-cam``.
-- through ``captum``: ``saliency`` (Simonyan et al., 2014: ``|grad|``), ``input_x_gradient`` (plain Gradient x
-  Input, the naive extension of LRP), ``smoothgrad`` (Smilkov et al., 2017), ``gradient_shap`` (Lundberg & Lee,
-  NeurIPS 2017), ``occlusion`` (Zeiler & Fergus, ECCV 2014; patches set to zero) and ``integrated_gradients``
-  (Sundararajan et al., ICML 2017, from a zero (dataset-mean) input; ``conservation`` is its completeness error
-  ``|sum(attribution) - (f(x) - f(0))| / |logit|``).
+- through ``captum``: ``saliency`` (Simonyan et al., 2014), ``input_x_gradient``, ``smoothgrad`` (Smilkov et al.,
+  2017), ``gradient_shap`` (Lundberg & Lee, NeurIPS 2017), ``occlusion`` (Zeiler & Fergus, ECCV 2014) and
+  ``integrated_gradients`` (Sundararajan et al., ICML 2017; ``conservation`` is its completeness error).
 """
 
 from __future__ import annotations
