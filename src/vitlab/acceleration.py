@@ -25,10 +25,9 @@ torch's default (the multi-tensor ``foreach`` path on CUDA, a per-tensor loop on
 
 - a CUDA device that reports bf16 support: bf16-mixed;
 - a CPU whose flags list ``amx_bf16`` (Intel AMX tiles): bf16-mixed;
-- a CPU with ``avx512_bf16`` but no AMX: it depends on the processor (an AMD EPYC ran bf16 matrix products faster
-  than fp32 ones, an Intel Xeon of the same flags at half their speed; docs/benchmarks.md, "Precision auto"), so a
-  one-off micro-benchmark decides: :func:`bf16_matmul_speedup` (a bf16 against an fp32 matrix product,
-  alternating, once per process), bf16-mixed at :data:`BF16_MIN_SPEEDUP` or more;
+- a CPU with ``avx512_bf16`` but no AMX: faster on some processors, slower on others (docs/benchmarks.md, "bf16-mixed
+  against fp32 on an Intel Xeon without AMX"), so :func:`bf16_matmul_speedup` decides (a bf16 against an fp32
+  matrix product, alternating, once per process): bf16-mixed at :data:`BF16_MIN_SPEEDUP` or more;
 - otherwise (no bf16 instructions: bf16 is emulated through fp32) 32-true.
 
 The flags come from ``/proc/cpuinfo`` or, where it is missing, torch's own CPU probe. An explicit precision is used

@@ -23,6 +23,16 @@ def finite_or_none(node: Any) -> Any:
     return node
 
 
+def flatten(node: Any, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """The leaves of nested mappings as ``{prefix + sep + "a" + sep + "b": leaf}`` (keys joined by ``sep``)."""
+    if not isinstance(node, Mapping):
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat.update(flatten(value, f"{prefix}{sep}{key}" if prefix else f"{key}", sep))
+    return flat
+
+
 def strict_dumps(obj: Any, **kwargs: Any) -> str:
     """``json.dumps`` that writes NaN and inf as null and never emits a non-standard token."""
     return json.dumps(finite_or_none(obj), allow_nan=False, **kwargs)

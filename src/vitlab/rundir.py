@@ -9,13 +9,7 @@ one schema (:meth:`RunDir.final_metrics`), the resolved config with overrides (:
 only ``atomic``, ``manifest``, ``environment``, ``config`` and ``errors``; training writes through it, evaluation,
 compare, the report and the plots read through it.
 
-Layout::
-
-    config.yaml  env.json  metrics.jsonl  steps.jsonl  timing.json  test_metrics.json  ddp_check.json
-    dynamics.jsonl  dynamics/  tb/  checkpoints/{best,last}.ckpt  export/{model.safetensors,config.json}
-    generate/  evaluation/  evaluation-KEY=VALUE/  report.html  resumes.jsonl
-    .lock   (while a `vitlab fit` writes the folder: its pid and host; see :class:`vitlab.claim.RunClaim`)
-    .vitlab-manifest.jsonl   (every file vitlab wrote here, as it wrote it: :mod:`vitlab.manifest`)
+The layout, file by file: docs/rundir.md.
 
 Files a user names (``--out``) follow one rule, :func:`check_outputs` and :func:`write_output`: an existing file is
 refused unless ``--force``, and a file is written whole or not at all.
@@ -43,6 +37,7 @@ from vitlab.atomic import umask_mode as umask_mode
 from vitlab.atomic import write_output as write_output
 from vitlab.environment import environment as environment
 from vitlab.errors import CheckpointError, ConfigError, RunDirError
+from vitlab.jsonio import flatten
 
 if TYPE_CHECKING:
     from vitlab.config import RunConfig
@@ -207,15 +202,8 @@ def locate_checkpoint(path: str | Path, prefer: Sequence[str] = (BEST_CHECKPOINT
 # The run directory
 # -------------------------------------------------------------------------------------------------------------------
 def _flatten_floats(node: Any, prefix: str) -> dict[str, float]:
-    """Float leaves of nested dicts as ``{"prefix/a/b": value}``; counts (ints), lists and strings are left out."""
-    if isinstance(node, float):
-        return {prefix: node} if math.isfinite(node) else {}
-    if isinstance(node, Mapping):
-        flat: dict[str, float] = {}
-        for key, value in node.items():
-            flat.update(_flatten_floats(value, f"{prefix}/{key}"))
-        return flat
-    return {}
+    """Finite float leaves of nested dicts as ``{"prefix/a/b": value}``; counts (ints), lists and strings left out."""
+    return {k: v for k, v in flatten(node, prefix, "/").items() if isinstance(v, float) and math.isfinite(v)}
 
 
 def _numbers(values: Mapping[str, Any]) -> dict[str, float]:

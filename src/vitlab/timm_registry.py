@@ -2,20 +2,11 @@
 ``generate_default_cfgs`` and ``timm.models._builder.build_model_with_cfg``), so ``timm.create_model`` builds them.
 
 Every preset ``P`` of the catalogue (:func:`vitlab.config.model.catalogue`: the core's and each family's) is the
-timm model ``vitlab_P`` (e.g. ``vitlab_vit_pico``, ``vitlab_swin_pico``, ``vitlab_cet_vit_nano_global``).
-``timm.create_model`` passes it through timm's own builder: ``num_classes``, ``in_chans``, ``img_size``,
-``features_only`` / ``out_indices`` / ``feature_cls``, and ``pretrained=True`` with
-``pretrained_cfg_overlay=dict(file=...)`` (safetensors or ``.pth``: timm's ``load_pretrained``, which drops a
-classifier of another class count and adapts the first convolution to other ``in_chans``). The model is
-:func:`vitlab.create_model`'s, so it exports and reloads like any vitlab model. A ViTCAE preset is its encoder (a
-ViT classifier on the CLS token; a ViTCAE checkpoint's ``encoder.`` weights load).
-Weights of another input size load into a model built with ``img_size`` (:func:`_fit_weights`).
-
-``features_only``: timm's ``FeatureGetterNet`` over ``forward_intermediates`` (the last 3 taps by default, as
-timm's ViT), except Swin, which is timm's and takes timm's Swin route (``FeatureListNet``, every stage).
-
-Registration reads names only (no torch); ``import vitlab`` registers when timm is imported, before or after
-(:func:`vitlab.lazy.after_import`).
+timm model ``vitlab_P``, built by :func:`vitlab.create_model` through timm's own builder (its options, feature
+extraction and ``pretrained=True`` with a ``pretrained_cfg_overlay`` file); a ViTCAE preset is its encoder. Weights
+of another input size are fitted by :func:`_fit_weights`. Registration reads names only (no torch); ``import
+vitlab`` registers when timm is imported, before or after (:func:`vitlab.lazy.after_import`). Names, options and
+feature maps: docs/timm.md.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import torch
 from timm.models import group_parameters
 
 import vitlab
-from vitlab.models.contract import feature_extractor
+from vitlab.models.contract import feature_extractor, module_mode
 from vitlab.models.protocols import GenerativeModel
 from vitlab.models.registry import constructor_args, get_preset
 
@@ -212,3 +212,13 @@ def test_tome_feature_maps_give_each_patch_the_token_it_was_merged_into():
         distinct = torch.unique(per_image[b], dim=0)
         assert len(distinct) <= tokens.shape[1]  # patches share the few tokens left
         assert all((tokens[b] == row).all(-1).any() for row in distinct)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_module_mode_gives_every_submodule_its_own_mode_back(training):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.BatchNorm1d(2), torch.nn.Dropout()))
+    model[1][0].eval()
+    before = [m.training for m in model.modules()]
+    with module_mode(model, training=training):
+        assert all(m.training == training for m in model.modules())
+    assert [m.training for m in model.modules()] == before

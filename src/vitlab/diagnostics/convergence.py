@@ -118,12 +118,8 @@ def calibrate_rho(
     ``steps``), the smallest over the step sizes.
 
     The spec (ViTCAE, "Convergence") asks that a random walk converge in at most ~5% of epochs and directed motion
-    never. Averaged over the probe's ``P`` images the directedness of a random walk is close to normal, centred
-    near ``1 / sqrt 2`` with a spread that shrinks as ``1 / sqrt P``; so the quantile is taken from the walk's mean
-    and standard deviation (``mean - z sd``), which a few dozen epochs estimate well, where an empirical 2% tail
-    would need thousands. The default 2% leaves room for the estimate's own error: out of sample (new seeds and step
-    sizes) the share stays under 5% (``tests/test_convergence_rule.py``). Directed motion (directedness about 1) and
-    jitter around a settled pattern (about 0.5) lie on either side. Deterministic (``seed``) and cached.
+    never. The quantile is ``mean - z sd`` of the walk's directedness (close to normal when averaged over the probe's
+    images; docs/dynamics.md, "Calibrating rho on simulated drifts"). Deterministic (``seed``) and cached.
     """
     if not 0 < quantile < 0.5:
         raise ValueError(f"quantile must be in (0, 0.5), got {quantile}")
@@ -217,32 +213,21 @@ class ConvergenceTracker:
     its threshold (and, with ``tau_clause="own"``, ``|tau_t - tau_{t-1}| < eps_tau``, the paper's second clause);
     after ``patience`` consecutive stable epochs it is converged and stays so (it is then frozen, eq. 26).
 
-    ``tau_clause="none"`` judges the drift alone. The clause on tau cannot fail where tau is held at 1 (the
-    uncontrolled arm), so with it the two arms of a comparison are judged by different rules; without it the
-    decision is the same function of the same drift in both arms.
+    ``tau_clause="none"`` judges the drift alone, so both arms of a comparison (tau held at 1 or not) are judged by
+    the same function of the same drift. The rules (why each: docs/dynamics.md, "The convergence rule, units and the
+    probe's tau"; null models: ``benchmarks/experiments/convergence_nulls.py``):
 
     - ``rule="absolute"`` (the paper): the threshold is ``eps_d``, in the units of the drift.
     - ``rule="relative"``: the threshold is ``rel_d`` times the largest drift this head has shown so far (its peak,
-      from epoch 1 on, burn-in included; see :meth:`observe`). A ratio has no units, so the rule is the same on any
-      patch grid; and multiplying a head's whole drift curve by a constant (what a different constant learning rate
-      does to the per-epoch movement of a head that is still drifting) leaves its decisions unchanged.
-    - ``rule="noise"``: the head's drift is at its noise floor, i.e. its movement no longer accumulates. With the
-      two-epoch drift ``d(t-2, t)``, the *directedness* ``r_t = d(t-2, t) / (d(t-2, t-1) + d(t-1, t))`` is 1 for
-      attention that keeps moving the same way, about ``1 / sqrt 2 = 0.71`` for a random walk and about 0.5 for
-      jitter around a fixed pattern (three noisy copies of one pattern are equally far apart). Stable when
-      ``r_t < rho``. A ratio of drifts, so free of the grid's units and of a constant learning rate's scale; the
-      drift at a constant rate stays at the rate's noise level and falls only when the rate falls (docs/dynamics.md,
-      "The convergence rule, units and the probe's tau"), which no threshold on ``d`` alone tells apart from movement.
+      from epoch 1 on, burn-in included; see :meth:`observe`).
+    - ``rule="noise"``: the movement no longer accumulates: the *directedness* ``r_t = d(t-2, t) / (d(t-2, t-1) +
+      d(t-1, t))`` (1 for steady motion one way, about 0.71 for a random walk, 0.5 for jitter) is below ``rho``.
+    - ``rule="decay"`` (the default): the head has *settled*. Of the drifts ``d_1 .. d_t`` (burn-in included) the
+      level is the largest of the last ``window`` and the reference the median of all before them; stable when
+      ``level < decay_ratio * reference``. A head that keeps moving by a constant step (directed, random walk or
+      jitter) is not frozen; one whose movement dies away is.
 
-    - ``rule="decay"`` (the default): the head has *settled*: its drift has decayed relative to its own earlier
-      drift. With the drifts ``d_1 .. d_t`` the head has shown (burn-in included), the level is the largest of the
-      last ``window`` (every one of them small) and the reference the median of all before them (the head's
-      typical earlier drift, robust to a single jump); stable when ``level < decay_ratio * reference``. What eq. 26
-      needs: a head whose attention keeps moving by a constant step, whether in one direction, as a random walk
-      (its steps independent per image or shared by all, Gaussian or heavy-tailed), or as jitter around a fixed
-      pattern, has not settled and is not frozen; one whose movement dies away is. Free of the grid's units and of
-      a constant learning rate's scale, as a ratio of the head's own drifts (``docs/dynamics.md``, "The convergence
-      rule"; its null models: ``benchmarks/experiments/convergence_nulls.py``).
+    The relative, noise and decay rules are ratios, free of the grid's units and of a constant learning rate's scale.
 
     Call :meth:`update` once per epoch with that epoch's drift and temperature, both ``[L, H]`` (or :meth:`observe`
     every epoch, burn-in included, and :meth:`decide` from the first deciding epoch on). The first decision only

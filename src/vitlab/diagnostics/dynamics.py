@@ -73,10 +73,10 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
     The result is exact optimal transport, POT's network simplex. Because the ground cost is a metric, W1 depends on
     ``p - q`` only (Kantorovich-Rubinstein), so the mass the two distributions share stays in place and only
     ``(p - q)+`` is moved onto ``(p - q)-``: the same optimum on a smaller problem. Each problem goes straight to
-    POT's C solver (``ot.lp.emd_wrap.emd_c``, what ``ot.emd2`` calls after its argument handling, which cost
-    three quarters of each call here); the marginals of all problems are prepared in one vectorised pass as
-    ``ot.emd2`` prepares them, and the solver, given the whole cost matrix, drops the zero-mass points itself, so
-    the values are those of ``ot.emd2`` on the reduced problem (to rounding, ~1e-16).
+    POT's C solver (``ot.lp.emd_wrap.emd_c``, what ``ot.emd2`` calls after its argument handling); the marginals of
+    all problems are prepared in one vectorised pass as ``ot.emd2`` prepares them, and the solver, given the whole
+    cost matrix, drops the zero-mass points itself, so the values are those of ``ot.emd2`` on the reduced problem
+    (to rounding, ~1e-16).
     """
     cost64 = _checked_drift_inputs(p, q, cost, workers)
     num_patches = p.shape[-1]

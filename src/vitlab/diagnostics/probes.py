@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.models.contract import module_mode
+
 #: with this relative floor on the spread across fresh initialisations, a tensor every seed initialises to the same
 #: constants (LayerNorm weights 1, biases 0) counts as moved as soon as training changes it at all
 _SPREAD_FLOOR = 1e-6
@@ -47,15 +49,13 @@ def gradient_flow(task: nn.Module, batch: Any) -> dict[str, Any]:
             f"gradient_flow needs a training task with compute_losses(batch, stage), got {type(task).__name__}; "
             "wrap the model with vitlab.training.run.build_task(cfg, model, hparams)"
         )
-    was_training = task.training
-    task.train()
     task.zero_grad(set_to_none=True)
     try:
-        with warnings.catch_warnings():
+        with module_mode(task, training=True), warnings.catch_warnings():
             # compute_losses logs through self.log, which warns (and does nothing) outside a Trainer
             warnings.filterwarnings("ignore", message=r".*self\.log\(\).*")
             loss = task.compute_losses(batch, "train")["loss"]
-        loss.backward()
+            loss.backward()
         no_grad, zero_grad, frozen, norms = [], [], [], {}
         for full_name, param in task.named_parameters():
             name = full_name.removeprefix("model.")
@@ -69,7 +69,6 @@ def gradient_flow(task: nn.Module, batch: Any) -> dict[str, Any]:
                     zero_grad.append(name)
     finally:
         task.zero_grad(set_to_none=True)
-        task.train(was_training)
     return {
         "loss": loss.item(),
         "num_tensors": len(norms) + len(no_grad) + len(frozen),

@@ -9,10 +9,8 @@ this and the previous epoch's CLS-to-patch distributions on the patch grid), the
 
 - sets ``tau <- 1 / (1 + alpha * d)`` for every head that is not frozen (eq. 20, mode ``schedule``), leaves tau to
   the gradient (``learn``) or holds it at 1 (``fixed``, the uncontrolled baseline);
-- tracks convergence (by default: the head's movement no longer accumulates, ``convergence: noise``; or
-  ``d < rel_d * peak d``, or the paper's ``d < eps_d``; and ``|tau_t - tau_{t-1}| < eps_tau``, for ``patience``
-  epochs) and freezes the converged heads (eq. 26): their attention becomes a constant of the backward pass and
-  their rows of ``W_q``, ``W_k``, ``W_v`` and their tau stay bit-identical through every later optimizer step;
+- tracks convergence (the ``convergence`` rule, :class:`~vitlab.diagnostics.convergence.ConvergenceTracker`) and
+  freezes the converged heads (eq. 26, :class:`~vitlab.dynamics.freezing.FrozenHeadGuard`);
 - appends one JSON line per epoch to ``<run_dir>/dynamics.jsonl`` and logs scalars to the Lightning loggers.
 
 Its state (epoch, tracker, previous distributions, frozen masks) rides in the checkpoint, so a resumed run continues

@@ -156,8 +156,7 @@ def _grad_v_from_logsumexp(q, k, bias, lse, scale: float, grad_out) -> torch.Ten
     queries and keys swapped: queries ``[k_j, 1]``, keys ``[q_i, -lse_i / scale]`` (so their scaled product is
     ``s_ij - lse_i``), values ``[dO_i, 0]``. Its softmax divides row ``j`` by ``Z_j = sum_i exp(s_ij - lse_i)`` and
     returns ``log Z_j``, so ``dV_j = exp(log Z_j + b_j) out_j``. Tiled like the forward: no ``[B, h, N, N]`` tensor
-    (forming ``P`` made a frozen head's backward slower than an active one's at 256 tokens; docs/dynamics.md,
-    "Freezing", gives the measured step times before and after), no autograd; exact up to rounding."""
+    (why: docs/dynamics.md, "Freezing"), no autograd; exact up to rounding."""
     dtype = q.dtype
     one = k.new_ones(*k.shape[:-1], 1)
     out, log_z = getattr(torch.ops.aten, _CPU_FLASH)(

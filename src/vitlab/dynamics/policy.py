@@ -28,6 +28,7 @@ from vitlab.dynamics.probe import ProbeMeasurement, _model_attribute, controlled
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture
+from vitlab.models.contract import module_mode
 
 
 class DynamicsPolicy:
@@ -153,27 +154,23 @@ class DynamicsPolicy:
         kappa_images = min(cfg.kappa_images, len(probe)) if kappa else 0
         kappa_dtype = getattr(torch, cfg.kappa_dtype)
         probe_tau = cfg.probe_tau if probe_tau is None else probe_tau
-        was_training = model.training
-        model.eval()
-        try:
-            with unit_temperature(self.modules) if probe_tau == "unit" else contextlib.nullcontext():
-                for start in range(0, len(probe), cfg.probe_batch_size):
-                    images = probe[start : start + cfg.probe_batch_size].to(device)
-                    with attention_capture(model, self.module_names) as capture:
-                        forward(images)
-                        maps = capture.collect()
-                    chunk = []
-                    for layer, name in enumerate(self.module_names):
-                        attn = self._checked_map(maps, name)  # [b, H, T, T]
-                        chunk.append(attention_to_cls_distribution(attn, self.num_prefix_tokens).cpu())
-                        if start < kappa_images:
-                            clusters = self._timed(
-                                "kappa", consensus_clusters, attn[: kappa_images - start], cfg.eps, dtype=kappa_dtype
-                            )
-                            kappa_sum[layer] += clusters.sum(0).cpu()
-                    distributions.append(torch.stack(chunk).transpose(1, 2))  # [L, H, b, N]
-        finally:
-            model.train(was_training)
+        temperature = unit_temperature(self.modules) if probe_tau == "unit" else contextlib.nullcontext()
+        with module_mode(model, training=False), temperature:
+            for start in range(0, len(probe), cfg.probe_batch_size):
+                images = probe[start : start + cfg.probe_batch_size].to(device)
+                with attention_capture(model, self.module_names) as capture:
+                    forward(images)
+                    maps = capture.collect()
+                chunk = []
+                for layer, name in enumerate(self.module_names):
+                    attn = self._checked_map(maps, name)  # [b, H, T, T]
+                    chunk.append(attention_to_cls_distribution(attn, self.num_prefix_tokens).cpu())
+                    if start < kappa_images:
+                        clusters = self._timed(
+                            "kappa", consensus_clusters, attn[: kappa_images - start], cfg.eps, dtype=kappa_dtype
+                        )
+                        kappa_sum[layer] += clusters.sum(0).cpu()
+                distributions.append(torch.stack(chunk).transpose(1, 2))  # [L, H, b, N]
         return ProbeMeasurement(torch.cat(distributions, dim=2), kappa_sum / kappa_images if kappa else None)
 
     def _checked_map(self, maps: dict[str, torch.Tensor], name: str) -> torch.Tensor:

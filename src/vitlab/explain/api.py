@@ -1,24 +1,19 @@
 """``vitlab.explain(model, images, method=..., target=None) -> Explanation``: which pixels a prediction rests on.
 
-Methods (the papers each follows are in :mod:`vitlab.explain.methods` and :mod:`vitlab.explain.hilrp`):
+Methods (what each applies to: docs/explain.md, "Methods"):
 
-- ``attention``, ``rollout``, ``grad_rollout``: from the attention matrices of a CLS-token ViT.
-- ``lrp`` (HiLRP with AttnLRP's rules), ``cp_lrp`` (the softmax held constant), ``lrp_epsilon``, ``lrp_gamma``:
-  relevance rules by operation type (:mod:`vitlab.explain.hilrp`); ``conservation`` is
-  ``|sum(input relevance) + absorbed - logit| / |logit|``, where ``absorbed`` is what the rules absorb (biases,
-  embeddings, LayerNorm betas, the softmax's remainder), and ``input_share`` is ``sum(input relevance) / logit``.
+- ``attention``, ``rollout``, ``grad_rollout``: from the attention of a CLS-token ViT (:mod:`vitlab.explain.methods`).
+- ``lrp``, ``cp_lrp``, ``lrp_epsilon``, ``lrp_gamma``: relevance rules by operation type (:mod:`vitlab.explain.hilrp`);
+  ``conservation`` is ``|sum(input relevance) + absorbed - logit| / |logit|``, ``input_share`` is
+  ``sum(input relevance) / logit``.
 - ``gradcam``: Grad-CAM (Selvaraju et al., ICCV 2017) on a token grid, through ``pytorch-grad-cam``.
-- through ``captum``: ``saliency`` (Simonyan et al., 2014: ``|grad|``), ``input_x_gradient`` (plain Gradient x
-  Input, the naive extension of LRP), ``smoothgrad`` (Smilkov et al., 2017), ``gradient_shap`` (Lundberg & Lee,
-  NeurIPS 2017), ``occlusion`` (Zeiler & Fergus, ECCV 2014; patches set to zero) and ``integrated_gradients``
-  (Sundararajan et al., ICML 2017, from a zero (dataset-mean) input; ``conservation`` is its completeness error
-  ``|sum(attribution) - (f(x) - f(0))| / |logit|``).
+- through ``captum``: ``saliency`` (Simonyan et al., 2014), ``input_x_gradient``, ``smoothgrad`` (Smilkov et al.,
+  2017), ``gradient_shap`` (Lundberg & Lee, NeurIPS 2017), ``occlusion`` (Zeiler & Fergus, ECCV 2014) and
+  ``integrated_gradients`` (Sundararajan et al., ICML 2017; ``conservation`` is its completeness error).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +26,7 @@ from vitlab.explain.adapters import Explainer, explainer_for
 from vitlab.explain.hilrp import UnsupportedOperation, Variant, relevance
 from vitlab.explain.methods import attention_rollout, gradient_rollout, last_attention
 from vitlab.explain.recording import recorded_attention
+from vitlab.models.contract import module_mode
 
 #: integration steps of integrated gradients (Gauss-Legendre; completeness is checked per image)
 IG_STEPS = 32
@@ -71,17 +67,6 @@ def optional_import(module: str) -> Any:
         raise ImportError(f"this explanation method needs {module.split('.')[0]}; {INSTALL_HINT}") from e
 
 
-@contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    modes = [m.training for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in zip(model.modules(), modes, strict=True):
-            m.training = mode
-
-
 def explain(
     model: nn.Module, images: torch.Tensor, method: str = "lrp", target: torch.Tensor | int | None = None
 ) -> Explanation:
@@ -95,7 +80,7 @@ def explain(
     explainer = explainer_for(model)
     explainer.check(method)
     images = images.detach()
-    with _eval_mode(model):
+    with module_mode(model, training=False):
         with torch.no_grad():
             logits = explainer.logits(model, images)
         if target is None:

@@ -5,13 +5,11 @@ MLP hidden ``[B, N, 4C]`` that costs several times the matrix product next to it
 ways, chosen by ``p`` and the ``VITLAB_DROPOUT`` switch alone (so a seed gives the same masks on every machine):
 
 **Sparse, ``VITLAB_DROPOUT=sparse`` and ``p <= 0.25``** (opt-in; see :data:`SPARSE_MAX_P`): only the dropped
-elements are drawn. In a row of independent
-Bernoulli(p) trials the gaps between consecutive successes are independent geometric variates, so the sorted
-positions of the dropped elements are the cumulative sums of ``geometric_(p)`` draws (:func:`dropped_positions`):
-about ``p * n`` generator calls instead of ``n``, and each element is dropped independently with probability ``p``
-exactly, as with torch's. The output is ``x * (1 / (1 - p))`` with the dropped positions set to 0, and the gradient
-the same of ``grad``: one pass over the tensor each way, plus a fill of ``p * n`` elements; the saved state is the
-positions, ``8 p`` bytes per element. Measured in ``benchmarks/micro/cpu_step_speed.py`` (the dropout section).
+elements are drawn. In a row of independent Bernoulli(p) trials the gaps between consecutive successes are
+independent geometric variates, so the sorted positions of the dropped elements are the cumulative sums of
+``geometric_(p)`` draws (:func:`dropped_positions`): about ``p * n`` generator calls instead of ``n``, and each
+element is dropped independently with probability ``p`` exactly, as with torch's. The output is ``x * (1 / (1 -
+p))`` with the dropped positions set to 0, and the gradient the same of ``grad``; the saved state is the positions.
 
 **Dense, the default**: the mask is cut from the bits of one ``random_`` over int64 words, 16 bits per
 element (a quarter of the generator calls of one draw per element), and applied as one multiplication by a mask in
@@ -21,17 +19,16 @@ the input's dtype, forward and backward:
   ``[-2**14, 2**14)``), fall below ``-2**14 + round(p * 2**15)``: with probability
   ``p_q = round(p * 2**15) / 2**15``, within ``2**-16`` of ``p``. 15 bits, not 16, so that the comparison is one
   subtraction in int16 that cannot overflow: the mask is built in the 2 bytes per element the bits came in, and a
-  bf16 or fp16 input's multiplier never widens to int32 and back (those two copies were 13% of the protocol ViT's
-  bf16 step, docs/benchmarks.md);
+  bf16 or fp16 input's multiplier never widens to int32 and back;
 - a kept element is scaled by ``1 / (1 - p_q)``, so the expectation is the input's exactly, as with torch's;
 - the bits come from torch's default generator of the tensor's device, so ``torch.manual_seed`` makes the masks
   reproducible;
 - the multiplier (``1 / (1 - p_q)`` where kept, 0 where dropped; 1 and 0 for bf16 and fp16, whose kept elements are
   scaled by the Python float in the same pass, ``addcmul``, so the scale is not rounded to 8 bits) is built by
   integer arithmetic on the bits and viewed as floats: on a CPU, torch's bool masks (``masked_fill``,
-  ``bool.to(float)``) run element by element, 3-6x the cost of a multiplication. The output is bit for bit what a
-  masked fill and a scale give, and the backward pass multiplies the gradient by the same saved multiplier (4 bytes
-  per element in fp32, where a bool mask kept 1).
+  ``bool.to(float)``) run element by element. The output is bit for bit what a masked fill and a scale give, and
+  the backward pass multiplies the gradient by the same saved multiplier (4 bytes per element in fp32, where a
+  bool mask kept 1).
 
 On an accelerator (CUDA and any other non-CPU device), torch's fused dropout kernel is already as cheap as its
 arithmetic, and :func:`dropout` calls it.
@@ -56,10 +53,8 @@ from torch import nn
 #: multiple of ``2**-MASK_BITS``
 MASK_BITS = 15
 #: with ``VITLAB_DROPOUT=sparse`` in the environment, up to this drop probability the dropped positions are drawn
-#: (the sparse way); by default (``mask``) every ``p`` takes the mask way. The sparse way is opt-in: in one session
-#: (2026-12-04, docs/benchmarks.md, "Sparse dropout"; docs/experiments/dropout_mask15.md) ``cet_vit_nano_global``
-#: trained 0.87 points [0.08, 1.66] below the 16-bit mask and 1.13 [0.25, 2.01] below the 15-bit mask with it, a
-#: difference its distribution does not explain.
+#: (the sparse way); by default (``mask``) every ``p`` takes the mask way. Why the sparse way is opt-in:
+#: docs/benchmarks.md, "Sparse dropout".
 SPARSE_MAX_P = 0.25 if os.environ.get("VITLAB_DROPOUT", "mask") == "sparse" else -1.0
 
 

@@ -18,7 +18,8 @@ A model class mixes :class:`ModelContract` in and writes only what depends on it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -149,3 +150,16 @@ def feature_extractor(
     wrapper = FeatureGetterNet(model, out_indices=out, norm=norm, prune=prune)
     wrapper.pretrained_cfg = wrapper.default_cfg = cfg  # as timm's builder sets it: resolve_data_config reads it
     return wrapper
+
+
+@contextmanager
+def module_mode(module: nn.Module, training: bool) -> Iterator[nn.Module]:
+    """``module.train(training)`` for the ``with`` block; afterwards every submodule gets back its own mode (a part
+    kept in eval mode inside a training model stays so)."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.train(training)
+    try:
+        yield module
+    finally:
+        for m, mode in modes:
+            m.training = mode

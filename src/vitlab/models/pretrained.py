@@ -1,32 +1,14 @@
 """Pretrained weights for vitlab's ViTs: read them, fit them to the model, load them without a silent partial load.
 
-``model.pretrained`` in a run config (or ``vitlab.create_model(..., pretrained=...)``) names one of:
-
-- a local weights file: timm's or vitlab's ``.safetensors``, a ``.pth`` / ``.bin`` / ``.pt`` state dict (also one
-  wrapped as ``{"state_dict": ...}``, ``{"model": ...}``, or a Lightning ``.ckpt``);
-- a vitlab export folder (``model.safetensors`` + ``config.json``) or a run directory (its ``export/``, else
-  ``checkpoints/best.ckpt``);
-- ``timm:NAME[.TAG]``: the weights timm's own download gives ``timm.create_model(NAME, pretrained=True)``.
-
-The weights go into the model's ViT backbone: the :class:`~vitlab.models.vit.VisionTransformer` itself, or the
-``encoder`` of a :class:`~vitlab.families.vitcae.model.ViTCAE`. Before loading they are fitted to the backbone the way
-timm fits them (Dosovitskiy et al. 2021, sec. 3.2, "Fine-tuning and higher resolution"):
-
-- position embeddings resampled to the new patch grid (``timm.layers.resample_abs_pos_embed``, bicubic);
-- the patch embedding resampled to a new patch size (``timm.layers.resample_patch_embed``, FlexiViT's
-  pseudo-inverse resize) and adapted to a new number of input channels (``timm.models.adapt_input_conv``);
-- the classifier head left at its fresh initialisation when ``num_classes`` differs.
-
-vitlab's own extra that a plain ViT's weights lack keeps its initial value, which leaves the network's function
-unchanged: the per-head temperature ``log_tau`` (0, i.e. tau = 1). Weights of a vitlab run whose heads were frozen
-(ViTCAE eq. 26) have their heads put back in original order and their ``frozen_heads`` and ``head_order`` buffers
-dropped (:func:`vitlab.layers.heads.state_in_original_order`). Any other key the backbone lacks or the file has in
-excess, and any shape that no rule above fits, is a :class:`PretrainedWeightsError` that lists them; nothing is
-loaded partially.
-
-A model without a ViT backbone (CET-ViT, Swin) takes weights of its own architecture, a vitlab export or run of the
-same preset and shape (:func:`load_whole_model`): its ``pretrained_cfg`` names the first convolution (where the
-weights start) and the classifier (reset when the number of classes differs).
+``model.pretrained`` (or ``vitlab.create_model(..., pretrained=...)``) names a weights file, a vitlab export folder
+or run directory, or ``timm:NAME[.TAG]`` (:func:`vitlab.models.weight_sources.read_weights`). The weights go into the
+model's ViT backbone (the ViT itself, or a ViTCAE's ``encoder``), fitted to it the way timm fits them (Dosovitskiy et
+al. 2021, sec. 3.2): position embeddings resampled to the new grid, the patch embedding resampled to a new patch
+size and adapted to a new channel count, the head left fresh when ``num_classes`` differs; vitlab's ``log_tau``
+keeps its initial 0 (tau = 1), and frozen heads (ViTCAE eq. 26) come back in original order
+(:func:`vitlab.layers.heads.state_in_original_order`). Any other mismatch is a :class:`PretrainedWeightsError`
+that lists the keys; nothing is loaded partially. A model without a ViT backbone (CET-ViT, Swin) takes weights of
+its own preset and shape (:func:`load_whole_model`). The rules and their messages: docs/pretrained.md.
 """
 
 from __future__ import annotations

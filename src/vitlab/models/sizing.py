@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from vitlab.models.contract import module_mode
 from vitlab.models.registry import constructor_args, get_preset, resolved_kwargs
 
 
@@ -65,13 +66,9 @@ def flops_per_image(model: nn.Module, input_shape: Sequence[int] | None = None) 
     param = next(model.parameters())
     x = torch.zeros(1, *shape, device=param.device, dtype=param.dtype)
     custom = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=custom) as counter:
-            model(x)
-    finally:
-        model.train(was_training)
+    counter = FlopCounterMode(display=False, custom_mapping=custom)
+    with module_mode(model, training=False), torch.no_grad(), counter:
+        model(x)
     return counter.get_total_flops()
 
 

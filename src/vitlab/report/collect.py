@@ -6,13 +6,8 @@ PNG the run already holds (its bytes) or a :class:`Plot`: the name of a drawing 
 and the plain data it draws. Nothing here draws or writes markup; a model runs only through
 :mod:`vitlab.diagnostics.images`.
 
-A run's page shows what its directory holds, each part only when the run has it: the resolved config and the
-environment; training and validation curves of every logged term (``metrics.jsonl``, ``steps.jsonl``); the test
-metrics; the evaluation suite (``evaluation/evaluation.json``); ViTCAE's generative grids and numbers (``generate/``);
-the attention dynamics (``dynamics.jsonl`` and its figures); attention maps and, for models with a token-to-slot
-assignment, segment maps of a few test images; and any other PNG or JSON in the run directory. A comparison page
-puts the final metrics of several runs in one table, lists the config keys in which they differ and overlays their
-curves.
+A run's page shows what its directory holds, each section only when the run has it (the sections: docs/report.md,
+"What a run's page shows"); a comparison page (:mod:`vitlab.report.comparison`) puts several runs side by side.
 """
 
 from __future__ import annotations

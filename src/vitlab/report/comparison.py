@@ -4,11 +4,12 @@ config keys in which they differ, and their curves overlaid."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from vitlab.config import RunConfig, to_dict
+from vitlab.jsonio import flatten
 from vitlab.report.curves import curve_panels
 from vitlab.report.page import (
     DETAIL_METRICS,
@@ -41,20 +42,11 @@ def better_direction(metric: str) -> str | None:
     return None
 
 
-def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(values, Mapping):
-        out: dict[str, Any] = {}
-        for key, value in values.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): values}
-
-
 def config_differences(configs: Sequence[RunConfig]) -> dict[str, list[Any]]:
     """Dotted config keys whose values are not the same in every run: ``{key: [value per run]}``.
 
     ``run.dir`` is left out: it is where each run is (the runs table names them), not a setting."""
-    flat = [_flatten(to_dict(c)) for c in configs]
+    flat = [flatten(to_dict(c)) for c in configs]
     for f in flat:
         f.pop("run.dir", None)
     keys = sorted(set().union(*flat))

@@ -1,9 +1,5 @@
-"""``fit`` / ``evaluate`` orchestration: config -> data -> model -> task -> Lightning Trainer -> run directory.
-
-A run directory holds: ``config.yaml`` (resolved), ``env.json``, ``metrics.jsonl``, ``tb/`` (TensorBoard),
-``checkpoints/last.ckpt`` and ``checkpoints/best.ckpt`` (atomic), ``export/`` (``model.safetensors`` +
-``config.json``), ``test_metrics.json``, and whatever the task's callbacks add (dynamics, grids, report).
-"""
+"""``fit`` / ``evaluate`` orchestration: config -> data -> model -> task -> Lightning Trainer -> run directory
+(its files: :mod:`vitlab.rundir`, docs/rundir.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """Baselines matched in size to CET-ViT (CET-ViT v4 model card: "External baselines trained under an identical
 protocol"): presets of the core's ViT, ToMe and Swin that the family registers.
 
-The card compares CET-ViT with Swin and a ToMe ViT "size-matched": within 2% of its parameter count. The matched presets
-(their table is plain data in :mod:`vitlab.families.cet_vit.presets`) were found with
-:func:`vitlab.models.sizing.match_width` (only the width changes; depth, heads and MLP ratio are those of the named base
-preset) and are hard-coded so a preset never changes under a user; ``tests/models/test_sizing.py`` checks that they are
-still within 2%. Every baseline sees the same input as CET-ViT: 32x32 images cut into 2x2 patches (the 16x16 grid of 256
-tokens of CET-ViT's micro encoder). Each CET-ViT preset is matched at the input it is meant for
-(:data:`vitlab.families.cet_vit.presets.MATCH_INPUTS`): the CPU presets on CIFAR-10, ``cet_vit_base`` on CIFAR-100 as in
-the card.
+"Size-matched" is within 2% of CET-ViT's parameter count, on CET-ViT's input (32x32 images in 2x2 patches) at the
+dataset each preset is meant for (:data:`vitlab.families.cet_vit.presets.MATCH_INPUTS`). The widths were found by
+:func:`vitlab.models.sizing.match_width` (only the width changes) and are hard-coded in
+:mod:`vitlab.families.cet_vit.presets`, so a preset never changes under a user; ``tests/models/test_sizing.py``
+checks that they still match. Table: docs/baselines.md, "The matched presets".
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ from vitlab.families.cet_vit.slots import (
     topk_margin,
 )
 from vitlab.layers import Block, PatchEmbed, trunc_normal_
-from vitlab.models.contract import ModelContract
+from vitlab.models.contract import ModelContract, module_mode
 from vitlab.models.registry import register_preset
 from vitlab.models.sizing import parameter_count
 
@@ -286,10 +286,7 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
             raise ValueError("candidate_logits needs a Dynamic-K estimator (dynamic_k: gumbel or exact)")
         candidates = self.k_estimator.k_candidates
         after = [self.macro_encoder, self.cross_scale, self.deep_encoder, self.head]
-        modes = [m.training for part in after for m in part.modules()]
-        for part in after:
-            part.eval()
-        try:
+        with module_mode(nn.ModuleList(after), training=False):
             B = encoded.micro.shape[0]
             out = []
             for c in range(len(candidates)):
@@ -298,9 +295,6 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
                 tokens, _, occupied = self._after_vceo(encoded.micro, S)
                 out.append(self.forward_head(tokens, occupied=occupied))
             return torch.stack(out)
-        finally:
-            for m, mode in zip((m for part in after for m in part.modules()), modes, strict=True):
-                m.training = mode
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W] -> [B, N + K_max, D]``: the fused micro tokens followed by the macro tokens

@@ -30,13 +30,7 @@ PRESETS: dict[str, dict] = {
     # blocks (3 shifted) at the full token grid, and a width-64 part after the V-CEO
     # (docs/experiments/cet_vit_ablation.md, "Which element costs the accuracy").
     "cet_vit_nano_wide": dict(
-        embed_dims=(96,),
-        depths=(6,),
-        num_heads=(6,),
-        fusion_dim=64,
-        fusion_heads=2,
-        macro_depth=1,
-        deep_depth=1,
+        embed_dims=(96,), depths=(6,), num_heads=(6,), fusion_dim=64, fusion_heads=2, macro_depth=1, deep_depth=1
     ),
     # cet_vit_nano's size with a micro encoder shaped like the matched ViT's blocks: 3 blocks of width 128, 4 heads of
     # 32, MLP ratio 2, and global attention (a window of 16 shrinks to the grid: 8x8 at patch 4, 16x16 at patch 2),

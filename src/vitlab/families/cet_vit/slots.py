@@ -1,7 +1,6 @@
 """Pure functions of a token-to-slot assignment ``S: [B, N, K_max]`` (CET-ViT v4 model card: V-CEO, Disclosure 1).
 
-CET-ViT builds its assignment with them; the core's slot probes, the evaluation's slot-usage K and the report's
-segment maps read any ``SlotAssigner``'s ``S`` with them, so they sit below the models, like ToMe's matching.
+CET-ViT builds its assignment with them, and its probes and evaluation read ``S`` with them.
 """
 
 from __future__ import annotations

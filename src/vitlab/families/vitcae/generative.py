@@ -2,20 +2,13 @@
 the project's reading and each metric's meaning: docs/vitcae.md, "The generative tasks"). Each task writes a PNG
 grid and its numbers, in [0, 1] pixel space after undoing the normalisation:
 
-1. Reconstruction: MSE, PSNR (of the MSE pooled over the set) and SSIM (window: :func:`ssim_window`) over the test
-   set: ``reconstruction/{mse,psnr,ssim,judge_accuracy}``.
-2. Class-conditional generation: ``z_cls`` from a Gaussian per class fitted to ``mu_cls`` of the training set
-   (Ledoit-Wolf shrunk covariance), ``z_pt`` from ``p(z_pt | z_cls)``, decoded; class consistency is judged by a
-   small CNN trained independently on pixels (:class:`ConvJudge`): ``conditional/{judge_accuracy,
-   prior_mean_judge_accuracy,estimator_judge_accuracy,judge_test_accuracy,prior_std_rms,prior_mean_rms,
-   self_agreement,latent_agreement,num_classes}``.
-3. Interpolation: decode along the line between two test images' ``mu_cls`` (patch latents: the prior mean):
-   ``interpolation/{endpoint_psnr,endpoint_judge_accuracy,path_latent_error,path_endpoint_classes,
-   path_max_step_share}``.
-4. Inpainting: a seeded fraction of the patches set to the dataset mean, encoded and decoded, PSNR on the masked
-   pixels against the mean fill, and for a generative model the prior-mean fill once and iterated
-   ``INPAINTING_ITERATIONS`` times: ``inpainting/{psnr,mean_fill_psnr,psnr_gain,mask_ratio}`` and
-   ``inpainting/{prior_fill,iterated}_{psnr,psnr_gain}``.
+1. Reconstruction (:func:`reconstruction_task`): MSE, PSNR (of the MSE pooled over the set) and SSIM
+   (:func:`ssim_window`) over the test set.
+2. Class-conditional generation (:func:`conditional_generation_task`): ``z_cls`` from a Gaussian per class,
+   ``z_pt`` from ``p(z_pt | z_cls)``, decoded, judged by a CNN trained independently on pixels (:class:`ConvJudge`).
+3. Interpolation (:func:`interpolation_task`): decoding along the line between two test images' ``mu_cls``.
+4. Inpainting (:func:`inpainting_task`): a seeded fraction of the patches set to the dataset mean, against the mean
+   fill; for a generative model also the prior-mean fill, once and iterated ``INPAINTING_ITERATIONS`` times.
 
 Linear probe (the project's decision where the paper is silent): a logistic regression on frozen ``mu_cls`` of the
 un-augmented training images, accuracy on the test set (``linear_probe/accuracy``).
@@ -23,10 +16,9 @@ un-augmented training images, accuracy on the test set (``linear_probe/accuracy`
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -72,6 +64,7 @@ from vitlab.families.vitcae.pieces import (
     ssim_window,
     take_images,
 )
+from vitlab.models.contract import module_mode
 from vitlab.models.protocols import GenerativeModel
 from vitlab.rundir import GENERATE_METRICS_FILE, atomic_write_json
 
@@ -320,16 +313,6 @@ def _inpaintings(
 # Everything at once.
 
 
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 def _clean_loader(dm: VisionDataModule, split: ImageSplit) -> DataLoader:
     """The images of ``split`` without augmentation, normalised, with integer labels, in their stored order."""
     collate = NormalizeCollate(dm.mean, dm.std, num_classes=dm.num_classes)
@@ -385,7 +368,7 @@ def run_generative_tasks(
     stage, generator = _Stages(progress), torch.Generator().manual_seed(seed)
     sampling = dict(device=device, class_names=datamodule.class_names, generator=generator)
     model.to(device)
-    with _eval_mode(model), torch.no_grad():
+    with module_mode(model, training=False), torch.no_grad():
         stage("encoding the training images")
         train_images = take_images(_clean_loader(datamodule, datamodule.train_set), max_images)
         train = encode_split(model, train_images, mean, std, device=device, keep=PIXEL_JUDGE_MAX_IMAGES)
