@@ -56,8 +56,7 @@ class SwinTransformer(TimmSwinTransformer, ModelContract):
 
     def __init__(self, **options: Any) -> None:
         o = SwinTransformerOptions(**options)
-        timm_options = {f.name: getattr(o, f.name) for f in dataclasses.fields(o)}
-        super().__init__(**timm_options, proj_drop_rate=o.drop_rate)
+        super().__init__(**dataclasses.asdict(o), proj_drop_rate=o.drop_rate)
         for module in self.modules():
             if isinstance(module, WindowAttention):
                 module.register_forward_pre_hook(choose_window_attention_path)
