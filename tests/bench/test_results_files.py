@@ -87,7 +87,9 @@ def test_every_results_file_is_named_by_a_page_or_a_script():
     unnamed = []
     for path in FILES:
         relative = path.relative_to(RESULTS).as_posix()
-        candidates = {relative, relative.rsplit("/", 1)[0] if "/" in relative.split("/", 1)[1] else relative}
+        parts = relative.split("/")
+        # the file, or any folder of its per-seed experiment (``<kind>/<entry>/r0.5/seed0.json``: ``<kind>/<entry>``)
+        candidates = {"/".join(parts[:n]) for n in range(2, len(parts) + 1)}
         stem = relative.rsplit(".", 1)[0]  # an --out prefix that writes <stem>.json and <stem>.md
         if any(c in text for c in candidates) or stem in text:
             continue
