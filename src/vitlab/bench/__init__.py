@@ -22,19 +22,10 @@ Modules: ``specs`` (what is measured), ``flops``, ``timing``, ``memory``, ``run`
 from vitlab.bench.flops import training_flops_per_image
 from vitlab.bench.memory import peak_memory
 from vitlab.bench.run import bench, format_bench
-from vitlab.bench.specs import (
-    CLOCKS,
-    PHASES,
-    PRECISIONS,
-    TRAINING_FLOPS_PER_FORWARD,
-    NetworkSpec,
-    Precision,
-    timm_counterpart,
-)
+from vitlab.bench.specs import PHASES, NetworkSpec, timm_counterpart
 from vitlab.bench.timing import (
     Runner,
     Subject,
-    autocast,
     bootstrap_median,
     fastest,
     measure_networks,
@@ -44,15 +35,10 @@ from vitlab.bench.timing import (
 )
 
 __all__ = [
-    "CLOCKS",
     "PHASES",
-    "PRECISIONS",
-    "TRAINING_FLOPS_PER_FORWARD",
     "NetworkSpec",
-    "Precision",
     "Runner",
     "Subject",
-    "autocast",
     "bench",
     "bootstrap_median",
     "fastest",
