@@ -7,14 +7,10 @@ inference (forward under ``torch.inference_mode``), optionally next to timm's ne
 images (``benchmarks/micro/feature_costs.py`` uses it for features switched off and on).
 
 Every measurement alternates, round after round, between the networks and a large square matrix multiply in the
-same process, precision and thread count (the order reverses every other round). Load from other processes then
-hits all of them alike; ratios and MFU are formed per round and summarised by their median and quartiles
-(:func:`quartile_summary`, :func:`bootstrap_median`; the fewest seconds of one call: :func:`fastest`; the statistics
-of runs over seeds are :func:`vitlab.evaluation.stats.summarize`).
-
-FLOPs per image (:func:`training_flops_per_image`: 3x the forward FLOPs that ``FlopCounterMode`` counts), MFU
-(against the matmul peak of the same round, precision and thread count) and the peak memory of a training step
-(:func:`peak_memory`) are defined in ``docs/benchmarks.md``.
+same process; ratios and MFU are formed per round and summarised by their median and quartiles
+(:func:`quartile_summary`, :func:`bootstrap_median`; the fewest seconds of one call: :func:`fastest`). FLOPs per
+image (:func:`training_flops_per_image`), MFU and peak memory (:func:`peak_memory`): docs/benchmarks.md, "What is
+measured".
 
 Modules: ``specs`` (what is measured), ``flops``, ``timing``, ``memory``, ``run`` (:func:`bench` and its report).
 """
