@@ -1,37 +1,14 @@
 """What makes a training step fast on its device: ``torch.compile`` of a network's blocks and a fused AdamW.
 
-:func:`compile_network` compiles a network **block by block** (PyTorch's "regional compilation"): every
-transformer block (the innermost element of an ``nn.ModuleList`` / ``nn.Sequential`` that holds an attention) gets
-a compiled ``forward``; the rest of the network (patch embedding, heads, the model's own methods such as
-``CETViT.forward_with_aux`` or ``ViTCAE.encode``, their dataclass outputs) stays plain Python. Why blocks and not
-the whole network:
+:func:`compile_network` compiles a network **block by block** (PyTorch's "regional compilation"): one compilation
+serves every block of a class and the state-dict keys do not change; a block runs eager while an attention captures
+its matrix or has frozen heads (ViTCAE eq. 26), and ToMe's merging blocks stay eager. :func:`adamw` picks AdamW's
+implementation (``fused``: ``"auto"``, ``True``, ``False``). Both: docs/benchmarks.md, "Compiled and fused".
 
-- the blocks of a network share their code, so one compilation serves all of them (compile time is that of one
-  block, which on a CPU is minutes saved per run);
-- the module tree and its state-dict keys are unchanged (no ``_orig_mod.`` prefix): checkpoints, resume and export
-  see the same network as without compilation;
-- a feature that changes the computation from one call to the next falls back to eager **per block**, and only
-  while it is on: a block runs its eager ``forward`` while one of its attentions captures its matrix
-  (``vitlab.layers.capture``) or has frozen heads (ViTCAE eq. 26; the frozen set changes as training goes, and
-  each set would be a new graph). Token Merging (``tome_r > 0``) runs ``Block.forward_merging``, whose token count
-  shrinks block by block; those blocks stay eager. Each reason is logged once, in one line.
-
-:func:`adamw` builds ``torch.optim.AdamW`` with its implementation chosen from ``fused``: ``"auto"`` takes the
-fused kernel where the parameters' device has one (CUDA, CPU, ...), ``True`` insists on it, ``False`` leaves
-torch's default (the multi-tensor ``foreach`` path on CUDA, a per-tensor loop on CPU).
-
-:func:`choose_precision` resolves ``trainer.precision: auto`` (the default of ``vitlab fit`` and ``vitlab bench``):
-``bf16-mixed`` where the device computes bf16 natively and faster, ``32-true`` elsewhere:
-
-- a CUDA device that reports bf16 support: bf16-mixed;
-- a CPU whose flags list ``amx_bf16`` (Intel AMX tiles): bf16-mixed;
-- a CPU with ``avx512_bf16`` but no AMX: faster on some processors, slower on others (docs/benchmarks.md, "bf16-mixed
-  against fp32 on an Intel Xeon without AMX"), so :func:`bf16_matmul_speedup` decides (a bf16 against an fp32
-  matrix product, alternating, once per process): bf16-mixed at :data:`BF16_MIN_SPEEDUP` or more;
-- otherwise (no bf16 instructions: bf16 is emulated through fp32) 32-true.
-
-The flags come from ``/proc/cpuinfo`` or, where it is missing, torch's own CPU probe. An explicit precision is used
-as given.
+:func:`choose_precision` resolves ``trainer.precision: auto``: ``bf16-mixed`` on a CUDA device that reports bf16, on
+a CPU with AMX (``amx_bf16``), and on one with ``avx512_bf16`` alone where :func:`bf16_matmul_speedup` reaches
+:data:`BF16_MIN_SPEEDUP`; ``32-true`` elsewhere (docs/benchmarks.md, "bf16-mixed against fp32 on an Intel Xeon
+without AMX"). The flags come from ``/proc/cpuinfo`` or torch's own CPU probe. An explicit precision is used as given.
 """
 
 from __future__ import annotations

@@ -117,13 +117,6 @@ def families() -> Iterator[Family]:
     yield from list(_FAMILIES.values())
 
 
-def get_family(name: str) -> Family:
-    for family in families():
-        if family.name == name:
-            return family
-    raise KeyError(f"no family {name!r}; declared: {[f.name for f in families()]}")
-
-
 def family_of(model: object) -> Family | None:
     """The family whose model classes ``model`` is an instance of, or None (a plain classifier)."""
     for family in families():

@@ -27,13 +27,11 @@ from typing import TYPE_CHECKING, Any
 from vitlab import manifest
 
 # the writing itself is vitlab.atomic's (every write goes through it); its names are also this module's
-from vitlab.atomic import atomic_write_bytes as atomic_write_bytes
 from vitlab.atomic import atomic_write_json as atomic_write_json
 from vitlab.atomic import atomic_write_text as atomic_write_text
 from vitlab.atomic import check_outputs as check_outputs
 from vitlab.atomic import environment_error as environment_error
 from vitlab.atomic import save_figure as save_figure
-from vitlab.atomic import umask_mode as umask_mode
 from vitlab.atomic import write_output as write_output
 from vitlab.environment import environment as environment
 from vitlab.errors import CheckpointError, ConfigError, RunDirError

@@ -7,14 +7,10 @@ inference (forward under ``torch.inference_mode``), optionally next to timm's ne
 images (``benchmarks/micro/feature_costs.py`` uses it for features switched off and on).
 
 Every measurement alternates, round after round, between the networks and a large square matrix multiply in the
-same process, precision and thread count (the order reverses every other round). Load from other processes then
-hits all of them alike; ratios and MFU are formed per round and summarised by their median and quartiles
-(:func:`quartile_summary`, :func:`bootstrap_median`; the fewest seconds of one call: :func:`fastest`; the statistics
-of runs over seeds are :func:`vitlab.evaluation.stats.summarize`).
-
-FLOPs per image (:func:`training_flops_per_image`: 3x the forward FLOPs that ``FlopCounterMode`` counts), MFU
-(against the matmul peak of the same round, precision and thread count) and the peak memory of a training step
-(:func:`peak_memory`) are defined in ``docs/benchmarks.md``.
+same process; ratios and MFU are formed per round and summarised by their median and quartiles
+(:func:`quartile_summary`, :func:`bootstrap_median`; the fewest seconds of one call: :func:`fastest`). FLOPs per
+image (:func:`training_flops_per_image`), MFU and peak memory (:func:`peak_memory`): docs/benchmarks.md, "What is
+measured".
 
 Modules: ``specs`` (what is measured), ``flops``, ``timing``, ``memory``, ``run`` (:func:`bench` and its report).
 """
@@ -22,19 +18,10 @@ Modules: ``specs`` (what is measured), ``flops``, ``timing``, ``memory``, ``run`
 from vitlab.bench.flops import training_flops_per_image
 from vitlab.bench.memory import peak_memory
 from vitlab.bench.run import bench, format_bench
-from vitlab.bench.specs import (
-    CLOCKS,
-    PHASES,
-    PRECISIONS,
-    TRAINING_FLOPS_PER_FORWARD,
-    NetworkSpec,
-    Precision,
-    timm_counterpart,
-)
+from vitlab.bench.specs import PHASES, NetworkSpec, timm_counterpart
 from vitlab.bench.timing import (
     Runner,
     Subject,
-    autocast,
     bootstrap_median,
     fastest,
     measure_networks,
@@ -44,15 +31,10 @@ from vitlab.bench.timing import (
 )
 
 __all__ = [
-    "CLOCKS",
     "PHASES",
-    "PRECISIONS",
-    "TRAINING_FLOPS_PER_FORWARD",
     "NetworkSpec",
-    "Precision",
     "Runner",
     "Subject",
-    "autocast",
     "bench",
     "bootstrap_median",
     "fastest",

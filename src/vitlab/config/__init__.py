@@ -20,7 +20,7 @@ from vitlab.config.coerce import from_dict, to_dict
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.config.loss import ClassificationLossConfig, check_loss_section, loss_config_type
 from vitlab.config.model import ModelConfig, catalogue, model_class_name, model_section
-from vitlab.data.config import AugmentConfig, DataConfig, check_dataset_name
+from vitlab.data.config import DataConfig, check_dataset_name
 from vitlab.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).parent.parent / "configs"
@@ -448,13 +448,11 @@ def dump_yaml(cfg: Any) -> str:
 
 
 __all__ = [
-    "AugmentConfig",
     "ClassificationLossConfig",
     "ConfigError",
     "DataConfig",
     "DynamicsConfig",
     "FinetuneConfig",
-    "ModelConfig",
     "OptimConfig",
     "RunConfig",
     "RunSection",

@@ -38,66 +38,10 @@ def _is_number(value: Any) -> bool:
 
 @dataclass
 class DynamicsConfig:
-    """The ``dynamics`` section of a run config. Thresholds are in the units of the measurements: ``d`` in image
-    sides by default (``drift_units``), tau dimensionless. ``docs/dynamics.md`` ("Configuration") gives the reasons
-    and measurements behind each default.
-
-    Attributes:
-        mode: ``schedule`` (eq. 20 sets tau each epoch; tau also learns by gradient within the epoch), ``learn``
-            (gradient only) or ``fixed`` (tau = 1 and kept out of training: the uncontrolled baseline).
-        alpha: the ``alpha > 0`` of eq. 20, per unit of drift (4 per image side: the paper's ``alpha = 1`` per patch
-            width on a 4x4 grid; with ``drift_units: patch`` the same strength on a grid of side ``g`` is ``4 / g``).
-        drift_units: the ground cost of the drift: ``image``, the distance between patch centres in image sides (the
-            same movement has the same drift on any grid), or ``patch``, in patch widths (the paper's grid).
-        probe_size: validation images in the fixed probe batch.
-        probe_seed: seed of the random subset of the validation set that forms the probe; ``None`` takes the first
-            ``probe_size`` images in the validation loader's order.
-        probe_batch_size: probe images per forward pass (bounds the memory of the materialised attention).
-        probe_tau: the temperature of the probe pass whose drift drives eq. 20 and the decision: ``unit`` (tau = 1,
-            so the drift follows the head's Q/K weights alone and both arms are measured alike) or ``model`` (each
-            head's own tau, the paper's literal reading).
-        log_model_tau: with ``probe_tau: unit`` in ``schedule``/``learn`` mode, also probe at each head's own tau
-            and record that drift (``drift_model_tau``); it decides nothing and costs a probe pass and its transport.
-        eps: consensus-cluster threshold: eigenvalues of modulus ``>= 1 - eps`` are counted.
-        convergence: when a head is stable in an epoch (:class:`~vitlab.diagnostics.convergence.ConvergenceTracker`):
-            ``decay`` (default): each of its last ``decay_window`` drifts is below ``decay_ratio`` times the median of
-            its earlier drifts; ``noise``: its movement no longer accumulates (directedness below ``rho``);
-            ``relative``: its drift is below ``rel_d`` times its peak drift so far; ``absolute``: below ``eps_d``
-            (the paper's rule) ...
-        rho: the directedness ``d(t-2, t) / (d(t-2, t-1) + d(t-1, t))`` below which the ``noise`` rule counts an
-            epoch stable (1: moving one way; 0.71: a random walk; 0.5: jitter). ``auto``: calibrated for this run's
-            grid and probe size (:func:`vitlab.diagnostics.convergence.calibrate_rho`); a number sets it ...
-        rel_d: the fraction of the peak drift of the ``relative`` rule ...
-        decay_ratio: the ``decay`` rule's fraction of the head's typical earlier drift (median) ...
-        decay_window: ... that each of its last this many drifts must be below.
-        eps_d: the threshold of the ``absolute`` rule, in ``drift_units`` ...
-        tau_clause: ``none``: the decision reads the drift alone, the same function in both arms of a comparison;
-            ``own``: also require ``|tau_t - tau_{t-1}| < eps_tau`` (the paper's second clause, which cannot fail
-            where tau is fixed). The paper's rule is ``convergence: absolute, tau_clause: own``.
-        eps_tau: ... with ``tau_clause: own``, its tau moved by less than ``eps_tau`` ...
-        patience: ... for this many consecutive epochs; it is then converged.
-        burn_in: epochs before the convergence test starts (no head converges before epoch ``burn_in + patience``):
-            right after initialisation attention barely moves because nothing has been learned yet.
-        freeze: freeze converged heads (eq. 26).
-        freeze_scope: what freezing fixes: ``qkv`` (eq. 26 as printed: the head's rows of ``W_q``, ``W_k``, ``W_v``
-            and its tau) or ``pattern`` (what the drift measured: ``W_q``, ``W_k`` and tau; ``W_v`` keeps training).
-        target: module-name prefix of the controlled attention modules; ``""`` controls every shared ``Attention``.
-            ``None``: the model's ``dynamics_target`` attribute if it has one, else the modules with a temperature
-            if there are any (ViTCAE's encoder, not its decoder), else every module.
-        kappa_images: probe images (the first ones) whose attention is eigen-decomposed for ``kappa`` (O(N^3) per
-            head and image, where the drift is O(N^2)).
-        kappa_every: count the clusters every this many epochs (and at epoch 0); between, a record repeats the last
-            count and names its epoch in ``kappa_epoch``.
-        kappa_dtype: ``float64`` or ``float32`` eigenvalues for ``kappa`` (a modulus within float32 rounding of
-            ``1 - eps`` can count differently).
-        probe_min: ``None``: every head's drift on all ``probe_size`` images every epoch, as the paper does. An
-            integer: the adaptive probe: the probe pass and the drift run on the first ``probe_min`` images and are
-            extended to all of them only for heads whose decision is uncertain (a drift, or under the noise rule a
-            directedness, within ``probe_z`` standard errors of its threshold).
-        probe_z: the standard errors of the adaptive probe (see ``probe_min``).
-        drift_workers: threads that solve the drift's transport problems; ``None``: as many as torch uses
-            (``torch.get_num_threads()``). The values do not depend on it.
-    """
+    """The ``dynamics`` section of a run config: the controller of the ViTCAE paper's eq. 20 (tau from each head's
+    drift) and eq. 26 (freezing converged heads). Thresholds are in the units of the measurements: ``d`` in image
+    sides by default (``drift_units``), tau dimensionless. Every key, its default and its meaning: the table of
+    docs/dynamics.md, "Configuration"; the reasons and measurements behind each default are on that page."""
 
     mode: str = "schedule"
     alpha: float = 4.0

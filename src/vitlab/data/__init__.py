@@ -19,36 +19,23 @@ if TYPE_CHECKING:
         build_datamodule,
         split_indices,
     )
-    from vitlab.data.datasets import dataset_info, download_dataset, load_dataset
-    from vitlab.data.sources import DatasetInfo, DatasetNotFoundError, DatasetSource
-    from vitlab.data.transforms import (
-        BatchAugment,
-        NormalizeCollate,
-        channel_mean_std,
-        denormalize,
-        normalize,
-        resize_to_square,
-    )
+    from vitlab.data.datasets import dataset_info
+    from vitlab.data.sources import DatasetNotFoundError
+    from vitlab.data.transforms import BatchAugment, NormalizeCollate, denormalize, normalize
 
 
 #: public name -> the module that defines it
 _LAZY = {
     "BatchAugment": "vitlab.data.transforms",
-    "DatasetInfo": "vitlab.data.sources",
     "DatasetNotFoundError": "vitlab.data.sources",
-    "DatasetSource": "vitlab.data.sources",
     "EpochShuffleSampler": "vitlab.data.datamodule",
     "ImageSplit": "vitlab.data.datamodule",
     "NormalizeCollate": "vitlab.data.transforms",
     "VisionDataModule": "vitlab.data.datamodule",
     "build_datamodule": "vitlab.data.datamodule",
-    "channel_mean_std": "vitlab.data.transforms",
     "dataset_info": "vitlab.data.datasets",
     "denormalize": "vitlab.data.transforms",
-    "download_dataset": "vitlab.data.datasets",
-    "load_dataset": "vitlab.data.datasets",
     "normalize": "vitlab.data.transforms",
-    "resize_to_square": "vitlab.data.transforms",
     "split_indices": "vitlab.data.datamodule",
 }
 
@@ -61,20 +48,14 @@ __all__ = [
     "BatchAugment",
     "DataConfig",
     "DataError",
-    "DatasetInfo",
     "DatasetNotFoundError",
-    "DatasetSource",
     "EpochShuffleSampler",
     "ImageSplit",
     "NormalizeCollate",
     "VisionDataModule",
     "build_datamodule",
-    "channel_mean_std",
     "dataset_info",
     "denormalize",
-    "download_dataset",
-    "load_dataset",
     "normalize",
-    "resize_to_square",
     "split_indices",
 ]

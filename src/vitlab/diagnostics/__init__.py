@@ -11,7 +11,7 @@ from vitlab.diagnostics.dynamics import (
     temperature_update,
 )
 from vitlab.diagnostics.probes import gradient_flow, init_distance
-from vitlab.diagnostics.segments import draw_segment_maps, segment_map
+from vitlab.diagnostics.segments import draw_segment_maps
 
 __all__ = [
     "ConvergenceTracker",
@@ -22,6 +22,5 @@ __all__ = [
     "gradient_flow",
     "init_distance",
     "patch_grid_cost",
-    "segment_map",
     "temperature_update",
 ]

@@ -8,18 +8,14 @@ attention whose heads freeze, :mod:`.frozen_heads`) and the Lightning callback (
 functions in :mod:`vitlab.diagnostics.dynamics`.
 """
 
-from vitlab.config.dynamics import MODES, DynamicsConfig
-from vitlab.dynamics.callback import PLOTS_DIR, DynamicsController
+from vitlab.config.dynamics import DynamicsConfig
+from vitlab.dynamics.callback import DynamicsController
 from vitlab.dynamics.freezing import FrozenHeadGuard
 from vitlab.dynamics.frozen_heads import FrozenHeadAttention
 from vitlab.dynamics.policy import DynamicsPolicy
-from vitlab.dynamics.probe import ProbeMeasurement, controlled_modules, select_probe, unit_temperature
-from vitlab.rundir import DYNAMICS_FILE
+from vitlab.dynamics.probe import ProbeMeasurement, controlled_modules, select_probe
 
 __all__ = [
-    "DYNAMICS_FILE",
-    "MODES",
-    "PLOTS_DIR",
     "DynamicsConfig",
     "DynamicsController",
     "DynamicsPolicy",
@@ -28,5 +24,4 @@ __all__ = [
     "ProbeMeasurement",
     "controlled_modules",
     "select_probe",
-    "unit_temperature",
 ]

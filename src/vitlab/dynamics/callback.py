@@ -1,17 +1,11 @@
 """The attention-dynamics controller of ViTCAE as a Lightning callback (ViTCAE paper, eq. 20 and 26;
 docs/dynamics.md).
 
-Once before training (epoch 0) and at the end of every training epoch, a fixed probe batch of validation images is
-pushed through the model in eval mode with attention materialised. For every controlled head ``(l, h)`` the
-controller measures the attention evolution distance ``d`` (mean over the probe of the 1-Wasserstein distance between
-this and the previous epoch's CLS-to-patch distributions on the patch grid), the number of consensus clusters
-``kappa`` and the temperature ``tau``; then it
-
-- sets ``tau <- 1 / (1 + alpha * d)`` for every head that is not frozen (eq. 20, mode ``schedule``), leaves tau to
-  the gradient (``learn``) or holds it at 1 (``fixed``, the uncontrolled baseline);
-- tracks convergence (the ``convergence`` rule, :class:`~vitlab.diagnostics.convergence.ConvergenceTracker`) and
-  freezes the converged heads (eq. 26, :class:`~vitlab.dynamics.freezing.FrozenHeadGuard`);
-- appends one JSON line per epoch to ``<run_dir>/dynamics.jsonl`` and logs scalars to the Lightning loggers.
+Once before training (epoch 0) and at the end of every training epoch it probes a fixed batch of validation images,
+measures each controlled head's drift ``d``, consensus clusters ``kappa`` and temperature ``tau``, sets
+``tau <- 1 / (1 + alpha * d)`` (eq. 20, mode ``schedule``), freezes the converged heads (eq. 26,
+:class:`~vitlab.diagnostics.convergence.ConvergenceTracker`, :class:`~vitlab.dynamics.freezing.FrozenHeadGuard`) and
+appends one line to ``<run_dir>/dynamics.jsonl``: docs/dynamics.md, "What happens each epoch".
 
 Its state (epoch, tracker, previous distributions, frozen masks) rides in the checkpoint, so a resumed run continues
 the same schedule. The pure algorithms live in :mod:`vitlab.diagnostics.dynamics`, the decisions in

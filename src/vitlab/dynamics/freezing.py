@@ -26,20 +26,10 @@ class FrozenHeadGuard:
     gradient is not enough: AdamW still moves a parameter through its momentum and its weight decay. So after every
     step of an optimizer passed to :meth:`attach`, :meth:`restore` copies the snapshots back.
 
-    ``set_frozen_heads`` moves the frozen heads to the first slots of each module's parameters; the guard applies
-    the same permutation to the state of every attached optimizer (AdamW's moments, SGD's momentum: every tensor
-    shaped like its parameter), so training continues exactly as it would have without the move. Attach the
-    optimizers before freezing.
-
-    A module with ``train_frozen_values`` (``dynamics.freeze_scope: pattern``) keeps training its frozen heads' rows
-    of ``W_v``: the guard then snapshots and restores only their ``W_q``, ``W_k`` rows and tau (the pattern).
-
-    A parameter tensor that is frozen whole (``W_qkv`` and ``b_qkv`` of a layer whose every head is frozen with
-    ``freeze_scope: qkv``, ``log_tau`` of a layer whose every head is frozen) has its gradient set to None just
-    before each attached optimizer's update (after the step's closure, when it gets one), so the optimizer skips it
-    instead of computing an update that :meth:`restore` undoes (PyTorch's optimizers skip parameters without a
-    gradient). Its moments then stay as they were when the last of its heads froze, and nothing reads them while it
-    is frozen. The parameters end bit-identical to updating and restoring (``docs/dynamics.md``, "Freezing").
+    It also permutes the state of every attached optimizer when heads move to the first slots (attach the
+    optimizers before freezing), restores only ``W_q``, ``W_k`` and tau under ``train_frozen_values``
+    (``freeze_scope: pattern``), and lets the optimizers skip a tensor frozen whole (its gradient set to None before
+    the update): docs/dynamics.md, "Freezing (eq. 26)". The parameters end bit-identical to updating and restoring.
     """
 
     def __init__(self, modules: list[Attention]) -> None:

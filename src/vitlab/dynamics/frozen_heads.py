@@ -11,11 +11,10 @@ pattern``) only the pattern is frozen: their rows of ``W_v`` keep their weight g
   :class:`_FrozenHeadAttention`, the active ones through ``Attention._attend``;
 - the QKV projection with the frozen rows cut (:class:`_QKVWithFrozenHeads`).
 
-Frozen heads are kept contiguous: ``set_frozen_heads`` permutes the heads so that the frozen ones occupy the first
-slots (an exact symmetry of multi-head attention, :mod:`vitlab.layers.heads`), so every route slices, never
-gathers. ``head_order[j]`` (a persistent buffer, so checkpoints and exports carry it) is the original index of the
-head in slot ``j``; everything the module reports (``frozen_heads``, ``tau``, ``captured``) is indexed by original
-head, and :meth:`FrozenHeadAttention.permute_heads_of` applies the same permutation to optimizer state.
+Frozen heads are kept contiguous (``set_frozen_heads`` permutes them into the first slots, an exact symmetry of
+multi-head attention, :mod:`vitlab.layers.heads`, recorded in the persistent buffer ``head_order``), so every route
+slices, never gathers; everything the module reports is indexed by original head. The routes and the permutation in
+full: docs/dynamics.md, "Freezing (eq. 26)".
 
 The shared :class:`~vitlab.layers.attention.Attention` knows nothing of this: the dynamics controller
 (:class:`vitlab.dynamics.FrozenHeadGuard`) makes the modules it controls ``FrozenHeadAttention`` in place

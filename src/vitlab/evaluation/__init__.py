@@ -7,7 +7,7 @@ from vitlab.evaluation.calibration import (
     fit_temperature,
     reliability_diagram,
 )
-from vitlab.evaluation.compare import compare_runs, comparison_json, comparison_markdown, run_metrics
+from vitlab.evaluation.compare import compare_runs, comparison_json, comparison_markdown
 from vitlab.evaluation.corruptions import (
     CORRUPTIONS,
     SEVERITY_PARAMETERS,
@@ -18,26 +18,17 @@ from vitlab.evaluation.corruptions import (
     shift_brightness,
 )
 from vitlab.evaluation.evaluate import evaluate_run, format_evaluation, load_evaluation_target
-from vitlab.evaluation.outputs import (
-    View,
-    build_tta_views,
-    classification_metrics,
-    classifier_logits,
-    logits_and_assignment,
-    translate,
-)
+from vitlab.evaluation.outputs import build_tta_views, classifier_logits, logits_and_assignment, translate
 from vitlab.evaluation.stats import correlation_report, summarize, welch_ttest
 
 __all__ = [
     "CORRUPTIONS",
     "SEVERITY_PARAMETERS",
-    "View",
     "add_gaussian_noise",
     "apply_corruption",
     "blur",
     "build_tta_views",
     "calibration_split_eval",
-    "classification_metrics",
     "classifier_logits",
     "compare_runs",
     "comparison_json",
@@ -50,7 +41,6 @@ __all__ = [
     "load_evaluation_target",
     "logits_and_assignment",
     "reliability_diagram",
-    "run_metrics",
     "scale_contrast",
     "shift_brightness",
     "summarize",

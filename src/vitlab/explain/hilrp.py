@@ -9,25 +9,11 @@ the network runs forward unchanged, each operation's backward is replaced by its
 network built from them is explained without an adapter; an operation without a rule that would carry relevance is
 refused by name (:class:`UnsupportedOperation`).
 
-================  ==========================================================  ====================================
-type              operations                                                  rule (backward)
-================  ==========================================================  ====================================
-linear            linear, conv, sums and means, pooling by averages, scaling  the gradient (LRP-0); biases absorbed
-bilinear          ``a @ b``, ``a * b``, ``einsum`` with both sides carrying   uniform: half to each side
-                  relevance (``q k^T``, ``A V``, gating products)              (AttnLRP, prop. 3.2)
-normalization     LayerNorm, RMSNorm, GroupNorm, BatchNorm (eval),            the normaliser held constant
-/ gating          ``F.normalize``, any division by a tensor                   (CP-LRP, Ali et al., ICML 2022)
-                  softmax                                                     AttnLRP's softmax rule (the gradient;
-                                                                              the remainder absorbed), or held
-                                                                              constant (CP-LRP)
-                  GELU, SiLU, ReLU, Hardswish, sigmoid, tanh, exp, clamp...   identity rule ``(f(x) - f(0)) / x``
-                                                                              (AttnLRP, sec. 3.3), ``f(0)`` absorbed
-reindexing        reshape, permute, slicing, cat, gather, roll, pad, top-k,   the gradient: relevance moves with
-                  max-pooling, scatter (window partition, token merging)      the values it indexes
-================  ==========================================================  ====================================
-
-Every constant that enters additively (biases, embeddings, class tokens, masks, ``f(0)`` of a rule) becomes a leaf
-of the graph; what it takes, ``c * dlogit/dc``, is the share the rules absorb. By construction
+The rules (docs/explain.md, "HiLRP: relevance rules by operation type", has the table of operations): linear maps
+take the gradient (LRP-0); bilinear mixing splits it uniformly, half to each side (AttnLRP, prop. 3.2); normalizers
+and gates are held constant (CP-LRP, Ali et al., ICML 2022), softmax by AttnLRP's rule, activations by the identity
+rule ``(f(x) - f(0)) / x`` (AttnLRP, sec. 3.3); reindexing moves relevance with the values it indexes. Every
+constant that enters additively becomes a leaf of the graph whose share ``c * dlogit/dc`` is absorbed, so
 ``sum(relevance of the input) + absorbed = logit`` holds to rounding (:func:`relevance`).
 """
 

@@ -92,14 +92,10 @@ def _lscpu() -> str | None:
 
 
 def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
-    """A progress bar over ``items`` when there are many (more than 16) and tqdm is there."""
-    if len(items) <= 16:
-        return items
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=desc, unit="image")
+    """A progress bar over ``items`` when there are many (more than 16); tqdm comes with Lightning."""
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="image", disable=len(items) <= 16)
 
 
 def claim_output_folder(out_dir: str | Path) -> RunClaim:

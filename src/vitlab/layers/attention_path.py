@@ -1,24 +1,13 @@
 """Which kernel computes scaled dot-product attention, chosen by measuring the candidates on the case at hand.
 
 ``softmax(q k^T * scale + bias) v`` (Vaswani et al. 2017, sec. 3.2.1) has several implementations in torch whose
-order of speed depends on the device, the dtype, the shape and whether attention dropout is on: on a CPU, SDPA's
-flash kernel is fast in fp32 forward but its bf16 backward can cost more than the matrix products around it, and
-with dropout SDPA falls back to its math path with torch's per-element Bernoulli mask. The candidates
-(:data:`PATHS`):
-
-- ``sdpa``: ``F.scaled_dot_product_attention`` with torch's choice of backend;
-- ``math``: the same call held to SDPA's math backend;
-- ``eager``: the softmax written out, with :func:`vitlab.layers.dropout.dropout` on the probabilities.
-
-With attention dropout on, the ``eager`` path runs: it alone draws vitlab's mask, and SDPA's kernels draw their
-own random numbers, so a choice between them by timing would make a seeded run's masks depend on the machine's
-load (and a compiled block's on the compiler); the masks stay the same in every run, compiled or not.
-Otherwise :func:`attend` keys each call by device, dtype, shape ``[B, H, N, d]``, dropout on or off, whether a
-backward pass follows and whether a bias is added (:class:`AttentionKey`). The first call of a key on a machine
-times every candidate (forward, and backward where one follows; the fastest of a few calls, on copies of the inputs,
-with the random state put back after; on the thread's CPU clock with one thread, :func:`cpu_clock`); the fastest is
-kept in the user's cache (:mod:`vitlab.machine_cache`), so it serves the key in every later process on that
-machine too, whatever the load then.
+order of speed depends on the device, the dtype, the shape and whether attention dropout is on. The candidates
+(:data:`PATHS`): ``sdpa`` (``F.scaled_dot_product_attention``), ``math`` (SDPA held to its math backend) and
+``eager`` (the softmax written out, :func:`vitlab.layers.dropout.dropout` on the probabilities, the one path run with
+attention dropout on, so that a seeded run's masks never depend on a timing). :func:`attend` times them on the first
+call of each :class:`AttentionKey` and keeps the fastest per machine (:mod:`vitlab.machine_cache`; the timing on the
+thread's CPU clock, :func:`cpu_clock`): docs/benchmarks.md, "Experiments faster on the CPU", its paragraph
+"The attention path".
 :func:`decisions` lists the choices with their timings. :func:`force_attention_path` or the environment variable
 ``VITLAB_ATTENTION_PATH`` (a name of :data:`PATHS`) holds every call to one path. Under ``torch.compile``,
 ``torch.fx`` tracing, a dispatch mode (a FLOP counter) or on the meta device nothing is timed and the ``sdpa`` path

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -89,28 +90,13 @@ def dropped_positions(
     return positions[: int(torch.searchsorted(positions, count))]
 
 
-def _scaled_with_zeros(x: torch.Tensor, scale: float, positions: torch.Tensor) -> torch.Tensor:
+def _scaled_with_zeros(x: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
     """``x * scale`` (row-major contiguous) with the flat ``positions`` set to 0."""
     out = x.mul(scale)
     if not out.is_contiguous():
         out = out.contiguous()
     out.view(-1).index_fill_(0, positions, 0)
     return out
-
-
-class _DropPositions(torch.autograd.Function):
-    """``x * scale`` with ``positions`` zeroed; the gradient ``grad * scale`` with the same positions zeroed."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
-        ctx.save_for_backward(positions)
-        ctx.scale = scale
-        return _scaled_with_zeros(x, scale, positions)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (positions,) = ctx.saved_tensors
-        return _scaled_with_zeros(grad, ctx.scale, positions), None, None
 
 
 @torch.compiler.disable
@@ -172,20 +158,21 @@ def _times(x: torch.Tensor, multiplier: torch.Tensor, scale: float) -> torch.Ten
     return torch.addcmul(x.new_zeros(()).expand_as(x), x, multiplier, value=scale)
 
 
-class _Multiply(torch.autograd.Function):
-    """``x * multiplier * scale`` with the gradient ``grad * multiplier * scale``; ``scale`` a Python float (1.0
-    where the multiplier holds it already)."""
+class _Masked(torch.autograd.Function):
+    """``drop(x, mask, scale)`` with the gradient ``drop(grad, mask, scale)``: the mask is saved, not the input.
+    ``drop`` is :func:`_scaled_with_zeros` (``mask`` the dropped positions) or :func:`_times` (``mask`` the
+    multiplier; ``scale`` 1.0 where the multiplier holds it already)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, multiplier: torch.Tensor, scale: float) -> torch.Tensor:
-        ctx.save_for_backward(multiplier)
-        ctx.scale = scale
-        return _times(x, multiplier, scale)
+    def forward(ctx, x: torch.Tensor, mask: torch.Tensor, scale: float, drop: Callable) -> torch.Tensor:
+        ctx.save_for_backward(mask)
+        ctx.scale, ctx.drop = scale, drop
+        return drop(x, mask, scale)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (multiplier,) = ctx.saved_tensors
-        return _times(grad, multiplier, ctx.scale), None, None
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        (mask,) = ctx.saved_tensors
+        return ctx.drop(grad, mask, ctx.scale), None, None, None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
@@ -203,14 +190,14 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         positions = _eager_positions(x.numel(), p, x.device)
         if torch.compiler.is_compiling():  # the compiler fuses the scale and the fill
             return x.mul(1 / (1 - p)).reshape(-1).index_fill(0, positions, 0).view(x.shape)
-        return _DropPositions.apply(x, positions, 1 / (1 - p))
+        return _Masked.apply(x, positions, 1 / (1 - p), _scaled_with_zeros)
     scale = 1 / (1 - quantized_drop_probability(p))
     if torch.compiler.is_compiling():  # the compiler fuses the fill and the scale into one pass
         dropped = drop_mask(x.shape, p, x.device)
         return x.masked_fill(dropped, 0).mul_(1 / (1 - quantized_drop_probability(p)))
     if x.element_size() >= 4:  # the scale in the multiplier: one multiplication
-        return _Multiply.apply(x, keep_multiplier(x.shape, p, x.dtype, scale, x.device), 1.0)
-    return _Multiply.apply(x, keep_multiplier(x.shape, p, x.dtype, 1.0, x.device), scale)
+        return _Masked.apply(x, keep_multiplier(x.shape, p, x.dtype, scale, x.device), 1.0, _times)
+    return _Masked.apply(x, keep_multiplier(x.shape, p, x.dtype, 1.0, x.device), scale, _times)
 
 
 class Dropout(nn.Dropout):

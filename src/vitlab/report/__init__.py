@@ -4,10 +4,9 @@
 autoescape, and the stylesheet) and ``render`` (the page data and figures through the template into one file).
 """
 
-from vitlab.report.collect import collect, collect_run
-from vitlab.report.comparison import collect_comparison
+from vitlab.report.collect import collect
 from vitlab.report.page import Page
 from vitlab.report.render import render, write_report
 from vitlab.rundir import REPORT_FILE
 
-__all__ = ["REPORT_FILE", "Page", "collect", "collect_comparison", "collect_run", "render", "write_report"]
+__all__ = ["REPORT_FILE", "Page", "collect", "render", "write_report"]

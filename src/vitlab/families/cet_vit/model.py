@@ -1,17 +1,10 @@
 """CET-ViT: a hierarchical ViT that routes micro tokens into macro slots by sparse top-k assignment.
 
 Source: the CET-ViT v4 model card ("Architecture", Disclosure 1, "EI loss, as actually implemented"); where the
-card is silent, the project decides (docs/cet_vit.md). Pipeline (card: "Architecture")::
-
-    PatchEmbed (P x P)                          -> micro tokens on a G x G grid
-    MicroEncoder: Swin stages, full resolution  -> h_micro [B, N, C]        (no patch merging: V-CEO needs all N)
-    V-CEO: S = topk_softmax(Linear(LN(h_micro)))  [B, N, K_max]           (the operative mechanism, k = 3)
-    fusion_proj: Linear C -> D                   (bridges the micro width to the fusion width)
-    h_macro = S^T h_micro / slot mass             [B, K_max, D]          (``pool="sum"``: the card's plain sum)
-    MacroEncoder: shared Blocks over h_macro + slot embedding
-    CrossScaleAttention: micro <- macro and macro <- micro, each with a residual
-    DeepEncoder: shared Blocks over the fused micro tokens
-    head: Linear(LN(concat(mean(micro), mean(macro))))
+card is silent, the project decides (docs/cet_vit.md). The pipeline, PatchEmbed -> MicroEncoder (Swin stages at full
+resolution) -> V-CEO (the top-k assignment ``S: [B, N, K_max]``) -> pooled macro slots -> MacroEncoder ->
+CrossScaleAttention -> DeepEncoder -> head, is drawn in docs/cet_vit.md, "Architecture as built" (card:
+"Architecture"). ``fusion_proj`` (Linear C -> D) bridges the micro width to the fusion width.
 
 Pooling the projected tokens equals projecting the pooled ones (a linear map commutes with a weighted mean), so
 one projection serves both the micro stream and the macro tokens.

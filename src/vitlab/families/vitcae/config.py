@@ -40,39 +40,12 @@ class ViTCAEOptions(ViTEncoderOptions):
 
 @dataclass
 class ViTCAELossConfig:
-    """Weights and curriculum of the ViTCAE objective (eq. 23-25).
-
-    Attributes:
-        lambda_l1, lambda_l2: weights of the L1 and squared-L2 reconstruction errors (paper ``lambda_L1/L2``).
-        lambda_pt: weight of the patch estimator loss ``L_PT`` (paper ``lambda_PT``, eq. 23).
-        lambda_cls: weight of the global-latent regulariser ``KL_cls`` / ``W_cls`` (paper ``lambda_cls``).
-        lambda_pt_reg: weight of the patch-latent regulariser ``KL_pt`` / ``W_pt`` (paper ``lambda_pt``, eq. 25).
-        lambda_ce: weight of the cross-entropy of the classifier on ``mu_cls`` (the project's decision where the
-            ViTCAE paper is silent; docs/vitcae.md, "Class conditioning").
-        warmup_epochs: ``T_w``; epochs ``1..T_w`` use the KL terms only, later epochs the KL/MMD blend.
-        mmd_mix: the blend weight ``a`` of eq. 25 (``a * W + (1 - a) * KL``; the paper calls it alpha).
-        mmd_scales: the ``s`` of the IMQ kernel constants ``C = 2 * dim * s``.
-        mmd_kernel_scale: ``prior`` (default): the IMQ constants follow the prior's variance (``C = 2 dim s
-            sigma^2``): 1 for ``N(0, I)`` (``W_cls``) and, for ``W_pt``, the per-dimension variance of the conditional
-            prior's samples over the batch, ``mean(sigma_hat^2) + mean(Var_batch(mu_hat))``, detached (WAE's constant
-            assumes 1; docs/vitcae.md, ``mmd_kernel_scale``); ``unit``: ``C = 2 dim s`` as printed.
-        mmd_calibration: ``kl`` (default): each MMD term is multiplied by a constant fixed at the switch, the ratio of
-            the epoch means of ``KL`` and ``W`` over the last warm-up epoch (``T_w``), so the blend ``a s W +
-            (1 - a) KL`` starts at the magnitude of the KL it replaces and 80% of its gradient comes from the MMD:
-            the switch changes the geometry of the regulariser, not only its size. Without it KL terms of 40-150
-            nats against MMD terms of 0.2-2 make the blend about ``0.2 KL``. ``none``: eq. 25 as printed.
-        mmd_calibration_max: the largest factor the calibration may apply (default 100): a per-batch MMD estimate
-            near 0 would otherwise turn its noise into most of the gradient.
-        monitor: ``continuous`` (default): ReduceLROnPlateau and ``best.ckpt`` watch ``val/monitor = rec + pt_est
-            + lambda_ce ce``, the same function of the network before and after the switch; ``objective``: they watch
-            ``val/loss``, eq. 25, which steps at the switch because the objective itself changes.
-        mmd_detach_prior: draw the conditional-prior samples of ``W_pt`` from detached ``f(z_cls)`` parameters.
-            Default ``False``: ``W_pt`` is a surrogate of ``KL_pt``, which trains the prior as well, so the
-            surrogate does too; ``True`` makes the prior a fixed target for the MMD, trained by ``KL_pt`` alone.
-
-    The paper gives no values for the weights in its text; the defaults keep the summed KL terms from swamping
-    the per-pixel reconstruction error at the start of training.
-    """
+    """Weights and curriculum of the ViTCAE objective (ViTCAE paper, eq. 23-25): ``lambda_l1``, ``lambda_l2`` the
+    reconstruction errors; ``lambda_pt`` the patch estimator loss (the paper's lambda_PT, eq. 23); ``lambda_cls`` and
+    ``lambda_pt_reg`` the ``KL``/``W`` regularisers of ``z_cls`` and the patch latents (the paper's lambda_cls and
+    lambda_pt, eq. 25); ``lambda_ce`` the cross-entropy of the classifier on ``mu_cls``; ``warmup_epochs`` ``T_w``;
+    ``mmd_mix`` the blend weight ``a`` of eq. 25. The MMD options (``mmd_*``), ``monitor`` and the reasons for the
+    defaults: docs/vitcae.md, "Decisions where the paper is silent or contradicts itself"."""
 
     lambda_l1: float = 1.0
     lambda_l2: float = 1.0

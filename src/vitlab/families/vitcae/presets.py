@@ -52,7 +52,6 @@ PRESETS: dict[str, dict] = {
         decoder_heads=16,
     ),
 }
-#: preset name -> constructor arguments (the family declaration names this table)
 
 
 def _description(name: str, kw: dict) -> str:
