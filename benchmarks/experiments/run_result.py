@@ -1,10 +1,11 @@
 """One finished run as a small results file: the per-seed record that a summary table is computed from.
 
-Writes ``OUT`` (JSON) with the run's test metrics, generative metrics, the controller's end state and its
-convergence rule, the timing, the command, git revision, CPU and torch version (from the run's ``env.json``), and,
-for a controlled ViTCAE run, how many head-epochs the paper's tau clause would have blocked on the recorded drift
-(the measurement behind ``dynamics.tau_clause: none``). Drivers call it as each run finishes, so every run's
-result can be committed as soon as it exists.
+Writes ``OUT`` (JSON) with the run's test metrics (of the best checkpoint, ``test``, and of the last epoch's,
+``test_last``: which one a fork's claim reads is its choice, and both are here), generative metrics, the
+controller's end state and its convergence rule, the timing, the command, git revision, CPU and torch version (from
+the run's ``env.json``), and, for a controlled ViTCAE run, how many head-epochs the paper's tau clause would have
+blocked on the recorded drift (the measurement behind ``dynamics.tau_clause: none``). Drivers call it as each run
+finishes, so every run's result can be committed as soon as it exists.
 
     python -m benchmarks.experiments.run_result RUN_DIR --experiment table1_digits --arm controlled --seed 0 \
         --out FILE.json
@@ -61,6 +62,23 @@ def tau_clause_replay(records: list[dict[str, Any]], eps_tau: float = 0.05, alph
     }
 
 
+def last_epoch_test(run: Path) -> dict[str, float]:
+    """The test loop of the run's ``last.ckpt`` (the model as training left it; ``test_metrics.json`` is the best
+    checkpoint's), or {} where the run kept none."""
+    from vitlab.training.run import evaluate
+
+    last = run / "checkpoints" / "last.ckpt"
+    return evaluate(str(last), "test", ["trainer.enable_progress_bar=false"]) if last.is_file() else {}
+
+
+def best_epoch(run: Path) -> int | None:
+    """The epoch of the run's ``best.ckpt`` (Lightning's ``epoch`` key, counted from 0), or None."""
+    best = run / "checkpoints" / "best.ckpt"
+    if not best.is_file():
+        return None
+    return torch.load(best, map_location="cpu", weights_only=False, mmap=True).get("epoch")
+
+
 def run_result(run: Path) -> dict[str, Any]:
     rundir = RunDir(run)
     env, test, timing = rundir.env() or {}, rundir.test_metrics() or {}, rundir.timing() or {}
@@ -77,6 +95,8 @@ def run_result(run: Path) -> dict[str, Any]:
         "torch": (env.get("versions") or {}).get("torch"),
         "precision": env.get("precision"),
         "test": test,
+        "test_last": last_epoch_test(run),
+        "best_epoch": best_epoch(run),
         "generate": rundir.generate_metrics() or {},
         "timing": timing,
     }

@@ -578,8 +578,8 @@ class ScriptedController(DynamicsController):
         epoch = 0 if self.epoch is None else self.epoch + 1
         return point_masses([EPOCH0, EPOCH1, EPOCH2][epoch], num_images=len(probe))
 
-    def advance(self, measurement: ProbeMeasurement, epoch: int | None = None, extend=None, model_tau=None) -> dict:
-        record = super().advance(measurement, epoch, extend, model_tau)
+    def advance(self, measurement: ProbeMeasurement, epoch=None, extend=None, model_tau=None, rate=None) -> dict:
+        record = super().advance(measurement, epoch, extend, model_tau, rate)
         if record["epoch"] == 1:
             self.frozen_rows = [head_rows(m) for m in self.modules]
         return record

@@ -163,9 +163,9 @@ def test_config_names_the_bad_units_and_rule():
         DynamicsConfig(rel_d=1.5)
 
 
-def test_defaults_are_image_units_the_decay_rule_and_the_unit_tau_probe():
+def test_defaults_are_image_units_the_response_rule_and_the_unit_tau_probe():
     cfg = DynamicsConfig()
-    assert (cfg.drift_units, cfg.convergence, cfg.probe_tau, cfg.alpha) == ("image", "decay", "unit", 4.0)
+    assert (cfg.drift_units, cfg.convergence, cfg.probe_tau, cfg.alpha) == ("image", "response", "unit", 4.0)
     assert (cfg.decay_ratio, cfg.decay_window, cfg.patience) == (0.5, 3, 3)
 
 

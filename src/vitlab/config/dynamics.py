@@ -10,7 +10,7 @@ from vitlab.config.model import has_temperature
 from vitlab.errors import ConfigError
 
 DRIFT_UNITS = ("image", "patch")
-CONVERGENCE_RULES = ("decay", "noise", "relative", "absolute")
+CONVERGENCE_RULES = ("response", "decay", "noise", "relative", "absolute")
 TAU_CLAUSES = ("none", "own")
 MODES = ("schedule", "learn", "fixed")
 PROBE_TAUS = ("model", "unit")
@@ -52,12 +52,14 @@ class DynamicsConfig:
     probe_tau: str = "unit"
     log_model_tau: bool = False
     eps: float = 0.1
-    convergence: str = "decay"
+    convergence: str = "response"
     rho: float | str = "auto"
     tau_clause: str = "none"
     rel_d: float = 0.2
     decay_ratio: float = 0.5
     decay_window: int = 3
+    response_ratio: float = 0.35
+    thaw: bool = False
     eps_d: float = 0.0125
     eps_tau: float = 0.05
     patience: int = 3
@@ -108,6 +110,13 @@ class DynamicsConfig:
                 "dynamics.decay_ratio must be in (0, 1) (a fraction of the head's earlier drift), "
                 f"got {self.decay_ratio!r}"
             )
+        if not _is_number(self.response_ratio) or not 0 < self.response_ratio < 1:
+            problems.append(
+                "dynamics.response_ratio must be in (0, 1) (a fraction of the head's earlier drift per unit rate), "
+                f"got {self.response_ratio!r}"
+            )
+        if not isinstance(self.thaw, bool):
+            problems.append(f"dynamics.thaw must be true or false, got {self.thaw!r}")
         if isinstance(self.decay_window, bool) or not isinstance(self.decay_window, int) or self.decay_window < 1:
             problems.append(f"dynamics.decay_window must be an integer >= 1 (epochs), got {self.decay_window!r}")
         if not 0 < self.rel_d < 1:

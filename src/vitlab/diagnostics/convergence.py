@@ -1,7 +1,8 @@
 """ViTCAE's convergence decision: when a head's attention has settled enough to freeze it (eq. 26).
 
 ViTCAE (Jebraeeli et al., arXiv 2509.16554), section "Convergence diagnostics": the paper's absolute rule, and the
-scale-free rules of this project (``relative``, ``noise``, ``decay``, the default); the directedness of the noise
+scale-free rules of this project (``relative``, ``noise``, ``decay``, and ``response``, the default: drift per unit of
+learning rate); the directedness of the noise
 rule and its calibration against simulated random walks. Pure functions and one small stateful tracker.
 """
 
@@ -187,6 +188,25 @@ class DecayRule(AbsoluteRule):
 
 
 @dataclass(frozen=True)
+class ResponseRule:
+    """The head's attention no longer responds to its updates: its drift per unit of learning rate has fallen
+    (the decay test on ``d_t / lr_t``, with ``response_ratio``) and its movement no longer accumulates (the noise
+    rule's directedness below ``rho``). A schedule that shrinks every step shrinks drift and rate together, so it
+    settles no head by itself."""
+
+    needs_directedness: ClassVar[bool] = True
+
+    def threshold(self, tracker: ConvergenceTracker) -> torch.Tensor:
+        return tracker.response_ratio * tracker.decay_level(per_rate=True)[1]
+
+    def below(
+        self, tracker: ConvergenceTracker, drift: torch.Tensor, directedness: torch.Tensor | None
+    ) -> torch.Tensor:
+        level = tracker.decay_level(per_rate=True)[0]
+        return (level < self.threshold(tracker)) & (tracker._as_grid(directedness, "directedness") < tracker.rho)
+
+
+@dataclass(frozen=True)
 class TauClause:
     """The paper's second clause, ``|tau_t - tau_{t-1}| < eps_tau`` (``own``), or none (``none``)."""
 
@@ -200,6 +220,7 @@ class TauClause:
 
 #: ``dynamics.convergence`` -> its rule; ``dynamics.tau_clause`` -> its clause
 CONVERGENCE_STRATEGIES = {
+    "response": ResponseRule(),
     "decay": DecayRule(),
     "absolute": AbsoluteRule(),
     "relative": RelativeRule(),
@@ -222,12 +243,19 @@ class ConvergenceTracker:
       from epoch 1 on, burn-in included; see :meth:`observe`).
     - ``rule="noise"``: the movement no longer accumulates: the *directedness* ``r_t = d(t-2, t) / (d(t-2, t-1) +
       d(t-1, t))`` (1 for steady motion one way, about 0.71 for a random walk, 0.5 for jitter) is below ``rho``.
-    - ``rule="decay"`` (the default): the head has *settled*. Of the drifts ``d_1 .. d_t`` (burn-in included) the
+    - ``rule="response"`` (the default): the head's attention no longer responds to its updates. Each drift is
+      divided by the epoch's learning rate (``rate`` of :meth:`observe`: the mean over the epoch's steps), and the
+      decay test below runs on those ratios with ``response_ratio``; and the directedness (noise rule) is below
+      ``rho``. A decaying learning rate, which shrinks a head's drift without any settling, freezes nothing.
+    - ``rule="decay"``: the head has *settled*. Of the drifts ``d_1 .. d_t`` (burn-in included) the
       level is the largest of the last ``window`` and the reference the median of all before them; stable when
       ``level < decay_ratio * reference``. A head that keeps moving by a constant step (directed, random walk or
       jitter) is not frozen; one whose movement dies away is.
 
-    The relative, noise and decay rules are ratios, free of the grid's units and of a constant learning rate's scale.
+    The relative, noise, decay and response rules are ratios, free of the grid's units and of a constant learning
+    rate's scale; only the response rule is free of a changing one. With ``thaw=True`` a converged head whose latest
+    drift per unit rate is back at its reference (it moves as much as it did before it settled) is no longer
+    converged and its streak starts again (docs/dynamics.md, "Thawing").
 
     Call :meth:`update` once per epoch with that epoch's drift and temperature, both ``[L, H]`` (or :meth:`observe`
     every epoch, burn-in included, and :meth:`decide` from the first deciding epoch on). The first decision only
@@ -247,6 +275,8 @@ class ConvergenceTracker:
         tau_clause: str = "own",
         decay_ratio: float = 0.5,
         decay_window: int = 3,
+        response_ratio: float = 0.35,
+        thaw: bool = False,
     ) -> None:
         if num_layers < 1 or num_heads < 1:
             raise ValueError(f"num_layers and num_heads must be >= 1, got {num_layers} and {num_heads}")
@@ -264,8 +294,12 @@ class ConvergenceTracker:
             raise ValueError(f"tau_clause must be one of {', '.join(TAU_CLAUSES)}, got {tau_clause!r}")
         if not 0 < decay_ratio < 1 or decay_window < 1:
             raise ValueError(f"need 0 < decay_ratio < 1 and decay_window >= 1, got {decay_ratio} and {decay_window}")
+        if not 0 < response_ratio < 1:
+            raise ValueError(f"response_ratio must be in (0, 1), got {response_ratio}")
         self.decay_ratio, self.decay_window = decay_ratio, decay_window
+        self.response_ratio, self.thaw = response_ratio, thaw
         self.history = torch.zeros(0, num_layers, num_heads, dtype=torch.float64)  # every drift observed, [T, L, H]
+        self.rates = torch.zeros(0, num_layers, num_heads, dtype=torch.float64)  # the update's size, [T, L, H]
         self.num_layers, self.num_heads = num_layers, num_heads
         self.eps_d, self.eps_tau, self.patience = eps_d, eps_tau, patience
         self.rule, self.rel_d, self.rho, self.tau_clause = rule, rel_d, rho, tau_clause
@@ -283,21 +317,33 @@ class ConvergenceTracker:
             raise ValueError(f"{name} must be finite; a NaN here means the probe pass or the schedule diverged")
         return value
 
-    def observe(self, drift: torch.Tensor) -> None:
-        """Record an epoch's drift ``[L, H]`` (the relative rule's peak, the decay rule's history), every epoch,
-        the burn-in epochs too, when nothing is decided."""
+    def observe(self, drift: torch.Tensor, rate: float | torch.Tensor | None = None) -> None:
+        """Record an epoch's drift ``[L, H]`` (the relative rule's peak, the decay and response rules' history),
+        every epoch, the burn-in epochs too, when nothing is decided. ``rate``: the size of the update that
+        produced it, a number or ``[L, H]`` (the epoch's mean learning rate; None: 1, a constant rate)."""
         drift = self._as_grid(drift, "drift")
+        rate = torch.ones_like(drift) if rate is None else torch.as_tensor(rate, dtype=torch.float64).expand_as(drift)
+        rate = self._as_grid(rate, "rate")
+        if not (rate > 0).all():
+            raise ValueError("rate must be > 0: a head's drift per unit of update needs an update")
         self.peak = torch.maximum(self.peak, drift)
         self.history = torch.cat([self.history, drift[None]])
+        self.rates = torch.cat([self.rates, rate[None]])
 
-    def decay_level(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def per_rate(self) -> torch.Tensor:
+        """Every drift observed divided by its rate, ``[T, L, H]`` float64 (the response rule's statistic)."""
+        return self.history / self.rates
+
+    def decay_level(self, per_rate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The decay rule's ``(level, reference)``, each ``[L, H]`` float64: the largest of the last ``decay_window``
-        drifts and the median of those before them (NaN until there are ``decay_window`` before them)."""
+        drifts and the median of those before them (NaN until there are ``decay_window`` before them).
+        ``per_rate``: of the drifts per unit rate (:meth:`per_rate`, the response rule)."""
         w = self.decay_window
         nan = torch.full((self.num_layers, self.num_heads), math.nan, dtype=torch.float64)
         if len(self.history) < 2 * w:
             return nan, nan
-        return self.history[-w:].amax(0), self.history[:-w].quantile(0.5, dim=0)
+        series = self.per_rate() if per_rate else self.history
+        return series[-w:].amax(0), series[:-w].quantile(0.5, dim=0)
 
     def threshold(self) -> torch.Tensor:
         """The drift below which each head counts as stable now, ``[L, H]`` float64 (``noise``: NaN, the rule tests
@@ -320,6 +366,11 @@ class ConvergenceTracker:
             below = rule.below(self, drift, directedness)
             stable = TAU_CLAUSE_STRATEGIES[self.tau_clause].stable(below, tau, self.previous_tau, self.eps_tau)
         self.streak = torch.where(stable, self.streak + 1, torch.zeros_like(self.streak))
+        if self.thaw:  # moving again as much as before it settled: judged anew
+            level, reference = self.decay_level(per_rate=True)
+            moving = self.converged & (level >= reference)
+            self.converged &= ~moving
+            self.streak[moving] = 0
         self.converged |= self.streak >= self.patience
         self.previous_tau = tau
         return self.converged.clone()
@@ -338,7 +389,10 @@ class ConvergenceTracker:
             "tau_clause": self.tau_clause,
             "decay_ratio": self.decay_ratio,
             "decay_window": self.decay_window,
+            "response_ratio": self.response_ratio,
+            "thaw": self.thaw,
             "history": self.history.clone(),
+            "rates": self.rates.clone(),
             "streak": self.streak.clone(),
             "converged": self.converged.clone(),
             "peak": self.peak.clone(),
@@ -361,6 +415,9 @@ class ConvergenceTracker:
         self.decay_window = state.get("decay_window", self.decay_window)
         history = state.get("history")  # a state saved before the decay rule: its history starts now
         self.history = torch.zeros_like(self.history) if history is None else history.clone().to("cpu", torch.float64)
+        self.response_ratio, self.thaw = state.get("response_ratio", self.response_ratio), state.get("thaw", self.thaw)
+        rates = state.get("rates")  # a state saved before the response rule: every earlier epoch at rate 1
+        self.rates = torch.ones_like(self.history) if rates is None else rates.clone().to("cpu", torch.float64)
         self.streak = state["streak"].clone().to("cpu", torch.long)
         self.converged = state["converged"].clone().to("cpu", torch.bool)
         peak = state.get("peak")

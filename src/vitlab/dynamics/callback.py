@@ -70,7 +70,9 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
                 self._timed("probe_model_tau", self.measure, self.probe[:first], kappa=False, probe_tau="model")
             )
             model_tau = model_tau.distributions
-        record = self.advance(measurement, epoch, extend, model_tau)
+        rate = self._rate_sum / self._rate_steps if self._rate_steps else None
+        self._rate_sum, self._rate_steps = 0.0, 0
+        record = self.advance(measurement, epoch, extend, model_tau, rate)
         # The learning rate the epoch just trained with (ReduceLROnPlateau steps after this hook): the confound of
         # the drift (docs/dynamics.md, drift against learning rate).
         record["lr"] = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
@@ -124,6 +126,13 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_started = time.perf_counter()
+        self._rate_sum, self._rate_steps = 0.0, 0
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, index: int) -> None:
+        # the rate this step trains with (a python float: no device sync); the epoch's mean is the response rule's unit
+        if trainer.optimizers:
+            self._rate_sum += trainer.optimizers[0].param_groups[0]["lr"]
+            self._rate_steps += 1
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.step(trainer, epoch=trainer.current_epoch + 1)

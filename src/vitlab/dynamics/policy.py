@@ -15,7 +15,13 @@ from torch import nn
 
 from vitlab.config import from_dict
 from vitlab.config.dynamics import TAU_MODES, TEMPERATURE_FIX, DynamicsConfig
-from vitlab.diagnostics.convergence import ConvergenceTracker, calibrate_rho, directedness, directedness_standard_error
+from vitlab.diagnostics.convergence import (
+    CONVERGENCE_STRATEGIES,
+    ConvergenceTracker,
+    calibrate_rho,
+    directedness,
+    directedness_standard_error,
+)
 from vitlab.diagnostics.dynamics import (
     attention_drift,
     attention_to_cls_distribution,
@@ -62,6 +68,7 @@ class DynamicsPolicy:
         self.frozen: torch.Tensor | None = None  # [L, H] bool
         self._pending_state: dict[str, Any] | None = None
         self._epoch_started: float | None = None
+        self._rate_sum, self._rate_steps = 0.0, 0  # the learning rates of this epoch's steps (the callback)
 
     @classmethod
     def from_config(cls, values: dict[str, Any] | DynamicsConfig | None, run_dir: str | Path) -> Self:
@@ -222,7 +229,7 @@ class DynamicsPolicy:
     def _new_tracker(self, images: int | None = None, rho: float | None = None) -> ConvergenceTracker:
         cfg = self.config
         if rho is None:  # rho plays no part in the other rules
-            rho = self.resolved_rho(images) if cfg.convergence == "noise" else 0.75
+            rho = self.resolved_rho(images) if self._reads_directedness else 0.75
         return ConvergenceTracker(
             *self.shape,
             cfg.eps_d,
@@ -234,7 +241,14 @@ class DynamicsPolicy:
             tau_clause=cfg.tau_clause,
             decay_ratio=cfg.decay_ratio,
             decay_window=cfg.decay_window,
+            response_ratio=cfg.response_ratio,
+            thaw=cfg.thaw,
         )
+
+    @property
+    def _reads_directedness(self) -> bool:
+        """Whether the convergence rule reads the noise rule's directedness (``noise``, ``response``)."""
+        return CONVERGENCE_STRATEGIES[self.config.convergence].needs_directedness
 
     def wants_kappa(self, epoch: int) -> bool:
         """Whether epoch ``epoch``'s probe pass counts the clusters (``kappa_every``)."""
@@ -246,6 +260,7 @@ class DynamicsPolicy:
         epoch: int | None = None,
         extend: Callable[[], torch.Tensor] | None = None,
         model_tau: torch.Tensor | None = None,
+        rate: float | None = None,
     ) -> dict[str, Any]:
         """Record one epoch: drift against the previous measurement, the temperature schedule (eq. 20), convergence
         and freezing (eq. 26). Returns the epoch's record (as written to ``dynamics.jsonl``).
@@ -257,7 +272,8 @@ class DynamicsPolicy:
         With the adaptive probe (``probe_min``) ``measurement`` holds the first ``probe_min`` probe images and
         ``extend()`` returns the others' distributions, ``[L, H, P - probe_min, N]``, for the heads whose decision is
         uncertain (:meth:`_drift`) and before the first decision. ``model_tau``: the same probe images at the model's
-        own tau, ``[L, H, P', N]`` (``log_model_tau``); their drift is recorded and decides nothing.
+        own tau, ``[L, H, P', N]`` (``log_model_tau``); their drift is recorded and decides nothing. ``rate``: the
+        epoch's mean learning rate, the unit of the response rule's drift (None: 1, a constant rate).
         """
         cfg = self.config
         num_layers, num_heads = self.shape
@@ -273,7 +289,7 @@ class DynamicsPolicy:
         drift = drift_images = two_epoch_mean = None
         if self.previous is not None:
             drift, drift_images, current, two_epoch_mean = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
-            self.tracker.observe(drift)  # every epoch: the relative rule's peak, the decay rule's history
+            self.tracker.observe(drift, rate)  # every epoch: the relative rule's peak, the decay rules' history
             if cfg.mode == "schedule":
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
         if extend is not None and current.shape[2] == cfg.probe_min and epoch in self._before_first_decision():
@@ -282,7 +298,7 @@ class DynamicsPolicy:
         directed = self._directedness(current, drift, two_epoch_mean)
         converged = self._decide(epoch, drift, tau, directed)
         drift_model_tau = None if model_tau is None else self._model_tau_drift(model_tau)
-        if cfg.convergence == "noise":
+        if self._reads_directedness:
             self.before_previous, self.last_drift = self.previous, drift
         self.previous, self.epoch = current, epoch
         record = self._record(epoch, drift, directed, tau, converged)
@@ -299,7 +315,7 @@ class DynamicsPolicy:
         """The epochs whose probe pass takes the whole probe, so that the first decision can use it: the one before
         it and, under the noise rule (``d(t-2, t)``), the one before that too."""
         cfg = self.config
-        return {max(cfg.burn_in - 1, 0)} | ({max(cfg.burn_in - 2, 0)} if cfg.convergence == "noise" else set())
+        return {max(cfg.burn_in - 1, 0)} | ({max(cfg.burn_in - 2, 0)} if self._reads_directedness else set())
 
     def _decide(
         self, epoch: int, drift: torch.Tensor | None, tau: torch.Tensor, directed: torch.Tensor | None
@@ -313,8 +329,8 @@ class DynamicsPolicy:
             converged = self.tracker.decide(torch.zeros_like(tau) if drift is None else drift, tau, directed)
         else:
             converged = self.tracker.converged.clone()
-        if cfg.freeze and (converged & ~self.frozen).any():
-            self.frozen = self.frozen | converged
+        if cfg.freeze and not torch.equal(converged, self.frozen) and (cfg.thaw or (converged & ~self.frozen).any()):
+            self.frozen = converged.clone() if cfg.thaw else self.frozen | converged
             self.guard.freeze(self.frozen)
         return converged
 
@@ -354,7 +370,7 @@ class DynamicsPolicy:
             "grid": None if self.grid is None else list(self.grid),
             "probe_tau": cfg.probe_tau,
             "convergence": cfg.convergence,
-            "rho": self.tracker.rho if cfg.convergence == "noise" else None,
+            "rho": self.tracker.rho if self._reads_directedness else None,
             "tau_clause": cfg.tau_clause,
             "freeze_scope": cfg.freeze_scope,
             "drift": None if drift is None else drift.tolist(),
@@ -362,6 +378,12 @@ class DynamicsPolicy:
             "threshold": None if cfg.convergence == "noise" else _nan_to_none(self.tracker.threshold()),
             # the decay rule's statistic: the largest of the head's last decay_window drifts (None: too few yet)
             "decay_level": _nan_to_none(self.tracker.decay_level()[0]) if cfg.convergence == "decay" else None,
+            # the response rule's: the drift per unit rate of this epoch, and the largest of the last decay_window
+            "rate": None if drift is None else float(self.tracker.rates[-1].mean()),
+            "drift_per_rate": None if drift is None else self.tracker.per_rate()[-1].tolist(),
+            "response_level": (
+                _nan_to_none(self.tracker.decay_level(per_rate=True)[0]) if cfg.convergence == "response" else None
+            ),
             "kappa": self.kappa.tolist(),
             "tau": tau.tolist(),
             "converged": converged.tolist(),
@@ -387,7 +409,7 @@ class DynamicsPolicy:
         drift = per_image.mean(dim=-1)
         images = torch.full(drift.shape, base)
         two_epoch = two_epoch_mean = None
-        if cfg.convergence == "noise":
+        if self._reads_directedness:
             if self.before_previous is None or self.last_drift is None:
                 return drift, images, current, None
             # the decision is on the directedness: near rho within probe_z standard errors (delta method)
@@ -467,7 +489,7 @@ class DynamicsPolicy:
         cfg = self.config
         # rho: auto keeps the value the run calibrated (the same grid and probe); a number set now wins
         saved_rho = state["tracker"].get("rho", 0.75)
-        rho = saved_rho if cfg.rho == "auto" or cfg.convergence != "noise" else float(cfg.rho)
+        rho = saved_rho if cfg.rho == "auto" or not self._reads_directedness else float(cfg.rho)
         self.tracker = self._new_tracker(rho=rho)
         # This run's thresholds win over the checkpoint's, so a resume may change them.
         thresholds = {
@@ -478,6 +500,8 @@ class DynamicsPolicy:
             "rel_d": cfg.rel_d,
             "rho": rho,
             "tau_clause": cfg.tau_clause,
+            "response_ratio": cfg.response_ratio,
+            "thaw": cfg.thaw,
         }
         self.tracker.load_state_dict({**state["tracker"], **thresholds})
         if self.frozen is not None:

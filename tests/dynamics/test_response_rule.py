@@ -1,0 +1,86 @@
+"""The response rule (``dynamics.convergence: response``, the default): the decay test on each head's drift per
+unit of learning rate, with the noise rule's directedness below ``rho``, so that a decaying schedule settles no head
+by itself (ViTCAE eq. 26 needs a head that has settled; docs/dynamics.md, "The response rule")."""
+
+import math
+
+import pytest
+import torch
+
+from vitlab.config import from_dict
+from vitlab.config.dynamics import DynamicsConfig
+from vitlab.diagnostics.convergence import ConvergenceTracker
+from vitlab.errors import ConfigError
+
+ONES = torch.ones(1, 1)
+JITTER = torch.full((1, 1), 0.5)  # the directedness of movement that goes nowhere
+WALK = torch.full((1, 1), 0.71)  # ... of a random walk
+
+
+def _tracker(**kwargs) -> ConvergenceTracker:
+    options = dict(rule="response", tau_clause="none", rho=0.66, **kwargs)
+    return ConvergenceTracker(1, 1, 0.01, 0.05, options.pop("patience", 3), **options)
+
+
+def _feed(tracker, drifts, rates, directed=JITTER) -> list[bool]:
+    out = []
+    for d, r in zip(drifts, rates, strict=True):
+        tracker.observe(torch.full((1, 1), d), r)
+        out.append(bool(tracker.decide(torch.full((1, 1), d), ONES, directed)))
+    return out
+
+
+def cosine(epochs: int = 40) -> list[float]:
+    return [0.5 * (1 + math.cos(math.pi * (t + 0.5) / epochs)) for t in range(epochs)]
+
+
+def test_a_drift_that_only_follows_a_decaying_rate_never_settles_while_the_decay_rule_freezes_it():
+    rates = cosine()
+    drifts = [0.1 * r for r in rates]  # no settling at all: the head moves as far as the rate lets it
+    assert not any(_feed(_tracker(), drifts, rates))
+    decay = ConvergenceTracker(1, 1, 0.01, 0.05, 3, rule="decay", tau_clause="none")
+    assert any(bool(decay.update(torch.full((1, 1), d), ONES)) for d in drifts)  # the old default freezes it
+
+
+def test_a_drift_that_falls_at_a_constant_rate_settles_and_a_random_walk_of_the_same_size_does_not():
+    drifts = [0.1 * 0.7**t for t in range(40)]
+    settled = _feed(_tracker(), drifts, [1e-3] * 40)
+    assert settled[-1] and settled.index(True) < 14
+    assert not any(_feed(_tracker(), drifts, [1e-3] * 40, directed=WALK))  # still accumulating: not settled
+
+
+def test_the_statistic_is_the_drift_per_unit_rate_and_a_missing_rate_is_one():
+    tracker = _tracker(decay_window=1)
+    tracker.observe(torch.full((1, 1), 0.4), 2e-3)
+    tracker.observe(torch.full((1, 1), 0.1))
+    assert torch.allclose(tracker.per_rate().flatten(), torch.tensor([200.0, 0.1], dtype=torch.float64))
+    level, reference = tracker.decay_level(per_rate=True)
+    assert (level.item(), reference.item()) == pytest.approx((0.1, 200.0))
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        tracker.observe(torch.full((1, 1), 0.1), 0.0)
+
+
+def test_thaw_releases_a_converged_head_that_moves_again_and_no_thaw_keeps_it():
+    drifts = [0.1 * 0.6**t for t in range(15)] + [0.1] * 10  # settles, then moves as at the start
+    kept = _feed(_tracker(), drifts, [1.0] * 25)
+    thawed = _feed(_tracker(thaw=True), drifts, [1.0] * 25)
+    assert kept[14] and thawed[14] and kept[-1]
+    assert not thawed[-1]
+
+
+def test_the_rate_history_rides_in_the_state_and_an_old_state_counts_rate_one():
+    tracker = _tracker(response_ratio=0.3, thaw=True)
+    _feed(tracker, [0.3, 0.2, 0.1], [2.0, 1.0, 0.5])
+    restored = _tracker()
+    restored.load_state_dict(tracker.state_dict())
+    assert torch.equal(restored.rates, tracker.rates) and (restored.response_ratio, restored.thaw) == (0.3, True)
+    old = {k: v for k, v in tracker.state_dict().items() if k not in ("rates", "response_ratio", "thaw")}
+    restored = _tracker()
+    restored.load_state_dict(old)
+    assert torch.equal(restored.rates, torch.ones(3, 1, 1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("values", [{"response_ratio": 1.5}, {"response_ratio": "x"}, {"thaw": "yes"}])
+def test_bad_response_options_are_refused_by_name(values):
+    with pytest.raises(ConfigError, match=next(iter(values))):
+        from_dict(DynamicsConfig, values)
