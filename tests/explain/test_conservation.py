@@ -24,7 +24,7 @@ def test_lrp_conserves_the_logit_in_float64(name: str, trained: bool) -> None:
     assert e.maps.abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", ["vit", "swin", "cet_vit", "pvt_v2", "xcit", "efficientvit"])
+@pytest.mark.parametrize("name", ["vit", "swin", "cet_vit", "pvt_v2", "xcit", "efficientvit", "hf_siglip"])
 @pytest.mark.parametrize("method", LRP_METHODS[1:])
 def test_every_lrp_variant_conserves(name: str, method: str) -> None:
     model, x = tiny_model(name, trained=True)

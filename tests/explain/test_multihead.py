@@ -11,7 +11,7 @@ from torch import nn
 
 import vitlab
 from benchmarks.experiments.explain_architectures import tiny_model
-from vitlab.explain import multihead
+from vitlab.explain import hilrp, multihead
 
 LRP_METHODS = ("lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma")
 
@@ -129,6 +129,18 @@ def test_lrp_through_multihead_attention_conserves(name: str) -> None:
         assert e.conservation.max() <= 1e-12, (method, e.conservation)
         torch.testing.assert_close(e.score, model(x).gather(1, e.target[:, None])[:, 0], rtol=1e-12, atol=1e-12)
         assert e.maps.abs().sum() > 0
+
+
+def test_the_check_fails_when_the_decomposition_runs_outside_the_rules(monkeypatch) -> None:
+    """Run without the mode, the decomposition's softmax and products pass their plain gradients: the shares no
+    longer add up, so conservation through ``nn.MultiheadAttention`` is the rules' doing."""
+    model, x = tiny_model("torchvision_vit", trained=True)
+    rules = dict(hilrp._RULES)
+    rules["multi_head_attention_forward"] = lambda mode, name, args, kwargs: multihead.multi_head_attention_forward(
+        *args, **kwargs
+    )
+    monkeypatch.setattr(hilrp, "_RULES", rules)
+    assert vitlab.explain(model, x, method="lrp").conservation.min() > 1e-6
 
 
 def _as_timm(torchvision_vit: nn.Module) -> nn.Module:
