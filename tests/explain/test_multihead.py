@@ -78,7 +78,7 @@ class _OneAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, weights = self.attend(x)
-        if weights is not None:  # [B, L, S'] or [B, H, L, S']: their largest entry per query scales its row
+        if weights is not None:  # [B, L, S'] or [B, H, L, S']: each image's largest weight scales its output
             out = out * weights.flatten(1, -2).amax((1, 2)).reshape(-1, 1, 1)
         return self.head(out.mean(1))
 
@@ -93,8 +93,15 @@ def test_the_decomposition_computes_what_torch_does(name: str, monkeypatch) -> N
     model, x = _one_attention(name)
     model.train()  # torch's fused inference path would bypass both functions
     expected = model.attend(x)
-    monkeypatch.setattr(torch.nn.functional, "multi_head_attention_forward", multihead.multi_head_attention_forward)
+    calls = []
+
+    def decomposed(*args, **kwargs):
+        calls.append(kwargs)
+        return multihead.multi_head_attention_forward(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "multi_head_attention_forward", decomposed)
     out, weights = model.attend(x)
+    assert len(calls) == 1  # the module ran the decomposition
     torch.testing.assert_close(out, expected[0], rtol=1e-12, atol=1e-12)
     assert (weights is None) == (expected[1] is None)
     if weights is not None:
@@ -117,7 +124,10 @@ def test_unbatched_inputs_and_static_keys_compute_what_torch_does() -> None:
     batched = (query[:, None], source[:, None], source[:, None])
     expected = torch.nn.functional.multi_head_attention_forward(*batched, *args, training=False, **static)
     torch.testing.assert_close(
-        multihead.multi_head_attention_forward(*batched, *args, training=False, **static), expected
+        multihead.multi_head_attention_forward(*batched, *args, training=False, **static),
+        expected,
+        rtol=1e-12,
+        atol=1e-12,
     )
 
 
