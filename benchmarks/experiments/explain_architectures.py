@@ -1,9 +1,12 @@
-"""Every explanation method on every architecture: tiny models of vitlab's five families and eight timm families whose
+"""Every explanation method on every architecture: tiny models of vitlab's five families, eleven timm families whose
 operators differ (a distillation token, class attention with LayerScale, spatial-reduction, cross-covariance,
-locally-grouped and sub-sampled, multi-axis (block and grid), convolutional with attention biases, and linear
-attention), briefly trained, in float64. Per architecture and method: applied or refused (with the reason), the
-conservation error of the LRP variants and the completeness error of integrated gradients, the input's own share of
-the logit, seconds per image. The tests build the same models (``tests/explain``).
+locally-grouped and sub-sampled, multi-axis (block and grid), convolutional with attention biases, linear attention,
+shifted windows, rotary embeddings, relative-position MLP), torchvision's ViT (``nn.MultiheadAttention``) and Swin,
+and seven HF transformers models (ViT, DeiT, BEiT, Swin, Dinov2, CLIP's vision tower, SigLIP's with its
+attention-pool head) built from configurations, random weights, nothing downloaded; briefly trained, in float64. Per
+architecture and method: applied or refused (with the reason), the conservation error of the LRP variants and the
+completeness error of integrated gradients, the input's own share of the logit, seconds per image. The tests build
+the same models (``tests/explain``).
 
     python -m benchmarks.experiments.explain_architectures \
         --out benchmarks/results/experiments/explain_architectures_<cpu>_<date>.json
@@ -51,6 +54,54 @@ def _maxvit() -> nn.Module:
     return MaxxVit(cfg, img_size=32, num_classes=5)
 
 
+def _torchvision_vit() -> nn.Module:
+    """torchvision's ViT (``nn.MultiheadAttention`` in every block); its head starts at zero, drawn here instead."""
+    from torchvision.models import VisionTransformer
+
+    model = VisionTransformer(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32)
+    model.heads.head = nn.Linear(16, 5)
+    return model
+
+
+def _torchvision_swin() -> nn.Module:
+    from torchvision.models import SwinTransformer
+
+    return SwinTransformer(
+        patch_size=[2, 2], embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=[2, 2], num_classes=5
+    )
+
+
+#: one tiny encoder for the HF ViT-like configurations
+HF_TINY = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32}
+HF_TINY |= {"image_size": 16, "patch_size": 4}
+
+
+class PooledClassifier(nn.Module):
+    """A linear classifier on a backbone's ``pooler_output`` (HF SigLIP's vision model ends in its attention-pool
+    head and has no classifier of its own)."""
+
+    def __init__(self, backbone: nn.Module, width: int, num_classes: int = 5) -> None:
+        super().__init__()
+        self.backbone, self.head = backbone, nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x).pooler_output)
+
+
+def hf_model(name: str, **kw) -> nn.Module:
+    """An HF transformers image classifier from a tiny configuration, random weights (nothing downloaded)."""
+    import transformers
+
+    if name == "Siglip":
+        vision = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**HF_TINY))
+        return PooledClassifier(vision, HF_TINY["hidden_size"])
+    if name == "CLIP":
+        config = transformers.CLIPConfig(vision_config=HF_TINY, num_labels=5)
+        return transformers.CLIPForImageClassification(config)
+    config = getattr(transformers, f"{name}Config")(**kw, num_labels=5)
+    return getattr(transformers, f"{name}ForImageClassification")(config)
+
+
 #: name -> (builder, image side)
 ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], int]] = {
     "vit": (lambda: create_model("vit_pico", num_classes=5, img_size=16, patch_size=4, depth=2), 16),
@@ -95,6 +146,40 @@ ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], int]] = {
         lambda: _timm("efficientvit_b0", widths=(8, 16, 16, 32), depths=(1, 1, 1, 1), head_dim=8, head_widths=(32, 32)),
         32,
     ),
+    "timm_swin": (
+        lambda: _timm(
+            "swin_tiny_patch4_window7_224",
+            img_size=16,
+            patch_size=2,
+            window_size=2,
+            embed_dim=8,
+            depths=(1, 1),
+            num_heads=(1, 2),
+        ),
+        16,
+    ),
+    "eva02": (
+        lambda: _timm("eva02_tiny_patch14_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
+        16,
+    ),
+    "vit_relpos": (
+        lambda: _timm("vit_relpos_small_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
+        16,
+    ),
+    "torchvision_vit": (_torchvision_vit, 16),
+    "torchvision_swin": (_torchvision_swin, 16),
+    "hf_vit": (lambda: hf_model("ViT", **HF_TINY), 16),
+    "hf_deit": (lambda: hf_model("DeiT", **HF_TINY), 16),
+    "hf_beit": (lambda: hf_model("Beit", **HF_TINY, use_relative_position_bias=True), 16),
+    "hf_swin": (
+        lambda: hf_model(
+            "Swin", image_size=16, patch_size=2, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=2
+        ),
+        16,
+    ),
+    "hf_dinov2": (lambda: hf_model("Dinov2", **HF_TINY), 16),
+    "hf_clip": (lambda: hf_model("CLIP"), 16),
+    "hf_siglip": (lambda: hf_model("Siglip"), 16),
 }
 
 

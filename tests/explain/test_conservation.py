@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitlab
-from benchmarks.experiments.explain_architectures import ARCHITECTURES, tiny_model
+from benchmarks.experiments.explain_architectures import ARCHITECTURES, HF_TINY, hf_model, tiny_model
 from vitlab.explain import MethodRefused, hilrp
 
 LRP_METHODS = ("lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma")
@@ -24,7 +24,7 @@ def test_lrp_conserves_the_logit_in_float64(name: str, trained: bool) -> None:
     assert e.maps.abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", ["vit", "swin", "cet_vit", "pvt_v2", "xcit", "efficientvit"])
+@pytest.mark.parametrize("name", ["vit", "swin", "cet_vit", "pvt_v2", "xcit", "efficientvit", "hf_siglip"])
 @pytest.mark.parametrize("method", LRP_METHODS[1:])
 def test_every_lrp_variant_conserves(name: str, method: str) -> None:
     model, x = tiny_model(name, trained=True)
@@ -34,6 +34,15 @@ def test_every_lrp_variant_conserves(name: str, method: str) -> None:
 def test_lrp_conserves_to_float32_precision() -> None:
     model, x = tiny_model("swin", trained=True)
     assert vitlab.explain(model.float(), x.float(), method="lrp").conservation.max() <= 1e-3
+
+
+def test_hf_eager_attention_conserves_to_its_float32_softmax() -> None:
+    """HF transformers' eager attention takes its softmax in float32 whatever the model's dtype; its SDPA path (the
+    default, in ``ARCHITECTURES``) conserves in float64."""
+    torch.manual_seed(0)
+    model = hf_model("ViT", **HF_TINY, attn_implementation="eager").double().eval()
+    e = vitlab.explain(model, torch.randn(2, 3, 16, 16, dtype=torch.float64), method="lrp")
+    assert e.conservation.max() <= 1e-6, e.conservation
 
 
 def test_the_check_fails_when_a_nonlinearity_passes_its_gradient(monkeypatch) -> None:

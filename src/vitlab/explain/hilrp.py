@@ -28,6 +28,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from vitlab.explain import multihead
 from vitlab.explain.adapters import MethodRefused
 
 
@@ -416,6 +417,13 @@ def _sdpa(mode: RelevanceMode, name: str, args, kwargs):
     return mode.bilinear(torch.matmul, mode.softmax(logits, -1), v)
 
 
+def _multi_head_attention(mode: RelevanceMode, name: str, args, kwargs):
+    """``nn.MultiheadAttention``: its function re-expressed in linear maps, the two bilinear products and a softmax
+    (:mod:`vitlab.explain.multihead`), run under the mode so that each part takes its rule."""
+    with mode:
+        return multihead.multi_head_attention_forward(*args, **kwargs)
+
+
 _RULES = {
     **dict.fromkeys(("add", "sub", "mul", "div", "matmul"), _binary),
     **dict.fromkeys(("mm", "bmm"), _mm),
@@ -432,6 +440,7 @@ _RULES = {
     "normalize": _normalize,
     "pad": _pad,
     "scaled_dot_product_attention": _sdpa,
+    "multi_head_attention_forward": _multi_head_attention,
 }
 
 
