@@ -92,8 +92,8 @@ def test_the_head_table_says_why_each_head_is_or_is_not_frozen():
     records = [record(5, None, None, False), record(6, 0.3, 0.1, False), record(7, 0.01, 0.1, True)]
     records[0]["decay_level"] = records[0]["threshold"] = [[None, None]]
     rows = head_table(records)
-    assert rows[0]["decision"] == "frozen at epoch 7: recent drifts <= 0.01 < threshold 0.1"
-    assert rows[1]["decision"] == "still moving: a recent drift 0.2 >= threshold 0.05"
+    assert rows[0]["decision"] == "frozen at epoch 7: recent drift <= 0.01 < threshold 0.1"
+    assert rows[1]["decision"] == "not settled: a recent drift 0.2 vs threshold 0.05"
     assert head_table(records[:1])[0]["decision"] == "too few epochs to judge"
 
 

@@ -84,3 +84,31 @@ def test_the_rate_history_rides_in_the_state_and_an_old_state_counts_rate_one():
 def test_bad_response_options_are_refused_by_name(values):
     with pytest.raises(ConfigError, match=next(iter(values))):
         from_dict(DynamicsConfig, values)
+
+
+def test_the_head_table_shows_the_drift_per_unit_rate_beside_the_drift_and_the_rate_and_why():
+    from vitlab.cli.dynamics import format_table
+    from vitlab.diagnostics.plots import head_table
+
+    record = {
+        "epoch": 9,
+        "convergence": "response",
+        "rho": 0.66,
+        "tau": [[1.0, 1.0]],
+        "kappa": [[1.0, 1.0]],
+        "drift": [[0.002, 0.004]],
+        "rate": 1e-3,
+        "drift_per_rate": [[2.0, 4.0]],
+        "response_level": [[2.0, 4.0]],
+        "threshold": [[5.0, 1.0]],
+        "directedness": [[0.9, 0.5]],
+        "converged": [[False, False]],
+        "frozen": [[False, False]],
+    }
+    rows = head_table([record])
+    assert (rows[0]["d"], rows[0]["d_per_rate"], rows[0]["rate"]) == (0.002, 2.0, 1e-3)
+    assert rows[0]["decision"] == (
+        "not settled: a recent drift per unit rate 2 vs threshold 5, directedness 0.90 >= rho 0.66"
+    )
+    text = format_table(rows, 9)
+    assert "d/lr" in text and "mean learning rate 0.001" in text and "2.00" in text

@@ -77,26 +77,36 @@ def frozen_at_epoch(records: list[dict[str, Any]]) -> np.ndarray:
     return first.astype(float)
 
 
+#: the record key of each rule's level (the statistic held against ``threshold``) and its unit, in words
+_LEVELS = {"decay": ("decay_level", "drift"), "response": ("response_level", "drift per unit rate")}
+
+
 def decision(records: list[dict[str, Any]], layer: int, head: int, frozen_at: int | None) -> str | None:
-    """Why a head is or is not converged under the decay rule, from its records: the largest of its last drifts
-    against the threshold (``decay_ratio`` times its earlier median drift) at the epoch it converged, or at the last
-    epoch. ``None`` for the other rules."""
+    """Why a head is or is not converged under the decay or response rule, from its records: the largest of its last
+    drifts (per unit rate under ``response``) against the threshold (the ratio times its earlier median), and under
+    ``response`` the directedness against ``rho``, at the epoch it converged, or at the last epoch. ``None`` for the
+    other rules."""
     at = next((r for r in records if r["converged"][layer][head]), records[-1])
-    level, threshold = (at.get(k) for k in ("decay_level", "threshold"))
-    if at.get("convergence") != "decay" or level is None or threshold is None:
+    key, unit = _LEVELS.get(at.get("convergence"), (None, None))
+    level, threshold = at.get(key), at.get("threshold")
+    if key is None or level is None or threshold is None:
         return None
     level, threshold = level[layer][head], threshold[layer][head]
     if level is None or threshold is None:
         return "too few epochs to judge"
+    directed = at.get("directedness")
+    walk = "" if at.get("rho") is None or directed is None else f", directedness {directed[layer][head]:.2f}"
+    walk += "" if not walk else (" < " if directed[layer][head] < at["rho"] else " >= ") + f"rho {at['rho']:.2f}"
     if at["converged"][layer][head]:
         what = "frozen" if frozen_at is not None else "converged"
-        return f"{what} at epoch {at['epoch']}: recent drifts <= {level:.3g} < threshold {threshold:.3g}"
-    return f"still moving: a recent drift {level:.3g} >= threshold {threshold:.3g}"
+        return f"{what} at epoch {at['epoch']}: recent {unit} <= {level:.3g} < threshold {threshold:.3g}{walk}"
+    return f"not settled: a recent {unit} {level:.3g} vs threshold {threshold:.3g}{walk}"
 
 
 def head_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per head of the final epoch: layer, head, d, kappa, tau, converged, frozen_at (epoch or None) and,
-    under the decay rule, the decision's reason (:func:`decision`)."""
+    """One row per head of the final epoch: layer, head, d, d_per_rate and rate (None in records written before the
+    response rule), kappa, tau, converged, frozen_at (epoch or None) and, under the decay and response rules, the
+    decision's reason (:func:`decision`)."""
     final = records[-1]
     frozen_at = frozen_at_epoch(records)
     rows = []
@@ -107,6 +117,9 @@ def head_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "layer": layer,
                     "head": head,
                     "d": None if final["drift"] is None else final["drift"][layer][head],
+                    # the response rule's view: the drift per unit of the epoch's mean learning rate, and that rate
+                    "d_per_rate": None if final.get("drift_per_rate") is None else final["drift_per_rate"][layer][head],
+                    "rate": final.get("rate"),
                     "kappa": final["kappa"][layer][head],
                     "tau": tau,
                     "converged": final["converged"][layer][head],

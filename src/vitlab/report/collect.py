@@ -215,11 +215,10 @@ def dynamics_section(run: RunRecord) -> Section | None:
         f"Mode {final['mode']}, {len(records)} records (epoch 0 = before training). At the last epoch: "
         f"{final['non_converged']}/{heads} heads not converged, {frozen}/{heads} frozen."
     )
-    rows = [
-        (r["layer"], r["head"], r["d"], r["kappa"], r["tau"], r["converged"], r["frozen_at"], r["decision"] or "")
-        for r in head_table(records)
-    ]
-    columns = ["layer", "head", "drift d", "clusters κ", "tau", "converged", "frozen at epoch", "why"]
+    keys = ("layer", "head", "d", "d_per_rate", "rate", "kappa", "tau", "converged", "frozen_at")
+    rows = [(*(r[k] for k in keys), r["decision"] or "") for r in head_table(records)]
+    columns = ["layer", "head", "drift d", "d per unit lr", "mean lr", "clusters κ", "tau", "converged"]
+    columns += ["frozen at epoch", "why"]
     table = Table(columns, rows)
     return Section(
         "dynamics", "Attention dynamics", [Text(text), Figures(figures), Details("Heads at the last epoch", [table])]
