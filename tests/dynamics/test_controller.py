@@ -760,3 +760,17 @@ def test_directedness_standard_error_is_the_delta_method_of_the_ratio():
     expected = torch.tensor([2.0, 0.0, 2.0, 2.0]).std() / 2 / 2
     torch.testing.assert_close(directedness_standard_error(two_epoch, later, earlier), expected[None].double())
     assert directedness_standard_error(torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1)).item() == 0
+
+
+@pytest.mark.parametrize("thaw", [False, True])
+def test_a_head_that_settles_and_moves_again_is_thawed_only_with_thaw(thaw):
+    """Under the response rule (window 1, patience 1): moves of 3 patches, then jitter of 1 (settled: 1 < 0.35 x 3,
+    directedness 0), then moves of 3 again. With ``thaw`` the head is released and its parameters train again."""
+    controller = scheduled_controller(convergence="response", rho=0.9, decay_window=1, thaw=thaw)
+    path = [0, 3, 0, 3, 2, 3, 2, 3, 0, 3]
+    records = [controller.advance(point_masses([[p] * 4] * 2)) for p in path]
+    assert all(all(row) for row in records[7]["frozen"])  # settled at the jitter
+    assert records[7]["response_level"][0][0] == 1.0 and records[7]["rate"] == 1.0
+    last = records[-1]
+    assert all(all(row) for row in last["frozen"]) != thaw
+    assert [bool(m.frozen_heads.any()) for m in controller.modules] == [not thaw] * 2
