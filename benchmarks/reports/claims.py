@@ -43,18 +43,19 @@ MARGIN = 1.0  # points: the non-inferiority margin of a "keeps" claim
 # ------------------------------------------------------------------------------------------------------------------
 # Reading the files
 # ------------------------------------------------------------------------------------------------------------------
+def value(record: dict[str, Any], metric: str = "test/acc", scale: float = 100.0) -> float:
+    """One per-seed file's metric, in points: ``test/acc`` (the best checkpoint's test metrics) or ``SECTION:KEY``
+    (e.g. ``test_last:test/acc``, the last epoch's)."""
+    section, _, key = metric.partition(":")
+    return scale * float(record[section][key] if key else record["test"][metric])
+
+
 def per_seed(pattern: str, metric: str = "test/acc", scale: float = 100.0) -> list[float]:
     """The metric of every per-seed file matching ``pattern`` (sorted by seed), in points."""
     files = sorted(RESULTS.glob(pattern), key=lambda p: json.loads(p.read_text()).get("seed", 0))
     if not files:
         raise FileNotFoundError(f"no results files match benchmarks/results/{pattern}")
-    values = []
-    for path in files:
-        record = json.loads(path.read_text())
-        section, _, key = metric.partition(":")
-        value = record[section][key] if key else record["test"][metric]
-        values.append(scale * float(value))
-    return values
+    return [value(json.loads(path.read_text()), metric, scale) for path in files]
 
 
 def compare_groups(name: str, model: str, metric: str = "test/acc") -> list[float]:
@@ -149,6 +150,7 @@ class Claim:
     figure: str | None = None
     required: bool = True  # False while its runs are still going: missing files are then "pending", not an error
     planned: int | None = None  # seeds registered per arm: fewer files is "pending", not a verdict on part of them
+    paired_too: bool = False  # the arms share their seeds: the paired t interval is shown beside Welch's
 
     def compute(self) -> dict[str, Any]:
         d = self.data()
@@ -159,6 +161,8 @@ class Claim:
         if d.resolved:
             low, high = d.interval()
             out.update(ci95=[low, high], p=d.p())
+            if self.paired_too and len(d.a) == len(d.b):
+                out["paired_ci95"] = list(Difference(d.a, d.b, paired=True).interval())
         out["verdict"] = verdict(self.kind, d)
         out["readme"] = self.readme(d)
         return out
@@ -176,6 +180,15 @@ TABLE1_DECAY = {
     "celeba32": "experiments/table1_celeba32_decay_epyc_2026-12-06",
     "mnist": "experiments/table1_mnist_decay_epyc_2026-12-06",
 }
+#: Table I and the forks under the response rule (the default since 2026-12-07); each run's file holds the best
+#: checkpoint's test metrics and the last epoch's
+TABLE1_RESPONSE = {
+    "digits": "experiments/table1_digits_response_xeon_2026-12-07",
+    "mnist": "experiments/table1_mnist_response_xeon_2026-12-07",
+    "celeba32": "experiments/table1_celeba32_response_xeon_2026-12-07",
+}
+#: which model a claim tests: the best validation checkpoint's or the last epoch's
+CHECKPOINTS = {"best checkpoint": "test/acc", "last epoch": "test_last:test/acc"}
 #: CelebA-32's forks with seeds 3 and 4 added after the 3-seed result (not resolved) was seen: exploratory
 CELEBA32_FORK_EXTENDED = "experiments/table1_celeba32_decay*_epyc_2026-12-06"
 CONTROL_PARTS = "experiments/control_parts_digits_epyc_2026-12-02"
@@ -245,6 +258,7 @@ def _decay_claims(dataset: str, scale: str, command: str, required: bool, planne
             lambda d: [f"{fmt_pair(d)}, {fmt_ci(d)}"] if d.resolved else [],
             required=required,
             planned=planned,
+            paired_too=True,
         ),
         Claim(
             f"vitcae-freeze-fork-{dataset}",
@@ -261,6 +275,63 @@ def _decay_claims(dataset: str, scale: str, command: str, required: bool, planne
             planned=planned,
         ),
     ]
+
+
+def _response_fork(folder: str, metric: str) -> Callable[[], Difference]:
+    """Controlled against its fork without freezing, paired by seed, over the seeds whose controlled run froze a head
+    and whose fork ran (a seed that froze none is one run twice: it tests nothing, and is left out, not counted 0)."""
+
+    def data() -> Difference:
+        pairs = []
+        for path in sorted(RESULTS.glob(f"{folder}/controlled-seed*.json")):
+            record, fork = json.loads(path.read_text()), path.with_name(path.name.replace("controlled", "nofreeze"))
+            if record["dynamics"]["frozen"] and fork.is_file():
+                pairs.append((value(record, metric), value(json.loads(fork.read_text()), metric)))
+        if not pairs:
+            raise FileNotFoundError(f"no controlled run of {folder} froze a head yet: the forks test nothing")
+        return Difference([a for a, _ in pairs], [b for _, b in pairs], paired=True)
+
+    return data
+
+
+def _response_claims(dataset: str, scale: str, command: str, planned: int) -> list[Claim]:
+    """Table I and the freezing fork under the response rule on ``dataset``, each on the best checkpoint and on the
+    last epoch's model (issue 53: a best checkpoint that predates every freeze tests no freezing)."""
+    folder = TABLE1_RESPONSE[dataset]
+    claims = []
+    for which, metric in CHECKPOINTS.items():
+        slug = which.split()[0]
+        claims += [
+            Claim(
+                f"vitcae-table1-{dataset}-response-{slug}",
+                "ViTCAE paper, Table I",
+                f"attention control keeps classification accuracy ({dataset}, the response rule, {which})",
+                "controlled not below uncontrolled",
+                "keeps",
+                f"{scale}; the {which}'s test accuracy",
+                command,
+                lambda folder=folder, metric=metric: Difference(
+                    per_seed(f"{folder}/controlled-seed*.json", metric),
+                    per_seed(f"{folder}/uncontrolled-seed*.json", metric),
+                ),
+                required=False,
+                planned=planned,
+                paired_too=True,
+            ),
+            Claim(
+                f"vitcae-freeze-fork-{dataset}-response-{slug}",
+                "ViTCAE paper, eq. 26",
+                f"freezing the heads the response rule names keeps accuracy ({dataset}, forks, {which})",
+                "freezing converged heads does not harm learning",
+                "keeps",
+                f"{scale}; the {which}'s test accuracy; each seed that froze a head against the same run without "
+                "freezing (identical until the first freeze), paired",
+                command,
+                _response_fork(folder, metric),
+                required=False,
+            ),
+        ]
+    return claims
 
 
 def _part(arm: str) -> Callable[[], Difference]:
@@ -484,6 +555,24 @@ CLAIMS = [
         required=False,
         planned=3,
     ),
+    *_response_claims(
+        "digits",
+        "digits (8x8, 1,797 images), 50 epochs, 5 seeds, the response rule for both arms, fp32, sdpa",
+        "bash benchmarks/experiments/table1_response.sh digits",
+        planned=5,
+    ),
+    *_response_claims(
+        "mnist",
+        "MNIST (30,000 training images), 15 epochs, 3 seeds, the response rule for both arms, fp32, sdpa",
+        "bash benchmarks/experiments/table1_response.sh mnist",
+        planned=3,
+    ),
+    *_response_claims(
+        "celeba32",
+        "CelebA-32 subset (6,400 training images, Male), 15 epochs, 3 seeds, the response rule, fp32, sdpa",
+        "bash benchmarks/experiments/table1_response.sh celeba32",
+        planned=3,
+    ),
 ]
 
 
@@ -588,7 +677,12 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         if "ci95" in r:
             lines.append(
                 f"- **Difference**: {r['diff']:+.2f} points, 95% {r.get('interval', 'Welch')} CI "
-                f"[{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}], p = {r['p']:.2g}."
+                f"[{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}], p = {r['p']:.2g}"
+                + (
+                    f"; paired by seed [{r['paired_ci95'][0]:+.2f}, {r['paired_ci95'][1]:+.2f}]."
+                    if "paired_ci95" in r
+                    else "."
+                )
             )
         lines += [f"- **Verdict**: {r['verdict']}.", f"- **Reproduce**: `{claim.command}`", ""]
     lines += [
