@@ -191,7 +191,7 @@ def test_tome_merges_on_cuda_like_on_cpu():
     torch.testing.assert_close(model.to(CUDA)(x).cpu(), cpu, atol=1e-4, rtol=1e-4)
 
 
-def test_compiled_blocks_match_eager_on_cuda():
+def test_compiled_network_matches_eager_on_cuda():
     torch.manual_seed(0)
     eager = create_model("vit_pico", **IMAGES, patch_size=4).to(CUDA)
     compiled = create_model("vit_pico", **IMAGES, patch_size=4).to(CUDA)
