@@ -190,9 +190,10 @@ def is_compiled(module: nn.Module) -> bool:
 
 # -------------------------------------------------------------------------------------------------------------------
 # trainer.compile_mode: auto
-#: the modes ``auto`` times on a CUDA device (CUDA graphs, ``reduce-overhead``, need the static shapes of a training
-#: batch, which the data module's ``drop_last`` gives)
-CUDA_MODE_CANDIDATES: tuple[str, ...] = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+#: the modes ``auto`` times on a CUDA device. Not ``reduce-overhead``: a CUDA graph's outputs are overwritten by its
+#: next replay, and Lightning keeps the logged step loss across steps; until that is tested on a GPU, CUDA graphs are
+#: an explicit ``trainer.compile_mode`` (``benchmarks/experiments/gpu_speed.py`` times all three)
+CUDA_MODE_CANDIDATES: tuple[str, ...] = ("default", "max-autotune-no-cudagraphs")
 
 
 def _choice_line(what: str, value: str, requested: str, reason: str) -> str:
@@ -284,9 +285,10 @@ def time_compile_modes(
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(batch_size, *input_shape_of(network), generator=generator).to(device)
     dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(precision.split("-")[0])
+    network = deepcopy(network).to(device).train()  # the caller's network stays where it is, uncompiled
     with torch.no_grad():
-        width = classifier_objective(network.to(device), x[:1], torch.zeros(1, dtype=torch.long, device=device))[0]
-    y = torch.randint(0, width.shape[-1], (batch_size,), generator=generator).to(device)
+        width = classifier_objective(network, x[:1], torch.zeros(1, dtype=torch.long, device=device))[0].shape[-1]
+    y = torch.randint(0, width, (batch_size,), generator=generator).to(device)
 
     def train_step(step: Any, copy: nn.Module) -> None:
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -299,7 +301,7 @@ def time_compile_modes(
     for mode in candidates:
         try:
             step = torch.compile(classifier_objective, **_options(mode, backend, None))
-            copy = deepcopy(network).train()
+            copy = deepcopy(network)
             seconds[mode] = fastest(functools.partial(train_step, step, copy), steps, warmup=3)[0]
         except Exception as e:  # a mode this machine cannot compile is not chosen
             log.warning("trainer.compile_mode=auto: %s failed on this machine (%s)", mode, e)

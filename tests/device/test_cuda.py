@@ -1,5 +1,5 @@
 """The CUDA paths: SDPA against eager attention, a bf16-mixed training step without host synchronisation, capture,
-frozen heads kept bit-identical, ToMe, CET-ViT and ViTCAE forward/backward, compiled blocks, the StepTimer's CUDA
+frozen heads kept bit-identical, ToMe, CET-ViT and ViTCAE forward/backward, the compiled network, the StepTimer's CUDA
 events and one ``vitlab fit`` of a few steps.
 
 Every test here needs a CUDA device and is skipped, saying so, without one. ``benchmarks/experiments/gpu_check.sh``
