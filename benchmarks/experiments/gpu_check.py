@@ -180,6 +180,7 @@ def run_recipe(plan: Plan, out: Path, data: Path, compile: bool) -> dict[str, An
         "trainer.limit_val_batches=1",
         "trainer.enable_progress_bar=false",
         f"trainer.compile={str(compile).lower()}",
+        "trainer.compile_mode=default",
         f"trainer.compile_backend={plan.compile_backend}",
         "run.test=false",
         "run.export=false",
@@ -225,6 +226,7 @@ def run_bench(plan: Plan, item: BenchItem, out: Path) -> dict[str, Any]:
         batch_size=item.batch_size,
         precision=item.precision,
         compile=item.compile,
+        compile_mode="default",  # the timing of the modes is gpu_speed.py's
         compile_backend=plan.compile_backend,
         vs=item.vs,
         device=plan.device,

@@ -4,9 +4,10 @@
         [--batch-size 32] [--steps 3] [--precision auto|32-true|bf16-mixed] [--out FILE.json]
 
 The step is ``vitlab bench``'s (``vitlab.bench.Subject``: forward, cross-entropy, backward, AdamW), one thread;
-``--compile`` compiles the blocks as ``trainer.compile`` does, ``--timm`` profiles timm's network of the same shape
-(eager, torch's AdamW). Self CPU time is grouped into: matrix products, attention (SDPA), kernels inductor
-generated (fused element-wise work, LayerNorm, GELU), eager element-wise work, copies, the optimiser, the rest.
+``--compile`` compiles the network with its loss as ``trainer.compile`` does, ``--timm`` profiles timm's network of
+the same shape (eager, torch's AdamW). Self CPU time is grouped into: matrix products, attention (SDPA), kernels
+inductor generated (fused element-wise work, LayerNorm, GELU), eager element-wise work, copies, the optimiser, the
+rest.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def main() -> None:
     torch.set_num_threads(1)
     overrides = parse_overrides(rest)
     spec = timm_counterpart(args.model, overrides) if args.timm else NetworkSpec("vitlab", args.model, overrides)
-    runner = Runner(compile="blocks" if args.compile else "none", fused=False if args.timm else "auto")
+    runner = Runner(compile="trainer" if args.compile else "none", fused=False if args.timm else "auto")
     torch.manual_seed(0)
     precision = choose_precision(args.precision, "cpu").precision
     subject = Subject(

@@ -171,11 +171,11 @@ def test_bench_compile_times_ours_compiled_against_eager_and_timm_both_ways():
     result = bench("vit_pico", overrides=TINY, vs="timm", memory=False, **compiled, **FAST)
     assert list(result["networks"]) == ["ours", "ours_eager", "timm", "timm_compiled"]
     runners = {name: net["runner"] for name, net in result["networks"].items()}
-    assert runners["ours"]["compile"] == "blocks" and runners["ours"]["fused"] == "auto"
+    assert runners["ours"]["compile"] == "trainer" and runners["ours"]["fused"] == "auto"
     assert runners["ours_eager"]["compile"] == "none" and runners["ours_eager"]["fused"] == "auto"
     assert runners["timm"] == {**runners["timm"], "compile": "none", "fused": False}
     assert runners["timm_compiled"]["compile"] == "model" and runners["timm_compiled"]["backend"] == "aot_eager"
-    assert "compiled blocks" in result["networks"]["ours"]["description"]
+    assert "compiled whole with its loss" in result["networks"]["ours"]["description"]
     for other in ("timm", "ours_eager", "timm_compiled"):
         assert result[f"ours_over_{other}"]["cpu"]["train"]["median"] > 0
     printed = format_bench(result)

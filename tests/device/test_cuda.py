@@ -1,5 +1,5 @@
 """The CUDA paths: SDPA against eager attention, a bf16-mixed training step without host synchronisation, capture,
-frozen heads kept bit-identical, ToMe, CET-ViT and ViTCAE forward/backward, compiled blocks, the StepTimer's CUDA
+frozen heads kept bit-identical, ToMe, CET-ViT and ViTCAE forward/backward, the compiled network, the StepTimer's CUDA
 events and one ``vitlab fit`` of a few steps.
 
 Every test here needs a CUDA device and is skipped, saying so, without one. ``benchmarks/experiments/gpu_check.sh``
@@ -191,7 +191,7 @@ def test_tome_merges_on_cuda_like_on_cpu():
     torch.testing.assert_close(model.to(CUDA)(x).cpu(), cpu, atol=1e-4, rtol=1e-4)
 
 
-def test_compiled_blocks_match_eager_on_cuda():
+def test_compiled_network_matches_eager_on_cuda():
     torch.manual_seed(0)
     eager = create_model("vit_pico", **IMAGES, patch_size=4).to(CUDA)
     compiled = create_model("vit_pico", **IMAGES, patch_size=4).to(CUDA)

@@ -1,5 +1,5 @@
-"""trainer.compile (block by block) and the fused AdamW: same numbers as eager, same state-dict keys, the feature
-paths (capture, frozen heads, ToMe) and a fit -> resume -> export with compile on.
+"""trainer.compile (the network whole and block by block) and the fused AdamW: same numbers as eager, same
+state-dict keys, the feature paths (capture, frozen heads, ToMe) and a fit -> resume -> export with compile on.
 
 The compiled paths here use the ``aot_eager`` backend: dynamo traces the blocks and AOTAutograd their backward
 exactly as with inductor, but eager kernels run them, so a test compiles in about a second instead of a minute on
@@ -33,6 +33,7 @@ def _fresh_dynamo(monkeypatch):
     # the two can be compared exactly rather than within the rounding of another attention path.
     monkeypatch.setenv("VITLAB_ATTENTION_PATH", "sdpa")
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
 
@@ -56,8 +57,8 @@ def _assert_same_step(eager, compiled, x):
     a.square().mean().backward()
     b.square().mean().backward()
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
-        if p.grad is None:
-            assert q.grad is None, name
+        if p.grad is None:  # unused by this loss: a compiled graph's backward gives such an input zeros, not None
+            assert q.grad is None or not q.grad.any(), name
         else:
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
 
@@ -135,17 +136,17 @@ def test_frozen_heads_run_eager_in_their_block_only(caplog):
     assert w[0, 0].abs().sum() == 0 and w[1, 2].abs().sum() == 0 and w[0, 1].abs().sum() > 0
 
 
-def test_token_merging_runs_eager_with_one_logged_line(caplog):
+def test_token_merging_compiles_whole_and_trains_like_eager(caplog):
+    # the tokens shrink block by block, but every shape follows from the input's: one graph of the whole network
     with caplog.at_level(logging.WARNING, logger="vitlab.acceleration"):
         eager, compiled = _pair("vit_pico", tome_r=2, global_pool="token")
-    assert [r.getMessage() for r in caplog.records if r.name == "vitlab.acceleration"] == [
-        "trainer.compile: token merging (tome_r=2) shrinks the tokens block by block; its blocks run eager"
-    ]
-    _assert_same_step(eager, compiled, torch.randn(4, 1, 8, 8))
+        _assert_same_step(eager, compiled, torch.randn(4, 1, 8, 8))
+    assert not [r for r in caplog.records if r.name == "vitlab.acceleration"]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
 def test_a_bad_compile_mode_is_a_clear_error():
-    with pytest.raises(ConfigError, match="trainer.compile_mode must be one of default, reduce-overhead"):
+    with pytest.raises(ConfigError, match="trainer.compile_mode must be one of auto, default, reduce-overhead"):
         compile_network(create_model("vit_pico", **TINY), mode="fastest")
 
 

@@ -15,6 +15,7 @@ measured".
 Modules: ``specs`` (what is measured), ``flops``, ``timing``, ``memory``, ``run`` (:func:`bench` and its report).
 """
 
+from vitlab.acceleration import fastest
 from vitlab.bench.flops import training_flops_per_image
 from vitlab.bench.memory import peak_memory
 from vitlab.bench.run import bench, format_bench
@@ -23,7 +24,6 @@ from vitlab.bench.timing import (
     Runner,
     Subject,
     bootstrap_median,
-    fastest,
     measure_networks,
     quartile_summary,
     round_ratio,

@@ -35,7 +35,7 @@ def bench(
     batch_size: int = 64,
     precision: str = "auto",
     compile: bool = False,
-    compile_mode: str | None = None,
+    compile_mode: str | None = "auto",
     compile_backend: str = "inductor",
     fused: bool | str = "auto",
     vs: str | None = None,
@@ -51,11 +51,11 @@ def bench(
     """Benchmark the preset ``model`` (with keyword ``overrides``) alone or, with ``vs="timm"``, next to timm's.
 
     ``ours`` runs as ``vitlab fit`` trains (its dropout and attention path, ``optim.grad_clip``'s default, AdamW with
-    ``optim.fused=fused``, with ``compile`` its blocks compiled in ``compile_mode``); ``timm`` as a timm user's
-    script does (eager, torch's default AdamW, no clipping). With ``compile`` the run also times ``ours_eager`` and,
-    with ``vs="timm"``, ``timm_compiled`` (``torch.compile`` of the whole network); with ``grad_checkpointing``
-    ``ours`` recomputes its blocks' activations and ``ours_no_checkpointing`` is timed beside it. ``precision``
-    ``auto`` resolves for ``device`` by :func:`vitlab.acceleration.choose_precision`.
+    ``optim.fused=fused``, with ``compile`` compiled as ``trainer.compile`` does, in ``compile_mode``); ``timm`` as a
+    timm user's script does (eager, torch's default AdamW, no clipping). With ``compile`` the run also times
+    ``ours_eager`` and, with ``vs="timm"``, ``timm_compiled`` (``torch.compile`` of the network, the loss eager); with
+    ``grad_checkpointing`` ``ours`` recomputes its blocks' activations and ``ours_no_checkpointing`` is timed beside
+    it. ``precision`` ``auto`` resolves for ``device`` by :func:`vitlab.acceleration.choose_precision`.
 
     Returns the :func:`measure_networks` record with ``settings`` (``precision_choice``: the request and the
     reason), ``load_average`` (before and after), ``environment``, ``attention_paths`` (the choices of
@@ -112,7 +112,7 @@ def _networks(settings: dict[str, Any]) -> tuple[dict[str, NetworkSpec], dict[st
     compiled = dict(mode=s["compile_mode"], backend=s["compile_backend"])
     clip = OptimConfig().grad_clip
     eager = Runner(fused=s["fused"], grad_clip=clip)
-    runners = {"ours": Runner("blocks", fused=s["fused"], grad_clip=clip, **compiled) if s["compile"] else eager}
+    runners = {"ours": Runner("trainer", fused=s["fused"], grad_clip=clip, **compiled) if s["compile"] else eager}
     if s["compile"]:
         specs["ours_eager"], runners["ours_eager"] = specs["ours"], eager
     if s["grad_checkpointing"]:

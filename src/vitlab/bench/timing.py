@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import statistics
 import time
@@ -11,10 +12,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from vitlab.acceleration import adamw, compile_network
+from vitlab.acceleration import adamw, choose_compile_mode, classifier_objective, compiled_objective
 from vitlab.bench.flops import training_flops_per_image
 from vitlab.bench.specs import CLOCKS, PHASES, check_settings
 from vitlab.family import family_of, resolve
@@ -37,20 +37,23 @@ def _synchronize(device: torch.device) -> None:
 
 @dataclass(frozen=True)
 class Runner:
-    """How a network is run: ``compile`` ``"none"`` (eager), ``"blocks"`` (vitlab's ``trainer.compile``,
-    :func:`vitlab.acceleration.compile_network`) or ``"model"`` (``torch.compile`` of the whole network, what a timm
-    user writes), with ``mode`` and ``backend``; ``fused``: AdamW's implementation (``"auto"``, ``True``, ``False``:
-    torch's default, :func:`vitlab.acceleration.adamw`); ``grad_clip``: the gradient-norm clipping before each
-    step (``vitlab fit``'s ``optim.grad_clip``; None: none, a timm script's default)."""
+    """How a network is run: ``compile`` ``"none"`` (eager), ``"trainer"`` (vitlab's ``trainer.compile``: the network
+    whole with its loss in one graph, :func:`vitlab.acceleration.compiled_objective`) or ``"model"``
+    (``torch.compile`` of the network, the loss eager: what a timm user writes), with ``mode`` (``auto``:
+    :func:`vitlab.acceleration.choose_compile_mode`) and ``backend``; ``fused``: AdamW's implementation (``"auto"``,
+    ``True``, ``False``: torch's default, :func:`vitlab.acceleration.adamw`); ``grad_clip``: the gradient-norm
+    clipping before each step (``vitlab fit``'s ``optim.grad_clip``; None: none, a timm script's default)."""
 
-    compile: Literal["none", "blocks", "model"] = "none"
+    compile: Literal["none", "trainer", "model"] = "none"
     mode: str | None = None
     backend: str = "inductor"
     fused: bool | str = False
     grad_clip: float | None = None
 
     def describe(self) -> str:
-        how = {"none": "eager", "blocks": "compiled blocks", "model": "torch.compile(model)"}[self.compile]
+        how = {"none": "eager", "trainer": "compiled whole with its loss", "model": "torch.compile(model)"}[
+            self.compile
+        ]
         if self.compile != "none" and self.mode not in (None, "default"):
             how += f" ({self.mode})"
         clip = "" if self.grad_clip is None else f", grad-norm clip {self.grad_clip:g}"
@@ -70,8 +73,13 @@ def objective_name(network: nn.Module) -> str:
     return "cross_entropy" if objective is None else f"{objective.__module__}.{objective.__qualname__}"
 
 
+def _cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy of ``model(x)``'s logits against ``y`` (:func:`vitlab.acceleration.classifier_objective`)."""
+    return classifier_objective(model, x, y)[1]
+
+
 class Subject:
-    """One network under measurement: the (optionally compiled) module, its AdamW, a fixed batch and targets."""
+    """One network under measurement: the (optionally compiled) module and loss, its AdamW, a fixed batch, targets."""
 
     def __init__(
         self, network: nn.Module, *, batch_size: int, precision: str, device: torch.device, runner: Runner = Runner()
@@ -84,24 +92,26 @@ class Subject:
             width = self.network(self.x[:1]).shape[-1]
         # Cross-entropy over the output's last axis: logits of a classifier, pooled features of a headless encoder.
         self.y = torch.randint(0, width, (batch_size,), generator=generator).to(device)
-        self.runnable = self.network
-        if runner.compile == "blocks":
-            compile_network(self.network, mode=runner.mode, backend=runner.backend)
+        # a family's training loss, its regulariser included (e.g. CET-ViT's EI), else the cross-entropy
+        objective = bench_objective(self.network) or _cross_entropy
+        self.runnable, self.loss = self.network, functools.partial(objective, self.network)
+        if runner.compile != "none":
+            how = dict(batch_size=batch_size, precision=precision, device=device, backend=runner.backend)
+            mode = choose_compile_mode(runner.mode, self.network, **how).mode
+            options = dict(mode=None if mode == "default" else mode, backend=runner.backend)
+        if runner.compile == "trainer":
+            self.loss = compiled_objective(self.network, objective, **options)
         elif runner.compile == "model":
-            mode = None if runner.mode == "default" else runner.mode
-            self.runnable = torch.compile(self.network, mode=mode, backend=runner.backend)
+            self.runnable = torch.compile(self.network, **options)
+            self.loss = functools.partial(objective, self.runnable)
         self.optimizer = adamw(list(self.network.parameters()), lr=1e-4, weight_decay=0.05, fused=runner.fused)
         self.grad_clip = runner.grad_clip
-        self.objective = bench_objective(self.network)
 
     def train_step(self) -> None:
         self.network.train()
         self.optimizer.zero_grad(set_to_none=True)
         with autocast(self.precision, self.device):
-            if self.objective is not None:  # a family's training loss, its regulariser included (e.g. CET-ViT's EI)
-                loss = self.objective(self.network, self.x, self.y)
-            else:
-                loss = F.cross_entropy(self.runnable(self.x).float(), self.y)
+            loss = self.loss(self.x, self.y)
         loss.backward()
         if self.grad_clip is not None:
             nn.utils.clip_grad_norm_(self.network.parameters(), self.grad_clip)
@@ -187,23 +197,6 @@ def bootstrap_median(values: list[float], resamples: int = 2000, seed: int = 0) 
     return statistics.median(values), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def fastest(
-    work: Callable[[], Any], repeats: int, *, warmup: int = 0, clock: Callable[[], float] = time.perf_counter
-) -> tuple[float, Any]:
-    """The fewest seconds ``work()`` took over ``repeats`` calls after ``warmup`` untimed ones (the call least
-    disturbed by other processes), and what the last call returned."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, not {repeats}")
-    for _ in range(warmup):
-        work()
-    best = float("inf")
-    for _ in range(repeats):
-        start = clock()
-        result = work()
-        best = min(best, clock() - start)
-    return best, result
-
-
 @contextlib.contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
     """Run with ``threads`` intra-op threads (None: leave the setting), restoring the previous count after."""
@@ -232,7 +225,7 @@ def measure_networks(
     """Time the training step and the inference of each network and the matmul peak, alternating (module doc).
 
     ``runners``: how each network runs (:class:`Runner`; a network without one runs eager, with torch's AdamW, or
-    with ``compile=True`` as ``torch.compile`` of the whole network).
+    with ``compile=True`` as ``torch.compile`` of the network).
 
     Returns ``{"clocks", "matmul_peak": {"size", "precision", "flops_per_s": {clock: summary}}, "networks": {name:
     {"parameters", "flops_per_image", "train": {clock: ...}, "inference": {clock: ...}}}}`` plus, for bf16 runs,

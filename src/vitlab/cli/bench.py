@@ -33,11 +33,14 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="compile ours (trainer.compile: its blocks) and also time it eager; with --vs timm, timm eager and "
-        "torch.compile(timm)",
+        help="compile ours (trainer.compile: the network whole with its loss) and also time it eager; with --vs timm, "
+        "timm eager and torch.compile(timm)",
     )
     p.add_argument(
-        "--compile-mode", help="torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"
+        "--compile-mode",
+        default="auto",
+        help="torch.compile mode: auto (the default, trainer.compile_mode's: timed once per machine on CUDA, default "
+        "elsewhere), default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs",
     )
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: trace only)")
     p.add_argument(

@@ -74,8 +74,10 @@ SCHEDULES = ("cosine", "plateau", "none")
 @dataclass
 class TrainerConfig:
     """Arguments passed through to ``lightning.pytorch.Trainer``, and vitlab's own (``VITLAB_KEYS``): ``compile``
-    (``torch.compile`` of the network's blocks, ``vitlab.acceleration.compile_network``) with ``compile_mode``
-    (``default``, ``reduce-overhead``, ``max-autotune``, ``max-autotune-no-cudagraphs``) and ``compile_backend``;
+    (``torch.compile`` of the network whole with its loss, and of its blocks, ``vitlab.acceleration``) with
+    ``compile_mode`` (``auto``: timed once per machine on CUDA, ``default`` elsewhere,
+    ``vitlab.acceleration.choose_compile_mode``; or ``default``, ``reduce-overhead``, ``max-autotune``,
+    ``max-autotune-no-cudagraphs``) and ``compile_backend``;
     ``grad_checkpointing`` (activation checkpointing of the model's blocks). ``precision: auto`` (the default) is
     bf16-mixed where the device computes bf16 natively and 32-true elsewhere
     (:func:`vitlab.acceleration.choose_precision`); any of Lightning's precisions is used as given."""
@@ -95,7 +97,7 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     max_time: str | None = None
     compile: bool = False
-    compile_mode: str | None = None
+    compile_mode: str | None = "auto"
     compile_backend: str = "inductor"
     #: recompute the blocks' activations in the backward pass instead of keeping them (the model's
     #: ``set_grad_checkpointing``): less activation memory for one more forward of the blocks, same loss and gradients

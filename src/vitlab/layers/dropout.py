@@ -35,8 +35,8 @@ arithmetic, and :func:`dropout` calls it.
 
 :class:`Dropout` is ``nn.Dropout`` with this mask (no parameters: state-dict keys do not change);
 :func:`use_fast_dropout` swaps it into a built model, for vitlab's own modules and timm's alike. Under
-``torch.compile`` the draw runs eager (a graph break), so a compiled block draws the same masks as an eager one,
-and the mask is applied as a masked fill and a scale, which the compiler fuses into one pass.
+``torch.compile`` it is the compiler's own dropout (``F.dropout``, drawn and applied inside the graph, no graph
+break): a compiled network draws other masks than an eager one, with the drop probability ``p`` itself.
 Drop-path (stochastic depth) draws one variate per sample, ``[B, 1, 1]``, and is left to timm's ``DropPath``.
 """
 
@@ -97,12 +97,6 @@ def _scaled_with_zeros(x: torch.Tensor, positions: torch.Tensor, scale: float) -
         out = out.contiguous()
     out.view(-1).index_fill_(0, positions, 0)
     return out
-
-
-@torch.compiler.disable
-def _eager_positions(count: int, p: float, device: torch.device) -> torch.Tensor:
-    """:func:`dropped_positions` outside any compiled graph (its length depends on the draw)."""
-    return dropped_positions(count, p, device)
 
 
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -184,17 +178,13 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if p == 1:
         return x * 0
-    if x.device.type != "cpu" or not x.is_floating_point():  # an accelerator: its own fused kernel
+    # An accelerator: its own fused kernel. Under torch.compile: the compiler's dropout, drawn inside the graph
+    # (an in-place draw or a draw of data-dependent length would break it in two at every dropout).
+    if x.device.type != "cpu" or not x.is_floating_point() or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
     if p <= SPARSE_MAX_P:
-        positions = _eager_positions(x.numel(), p, x.device)
-        if torch.compiler.is_compiling():  # the compiler fuses the scale and the fill
-            return x.mul(1 / (1 - p)).reshape(-1).index_fill(0, positions, 0).view(x.shape)
-        return _Masked.apply(x, positions, 1 / (1 - p), _scaled_with_zeros)
+        return _Masked.apply(x, dropped_positions(x.numel(), p, x.device), 1 / (1 - p), _scaled_with_zeros)
     scale = 1 / (1 - quantized_drop_probability(p))
-    if torch.compiler.is_compiling():  # the compiler fuses the fill and the scale into one pass
-        dropped = drop_mask(x.shape, p, x.device)
-        return x.masked_fill(dropped, 0).mul_(1 / (1 - quantized_drop_probability(p)))
     if x.element_size() >= 4:  # the scale in the multiplier: one multiplication
         return _Masked.apply(x, keep_multiplier(x.shape, p, x.dtype, scale, x.device), 1.0, _times)
     return _Masked.apply(x, keep_multiplier(x.shape, p, x.dtype, 1.0, x.device), scale, _times)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import glob
 import math
 from typing import Any
@@ -15,7 +16,7 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitlab.acceleration import adamw, compile_network
+from vitlab.acceleration import adamw, choose_compile_mode, classifier_objective, compiled_objective
 from vitlab.config import OptimConfig, RunConfig
 from vitlab.errors import ConfigError, VitlabError
 from vitlab.layers.heads import state_in_original_order
@@ -135,12 +136,21 @@ class BaseTask(pl.LightningModule):
         # modules the dynamics controller made FrozenHeadAttention keep theirs.
         checkpoint["state_dict"] = state_in_original_order(self, checkpoint["state_dict"])
 
+    #: under ``trainer.compile``, :func:`~vitlab.acceleration.classifier_objective` compiled with the network as one
+    #: graph, ``(x, y, label_smoothing) -> (logits, loss)`` (None: eager)
+    objective: Any = None
+
     def setup(self, stage: str) -> None:
-        """``trainer.compile``: compile the network's blocks in place for training (``vitlab.acceleration``); the
-        module tree and the state-dict keys stay those of the eager network, so checkpoints and exports are too."""
+        """``trainer.compile``: compile the network in place, whole and block by block, and the objective with it
+        (``vitlab.acceleration``), in the mode ``trainer.compile_mode`` resolves to on the run's device; the module
+        tree and the state-dict keys stay those of the eager network, so checkpoints and exports are too."""
         if stage == "fit" and self.cfg.trainer.compile:
             t = self.cfg.trainer
-            compile_network(self.model, mode=t.compile_mode, backend=t.compile_backend)
+            how = dict(precision=str(self.trainer.precision), device=self.trainer.strategy.root_device)
+            choice = choose_compile_mode(t.compile_mode, self.model, batch_size=self.cfg.data.batch_size, **how)
+            print(choice.line(), flush=True)
+            options = dict(mode=choice.mode, backend=t.compile_backend)
+            self.objective = compiled_objective(self.model, classifier_objective, **options)
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
@@ -290,18 +300,24 @@ class ClassificationTask(BaseTask):
             }
         )
 
-    def classification_losses(self, logits: torch.Tensor, y: torch.Tensor, stage: str) -> dict[str, torch.Tensor]:
-        """CE (label smoothing in training) and accuracy; ``y`` is ``[B]`` class indices or ``[B, K]`` soft."""
-        smoothing = self.optim_cfg.label_smoothing if stage == "train" else 0.0
-        loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
+    def classification_losses(
+        self, logits: torch.Tensor, y: torch.Tensor, stage: str, loss: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """CE (label smoothing in training; ``loss`` where computed already) and accuracy; ``y`` is ``[B]`` class
+        indices or ``[B, K]`` soft."""
+        if loss is None:
+            loss = F.cross_entropy(logits, y, label_smoothing=self._label_smoothing(stage))
         if y.ndim == 1:
             acc = self.accuracy[f"{stage}_acc"]
             acc(logits.detach(), y)
             self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=True)
         return {"loss": loss}
 
+    def _label_smoothing(self, stage: str) -> float:
+        return self.optim_cfg.label_smoothing if stage == "train" else 0.0
+
     def compute_losses(self, batch: Any, stage: str) -> dict[str, torch.Tensor]:
         x, y = batch
-        out = self.model(x)
-        logits = out if isinstance(out, torch.Tensor) else out.logits
-        return self.classification_losses(logits, y, stage)
+        objective = self.objective or functools.partial(classifier_objective, self.model)
+        logits, loss = objective(x, y, self._label_smoothing(stage))
+        return self.classification_losses(logits, y, stage, loss)
