@@ -104,7 +104,8 @@ def jitter_floor(grid: tuple[int, int], images: int, cost: torch.Tensor, g: torc
 def attention_walk(grid: tuple[int, int], images: int, lr: float, g: torch.Generator) -> torch.Tensor:
     """CLS-to-patch attention of a real ``Attention`` (dim 64, 4 heads) on fixed random tokens while AdamW steps its
     ``W_qkv`` on pure-noise gradients, 50 steps an epoch: ``[EPOCHS + 1, 4, images, N]``."""
-    from vitlab.layers import Attention, capture_attention
+    from vitlab.diagnostics.capture import capture_attention
+    from vitlab.layers import Attention
 
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=g)))
     n = grid[0] * grid[1]

@@ -18,9 +18,10 @@ from torch import nn
 
 from vitlab.config import DataConfig
 from vitlab.data import build_datamodule, normalize
+from vitlab.diagnostics.capture import capture_attention
 from vitlab.evaluation.outputs import logits_and_assignment
 from vitlab.family import family_of, resolve
-from vitlab.layers.capture import attention_modules, capture_attention
+from vitlab.layers.capture import attention_modules
 from vitlab.models.protocols import SlotAssigner
 
 

@@ -6,7 +6,7 @@ module, never copies of it:
 - ``temperature``: a learnable per-head temperature ``tau[h] > 0`` stored as ``log_tau`` (ViTCAE eq. 19).
   ``temperature_form="inverse"`` multiplies the logits by tau (the paper's "high tau = sharp" reading);
   ``"divide"`` divides them (eq. 19 as printed).
-- capture: when ``capture`` is set (see :func:`vitlab.layers.capture.capture_attention`) the eager path runs and
+- capture: when ``capture`` is set (see :func:`vitlab.layers.capture.attention_capture`) the eager path runs and
   the row-stochastic attention ``[B, H, N, N]`` is kept in ``captured``; otherwise SDPA runs and no matrix exists.
 - frozen heads (ViTCAE eq. 26) are a subclass owned by the package that needs them,
   :class:`vitlab.dynamics.FrozenHeadAttention`, which overrides :meth:`Attention.attend_heads`.
