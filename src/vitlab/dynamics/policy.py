@@ -24,10 +24,16 @@ from vitlab.diagnostics.dynamics import (
     temperature_update,
 )
 from vitlab.dynamics.freezing import FrozenHeadGuard
-from vitlab.dynamics.probe import ProbeMeasurement, _model_attribute, controlled_modules, unit_temperature
+from vitlab.dynamics.probe import (
+    ObservedAttention,
+    ProbeMeasurement,
+    _model_attribute,
+    captured_attention,
+    modules_to_control,
+    unit_temperature,
+)
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
-from vitlab.layers.capture import attention_capture
 from vitlab.models.contract import module_mode
 
 
@@ -44,8 +50,10 @@ class DynamicsPolicy:
         self.probe = probe
         self.model: nn.Module | None = None
         self.module_names: list[str] = []
-        self.modules: list[Attention] = []
+        self.modules: list[Attention | ObservedAttention] = []
+        #: None for a model whose attention is only observed (:func:`~vitlab.dynamics.probe.observed_modules`)
         self.guard: FrozenHeadGuard | None = None
+        self.example: torch.Tensor | None = None  # an input for a model whose attention is found by running it
         self.cost: torch.Tensor | None = None
         self.grid: tuple[int, int] | None = None
         self.num_prefix_tokens = 1
@@ -76,12 +84,20 @@ class DynamicsPolicy:
         return len(self.modules), self.modules[0].num_heads
 
     # --- setting up -------------------------------------------------------------------------------------------------
-    def check(self, model: nn.Module) -> tuple[list[tuple[str, Attention]], Any]:
+    def check(
+        self, model: nn.Module, example: torch.Tensor | None = None
+    ) -> tuple[list[tuple[str, Attention | ObservedAttention]], Any]:
         """What :meth:`attach` needs of ``model``, checked without changing it (``vitlab fit`` calls this before
         the run folder exists): the controlled modules, one head count, a temperature where the mode needs one and
-        the patch grid. Returns the named modules and the grid; a :class:`ConfigError` names what is missing."""
+        the patch grid. Returns the named modules and the grid; a :class:`ConfigError` names what is missing.
+
+        A model without vitlab's ``Attention`` (timm's EVA, HF transformers' ViT...) is observed only: its attention
+        is found by running it on ``example: [1, C, H, W]`` (kept for :meth:`attach`), and the temperature modes
+        and freezing are refused (:func:`~vitlab.dynamics.probe.observed_modules`)."""
         cfg = self.config
-        named = controlled_modules(model, cfg.target)
+        if example is not None:
+            self.example = example[:1]
+        named, grid = modules_to_control(model, cfg, self.example if self.probe is None else self.probe[:1])
         heads = {m.num_heads for _, m in named}
         if len(heads) != 1:
             raise ConfigError(
@@ -93,11 +109,6 @@ class DynamicsPolicy:
             raise ConfigError(
                 f"dynamics.mode={cfg.mode!r} needs a temperature in every controlled module, but "
                 f"{[n for (n, _), t in zip(named, has_temperature, strict=True) if not t]} have none; {TEMPERATURE_FIX}"
-            )
-        grid = _model_attribute(model, "grid_size")
-        if grid is None:
-            raise ConfigError(
-                f"{type(model).__name__} has no grid_size attribute; the drift needs the patch grid (grid_h, grid_w)"
             )
         return named, grid
 
@@ -113,9 +124,10 @@ class DynamicsPolicy:
         self.grid = (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
-        self.guard = FrozenHeadGuard(self.modules)  # the modules become FrozenHeadAttention, in place
-        for module in self.guard.modules:
-            module.train_frozen_values = cfg.freeze_scope == "pattern"
+        if not isinstance(self.modules[0], ObservedAttention):
+            self.guard = FrozenHeadGuard(self.modules)  # the modules become FrozenHeadAttention, in place
+            for module in self.guard.modules:
+                module.train_frozen_values = cfg.freeze_scope == "pattern"
         if cfg.mode == "fixed":
             for module in self.modules:
                 if module.log_tau is not None:
@@ -158,9 +170,7 @@ class DynamicsPolicy:
         with module_mode(model, training=False), temperature:
             for start in range(0, len(probe), cfg.probe_batch_size):
                 images = probe[start : start + cfg.probe_batch_size].to(device)
-                with attention_capture(model, self.module_names) as capture:
-                    forward(images)
-                    maps = capture.collect()
+                maps = captured_attention(self.model, forward, images, self.module_names, self.guard is None)
                 chunk = []
                 for layer, name in enumerate(self.module_names):
                     attn = self._checked_map(maps, name)  # [b, H, T, T]
@@ -315,7 +325,7 @@ class DynamicsPolicy:
             converged = self.tracker.converged.clone()
         if cfg.freeze and (converged & ~self.frozen).any():
             self.frozen = self.frozen | converged
-            self.guard.freeze(self.frozen)
+            self.guard.freeze(self.frozen)  # freeze=true is refused where there is no guard
         return converged
 
     def _directedness(
@@ -480,7 +490,7 @@ class DynamicsPolicy:
             "tau_clause": cfg.tau_clause,
         }
         self.tracker.load_state_dict({**state["tracker"], **thresholds})
-        if self.frozen is not None:
+        if self.frozen is not None and self.guard is not None:
             self.guard.freeze(self.frozen)
 
 

@@ -24,7 +24,7 @@ def create_model(name: str, pretrained: str | None = None, **overrides: Any) -> 
     """
     preset = get_preset(name)
     kwargs = resolved_kwargs(name, **overrides)
-    model = use_fast_dropout(preset.cls(**kwargs))
+    model = use_fast_dropout(preset.build(**kwargs))
     model.preset = name
     model.init_kwargs = kwargs
     if pretrained:
