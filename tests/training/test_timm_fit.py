@@ -144,3 +144,27 @@ def test_the_temperature_schedule_steers_a_timm_vit():
     assert (entropy[1] > entropy[0]).all()
     policy.guard.freeze(torch.tensor([[True, False, False], [False, False, False]]))
     assert model.blocks[0].attn.num_frozen == 1
+
+
+def test_a_timm_model_takes_the_weights_of_its_own_export_through_pretrained(tmp_path):
+    """model.pretrained as for vitlab's models: an export of the same timm model (its heads reordered by freezing)
+    loads in original head order, the head reset for another number of classes."""
+    from safetensors.torch import load_file
+
+    from vitlab.export import export_model
+
+    torch.manual_seed(0)
+    options = dict(img_size=8, patch_size=2, depth=2, in_chans=1)
+    model = create_model("timm:deit_tiny_patch16_224", num_classes=10, **options)
+    plain = {k: v.clone() for k, v in model.state_dict().items()}
+    policy = DynamicsPolicy(DynamicsConfig(mode="fixed"), probe=torch.randn(4, 1, 8, 8))
+    policy.attach(model)
+    policy.guard.freeze(torch.tensor([[False, False, True], [False, False, False]]))  # head 2 moves to slot 0
+    export_model(model, tmp_path / "export")
+    saved = load_file(tmp_path / "export" / "model.safetensors")
+    assert saved["blocks.0.attn.head_order"].tolist() == [2, 0, 1]
+    again = create_model("timm:deit_tiny_patch16_224", num_classes=5, pretrained=str(tmp_path / "export"), **options)
+    assert "head reset for 5 classes" in again.pretrained_summary
+    for key, value in again.state_dict().items():
+        if not key.startswith("head."):
+            torch.testing.assert_close(value, plain[key], msg=key)
