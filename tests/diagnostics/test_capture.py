@@ -186,3 +186,15 @@ def test_sdpa_probabilities_follow_its_masks():
     torch.testing.assert_close(maps["#2"], logits.masked_fill(~causal, float("-inf")).softmax(-1))
     grouped = (q @ k[:, :2].repeat_interleave(2, 1).transpose(-2, -1) / 8**0.5).softmax(-1)
     torch.testing.assert_close(maps["#3"], grouped)
+
+
+def test_channel_attention_is_captured_as_what_it_is():
+    """XCiT's cross-covariance attention normalises over channels: [B, H, d, d], not tokens; its class-attention
+    layers give the CLS query's row over the tokens, [B, H, 1, 1 + patches]."""
+    model = timm.create_model(
+        "xcit_nano_12_p16_224", img_size=32, patch_size=8, depth=2, cls_attn_layers=1, num_classes=3
+    ).eval()
+    maps = capture_attention(model, torch.randn(2, 3, 32, 32))
+    head_dim = model.embed_dim // 4
+    assert maps["blocks.0.attn"].shape == (2, 4, head_dim, head_dim)
+    assert maps["cls_attn_blocks.0.attn"].shape == (2, 4, 1, 17)
