@@ -13,6 +13,7 @@ per-head temperature (``model.temperature``, ViTCAE eq. 19) and the freezing of 
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 import timm
@@ -47,9 +48,9 @@ def create_timm_model(name: str, **options: Any) -> nn.Module:
     try:
         model = timm.create_model(arch, pretrained=False, **options)
     except TypeError as e:
-        raise ModelOptionError(
-            f"timm's {arch} does not take the options {options}: {e}; remove the model.* key it names"
-        ) from e
+        key = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        option = f"model.{key.group(1)}" if key else f"one of {sorted(options)}"
+        raise ModelOptionError(f"timm's {arch} does not take {option} ({e}); remove it") from e
     except (ValueError, AssertionError, RuntimeError) as e:
         raise ConfigError(
             f"timm cannot build {arch} with {options}: {e or type(e).__name__}; fix the model.* keys"
