@@ -56,7 +56,8 @@ class AttentionRecord:
 
     ``maps``: name -> ``[B, H, Q, K]`` (``[B, W, H, Q, K]`` for windowed attention), detached, rows summing to 1.
     ``windows``: name -> ``W`` for the windowed ones. ``ops``: name -> the operation read (``sdpa``, ``softmax``,
-    ``multi_head_attention``, ``Attention``: vitlab's own).
+    ``multi_head_attention``, ``Attention``: vitlab's own). ``batch``: the batch size of the forward pass (its first
+    tensor argument), which tells windows from images.
     """
 
     maps: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -123,6 +124,7 @@ class AttentionRecorder(TorchFunctionMode):
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if dim is not None and dim in (-1, tensors[0].ndim - 1):
                 self.record.add(module, out, "softmax")
+                self._products.clear()  # the next attention starts from its own product
         elif name in CARRY and isinstance(out, torch.Tensor) and any(id(t) in self._products for t in tensors):
             self._products[id(out)] = out
         return out
@@ -153,8 +155,9 @@ class AttentionRecorder(TorchFunctionMode):
 @contextmanager
 def attention_recording(model: nn.Module) -> Iterator[AttentionRecord]:
     """Inside the block, every attention computed by ``model``'s forward passes goes into the yielded record
-    (module doc). The forward's outputs are those of the model without the block: SDPA and vitlab's ``Attention``
-    to the bit (the latter on its eager path), ``nn.MultiheadAttention`` to rounding (its weights path)."""
+    (module doc). The forward's outputs are those of the model without the block: exactly where the model calls SDPA
+    or a softmax (they run as called), to rounding where vitlab's ``Attention`` runs its eager path and
+    ``nn.MultiheadAttention`` its weights path instead of their fused ones."""
     record = AttentionRecord()
     own = {name for name, m in model.named_modules() if isinstance(m, Attention)}
     recorder = AttentionRecorder(record, own)
