@@ -166,7 +166,8 @@ def attention_walk(
     on the gradient of ``||W - W*||^2 / 2`` toward a fixed ``W*`` plus the same noise (the head settles at ``W*``).
     Returns ``[EPOCHS + 1, 4, images, N]`` and each head's update per epoch ``[EPOCHS, 4]`` (the norms of its q and
     k rows' change, summed)."""
-    from vitlab.layers import Attention, capture_attention
+    from vitlab.diagnostics.capture import capture_attention
+    from vitlab.layers import Attention
 
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=g)))
     n = grid[0] * grid[1]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from vitlab.diagnostics import consensus_clusters
-from vitlab.layers import capture_attention
+from vitlab.diagnostics.capture import capture_attention
 from vitlab.models import create_model
 
 

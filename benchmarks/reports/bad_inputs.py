@@ -179,6 +179,12 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         ("config file not found", ["fit", "--config", "vit/digitz"]),
         ("unknown model", [*FIT, "model.name=vit_tinyy"]),
         ("unknown model option", [*FIT, "model.embed_dimm=64"]),
+        ("unknown timm model", [*FIT, "model.name=timm:deit_tiny_patch16_22"]),
+        ("an option timm's model does not take", [*FIT, "model.name=timm:deit_tiny_patch16_224", "model.foo=3"]),
+        (
+            "freezing the heads of a model whose attention is only observed",
+            [*FIT, "model.name=timm:eva02_tiny_patch14_224", "model.img_size=8", "dynamics.mode=fixed"],
+        ),
         ("patch size does not divide the image", [*FIT, "model.patch_size=3", f"run.dir={work / 'p3'}"]),
         ("unknown dataset", [*FIT, "data.name=imagenet-1k"]),
         ("dataset files missing", [*FIT, "data.name=mnist", f"data.root={work / 'nothing'}"]),

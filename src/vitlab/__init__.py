@@ -13,15 +13,16 @@ from vitlab.lazy import after_import, lazy_exports
 from vitlab.version import __version__
 
 if TYPE_CHECKING:
+    from vitlab.diagnostics.capture import capture_attention
     from vitlab.explain import explain
     from vitlab.export import export_model, load_model
-    from vitlab.layers import attention_capture, capture_attention
+    from vitlab.layers import attention_capture
     from vitlab.models import create_model, from_timm, list_models
 
 #: public name -> the module that defines it
 _LAZY = {
     "attention_capture": "vitlab.layers",
-    "capture_attention": "vitlab.layers",
+    "capture_attention": "vitlab.diagnostics.capture",
     "create_model": "vitlab.models",
     "explain": "vitlab.explain",
     "export_model": "vitlab.export",

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 from vitlab.acceleration import adamw, compile_network
 from vitlab.cli.main import main
+from vitlab.diagnostics.capture import capture_attention
 from vitlab.dynamics import FrozenHeadGuard
-from vitlab.layers import Attention, capture_attention
+from vitlab.layers import Attention
 from vitlab.models import create_model
 
 pytestmark = pytest.mark.skipif(

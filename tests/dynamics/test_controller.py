@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from model_fixtures import tiny_vit
 from vitlab.cli.main import main
 from vitlab.config import build_config
+from vitlab.diagnostics.capture import capture_attention
 from vitlab.diagnostics.convergence import directedness_standard_error
 from vitlab.diagnostics.plots import frozen_at_epoch, head_table, read_dynamics
 from vitlab.dynamics import (
@@ -25,7 +26,7 @@ from vitlab.dynamics import (
     select_probe,
 )
 from vitlab.errors import ConfigError
-from vitlab.layers import Attention, capture_attention
+from vitlab.layers import Attention
 from vitlab.models import create_model
 from vitlab.rundir import RunDir
 from vitlab.training.run import fit

@@ -15,9 +15,9 @@ import torch
 
 from vitlab.acceleration import adamw, adamw_implementation, compile_network, compiled_blocks, is_compiled
 from vitlab.config import OptimConfig, build_config
+from vitlab.diagnostics.capture import capture_attention
 from vitlab.dynamics import FrozenHeadAttention
 from vitlab.errors import ConfigError
-from vitlab.layers.capture import capture_attention
 from vitlab.models import create_model
 from vitlab.rundir import RunDir
 from vitlab.training.run import fit

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from vitlab.layers import Attention, Block, attention_capture, capture_attention
+from vitlab.diagnostics.capture import capture_attention
+from vitlab.layers import Attention, Block, attention_capture
 
 
 def _attn(**kw):
@@ -69,7 +70,7 @@ def test_capture_returns_stochastic_maps_and_resets():
 
 
 def test_capture_raises_without_attention():
-    with pytest.raises(RuntimeError, match="no vitlab.layers.Attention"):
+    with pytest.raises(ValueError, match="computed no attention"):
         capture_attention(torch.nn.Linear(3, 3), torch.randn(1, 3))
 
 

@@ -24,6 +24,11 @@ from vitlab.model_catalogue import CATALOGUE
 
 #: model keys that are no constructor option
 MODEL_KEYS = ("name", "pretrained")
+#: ``model.name=timm:NAME``: timm's model ``NAME``, built by ``timm.create_model`` with the section's other keys
+#: (:mod:`vitlab.models.timm_models`), which timm checks when the model is built, before the run folder exists
+TIMM_PREFIX = "timm:"
+#: the class name the config check gives a timm model (its class is known once timm builds it)
+TIMM_CLASS = "timm"
 #: model options that count or size something (an int, or one int per stage): each must be at least 1, since a
 #: zero-depth or zero-width model trains and predicts while it ignores its input
 SIZE_OPTIONS = (
@@ -226,6 +231,8 @@ def model_class_name(model: Any) -> str:
     if not isinstance(model, dict) or "name" not in model:
         raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
     name = model["name"]
+    if str(name).startswith(TIMM_PREFIX):
+        return TIMM_CLASS
     presets = catalogue()
     if name not in presets:
         close = difflib.get_close_matches(str(name), list(presets), n=3)
@@ -250,7 +257,9 @@ def model_section(model: Any) -> dict[str, Any]:
     preset = {key: model[key] for key in MODEL_KEYS if key in model}
     options = {key: value for key, value in model.items() if key not in MODEL_KEYS}
     section = typed_mapping(ModelConfig, preset, "model")
-    if options:
+    if options and class_name == TIMM_CLASS:
+        section |= options
+    elif options:
         section |= typed_mapping(model_options_type(class_name), options, "model")
     check_model_sizes(section)
     return section
@@ -262,6 +271,8 @@ def has_temperature(model: dict[str, Any]) -> bool | None:
     class without that option (left to ``DynamicsPolicy.check`` on the built model)."""
     if "temperature" in model:
         return bool(model["temperature"])
+    if model["name"].startswith(TIMM_PREFIX):
+        return False
     options = model_options_type(catalogue()[model["name"]][0])
     fields = {f.name: f.default for f in dataclasses.fields(options)} if options is not None else {}
     return bool(fields["temperature"]) if "temperature" in fields else None

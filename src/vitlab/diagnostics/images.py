@@ -18,9 +18,9 @@ from torch import nn
 
 from vitlab.config import DataConfig
 from vitlab.data import build_datamodule, normalize
+from vitlab.diagnostics.capture import capture_attention
 from vitlab.evaluation.outputs import logits_and_assignment
 from vitlab.family import family_of, resolve
-from vitlab.layers.capture import attention_modules, capture_attention
 from vitlab.models.protocols import SlotAssigner
 
 
@@ -82,9 +82,12 @@ def cls_attention_maps(maps: Mapping[str, torch.Tensor], grid: tuple[int, int]) 
 def attention_maps(model: nn.Module, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
     """:func:`cls_attention_maps` of ``model`` on ``inputs: [B, C, H, W]`` (``{}`` for a model without them)."""
     grid = patch_grid(model)
-    if grid is None or not attention_modules(model):
+    if grid is None:
         return {}
-    return cls_attention_maps(capture_attention(model, inputs), grid)
+    try:
+        return cls_attention_maps(capture_attention(model, inputs), grid)
+    except ValueError:  # a model that computes no attention to read
+        return {}
 
 
 @dataclass

@@ -116,9 +116,10 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
                     "val_dataloader, or pass probe=[P, C, H, W] to DynamicsController"
                 )
             self.probe = select_probe(datamodule.val_dataloader(), self.config.probe_size, self.config.probe_seed)
-        self.guard.freeze(self.frozen if self.frozen is not None else torch.zeros(self.shape, dtype=torch.bool))
-        for optimizer in trainer.optimizers:
-            self.guard.attach(optimizer)
+        if self.guard is not None:  # None: attention observed only
+            self.guard.freeze(self.frozen if self.frozen is not None else torch.zeros(self.shape, dtype=torch.bool))
+            for optimizer in trainer.optimizers:
+                self.guard.attach(optimizer)
         # A resumed run has its measurements up to the checkpoint. When the checkpoint was written at validation end,
         # before this callback's epoch end (check_val_every_n_epoch != 1), Lightning replays on_train_epoch_end.
         if self.epoch is None:
@@ -138,7 +139,8 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
         self.step(trainer, epoch=trainer.current_epoch + 1)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.guard.detach()
+        if self.guard is not None:
+            self.guard.detach()
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and (self.run_dir / DYNAMICS_FILE).exists():

@@ -1,5 +1,6 @@
 """The controller's policy (ViTCAE paper, eq. 20 and 26): measure the heads on the probe, schedule their
-temperatures, track convergence under the configured rule, freeze the converged heads; its checkpoint state."""
+temperatures, track convergence under the configured rule, freeze the converged heads (its checkpoint state:
+:mod:`vitlab.dynamics.policy_state`)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,21 @@ from vitlab.diagnostics.dynamics import (
     temperature_update,
 )
 from vitlab.dynamics.freezing import FrozenHeadGuard
-from vitlab.dynamics.probe import ProbeMeasurement, _model_attribute, controlled_modules, unit_temperature
+from vitlab.dynamics.policy_state import PolicyState
+from vitlab.dynamics.probe import (
+    ObservedAttention,
+    ProbeMeasurement,
+    _model_attribute,
+    captured_attention,
+    modules_to_control,
+    unit_temperature,
+)
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
-from vitlab.layers.capture import attention_capture
 from vitlab.models.contract import module_mode
 
 
-class DynamicsPolicy:
+class DynamicsPolicy(PolicyState):
     """The controller's decisions, without Lightning: attach a model, :meth:`measure` a probe, :meth:`advance` one
     epoch (temperature schedule, convergence, freezing), and the checkpoint state. :class:`DynamicsController` is
     this policy as a Lightning callback."""
@@ -50,8 +58,10 @@ class DynamicsPolicy:
         self.probe = probe
         self.model: nn.Module | None = None
         self.module_names: list[str] = []
-        self.modules: list[Attention] = []
+        self.modules: list[Attention | ObservedAttention] = []
+        #: None for a model whose attention is only observed (:func:`~vitlab.dynamics.probe.observed_modules`)
         self.guard: FrozenHeadGuard | None = None
+        self.example: torch.Tensor | None = None  # an input for a model whose attention is found by running it
         self.cost: torch.Tensor | None = None
         self.grid: tuple[int, int] | None = None
         self.num_prefix_tokens = 1
@@ -83,12 +93,20 @@ class DynamicsPolicy:
         return len(self.modules), self.modules[0].num_heads
 
     # --- setting up -------------------------------------------------------------------------------------------------
-    def check(self, model: nn.Module) -> tuple[list[tuple[str, Attention]], Any]:
+    def check(
+        self, model: nn.Module, example: torch.Tensor | None = None
+    ) -> tuple[list[tuple[str, Attention | ObservedAttention]], Any]:
         """What :meth:`attach` needs of ``model``, checked without changing it (``vitlab fit`` calls this before
         the run folder exists): the controlled modules, one head count, a temperature where the mode needs one and
-        the patch grid. Returns the named modules and the grid; a :class:`ConfigError` names what is missing."""
+        the patch grid. Returns the named modules and the grid; a :class:`ConfigError` names what is missing.
+
+        A model without vitlab's ``Attention`` (timm's EVA, HF transformers' ViT...) is observed only: its attention
+        is found by running it on ``example: [1, C, H, W]`` (kept for :meth:`attach`), and the temperature modes
+        and freezing are refused (:func:`~vitlab.dynamics.probe.observed_modules`)."""
         cfg = self.config
-        named = controlled_modules(model, cfg.target)
+        if example is not None:
+            self.example = example[:1]
+        named, grid = modules_to_control(model, cfg, self.example if self.probe is None else self.probe[:1])
         heads = {m.num_heads for _, m in named}
         if len(heads) != 1:
             raise ConfigError(
@@ -100,11 +118,6 @@ class DynamicsPolicy:
             raise ConfigError(
                 f"dynamics.mode={cfg.mode!r} needs a temperature in every controlled module, but "
                 f"{[n for (n, _), t in zip(named, has_temperature, strict=True) if not t]} have none; {TEMPERATURE_FIX}"
-            )
-        grid = _model_attribute(model, "grid_size")
-        if grid is None:
-            raise ConfigError(
-                f"{type(model).__name__} has no grid_size attribute; the drift needs the patch grid (grid_h, grid_w)"
             )
         return named, grid
 
@@ -120,9 +133,10 @@ class DynamicsPolicy:
         self.grid = (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
-        self.guard = FrozenHeadGuard(self.modules)  # the modules become FrozenHeadAttention, in place
-        for module in self.guard.modules:
-            module.train_frozen_values = cfg.freeze_scope == "pattern"
+        if not isinstance(self.modules[0], ObservedAttention):
+            self.guard = FrozenHeadGuard(self.modules)  # the modules become FrozenHeadAttention, in place
+            for module in self.guard.modules:
+                module.train_frozen_values = cfg.freeze_scope == "pattern"
         if cfg.mode == "fixed":
             for module in self.modules:
                 if module.log_tau is not None:
@@ -165,9 +179,7 @@ class DynamicsPolicy:
         with module_mode(model, training=False), temperature:
             for start in range(0, len(probe), cfg.probe_batch_size):
                 images = probe[start : start + cfg.probe_batch_size].to(device)
-                with attention_capture(model, self.module_names) as capture:
-                    forward(images)
-                    maps = capture.collect()
+                maps = captured_attention(self.model, forward, images, self.module_names, self.guard is None)
                 chunk = []
                 for layer, name in enumerate(self.module_names):
                     attn = self._checked_map(maps, name)  # [b, H, T, T]
@@ -331,7 +343,7 @@ class DynamicsPolicy:
             converged = self.tracker.converged.clone()
         if cfg.freeze and not torch.equal(converged, self.frozen) and (cfg.thaw or (converged & ~self.frozen).any()):
             self.frozen = converged.clone() if cfg.thaw else self.frozen | converged
-            self.guard.freeze(self.frozen)
+            self.guard.freeze(self.frozen)  # freeze=true is refused where there is no guard
         return converged
 
     def _directedness(
@@ -449,63 +461,6 @@ class DynamicsPolicy:
             return None
         rest = self._transport(part, current[uncertain][:, start:common], reference[uncertain][:, start:common])
         return (per_image[uncertain].sum(-1) + rest.sum(-1)) / common, common
-
-    # --- checkpoint state -------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Plain python and CPU tensors (loads with ``torch.load(weights_only=True)``)."""
-        return {
-            "epoch": self.epoch,
-            "modules": list(self.module_names),
-            "tracker": None if self.tracker is None else self.tracker.state_dict(),
-            "previous": self.previous,
-            "previous_model_tau": self.previous_model_tau,
-            "before_previous": self.before_previous,
-            "last_drift": self.last_drift,
-            "frozen": self.frozen,
-            "kappa": self.kappa,
-            "kappa_epoch": self.kappa_epoch,
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`; applied once a model is attached (at once if one already is)."""
-        self._pending_state = state_dict
-        if self.model is not None:
-            self._load_pending_state()
-
-    def _load_pending_state(self) -> None:
-        state, self._pending_state = self._pending_state, None
-        if state["modules"] != self.module_names:
-            raise ConfigError(
-                f"the checkpoint's dynamics state controls {state['modules']}, this run controls "
-                f"{self.module_names}; resume with the same model and dynamics.target"
-            )
-        self.epoch, self.previous, self.frozen = state["epoch"], state["previous"], state["frozen"]
-        self.kappa, self.kappa_epoch = state.get("kappa"), state.get("kappa_epoch")  # absent before kappa_every
-        self.previous_model_tau = state.get("previous_model_tau")  # absent before log_model_tau
-        self.before_previous, self.last_drift = state.get("before_previous"), state.get("last_drift")
-        if state["tracker"] is None:
-            self.tracker = None
-            return
-        cfg = self.config
-        # rho: auto keeps the value the run calibrated (the same grid and probe); a number set now wins
-        saved_rho = state["tracker"].get("rho", 0.75)
-        rho = saved_rho if cfg.rho == "auto" or not self._reads_directedness else float(cfg.rho)
-        self.tracker = self._new_tracker(rho=rho)
-        # This run's thresholds win over the checkpoint's, so a resume may change them.
-        thresholds = {
-            "eps_d": cfg.eps_d,
-            "eps_tau": cfg.eps_tau,
-            "patience": cfg.patience,
-            "rule": cfg.convergence,
-            "rel_d": cfg.rel_d,
-            "rho": rho,
-            "tau_clause": cfg.tau_clause,
-            "response_ratio": cfg.response_ratio,
-            "thaw": cfg.thaw,
-        }
-        self.tracker.load_state_dict({**state["tracker"], **thresholds})
-        if self.frozen is not None:
-            self.guard.freeze(self.frozen)
 
 
 def _nan_to_none(values: torch.Tensor) -> list[list[float | None]]:

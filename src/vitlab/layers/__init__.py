@@ -4,7 +4,7 @@ from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
 
 from vitlab.layers.attention import Attention
 from vitlab.layers.block import Block
-from vitlab.layers.capture import attention_capture, attention_modules, capture_attention
+from vitlab.layers.capture import attention_capture, attention_modules
 from vitlab.layers.cross_attention import CrossAttention
 
 __all__ = [
@@ -16,6 +16,5 @@ __all__ = [
     "PatchEmbed",
     "attention_capture",
     "attention_modules",
-    "capture_attention",
     "trunc_normal_",
 ]

@@ -6,7 +6,7 @@ module, never copies of it:
 - ``temperature``: a learnable per-head temperature ``tau[h] > 0`` stored as ``log_tau`` (ViTCAE eq. 19).
   ``temperature_form="inverse"`` multiplies the logits by tau (the paper's "high tau = sharp" reading);
   ``"divide"`` divides them (eq. 19 as printed).
-- capture: when ``capture`` is set (see :func:`vitlab.layers.capture.capture_attention`) the eager path runs and
+- capture: when ``capture`` is set (see :func:`vitlab.layers.capture.attention_capture`) the eager path runs and
   the row-stochastic attention ``[B, H, N, N]`` is kept in ``captured``; otherwise SDPA runs and no matrix exists.
 - frozen heads (ViTCAE eq. 26) are a subclass owned by the package that needs them,
   :class:`vitlab.dynamics.FrozenHeadAttention`, which overrides :meth:`Attention.attend_heads`.
@@ -99,14 +99,27 @@ class Attention(nn.Module):
         return self.qkv.weight * row_scale[:, None], bias
 
     # ----------------------------------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, size: torch.Tensor | None = None, return_keys: bool = False):
-        """``x: [B, N, C]``; ``size: [B, N, 1]`` token sizes for proportional attention (ToMe) or None.
+    def forward(
+        self,
+        x: torch.Tensor,
+        size: torch.Tensor | None = None,
+        return_keys: bool = False,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ):
+        """``x: [B, N, C]``; ``size: [B, N, 1]`` token sizes for proportional attention (ToMe) or None;
+        ``attn_mask``: an additive float mask broadcast to ``[B, H, N, N]`` (timm's ``Block`` passes its
+        ``attn_mask`` and ``is_causal``, None and False unless the model masks tokens).
 
         Returns ``[B, N, C]``, or ``([B, N, C], keys [B, N, C/H])`` with the head-averaged keys when
         ``return_keys`` (the ToMe matching metric, without gradient).
         """
         B, N, _ = x.shape
+        if is_causal or (attn_mask is not None and not attn_mask.is_floating_point()):
+            raise ValueError("vitlab's Attention takes an additive float attn_mask only (no is_causal, no bool mask)")
         bias = None if size is None else size.log().view(B, 1, 1, N).to(x.dtype)
+        if attn_mask is not None:
+            bias = attn_mask if bias is None else bias + attn_mask
         weight, qkv_bias = self._qkv_parameters()
         out, k = self.attend_heads(x, weight, qkv_bias, bias, return_keys)
         out = self.proj_drop(self.proj(out))

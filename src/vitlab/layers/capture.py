@@ -1,4 +1,5 @@
-"""Attention capture: materialise the attention matrices of every shared ``Attention`` only when asked."""
+"""Attention capture: materialise the attention matrices of every shared ``Attention`` only when asked (the switch
+that :func:`vitlab.diagnostics.capture.capture_attention`, which reads any model, uses for vitlab's own modules)."""
 
 from __future__ import annotations
 
@@ -58,17 +59,3 @@ def attention_capture(model: nn.Module, names: list[str] | None = None) -> Itera
     finally:
         for _, m in modules:
             m.capture, m.captured = False, None
-
-
-@torch.no_grad()
-def capture_attention(model: nn.Module, x: torch.Tensor, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """Run ``model(x)`` and return every layer's attention ``{name: [B, H, N, N]}`` (rows sum to 1).
-
-    Raises ``RuntimeError`` if the forward pass captured nothing (e.g. the model bypasses its attention).
-    """
-    with attention_capture(model, names) as cap:
-        model(x)
-        maps = cap.collect()
-    if not maps:
-        raise RuntimeError(f"capture_attention: the forward pass of {type(model).__name__} captured no attention map")
-    return maps

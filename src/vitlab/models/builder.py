@@ -24,7 +24,7 @@ def create_model(name: str, pretrained: str | None = None, **overrides: Any) -> 
     """
     preset = get_preset(name)
     kwargs = resolved_kwargs(name, **overrides)
-    model = use_fast_dropout(preset.cls(**kwargs))
+    model = use_fast_dropout(preset.build(**kwargs))
     model.preset = name
     model.init_kwargs = kwargs
     if pretrained:
@@ -34,8 +34,9 @@ def create_model(name: str, pretrained: str | None = None, **overrides: Any) -> 
 
 
 def from_timm(model: nn.Module, **overrides: Any) -> VisionTransformer:
-    """A timm ``VisionTransformer`` (with its weights) as a vitlab ViT, so ``capture_attention``, the drift, the
-    consensus clusters and the dynamics controller work on it. Eval mode; the logits equal timm's.
+    """A timm ``VisionTransformer`` (with its weights) as a vitlab ViT, so vitlab's ViT options (ToMe, the
+    temperature, the export) apply to it. Eval mode; the logits equal timm's. (``capture_attention`` and the
+    dynamics controller need no conversion: ``model.name=timm:NAME``, docs/foreign_models.md.)
 
     ``overrides``: further constructor options that add no weights, e.g. ``temperature=True`` (per-head
     temperatures at tau = 1, for the controller), ``drop_path_rate=0.1``. The result records a preset

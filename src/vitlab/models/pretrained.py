@@ -336,6 +336,7 @@ def load_whole_model(model: nn.Module, source: str | Path, arch: str | None = No
         )
     report = LoadReport(description, prefix=anchors[0][: -len(anchor)])
     state = {k[len(report.prefix) :]: v for k, v in raw.items() if k.startswith(report.prefix)}
+    state = state_in_original_order(model, state)  # heads a frozen run reordered (a timm ViT's taken-over Attention)
     report.ignored = [k for k in raw if not k.startswith(report.prefix)]
     target = model.state_dict()
     head = f"{cfg['classifier']}."

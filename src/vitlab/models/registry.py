@@ -10,20 +10,31 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from torch import nn
 
+from vitlab.config.model import TIMM_PREFIX
 from vitlab.errors import ModelOptionError, UnknownModelError
+from vitlab.models.timm_models import create_timm_model, timm_architecture
 
 
 @dataclass(frozen=True)
 class Preset:
+    """A model class and the keyword arguments that define it; or, for ``timm:NAME``, the ``factory`` that builds
+    timm's model (``cls`` is then ``nn.Module``: the class is timm's to choose, and timm checks the options)."""
+
     name: str
     cls: type[nn.Module]
     kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    factory: Callable[..., nn.Module] | None = None
+
+    def build(self, **kwargs: Any) -> nn.Module:
+        return self.cls(**kwargs) if self.factory is None else self.factory(**kwargs)
 
 
 _REGISTRY: dict[str, Preset] = {}
@@ -59,6 +70,9 @@ def list_models(pattern: str = "*") -> list[str]:
 
 
 def get_preset(name: str) -> Preset:
+    if name.startswith(TIMM_PREFIX):
+        arch = timm_architecture(name)
+        return Preset(name, nn.Module, description=f"timm's {arch}", factory=partial(create_timm_model, name))
     _ensure_loaded()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
@@ -87,5 +101,6 @@ def _check_kwargs(cls: type, kwargs: dict[str, Any], name: str) -> None:
 def resolved_kwargs(name: str, **overrides: Any) -> dict[str, Any]:
     """The preset's keyword arguments with ``overrides`` applied, after checking every key exists."""
     preset = get_preset(name)
-    _check_kwargs(preset.cls, overrides, name)
+    if preset.factory is None:
+        _check_kwargs(preset.cls, overrides, name)
     return {**preset.kwargs, **overrides}

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.config.model import TIMM_PREFIX
 from vitlab.errors import CheckpointError
 
-TIMM_PREFIX = "timm:"
 #: file suffixes read with ``torch.load(weights_only=True)``
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 

@@ -11,6 +11,7 @@ from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.data import VisionDataModule
 from vitlab.errors import RunDirError
 from vitlab.models.registry import constructor_args, get_preset
+from vitlab.models.timm_models import DATA_OPTIONS
 
 
 def absolute_data_paths(cfg: RunConfig) -> None:
@@ -43,7 +44,7 @@ def model_kwargs_for(cfg: RunConfig, info: dict[str, Any]) -> dict[str, Any]:
     """Model overrides from the config, with image size, channels and classes filled in from the data."""
     kwargs = {k: v for k, v in cfg.model.items() if k not in ("name", "pretrained")}  # pretrained: weights, not shape
     preset = get_preset(cfg.model["name"])
-    accepted = constructor_args(preset.cls)
+    accepted = constructor_args(preset.cls) if preset.factory is None else DATA_OPTIONS
     for key, value in (
         ("img_size", info["img_size"]),
         ("in_chans", info["in_chans"]),

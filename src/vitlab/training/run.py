@@ -275,9 +275,10 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
             "finetune.early_stopping_patience follow the validation metrics; set data.val_fraction > 0"
         )
     all_callbacks = _callbacks(cfg, run_dir, task, validate)
+    example = torch.zeros(1, info["in_chans"], info["img_size"], info["img_size"])
     for callback in all_callbacks:  # the controller's model check, before the run folder exists
         if isinstance(callback, DynamicsController):
-            callback.check(model)
+            callback.check(model, example)
     all_callbacks += setup_finetuning(cfg, model, task.monitor) + list(callbacks or [])
     if is_launching_process():
         print(run_precision(cfg).line(), flush=True)  # the run's first line, before Lightning's own

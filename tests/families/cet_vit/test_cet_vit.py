@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vitlab.diagnostics.capture import capture_attention
 from vitlab.families.cet_vit.model import CETViT, param_breakdown
 from vitlab.families.cet_vit.parts import MicroEncoder
 from vitlab.families.cet_vit.slots import dynamic_k_assignment, pool_slots, slot_usage_k, topk_softmax
-from vitlab.layers import capture_attention
 from vitlab.models import create_model
 
 SMALL_PRESETS = ["cet_vit_pico", "cet_vit_nano", "cet_vit_tiny"]

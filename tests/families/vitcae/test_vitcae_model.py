@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+from vitlab.diagnostics.capture import capture_attention
 from vitlab.families.vitcae.model import FiLM, ViTCAE, ViTCAEOutput, unpatchify
-from vitlab.layers import CrossAttention, capture_attention
+from vitlab.layers import CrossAttention
 from vitlab.models import create_model, list_models
 
 B, IMG, PATCH, CHANS, CLASSES = 3, 8, 2, 1, 5

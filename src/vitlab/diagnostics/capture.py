@@ -1,0 +1,207 @@
+"""Attention read as an operation, not as a class: the attention matrices of any model (vitlab's, timm's, HF
+transformers', torchvision's), captured at run time.
+
+Inside :func:`attention_recording` every call of the three operations that compute attention (Vaswani et al.,
+"Attention Is All You Need", 2017, sec. 3.2.1, ``softmax(q k^T / sqrt(d)) v``) is intercepted by type, the way the
+LRP engine attaches its rules (a ``TorchFunctionMode`` and the operation names of :func:`vitlab.explain.hilrp.op_name`):
+
+- ``F.scaled_dot_product_attention``: its probabilities ``softmax(q k^T * scale + mask)`` are computed beside the
+  call (the mask, ``is_causal`` and grouped-query heads as SDPA reads them); the call itself runs unchanged.
+- a softmax over the last axis of a query-key product: a ``matmul``, ``bmm``, ``einsum`` or ``baddbmm`` of two
+  tensors that are no parameters, followed by any scaling, bias, mask, cast or reshape (timm's and HF's eager
+  attention, torchvision's Swin). Its output is the attention.
+- ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``): run with ``need_weights=True,
+  average_attn_weights=False`` for the per-head weights; the caller gets the output and the weights it asked for.
+
+vitlab's own :class:`~vitlab.layers.attention.Attention` keeps its switch (:func:`vitlab.layers.capture
+.attention_capture`): its frozen heads (ViTCAE eq. 26) attend in two groups and its matrix is kept in the heads'
+original order. Each matrix is named by the path of the innermost module that computed it (``blocks.0.attn``; a second
+one in the same module ``name#2``). A matrix is ``[B, H, Q, K]``; windowed attention (Swin: timm's, torchvision's,
+HF's partition a batch of ``B`` images into ``B * W`` windows, image-major) is ``[B, W, H, Q, K]`` with ``W`` in the
+model's window order, and :attr:`AttentionRecord.windows` says ``W``. What no softmax of a query-key product
+computes is not captured: linear attention, pooling mixers (PoolFormer), convolutions; channel attention (XCiT's
+cross-covariance softmax, ``[B, H, d, d]``) is captured but relates channels, not tokens (docs/foreign_models.md).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from vitlab.explain.hilrp import op_name
+from vitlab.layers.attention import Attention
+from vitlab.layers.capture import attention_capture
+
+#: the query-key products a softmax may normalise
+QUERY_KEY = frozenset({"matmul", "bmm", "einsum", "baddbmm"})
+#: operations that carry a query-key product on to its softmax: scale, bias, mask, cast, reshape
+CARRY = frozenset(
+    ["add", "sub", "mul", "div", "masked_fill", "where", "to", "float", "type_as", "view", "reshape", "contiguous"]
+)
+_SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_MHA = inspect.signature(F.multi_head_attention_forward)
+
+
+@dataclass
+class AttentionRecord:
+    """What one :func:`attention_recording` block captured, in forward order.
+
+    ``maps``: name -> ``[B, H, Q, K]`` (``[B, W, H, Q, K]`` for windowed attention), detached, rows summing to 1.
+    ``windows``: name -> ``W`` for the windowed ones. ``ops``: name -> the operation read (``sdpa``, ``softmax``,
+    ``multi_head_attention``, ``Attention``: vitlab's own). ``batch``: the batch size of the forward pass (its first
+    tensor argument), which tells windows from images.
+    """
+
+    maps: dict[str, torch.Tensor] = field(default_factory=dict)
+    windows: dict[str, int] = field(default_factory=dict)
+    ops: dict[str, str] = field(default_factory=dict)
+    batch: int | None = None
+
+    def add(self, module: str, probs: torch.Tensor, op: str) -> None:
+        """Record ``probs: [b, H, Q, K]`` (or ``[b, Q, K]``: one head) computed in ``module``."""
+        probs = probs.detach()
+        if probs.ndim == 3:
+            probs = probs.unsqueeze(1)
+        name, repeat = module, 1
+        while name in self.maps:
+            repeat += 1
+            name = f"{module}#{repeat}"
+        batch = self.batch or probs.shape[0]
+        if probs.shape[0] != batch and probs.shape[0] % batch == 0:
+            self.windows[name] = probs.shape[0] // batch
+            probs = probs.reshape(batch, self.windows[name], *probs.shape[1:])
+        self.maps[name], self.ops[name] = probs, op
+
+
+def _sdpa_probs(func, args: tuple, kwargs: dict) -> torch.Tensor:
+    """SDPA's probabilities ``softmax(q k^T * scale + mask)``, ``[..., Q, K]`` in float32: the same call, in float32,
+    with the identity as values (so the mask, ``is_causal``, ``scale`` and grouped-query heads are read by SDPA
+    itself) and no dropout."""
+    p = dict(zip(_SDPA, args, strict=False)) | kwargs
+    q, k = p.pop("query").float(), p.pop("key").float()
+    eye = torch.eye(k.shape[-2], dtype=q.dtype, device=q.device).expand(*k.shape[:-1], k.shape[-2])
+    mask = p.pop("attn_mask", None)
+    mask = mask if mask is None or mask.dtype == torch.bool else mask.float()
+    p = {key: value for key, value in p.items() if key != "value"} | {"dropout_p": 0.0}
+    return func(q, k, eye, mask, **p)
+
+
+class AttentionRecorder(TorchFunctionMode):
+    """The mode of :func:`attention_recording`: reads the attention operations (module doc) into ``record``;
+    ``where`` is the stack of module paths the forward pass is in, ``own`` the paths of vitlab's ``Attention``
+    modules (left to their own capture)."""
+
+    def __init__(self, record: AttentionRecord, own: set[str]) -> None:
+        super().__init__()
+        self.record, self.own = record, own
+        self.where: list[str] = []
+        self._products: dict[int, torch.Tensor] = {}  # query-key products and what carries them, by id
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        module = self.where[-1] if self.where else ""
+        if module in self.own:
+            return func(*args, **kwargs)
+        name = op_name(func)[0]
+        if name == "scaled_dot_product_attention":
+            self.record.add(module, _sdpa_probs(func, args, kwargs), "sdpa")
+            return func(*args, **kwargs)
+        if name == "multi_head_attention_forward":
+            return self._multi_head(func, module, args, kwargs)
+        out = func(*args, **kwargs)
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if name in QUERY_KEY and len(tensors) >= 2 and not any(isinstance(t, nn.Parameter) for t in tensors):
+            self._products[id(out)] = out
+        elif name == "softmax" and tensors and id(tensors[0]) in self._products:
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if dim is not None and dim in (-1, tensors[0].ndim - 1):
+                self.record.add(module, out, "softmax")
+                self._products.clear()  # the next attention starts from its own product
+        elif name in CARRY and isinstance(out, torch.Tensor) and any(id(t) in self._products for t in tensors):
+            self._products[id(out)] = out
+        return out
+
+    def _multi_head(self, func, module: str, args: tuple, kwargs: dict):
+        """``nn.MultiheadAttention``: the call with per-head weights ``[B, H, Q, K]`` recorded; returns what the
+        caller asked for (the weights averaged over heads, or None)."""
+        bound = _MHA.bind(*args, **kwargs)
+        asked, average = bound.arguments.get("need_weights", True), bound.arguments.get("average_attn_weights", True)
+        bound.arguments.update(need_weights=True, average_attn_weights=False)
+        out, weights = func(*bound.args, **bound.kwargs)
+        self.record.add(module, weights if weights.ndim == 4 else weights.unsqueeze(0), "multi_head_attention")
+        return out, (weights.mean(-3) if average else weights) if asked else None
+
+    def enter(self, name: str, inputs: tuple) -> None:
+        if not self.where:  # the model's own forward: its batch size, and a fresh set of products
+            first = next((t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)), None)
+            self.record.batch = None if first is None else first.shape[0]
+            self._products.clear()
+        self.where.append(name)
+
+    def leave(self) -> None:
+        self.where.pop()
+        if not self.where:
+            self._products.clear()
+
+
+@contextmanager
+def attention_recording(model: nn.Module) -> Iterator[AttentionRecord]:
+    """Inside the block, every attention computed by ``model``'s forward passes goes into the yielded record
+    (module doc). The forward's outputs are those of the model without the block: exactly where the model calls SDPA
+    or a softmax (they run as called), to rounding where vitlab's ``Attention`` runs its eager path and
+    ``nn.MultiheadAttention`` its weights path instead of their fused ones."""
+    record = AttentionRecord()
+    own = {name for name, m in model.named_modules() if isinstance(m, Attention)}
+    recorder = AttentionRecorder(record, own)
+    with ExitStack() as stack:
+        if own:
+            stack.enter_context(attention_capture(model))
+        for name, m in model.named_modules():
+            # an operation's own module (nn.Softmax, nn.Dropout: no parameters, no children) names no attention
+            wrapper = not any(True for _ in m.children()) and not any(True for _ in m.parameters())
+
+            def enter(_m, args, kwargs, name=name, wrapper=wrapper):
+                recorder.enter(recorder.where[-1] if wrapper and recorder.where else name, (args, kwargs))
+
+            def leave(m, _args, _out, name=name):
+                recorder.leave()
+                if name in own and m.captured is not None:
+                    record.add(name, m.captured, "Attention")
+                    m.captured = None
+
+            stack.callback(m.register_forward_pre_hook(enter, with_kwargs=True).remove)
+            stack.callback(m.register_forward_hook(leave, always_call=True).remove)
+        stack.enter_context(recorder)
+        yield record
+
+
+@torch.no_grad()
+def capture_attention(model: nn.Module, x: torch.Tensor, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Run ``model(x)`` once and return its attention by module path: ``{name: [B, H, Q, K]}`` (windowed attention
+    ``[B, W, H, Q, K]``), every row a softmax row (module doc). ``names``: keep only these.
+
+    Raises :class:`ValueError` when the forward pass computed no attention the module doc lists, or ``names``
+    holds one that it did not compute.
+    """
+    with attention_recording(model) as record:
+        model(x)
+    if not record.maps:
+        raise ValueError(
+            f"{type(model).__name__} computed no attention vitlab can read (no scaled_dot_product_attention, softmax "
+            "of a query-key product or nn.MultiheadAttention); linear attention and token mixers have no attention "
+            "matrix"
+        )
+    if names is None:
+        return record.maps
+    unknown = sorted(set(names) - set(record.maps))
+    if unknown:
+        raise KeyError(f"no attention computed in {unknown}; computed in: {list(record.maps)}")
+    return {name: record.maps[name] for name in names}

@@ -1,0 +1,101 @@
+"""timm's models by name (``model.name=timm:NAME``): built by ``timm.create_model`` (timm, pytorch-image-models) with
+the ``model`` section's other keys, and timm's plain ``Attention`` modules taken over by vitlab's.
+
+timm's ``Attention`` (``timm.layers.Attention``: ViT, DeiT and the other models of ``vision_transformer.py``) has
+vitlab's parameter layout (one ``qkv`` linear map whose rows are q, k, v by head, then ``proj``), so where it has no
+qk-norm, no norm or gate inside and a biased projection, vitlab's :class:`~vitlab.layers.attention.Attention` replaces
+it with the same weights and the same state-dict keys: the logits stay timm's (to rounding; SDPA either way), and the
+per-head temperature (``model.temperature``, ViTCAE eq. 19) and the freezing of heads (eq. 26) apply. Other attention
+(EVA's rotary ``EvaAttention``, Swin's ``WindowAttention``) stays timm's; its matrices are still read by
+:func:`vitlab.diagnostics.capture.capture_attention`. docs/foreign_models.md says what each command does with one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+import timm
+from timm.layers import Attention as TimmAttention
+from torch import nn
+
+from vitlab.config.model import TIMM_PREFIX
+from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
+from vitlab.layers.attention import Attention
+
+#: the options vitlab fills in from the data
+DATA_OPTIONS = ("img_size", "in_chans", "num_classes")
+#: the options vitlab takes itself (the temperature of the attention it takes over), not timm
+OWN_OPTIONS = ("temperature", "temperature_form")
+
+
+def timm_architecture(name: str) -> str:
+    """``timm:NAME`` -> ``NAME``, or an :class:`UnknownModelError` that names timm's closest models."""
+    arch = name.removeprefix(TIMM_PREFIX)
+    if not timm.is_model(arch):
+        close = difflib.get_close_matches(arch, timm.list_models(), n=3)
+        hint = f" Did you mean {', '.join(TIMM_PREFIX + c for c in close)}?" if close else ""
+        raise UnknownModelError(f"timm has no model {arch!r}.{hint} `timm.list_models()` lists every model.")
+    return arch
+
+
+def create_timm_model(name: str, **options: Any) -> nn.Module:
+    """timm's model ``name`` (``timm:NAME``) with random weights, ``options`` passed to ``timm.create_model`` but for
+    ``temperature`` and ``temperature_form`` (:data:`OWN_OPTIONS`, for the attention vitlab takes over)."""
+    arch = timm_architecture(name)
+    own = {key: options.pop(key) for key in OWN_OPTIONS if key in options}
+    try:
+        model = timm.create_model(arch, pretrained=False, **options)
+    except TypeError as e:
+        key = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        option = f"model.{key.group(1)}" if key else f"one of {sorted(options)}"
+        raise ModelOptionError(f"timm's {arch} does not take {option} ({e}); remove it") from e
+    except (ValueError, AssertionError, RuntimeError) as e:
+        raise ConfigError(
+            f"timm cannot build {arch} with {options}: {e or type(e).__name__}; fix the model.* keys"
+        ) from e
+    adopted = adopt_attention(model, **own)
+    if own.get("temperature") and not adopted:
+        kinds = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__})
+        raise ConfigError(
+            f"model.temperature=true, but timm's {arch} attends with {', '.join(kinds) or 'no attention module'}, "
+            "not timm's plain Attention whose heads vitlab scales; unset model.temperature"
+        )
+    return model
+
+
+def takes_over(module: nn.Module) -> bool:
+    """Whether vitlab's ``Attention`` computes what this timm ``Attention`` computes, with its parameters."""
+    return (
+        type(module) is TimmAttention
+        and all(isinstance(getattr(module, part), nn.Identity) for part in ("q_norm", "k_norm", "norm"))
+        and getattr(module, "gate", None) is None
+        and module.proj.bias is not None
+        and module.proj.in_features == module.proj.out_features == module.qkv.in_features
+    )
+
+
+def adopt_attention(model: nn.Module, temperature: bool = False, temperature_form: str = "inverse") -> list[str]:
+    """Replace every timm ``Attention`` of ``model`` that :func:`takes_over` accepts by vitlab's, with its weights;
+    returns their module paths."""
+    adopted = []
+    for name, module in list(model.named_modules()):
+        if not takes_over(module):
+            continue
+        ours = Attention(
+            module.qkv.in_features,
+            num_heads=module.num_heads,
+            qkv_bias=module.qkv.bias is not None,
+            attn_drop=module.attn_drop.p,
+            proj_drop=module.proj_drop.p,
+            temperature=temperature,
+            temperature_form=temperature_form,
+        )
+        missing, unexpected = ours.load_state_dict(module.state_dict(), strict=False)
+        if unexpected or set(missing) - {"log_tau"}:  # log_tau, when asked for, starts at 0 (tau = 1)
+            raise RuntimeError(f"{name}: timm's Attention and vitlab's differ in {unexpected or missing}")
+        parent, _, attribute = name.rpartition(".")
+        setattr(model.get_submodule(parent), attribute, ours.to(module.qkv.weight))
+        adopted.append(name)
+    return adopted

@@ -1,0 +1,170 @@
+"""``vitlab fit`` of a timm model by name (``model.name=timm:NAME``), the dynamics controller on it, and what is
+refused before the run folder exists."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from vitlab.cli.main import main
+from vitlab.config.dynamics import DynamicsConfig
+from vitlab.diagnostics.capture import capture_attention
+from vitlab.diagnostics.dynamics import temperature_update
+from vitlab.dynamics import DynamicsPolicy, FrozenHeadAttention
+from vitlab.dynamics.probe import unit_temperature
+from vitlab.layers import Attention
+from vitlab.models import create_model
+
+FAST = [
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "run.test=false",
+    "run.export=false",
+    "run.report=false",
+]
+TINY_TIMM = ["model.img_size=8", "model.patch_size=2", "model.depth=2"]
+
+
+def _fit(tmp_path, *overrides: str) -> tuple[int, object]:
+    run_dir = tmp_path / "run"
+    return main(["fit", "--config", "vit/digits", *overrides, *FAST, f"run.dir={run_dir}"]), run_dir
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("deit_tiny_patch16_224", ["dynamics.mode=fixed", "dynamics.freeze=false"]),  # the issue's command
+        ("eva02_tiny_patch14_224", ["dynamics.mode=fixed", "dynamics.freeze=false"]),  # observed only (rotary)
+        ("deit_tiny_patch16_224", ["model.temperature=true", "dynamics.mode=schedule"]),  # steered and frozen
+    ],
+)
+def test_fit_trains_a_timm_model_by_name_and_records_every_heads_drift(tmp_path, name, options):
+    probe = ["dynamics.probe_size=16", "dynamics.kappa_images=4"]
+    code, run_dir = _fit(tmp_path, f"model.name=timm:{name}", *TINY_TIMM, *options, *probe)
+    assert code == 0
+    records = [json.loads(line) for line in (run_dir / "dynamics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [0, 1]
+    assert records[1]["modules"] == ["blocks.0.attn", "blocks.1.attn"]
+    drift = torch.tensor(records[1]["drift"])
+    assert drift.shape == (2, 3) and torch.isfinite(drift).all() and (drift > 0).all()  # deit/eva tiny: 3 heads
+    tau = torch.tensor(records[1]["tau"], dtype=torch.float64)
+    if "dynamics.mode=schedule" in options:  # eq. 20 from the epoch's drift
+        torch.testing.assert_close(tau, temperature_update(drift.double(), 4.0))
+    else:
+        assert (tau == 1).all()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.name=timm:deit_tiny_patch16_22"], "timm has no model 'deit_tiny_patch16_22'. Did you mean"),
+        (["model.name=timm:deit_tiny_patch16_224", *TINY_TIMM, "model.foo=3"], "unexpected keyword argument 'foo'"),
+        (
+            ["model.name=timm:eva02_tiny_patch14_224", *TINY_TIMM, "dynamics.mode=fixed"],
+            "dynamics.freeze=true freezes heads whose parameters vitlab knows",
+        ),
+        (
+            ["model.name=timm:eva02_tiny_patch14_224", *TINY_TIMM, "model.temperature=true"],
+            "attends with EvaAttention, not timm's plain Attention",
+        ),
+        (["model.name=timm:eva02_tiny_patch14_224", *TINY_TIMM, "dynamics.mode=schedule"], "model.temperature=true"),
+        (
+            [
+                "model.name=timm:swin_tiny_patch4_window7_224",
+                "model.img_size=8",
+                "model.patch_size=2",
+                "model.window_size=2",
+                "model.depths=[1,1]",
+                "model.num_heads=[1,2]",
+                "model.embed_dim=8",
+                "dynamics.mode=fixed",
+                "dynamics.freeze=false",
+            ],
+            "none of its attention covers",
+        ),
+        (
+            [
+                "model.name=timm:vit_relpos_small_patch16_224",
+                *TINY_TIMM,
+                "dynamics.mode=fixed",
+                "dynamics.freeze=false",
+            ],
+            "has no CLS token",
+        ),
+    ],
+)
+def test_what_cannot_be_built_or_controlled_is_refused_before_the_run_folder(tmp_path, capsys, overrides, message):
+    code, run_dir = _fit(tmp_path, *overrides)
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_timm_attention_is_taken_over_with_its_weights_and_logits():
+    import timm
+
+    torch.manual_seed(0)
+    options = dict(img_size=16, patch_size=4, depth=2, num_classes=3)
+    theirs = timm.create_model("deit_tiny_patch16_224", **options).eval()
+    ours = create_model("timm:deit_tiny_patch16_224", **options).eval()
+    assert all(isinstance(block.attn, Attention) for block in ours.blocks)
+    assert ours.load_state_dict(theirs.state_dict(), strict=True)  # the same keys
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_temperature_schedule_steers_a_timm_vit():
+    """Eq. 20 written into a timm ViT's heads, which then attend at that temperature, and eq. 26's freezing."""
+    torch.manual_seed(0)
+    model = create_model(
+        "timm:vit_tiny_patch16_224", img_size=16, patch_size=4, depth=2, num_classes=3, temperature=True
+    )
+    probe = torch.randn(8, 3, 16, 16)
+    policy = DynamicsPolicy(DynamicsConfig(mode="schedule", alpha=4.0, kappa_images=2), probe=probe)
+    policy.attach(model)
+    assert all(isinstance(block.attn, FrozenHeadAttention) for block in model.blocks)
+    policy.advance(policy.measure(probe), epoch=0)
+    with torch.no_grad():  # a training step's worth of change
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    record = policy.advance(policy.measure(probe), epoch=1)
+    drift = torch.tensor(record["drift"], dtype=torch.float64)
+    expected = temperature_update(drift, 4.0)
+    torch.testing.assert_close(torch.tensor(record["tau"], dtype=torch.float64), expected)
+    torch.testing.assert_close(model.blocks[1].attn.tau.double(), expected[1], rtol=1e-6, atol=1e-7)
+    assert not math.isclose(float(expected.min()), 1.0)
+    attention = [b.attn for b in model.blocks]
+    with unit_temperature(attention):
+        at_one = capture_attention(model, probe)["blocks.1.attn"]
+    steered = capture_attention(model, probe)["blocks.1.attn"]  # tau < 1 (inverse form): flatter rows
+    entropy = [-(a * a.clamp_min(1e-12).log()).sum(-1).mean((0, 2)) for a in (at_one, steered)]
+    assert (entropy[1] > entropy[0]).all()
+    policy.guard.freeze(torch.tensor([[True, False, False], [False, False, False]]))
+    assert model.blocks[0].attn.num_frozen == 1
+
+
+def test_a_timm_model_takes_the_weights_of_its_own_export_through_pretrained(tmp_path):
+    """model.pretrained as for vitlab's models: an export of the same timm model (its heads reordered by freezing)
+    loads in original head order, the head reset for another number of classes."""
+    from safetensors.torch import load_file
+
+    from vitlab.export import export_model
+
+    torch.manual_seed(0)
+    options = dict(img_size=8, patch_size=2, depth=2, in_chans=1)
+    model = create_model("timm:deit_tiny_patch16_224", num_classes=10, **options)
+    plain = {k: v.clone() for k, v in model.state_dict().items()}
+    policy = DynamicsPolicy(DynamicsConfig(mode="fixed"), probe=torch.randn(4, 1, 8, 8))
+    policy.attach(model)
+    policy.guard.freeze(torch.tensor([[False, False, True], [False, False, False]]))  # head 2 moves to slot 0
+    export_model(model, tmp_path / "export")
+    saved = load_file(tmp_path / "export" / "model.safetensors")
+    assert saved["blocks.0.attn.head_order"].tolist() == [2, 0, 1]
+    again = create_model("timm:deit_tiny_patch16_224", num_classes=5, pretrained=str(tmp_path / "export"), **options)
+    assert "head reset for 5 classes" in again.pretrained_summary
+    for key, value in again.state_dict().items():
+        if not key.startswith("head."):
+            torch.testing.assert_close(value, plain[key], msg=key)
