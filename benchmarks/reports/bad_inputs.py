@@ -103,6 +103,7 @@ def make_inputs(work: Path) -> dict[str, Path]:
     (work / "mine" / "deploy").mkdir()
     (work / "mine" / "deploy" / "model.onnx").write_bytes(b"the user's model")
     make_round_4_inputs(work)
+    make_round_5_inputs(work, run_dir)
     return {"run": run_dir}
 
 
@@ -148,6 +149,24 @@ def make_round_4_inputs(work: Path) -> None:
     labels = np.arange(40) % 4
     np.savez(work / "mixed_channels.npz", x_train=gray, y_train=labels, x_test=rgb, y_test=labels[:20])
     np.savez(work / "four_channels.npz", x_train=four, y_train=labels, x_test=four[:20], y_test=labels[:20])
+
+
+def make_round_5_inputs(work: Path, run_dir: Path) -> None:
+    """A folder of the user's holding files at an export's names, a link to it, a run whose checkpoints/ is a link
+    to a folder of the user's."""
+    (work / "mine" / "weights").mkdir()
+    for name in ("model.safetensors", "config.json"):
+        (work / "mine" / "weights" / name).write_text("the user's")
+    (work / "weights_link").symlink_to(work / "mine" / "weights")
+    linked = work / "linked_run"
+    (linked / "checkpoints").mkdir(parents=True)
+    for name in (".vitlab-manifest.jsonl", "config.yaml", "checkpoints/best.ckpt"):
+        (linked / name).write_bytes((run_dir / name).read_bytes())
+    (work / "mine" / "ckpts").mkdir()
+    (work / "mine" / "ckpts" / "best.ckpt").write_text("the user's")
+    (linked / "checkpoints" / "best.ckpt").unlink()
+    (linked / "checkpoints").rmdir()
+    (linked / "checkpoints").symlink_to(work / "mine" / "ckpts")
 
 
 @contextlib.contextmanager
@@ -309,6 +328,16 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         (
             "explain --out an existing file",
             ["explain", str(run_dir), str(work / "pets" / "a"), "--method", "rollout", "--out", str(work / "file.txt")],
+        ),
+        # issue 52, round 5
+        (
+            "export --force onto a user's model.safetensors",
+            ["export", str(run_dir), "--out", mine("weights"), "--force"],
+        ),
+        ("export --force through a link", ["export", str(run_dir), "--out", str(work / "weights_link"), "--force"]),
+        (
+            "run.overwrite of a run whose checkpoints/ is a link",
+            [*FIT, f"run.dir={work / 'linked_run'}", "run.overwrite=true"],
         ),
     ]
 

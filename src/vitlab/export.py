@@ -190,23 +190,26 @@ def default_export_dir(checkpoint: str | Path) -> Path:
     return checkpoint.parent.parent / EXPORT_DIR
 
 
-def _earlier_deployments(out_dir: Path, formats: Sequence[str]) -> list[Path]:
-    """The deployment files (``model.onnx``, ``model.pt2``) an earlier export wrote into ``out_dir`` (its manifest
-    names them): they hold the earlier weights. A file at one of those names that no export wrote is the user's:
-    refused when a format of ``formats`` would write it, left alone otherwise."""
-    earlier = []
-    for fmt, name in EXPORT_FORMAT_FILES.items():
-        path = out_dir / name
-        if not path.exists():
-            continue
-        if manifest.is_recorded(path):
-            earlier.append(path)
-        elif fmt in formats:
-            raise ExportError(
-                f"export folder {out_dir} holds {name}, which vitlab did not write; move it elsewhere or pass "
-                f"another --out (--force replaces only the files an export wrote there)"
-            )
-    return earlier
+def _check_force(out_dir: Path, formats: Sequence[str]) -> list[Path]:
+    """What ``--force`` may do in ``out_dir``, which holds files: refused, naming them, when a file at a name the
+    export writes (:data:`EXPORT_FILES`, and the deployment file of each of ``formats``) is not one an export wrote
+    there (the folder's manifest does not name it: a folder without one is the user's), or when ``out_dir`` is a
+    symbolic link. Returns the deployment files (``model.onnx``, ``model.pt2``) an earlier export wrote, which hold
+    the earlier weights and go."""
+    if out_dir.is_symlink():
+        raise ExportError(
+            f"export folder {out_dir} is a symbolic link ({manifest.describe_link(out_dir)}); --force replaces "
+            "nothing through a link: pass the folder it points to as --out, or another --out"
+        )
+    names = (*EXPORT_FILES, *(name for fmt, name in EXPORT_FORMAT_FILES.items() if fmt in formats))
+    theirs = [n for n in names if (out_dir / n).exists() and not manifest.is_recorded(out_dir / n)]
+    if theirs:
+        why = f"its {manifest.MANIFEST_FILE} does not name them" if manifest.has_manifest(out_dir) else "no manifest"
+        raise ExportError(
+            f"export folder {out_dir} holds {', '.join(theirs)}, which vitlab did not write ({why}); move "
+            "them elsewhere or pass another --out (--force replaces only the files an export wrote there)"
+        )
+    return [out_dir / n for n in EXPORT_FORMAT_FILES.values() if manifest.is_recorded(out_dir / n)]
 
 
 def export_model(
@@ -223,10 +226,13 @@ def export_model(
     the whole export or none. A folder that already holds files is refused, unless ``force``: then the export's
     own files (:data:`EXPORT_FILES`) are replaced, each atomically, and the ``model.onnx`` / ``model.pt2`` an
     earlier export wrote (named in the folder's manifest) are removed, being another model's; the folder's other
-    files stay. ``formats``: the deployment formats written next (``vitlab export --format``): a file of the user's
-    at the name one of them writes is refused before anything is written.
+    files stay. A file at one of the export's names that no export wrote (a folder without a manifest is the
+    user's), or a ``force`` through a symbolic link, is refused before anything is written (:func:`_check_force`).
+    ``formats``: the deployment formats written next (``vitlab export --format``), whose files are checked too.
     """
     out_dir = Path(out_dir).expanduser().absolute()
+    if out_dir.is_symlink() and not force:  # a link to a new or empty folder: written there (nothing is replaced)
+        out_dir = out_dir.resolve()
     if not hasattr(model, "preset"):
         raise ValueError("only models built with vitlab.create_model can be exported (they record their preset)")
     if out_dir.exists() and not out_dir.is_dir():
@@ -238,7 +244,7 @@ def export_model(
             f"export folder {out_dir} is not empty ({shown}); pass a new or empty folder to --out, or --force to "
             f"replace only the export's own files ({', '.join(EXPORT_FILES)})"
         )
-    earlier = _earlier_deployments(out_dir, formats) if existing else []
+    earlier = _check_force(out_dir, formats) if existing else []
     meta = {
         "format": EXPORT_FORMAT,
         "model": model.preset,

@@ -51,7 +51,9 @@ def claim_run_dir(cfg: RunConfig, path: Path, *, resuming: bool = False) -> RunC
     """
     claim = RunClaim(path).acquire()
     try:
-        if not resuming:
+        if resuming:  # a resume appends to the run's files and rewrites its checkpoints in place
+            RunDir(path).refuse_links("a resume rewrites", links_too=True)
+        else:
             run = RunDir(path)
             stopped = run.is_run() and manifest.has_manifest(path) and stopped_before_a_checkpoint(path)
             if stopped:
