@@ -3,15 +3,16 @@ pools (tensors in memory, files read on access), the splits, and the checks of f
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms.v2.functional import pil_to_tensor
@@ -92,14 +93,32 @@ def image_pixels(image: Image.Image, mode: str) -> Tensor:
     return pil_to_tensor(image.convert(mode))
 
 
+@contextlib.contextmanager
+def open_image(path: str | Path) -> Iterator[Image.Image]:
+    """An image file as a viewer shows it: its EXIF ``Orientation`` applied (``PIL.ImageOps.exif_transpose``; a
+    camera stores a portrait photo as landscape pixels with Orientation=6, "rotate 90 degrees clockwise to show").
+    PIL's guard against decompression bombs (an image of more than twice ``PIL.Image.MAX_IMAGE_PIXELS`` pixels: a
+    small file that would decode into gigabytes) is a one-line :class:`DataError` naming the limit; PIL's other
+    errors pass through."""
+    try:
+        with Image.open(path) as image:
+            yield ImageOps.exif_transpose(image)
+    except Image.DecompressionBombError as e:
+        raise DataError(
+            f"{str(e).split(',')[0]}: PIL refuses it as a possible decompression bomb (a small file that decodes "
+            "into gigabytes of memory; the limit is twice PIL.Image.MAX_IMAGE_PIXELS); shrink the image"
+        ) from e
+
+
 def read_image_file(path: str | Path, mode: str) -> Tensor:
-    """``uint8 [C, H, W]`` of an image file in ``mode`` (:func:`image_pixels`): the one reader of image files, for
-    training (imagefolder), ``predict`` and ``explain``. PIL's errors (and :class:`DataError`) pass through."""
-    with Image.open(path) as image:
-        try:
+    """``uint8 [C, H, W]`` of an image file in ``mode`` (:func:`image_pixels`) as a viewer shows it
+    (:func:`open_image`): the one reader of image files, for training (imagefolder), ``predict`` and ``explain``.
+    PIL's errors (and :class:`DataError`) pass through."""
+    try:
+        with open_image(path) as image:
             return image_pixels(image, mode)
-        except DataError as e:
-            raise DataError(f"{path}: {e}") from e
+    except DataError as e:
+        raise DataError(f"{path}: {e}") from e
 
 
 class ImageFilePool(Dataset):
