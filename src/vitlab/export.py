@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_model as st_save_model
 from torch import nn
@@ -256,18 +259,30 @@ def export_model(
         with staging_folder(out_dir) as stage:
             for folder in (stage, out_dir) if existing else (stage,):  # the export names its own files
                 manifest.start(folder, note=False)
-            st_save_model(model, str(stage / EXPORT_WEIGHTS_FILE))
+            _save_weights(model, stage / EXPORT_WEIGHTS_FILE)
             meta["weights_sha256"] = file_sha256(stage / EXPORT_WEIGHTS_FILE)
             atomic_write_text(stage / EXPORT_CONFIG_FILE, json.dumps(meta, indent=2, default=str))
             publish_files(stage, out_dir, EXPORT_FILES, whole=not existing)
         for path in earlier:
             path.unlink(missing_ok=True)
             manifest.note_removed(path)
-    except OSError as e:
-        if e.filename is None:  # a full disk names no file: say which export failed
-            raise OSError(e.errno, e.strerror, str(out_dir)) from e
-        raise
+    except OSError as e:  # a full disk, a read-only folder: name the export, not its hidden staging folder
+        if isinstance(e, VitlabError):
+            raise
+        raise OSError(e.errno, e.strerror, str(out_dir)) from e
     return out_dir
+
+
+def _save_weights(model: nn.Module, path: Path) -> None:
+    """``safetensors.torch.save_model``, whose I/O errors (a full disk) come as a ``SafetensorError`` quoting the
+    operating system's error number: raised as the ``OSError`` it is, which the command line says in one line."""
+    try:
+        st_save_model(model, str(path))
+    except SafetensorError as e:
+        code = re.search(r"(?:os error |code: )(\d+)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
 
 
 def _check_weights(weights: Path, sha256: str | None) -> None:

@@ -197,10 +197,15 @@ def _images_nchw(array: np.ndarray, where: str) -> Tensor:
             f"{where} looks like NCHW images {list(array.shape)} (channels second); vitlab reads NHWC: write it as "
             "x.transpose(0, 2, 3, 1)"
         )
-    if array.dtype != np.uint8 or array.ndim not in (3, 4):
+    if array.ndim not in (3, 4):
         raise DataError(
-            f"{where} must be uint8 images NHW (gray) or NHWC (RGB), got {array.dtype} {list(array.shape)}; "
-            "convert with (x * 255).round().clip(0, 255).astype(np.uint8) if it holds floats in [0, 1]."
+            f"{where} must be images NHW (gray) or NHWC (RGB), got shape {list(array.shape)} ({array.ndim} axes); "
+            "stack the images into one array of N images (a single image H x W is x[None])"
+        )
+    if array.dtype != np.uint8:
+        raise DataError(
+            f"{where} must be uint8 images, got {array.dtype} {list(array.shape)}; convert with "
+            "(x * 255).round().clip(0, 255).astype(np.uint8) if it holds floats in [0, 1]."
         )
     images = torch.from_numpy(np.ascontiguousarray(array))
     return images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
