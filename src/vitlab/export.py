@@ -318,11 +318,21 @@ def load_model(
         _check_weights(weights, meta.get("weights_sha256"))  # an export older than the checksum has none
         try:
             state = st_load_file(str(weights), device=str(map_location))
-            model.load_state_dict(state_in_original_order(model, state), strict=True)
         except FileNotFoundError as e:
             raise CheckpointError(f"{weights} is missing; export the model again") from e
         except Exception as e:
-            raise CheckpointError(f"{weights} cannot be read ({e}); the file is corrupt: export the model again") from e
+            reason = _first_sentence(str(e))
+            raise CheckpointError(
+                f"{weights} cannot be read ({reason}); the file is corrupt: export the model again"
+            ) from e
+        try:
+            model.load_state_dict(state_in_original_order(model, state), strict=True)
+        except (RuntimeError, KeyError) as e:  # torch lists every mismatch, one per line after a header line
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            raise CheckpointError(
+                f"{weights} does not fit the model {cfg_file.name} describes ({lines[min(1, len(lines) - 1)]}); "
+                f"{cfg_file.name} was edited, or the two files come from different exports: export the model again"
+            ) from e
         _record_normalisation(model, meta.get("data"))
         return model.eval()
     model, _ = model_from_checkpoint(path, overrides)

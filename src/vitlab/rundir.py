@@ -258,6 +258,15 @@ class RunDir:
         file at a name the run writes (:data:`RUN_FILES`) is not the run's.
         """
         names = manifest.unlisted(self.path)
+        trained = self.is_run() and (self.checkpoints_dir.is_dir() or (self.path / METRICS_FILE).is_file())
+        if names and not manifest.has_manifest(self.path) and trained:
+            raise RunDirError(
+                f"run directory {self.path} holds a run ({CONFIG_FILE}, {METRICS_FILE} or {CHECKPOINTS_DIR}/) but no "
+                "run manifest "
+                f"({manifest.MANIFEST_FILE}), so vitlab cannot tell its files from yours and removes none, "
+                "run.overwrite=true or not: delete the folder yourself if nothing in it is yours, or choose another "
+                "run.dir"
+            )
         if names and not manifest.has_manifest(self.path):
             shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
             raise RunDirError(
