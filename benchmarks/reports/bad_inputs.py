@@ -167,6 +167,34 @@ def make_round_5_inputs(work: Path, run_dir: Path) -> None:
     (linked / "checkpoints" / "best.ckpt").unlink()
     (linked / "checkpoints").rmdir()
     (linked / "checkpoints").symlink_to(work / "mine" / "ckpts")
+    make_round_5_files(work, run_dir)
+
+
+def make_round_5_files(work: Path, run_dir: Path) -> None:
+    """An npz of Python objects and one of flat images, a timm model's weights and a garbage weights file, a run
+    without its config.yaml, one without its manifest, an export whose config.json names another class count."""
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), np.arange(40) % 4
+    names = np.array(["cat", "dog", "owl", "emu"], dtype=object)
+    np.savez(work / "objects.npz", x_train=images, y_train=labels, x_test=images, y_test=labels, class_names=names)
+    flat = images.reshape(40, 64)
+    np.savez(work / "flat.npz", x_train=flat, y_train=labels, x_test=flat, y_test=labels)
+    import timm
+    from safetensors.torch import save_file
+
+    save_file(timm.create_model("deit_tiny_patch16_224", img_size=32).state_dict(), work / "deit.safetensors")
+    (work / "garbage.safetensors").write_bytes(b"garbage, not a safetensors file")
+    for name, files in {
+        "no_config": (".vitlab-manifest.jsonl", "checkpoints/last.ckpt"),
+        "no_manifest": ("config.yaml", "metrics.jsonl", "checkpoints/last.ckpt"),
+        "edited_export": ("export/model.safetensors", "export/config.json"),
+    }.items():
+        for file in files:
+            (work / name / file).parent.mkdir(parents=True, exist_ok=True)
+            (work / name / file).write_bytes((run_dir / file).read_bytes())
+    config = json.loads((work / "edited_export" / "export" / "config.json").read_text())
+    config["kwargs"]["num_classes"] = 5
+    (work / "edited_export" / "export" / "config.json").write_text(json.dumps(config))
 
 
 @contextlib.contextmanager
@@ -189,6 +217,17 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
 
     def mine(name: str) -> str:
         return str(work / "mine" / name)
+
+    timm_explain = [
+        "explain",
+        "--model",
+        "timm:deit_tiny_patch16_224",
+        str(work / "pets" / "a"),
+        "--method",
+        "lrp",
+        "--out",
+        str(work / "timm_maps"),
+    ]
 
     return [
         ("unknown config key", [*FIT, "optim.lrr=1e-3"]),
@@ -338,6 +377,29 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         (
             "run.overwrite of a run whose checkpoints/ is a link",
             [*FIT, f"run.dir={work / 'linked_run'}", "run.overwrite=true"],
+        ),
+        ("npz holding Python objects", [*FIT, "data.name=npz", f"data.path={work / 'objects.npz'}"]),
+        ("npz of flat images", [*FIT, "data.name=npz", f"data.path={work / 'flat.npz'}"]),
+        (
+            "explain a timm model with garbage --weights",
+            [*timm_explain, "--weights", str(work / "garbage.safetensors")],
+        ),
+        (
+            "explain a timm model at --img-size 0",
+            [*timm_explain, "--weights", str(work / "deit.safetensors"), "--img-size", "0"],
+        ),
+        (
+            "explain a timm model at --img-size 17",
+            [*timm_explain, "--weights", str(work / "deit.safetensors"), "--img-size", "17"],
+        ),
+        ("--resume of a run that lost its config.yaml", ["fit", "--resume", str(work / "no_config")]),
+        (
+            "run.overwrite of a run that lost its manifest",
+            [*FIT, f"run.dir={work / 'no_manifest'}", "run.overwrite=true"],
+        ),
+        (
+            "an export whose config.json was edited",
+            ["predict", str(work / "edited_export" / "export"), str(work / "pets")],
         ),
     ]
 

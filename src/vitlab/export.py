@@ -329,8 +329,9 @@ def load_model(
             model.load_state_dict(state_in_original_order(model, state), strict=True)
         except (RuntimeError, KeyError) as e:  # torch lists every mismatch, one per line after a header line
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            detail = lines[min(1, len(lines) - 1)].rstrip(".")
             raise CheckpointError(
-                f"{weights} does not fit the model {cfg_file.name} describes ({lines[min(1, len(lines) - 1)]}); "
+                f"{weights} does not fit the model {cfg_file.name} describes ({detail}); "
                 f"{cfg_file.name} was edited, or the two files come from different exports: export the model again"
             ) from e
         _record_normalisation(model, meta.get("data"))
