@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 import vitlab
+from run_fixtures import make_run, write_checkpoint
 from vitlab import manifest
 from vitlab.atomic import atomic_write_text
 from vitlab.claim import LOCK_FILE
+from vitlab.cli.main import main
 from vitlab.config import RunConfig
 from vitlab.errors import RunDirError
 from vitlab.export import ExportError, export_model
@@ -170,3 +172,19 @@ def test_export_force_replaces_what_an_export_wrote_and_keeps_the_rest(tmp_path,
     weights = (out / "model.safetensors").read_bytes()
     export_model(vitlab.create_model("vit_pico", num_classes=2, img_size=16, patch_size=4), out, force=True)
     assert (out / "model.safetensors").read_bytes() != weights and (out / "notes.txt").read_text() == "the user's"
+
+
+def test_export_force_into_a_runs_linked_export_folder_is_refused_on_the_command_line(tmp_path, capsys):
+    run = make_run(tmp_path)
+    write_checkpoint(run)
+    mine = tmp_path / "mine"
+    (run / "export").rename(mine)
+    (run / "export").symlink_to(mine)
+    before = {p.name: p.read_bytes() for p in mine.iterdir()}
+    assert main(["export", str(run), "--force"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"vitlab export: error: export folder {run / 'export'} is a symbolic link (export -> {mine}); "
+        "--force replaces nothing through a link: pass the folder it points to as --out, or another --out"
+    ]
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
