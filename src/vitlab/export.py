@@ -210,7 +210,8 @@ def _check_force(out_dir: Path, formats: Sequence[str]) -> list[Path]:
         why = f"its {manifest.MANIFEST_FILE} does not name them" if manifest.has_manifest(out_dir) else "no manifest"
         raise ExportError(
             f"export folder {out_dir} holds {', '.join(theirs)}, which vitlab did not write ({why}); move "
-            "them elsewhere or pass another --out (--force replaces only the files an export wrote there)"
+            f"{'them' if len(theirs) > 1 else 'it'} elsewhere or pass another --out (--force replaces only the files "
+            "an export wrote there)"
         )
     return [out_dir / n for n in EXPORT_FORMAT_FILES.values() if manifest.is_recorded(out_dir / n)]
 
