@@ -253,9 +253,11 @@ class RunDir:
         """Make the folder ready for a new run, or refuse in one line before anything is touched.
 
         A new or empty folder (hidden files aside) gets a manifest (:mod:`vitlab.manifest`). A folder that holds
-        files and no manifest holds none of vitlab's: refused, whatever ``overwrite`` says. A folder with one holds
-        a run: refused unless ``overwrite``, which removes what the manifest names and nothing else, but not when a
-        file at a name the run writes (:data:`RUN_FILES`) is not the run's.
+        files and no manifest holds none of vitlab's: refused, whatever ``overwrite`` says (a run that lost its
+        manifest is told to delete the folder itself). A folder with one holds a run: refused unless ``overwrite``,
+        which removes what the manifest names and nothing else, but not when a file at a name the run writes
+        (:data:`RUN_FILES`) is not the run's, nor when a file it names lies behind a symbolic link
+        (:meth:`refuse_links`).
         """
         names = manifest.unlisted(self.path)
         trained = self.is_run() and (self.checkpoints_dir.is_dir() or (self.path / METRICS_FILE).is_file())
