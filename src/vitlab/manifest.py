@@ -164,6 +164,20 @@ def reached_through_link(folder: str | Path, *, links_too: bool = False) -> tupl
     return None
 
 
+def foreign_behind_link(path: str | Path) -> tuple[Path, Path] | None:
+    """``(folder, link)`` when ``path`` exists, lies behind a symbolic link below the nearest folder with a manifest
+    (``<run>/evaluation`` a link to a folder of the user's) and that manifest does not name it: a file vitlab would
+    replace out of the folder it owns. None otherwise (a new file, a file vitlab wrote, no link, no manifest)."""
+    path = Path(path).absolute()
+    if not (path.exists() or path.is_symlink()):
+        return None
+    for folder in list(path.parents)[:SEARCH_DEPTH]:
+        if has_manifest(folder):
+            link = link_on_the_way(folder, path)
+            return (folder, link) if link is not None and not is_recorded(path) else None
+    return None
+
+
 def describe_link(link: Path) -> str:
     """``"checkpoints -> /mnt/big/ckpts"``: a link and where it points, for a message."""
     return f"{link.name} -> {os.readlink(link)}"

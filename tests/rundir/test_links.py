@@ -15,7 +15,7 @@ from vitlab.atomic import atomic_write_text
 from vitlab.claim import LOCK_FILE
 from vitlab.cli.main import main
 from vitlab.config import RunConfig
-from vitlab.errors import RunDirError
+from vitlab.errors import OutputError, RunDirError
 from vitlab.export import ExportError, export_model
 from vitlab.manifest import MANIFEST_FILE
 from vitlab.rundir import RunDir
@@ -188,3 +188,19 @@ def test_export_force_into_a_runs_linked_export_folder_is_refused_on_the_command
         "--force replaces nothing through a link: pass the folder it points to as --out, or another --out"
     ]
     assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
+
+
+def test_a_users_file_behind_a_linked_run_subfolder_is_never_replaced(tmp_path):
+    """``vitlab evaluate`` replaces the run's own ``evaluation/evaluation.json``, but not a user's behind a link."""
+    run = tmp_path / "run"
+    _run_with(run, "checkpoints/best.ckpt")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "evaluation.json").write_text("the user's")
+    (run / "evaluation").symlink_to(mine)
+    with pytest.raises(OutputError, match=rf"cannot replace {run}/evaluation/evaluation.json: it lies behind "):
+        atomic_write_text(run / "evaluation" / "evaluation.json", "{}")
+    assert (mine / "evaluation.json").read_text() == "the user's"
+    atomic_write_text(run / "evaluation" / "reliability.png", "new")  # a new file is no rewrite
+    atomic_write_text(run / "evaluation" / "reliability.png", "again")  # nor is one vitlab wrote
+    assert (mine / "reliability.png").read_text() == "again"
