@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ DOWNLOADABLE = ["mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "celeba
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 CELEBA_DEFAULT_TARGET = "Male"
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+#: the files whose named classes without a training image were already said (a file is loaded more than once)
+_said_empty: set[str] = set()
 
 
 class DatasetNotFoundError(DataError, FileNotFoundError):
@@ -261,8 +264,8 @@ def class_names_problem(names: Sequence[str], num_classes: int) -> str | None:
 
 
 def _check_label_range(train: Tensor, test: Tensor, num_classes: int, named: bool, where: str) -> None:
-    """Classes 0..K-1 must all occur in the training labels unless the file names them (``class_names``), and the
-    test labels must be among them."""
+    """Classes 0..K-1 must all occur in the training labels unless the file names them (``class_names``: said once,
+    in one line on stderr), and the test labels must be among them."""
     if train.max() >= num_classes:
         raise DataError(
             f"{where}: y_train has label {int(train.max())} but class_names names {num_classes} classes; give a name "
@@ -275,6 +278,14 @@ def _check_label_range(train: Tensor, test: Tensor, num_classes: int, named: boo
             f"{where}: y_train uses {len(present)} of the labels 0..{num_classes - 1} ({shown}), which would make a "
             f"{num_classes}-way head; remap them to 0..{len(present) - 1} with np.unique(y, return_inverse=True), or "
             "store class_names in the file to keep the empty classes"
+        )
+    if named and len(present) < num_classes and where not in _said_empty:
+        _said_empty.add(where)
+        print(
+            f"{where}: y_train uses {len(present)} of the {num_classes} classes its class_names names; the model gets "
+            f"a {num_classes}-way head, as the file says, and never learns the classes without a training image (to "
+            f"train a {len(present)}-way one, drop their names and remap the labels)",
+            file=sys.stderr,
         )
     unseen = torch.unique(test[test >= num_classes]).tolist()
     if unseen:
