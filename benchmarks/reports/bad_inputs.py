@@ -103,6 +103,7 @@ def make_inputs(work: Path) -> dict[str, Path]:
     (work / "mine" / "deploy").mkdir()
     (work / "mine" / "deploy" / "model.onnx").write_bytes(b"the user's model")
     make_round_4_inputs(work)
+    make_round_5_inputs(work, run_dir)
     return {"run": run_dir}
 
 
@@ -150,6 +151,52 @@ def make_round_4_inputs(work: Path) -> None:
     np.savez(work / "four_channels.npz", x_train=four, y_train=labels, x_test=four[:20], y_test=labels[:20])
 
 
+def make_round_5_inputs(work: Path, run_dir: Path) -> None:
+    """A folder of the user's holding files at an export's names, a link to it, a run whose checkpoints/ is a link
+    to a folder of the user's."""
+    (work / "mine" / "weights").mkdir()
+    for name in ("model.safetensors", "config.json"):
+        (work / "mine" / "weights" / name).write_text("the user's")
+    (work / "weights_link").symlink_to(work / "mine" / "weights")
+    linked = work / "linked_run"
+    (linked / "checkpoints").mkdir(parents=True)
+    for name in (".vitlab-manifest.jsonl", "config.yaml", "checkpoints/best.ckpt"):
+        (linked / name).write_bytes((run_dir / name).read_bytes())
+    (work / "mine" / "ckpts").mkdir()
+    (work / "mine" / "ckpts" / "best.ckpt").write_text("the user's")
+    (linked / "checkpoints" / "best.ckpt").unlink()
+    (linked / "checkpoints").rmdir()
+    (linked / "checkpoints").symlink_to(work / "mine" / "ckpts")
+    make_round_5_files(work, run_dir)
+
+
+def make_round_5_files(work: Path, run_dir: Path) -> None:
+    """An npz of Python objects and one of flat images, a timm model's weights and a garbage weights file, a run
+    without its config.yaml, one without its manifest, an export whose config.json names another class count."""
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), np.arange(40) % 4
+    names = np.array(["cat", "dog", "owl", "emu"], dtype=object)
+    np.savez(work / "objects.npz", x_train=images, y_train=labels, x_test=images, y_test=labels, class_names=names)
+    flat = images.reshape(40, 64)
+    np.savez(work / "flat.npz", x_train=flat, y_train=labels, x_test=flat, y_test=labels)
+    import timm
+    from safetensors.torch import save_file
+
+    save_file(timm.create_model("deit_tiny_patch16_224", img_size=32).state_dict(), work / "deit.safetensors")
+    (work / "garbage.safetensors").write_bytes(b"garbage, not a safetensors file")
+    for name, files in {
+        "no_config": (".vitlab-manifest.jsonl", "checkpoints/last.ckpt"),
+        "no_manifest": ("config.yaml", "metrics.jsonl", "checkpoints/last.ckpt"),
+        "edited_export": ("export/model.safetensors", "export/config.json"),
+    }.items():
+        for file in files:
+            (work / name / file).parent.mkdir(parents=True, exist_ok=True)
+            (work / name / file).write_bytes((run_dir / file).read_bytes())
+    config = json.loads((work / "edited_export" / "export" / "config.json").read_text())
+    config["kwargs"]["num_classes"] = 5
+    (work / "edited_export" / "export" / "config.json").write_text(json.dumps(config))
+
+
 @contextlib.contextmanager
 def disk_full():
     """Every file written after this point meets a full disk (what a 5 MiB tmpfs does to a checkpoint)."""
@@ -170,6 +217,17 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
 
     def mine(name: str) -> str:
         return str(work / "mine" / name)
+
+    timm_explain = [
+        "explain",
+        "--model",
+        "timm:deit_tiny_patch16_224",
+        str(work / "pets" / "a"),
+        "--method",
+        "lrp",
+        "--out",
+        str(work / "timm_maps"),
+    ]
 
     return [
         ("unknown config key", [*FIT, "optim.lrr=1e-3"]),
@@ -315,6 +373,39 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         (
             "explain --out an existing file",
             ["explain", str(run_dir), str(work / "pets" / "a"), "--method", "rollout", "--out", str(work / "file.txt")],
+        ),
+        # issue 52, round 5
+        (
+            "export --force onto a user's model.safetensors",
+            ["export", str(run_dir), "--out", mine("weights"), "--force"],
+        ),
+        ("export --force through a link", ["export", str(run_dir), "--out", str(work / "weights_link"), "--force"]),
+        (
+            "run.overwrite of a run whose checkpoints/ is a link",
+            [*FIT, f"run.dir={work / 'linked_run'}", "run.overwrite=true"],
+        ),
+        ("npz holding Python objects", [*FIT, "data.name=npz", f"data.path={work / 'objects.npz'}"]),
+        ("npz of flat images", [*FIT, "data.name=npz", f"data.path={work / 'flat.npz'}"]),
+        (
+            "explain a timm model with garbage --weights",
+            [*timm_explain, "--weights", str(work / "garbage.safetensors")],
+        ),
+        (
+            "explain a timm model at --img-size 0",
+            [*timm_explain, "--weights", str(work / "deit.safetensors"), "--img-size", "0"],
+        ),
+        (
+            "explain a timm model at --img-size 17",
+            [*timm_explain, "--weights", str(work / "deit.safetensors"), "--img-size", "17"],
+        ),
+        ("--resume of a run that lost its config.yaml", ["fit", "--resume", str(work / "no_config")]),
+        (
+            "run.overwrite of a run that lost its manifest",
+            [*FIT, f"run.dir={work / 'no_manifest'}", "run.overwrite=true"],
+        ),
+        (
+            "an export whose config.json was edited",
+            ["predict", str(work / "edited_export" / "export"), str(work / "pets")],
         ),
     ]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from vitlab.errors import OutputError
 from vitlab.jsonio import strict_dumps
-from vitlab.manifest import note_written
+from vitlab.manifest import describe_link, foreign_behind_link, note_written
 
 
 def umask_mode(directory: bool = False) -> int:
@@ -37,9 +37,24 @@ def umask_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~umask
 
 
+def check_not_foreign(path: str | Path) -> None:
+    """Refuse to replace a file that lies behind a symbolic link out of a folder vitlab owns and that vitlab did not
+    write (:func:`vitlab.manifest.foreign_behind_link`): a :class:`OutputError` naming the link."""
+    found = foreign_behind_link(path)
+    if found is not None:
+        folder, link = found
+        raise OutputError(
+            f"cannot replace {path}: it lies behind {describe_link(link)}, a symbolic link out of {folder}, and "
+            "vitlab did not write it; move the file, or replace the link by a folder (vitlab replaces nothing through "
+            "a link out of a folder it owns)"
+        )
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a reader never sees a partial file (temp file in the same folder + rename)."""
+    """Write ``data`` to ``path`` so a reader never sees a partial file (temp file in the same folder + rename); a
+    user's file behind a link out of a run is refused (:func:`check_not_foreign`)."""
     path = Path(path)
+    check_not_foreign(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -147,6 +162,7 @@ def staged_file(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary file beside ``path`` for a writer that needs a path; it becomes ``path`` (with the umask's mode)
     only when the block succeeds, and is removed otherwise."""
     path = Path(path)
+    check_not_foreign(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(fd)

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_model as st_save_model
 from torch import nn
@@ -190,23 +193,27 @@ def default_export_dir(checkpoint: str | Path) -> Path:
     return checkpoint.parent.parent / EXPORT_DIR
 
 
-def _earlier_deployments(out_dir: Path, formats: Sequence[str]) -> list[Path]:
-    """The deployment files (``model.onnx``, ``model.pt2``) an earlier export wrote into ``out_dir`` (its manifest
-    names them): they hold the earlier weights. A file at one of those names that no export wrote is the user's:
-    refused when a format of ``formats`` would write it, left alone otherwise."""
-    earlier = []
-    for fmt, name in EXPORT_FORMAT_FILES.items():
-        path = out_dir / name
-        if not path.exists():
-            continue
-        if manifest.is_recorded(path):
-            earlier.append(path)
-        elif fmt in formats:
-            raise ExportError(
-                f"export folder {out_dir} holds {name}, which vitlab did not write; move it elsewhere or pass "
-                f"another --out (--force replaces only the files an export wrote there)"
-            )
-    return earlier
+def _check_force(out_dir: Path, formats: Sequence[str]) -> list[Path]:
+    """What ``--force`` may do in ``out_dir``, which holds files: refused, naming them, when a file at a name the
+    export writes (:data:`EXPORT_FILES`, and the deployment file of each of ``formats``) is not one an export wrote
+    there (the folder's manifest does not name it: a folder without one is the user's), or when ``out_dir`` is a
+    symbolic link. Returns the deployment files (``model.onnx``, ``model.pt2``) an earlier export wrote, which hold
+    the earlier weights and go."""
+    if out_dir.is_symlink():
+        raise ExportError(
+            f"export folder {out_dir} is a symbolic link ({manifest.describe_link(out_dir)}); --force replaces "
+            "nothing through a link: pass the folder it points to as --out, or another --out"
+        )
+    names = (*EXPORT_FILES, *(name for fmt, name in EXPORT_FORMAT_FILES.items() if fmt in formats))
+    theirs = [n for n in names if (out_dir / n).exists() and not manifest.is_recorded(out_dir / n)]
+    if theirs:
+        why = f"its {manifest.MANIFEST_FILE} does not name them" if manifest.has_manifest(out_dir) else "no manifest"
+        raise ExportError(
+            f"export folder {out_dir} holds {', '.join(theirs)}, which vitlab did not write ({why}); move "
+            f"{'them' if len(theirs) > 1 else 'it'} elsewhere or pass another --out (--force replaces only the files "
+            "an export wrote there)"
+        )
+    return [out_dir / n for n in EXPORT_FORMAT_FILES.values() if manifest.is_recorded(out_dir / n)]
 
 
 def export_model(
@@ -223,10 +230,13 @@ def export_model(
     the whole export or none. A folder that already holds files is refused, unless ``force``: then the export's
     own files (:data:`EXPORT_FILES`) are replaced, each atomically, and the ``model.onnx`` / ``model.pt2`` an
     earlier export wrote (named in the folder's manifest) are removed, being another model's; the folder's other
-    files stay. ``formats``: the deployment formats written next (``vitlab export --format``): a file of the user's
-    at the name one of them writes is refused before anything is written.
+    files stay. A file at one of the export's names that no export wrote (a folder without a manifest is the
+    user's), or a ``force`` through a symbolic link, is refused before anything is written (:func:`_check_force`).
+    ``formats``: the deployment formats written next (``vitlab export --format``), whose files are checked too.
     """
     out_dir = Path(out_dir).expanduser().absolute()
+    if out_dir.is_symlink() and not force:  # a link to a new or empty folder: written there (nothing is replaced)
+        out_dir = out_dir.resolve()
     if not hasattr(model, "preset"):
         raise ValueError("only models built with vitlab.create_model can be exported (they record their preset)")
     if out_dir.exists() and not out_dir.is_dir():
@@ -238,7 +248,7 @@ def export_model(
             f"export folder {out_dir} is not empty ({shown}); pass a new or empty folder to --out, or --force to "
             f"replace only the export's own files ({', '.join(EXPORT_FILES)})"
         )
-    earlier = _earlier_deployments(out_dir, formats) if existing else []
+    earlier = _check_force(out_dir, formats) if existing else []
     meta = {
         "format": EXPORT_FORMAT,
         "model": model.preset,
@@ -250,18 +260,30 @@ def export_model(
         with staging_folder(out_dir) as stage:
             for folder in (stage, out_dir) if existing else (stage,):  # the export names its own files
                 manifest.start(folder, note=False)
-            st_save_model(model, str(stage / EXPORT_WEIGHTS_FILE))
+            _save_weights(model, stage / EXPORT_WEIGHTS_FILE)
             meta["weights_sha256"] = file_sha256(stage / EXPORT_WEIGHTS_FILE)
             atomic_write_text(stage / EXPORT_CONFIG_FILE, json.dumps(meta, indent=2, default=str))
             publish_files(stage, out_dir, EXPORT_FILES, whole=not existing)
         for path in earlier:
             path.unlink(missing_ok=True)
             manifest.note_removed(path)
-    except OSError as e:
-        if e.filename is None:  # a full disk names no file: say which export failed
-            raise OSError(e.errno, e.strerror, str(out_dir)) from e
-        raise
+    except OSError as e:  # a full disk, a read-only folder: name the export, not its hidden staging folder
+        if isinstance(e, VitlabError):
+            raise
+        raise OSError(e.errno, e.strerror, str(out_dir)) from e
     return out_dir
+
+
+def _save_weights(model: nn.Module, path: Path) -> None:
+    """``safetensors.torch.save_model``, whose I/O errors (a full disk) come as a ``SafetensorError`` quoting the
+    operating system's error number: raised as the ``OSError`` it is, which the command line says in one line."""
+    try:
+        st_save_model(model, str(path))
+    except SafetensorError as e:
+        code = re.search(r"(?:os error |code: )(\d+)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
 
 
 def _check_weights(weights: Path, sha256: str | None) -> None:
@@ -297,11 +319,22 @@ def load_model(
         _check_weights(weights, meta.get("weights_sha256"))  # an export older than the checksum has none
         try:
             state = st_load_file(str(weights), device=str(map_location))
-            model.load_state_dict(state_in_original_order(model, state), strict=True)
         except FileNotFoundError as e:
             raise CheckpointError(f"{weights} is missing; export the model again") from e
         except Exception as e:
-            raise CheckpointError(f"{weights} cannot be read ({e}); the file is corrupt: export the model again") from e
+            reason = _first_sentence(str(e))
+            raise CheckpointError(
+                f"{weights} cannot be read ({reason}); the file is corrupt: export the model again"
+            ) from e
+        try:
+            model.load_state_dict(state_in_original_order(model, state), strict=True)
+        except (RuntimeError, KeyError) as e:  # torch lists every mismatch, one per line after a header line
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            detail = lines[min(1, len(lines) - 1)].rstrip(".")
+            raise CheckpointError(
+                f"{weights} does not fit the model {cfg_file.name} describes ({detail}); "
+                f"{cfg_file.name} was edited, or the two files come from different exports: export the model again"
+            ) from e
         _record_normalisation(model, meta.get("data"))
         return model.eval()
     model, _ = model_from_checkpoint(path, overrides)

@@ -131,13 +131,56 @@ def entries(folder: str | Path) -> list[dict[str, str]]:
 
 
 def recorded_paths(folder: str | Path) -> list[Path]:
-    """The files and folders ``folder``'s manifest names that exist now (patterns expanded)."""
+    """The files and folders ``folder``'s manifest names that exist now (patterns expanded; the folder itself, which
+    ``{"glob": "**"}`` matches, is never one of them)."""
     folder = Path(folder)
     found: list[Path] = []
     for entry in entries(folder):
         targets = sorted(folder.glob(entry["glob"])) if "glob" in entry else [folder / entry["path"]]
-        found += [t for t in targets if (t.exists() or t.is_symlink()) and t not in found]
+        found += [t for t in targets if (t.exists() or t.is_symlink()) and t != folder and t not in found]
     return found
+
+
+def link_on_the_way(folder: Path, path: Path) -> Path | None:
+    """The first symbolic link among the folders between ``folder`` and ``path`` (``path`` itself not counted):
+    what vitlab would reach through it lies outside the folder it owns."""
+    here = folder
+    for part in path.relative_to(folder).parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            return here
+    return None
+
+
+def reached_through_link(folder: str | Path, *, links_too: bool = False) -> tuple[Path, Path] | None:
+    """``(link, path)`` for the first path ``folder``'s manifest names that is reached through a symbolic link
+    (with ``links_too``, or that is one: a writer that appends or rewrites in place follows it); None when every
+    recorded path lies inside ``folder`` itself. ``shutil.rmtree`` refuses links for the same reason."""
+    folder = Path(folder)
+    for path in recorded_paths(folder):
+        link = link_on_the_way(folder, path) or (path if links_too and path.is_symlink() else None)
+        if link is not None:
+            return link, path
+    return None
+
+
+def foreign_behind_link(path: str | Path) -> tuple[Path, Path] | None:
+    """``(folder, link)`` when ``path`` exists, lies behind a symbolic link below the nearest folder with a manifest
+    (``<run>/evaluation`` a link to a folder of the user's) and that manifest does not name it: a file vitlab would
+    replace out of the folder it owns. None otherwise (a new file, a file vitlab wrote, no link, no manifest)."""
+    path = Path(path).absolute()
+    if not (path.exists() or path.is_symlink()):
+        return None
+    for folder in list(path.parents)[:SEARCH_DEPTH]:
+        if has_manifest(folder):
+            link = link_on_the_way(folder, path)
+            return (folder, link) if link is not None and not is_recorded(path) else None
+    return None
+
+
+def describe_link(link: Path) -> str:
+    """``"checkpoints -> /mnt/big/ckpts"``: a link and where it points, for a message."""
+    return f"{link.name} -> {os.readlink(link)}"
 
 
 def is_recorded(path: str | Path) -> bool:
@@ -152,10 +195,14 @@ def is_recorded(path: str | Path) -> bool:
 
 def remove_recorded(folder: str | Path) -> None:
     """Remove what ``folder``'s manifest names, then the manifest, then the folders this left empty; files it does
-    not name stay where they are. A named folder with a manifest of its own (an export) is cleared the same way."""
+    not name stay where they are. A named folder with a manifest of its own (an export) is cleared the same way. A
+    named link is removed itself, never what it points to, and nothing is reached through a link
+    (:func:`reached_through_link`)."""
     folder = Path(folder)
     emptied: set[Path] = set()
     for target in recorded_paths(folder):
+        if link_on_the_way(folder, target) is not None:  # never through a link (callers refuse such a folder first)
+            continue
         if target.is_dir() and not target.is_symlink():
             if has_manifest(target):
                 remove_recorded(target)

@@ -253,11 +253,22 @@ class RunDir:
         """Make the folder ready for a new run, or refuse in one line before anything is touched.
 
         A new or empty folder (hidden files aside) gets a manifest (:mod:`vitlab.manifest`). A folder that holds
-        files and no manifest holds none of vitlab's: refused, whatever ``overwrite`` says. A folder with one holds
-        a run: refused unless ``overwrite``, which removes what the manifest names and nothing else, but not when a
-        file at a name the run writes (:data:`RUN_FILES`) is not the run's.
+        files and no manifest holds none of vitlab's: refused, whatever ``overwrite`` says (a run that lost its
+        manifest is told to delete the folder itself). A folder with one holds a run: refused unless ``overwrite``,
+        which removes what the manifest names and nothing else, but not when a file at a name the run writes
+        (:data:`RUN_FILES`) is not the run's, nor when a file it names lies behind a symbolic link
+        (:meth:`refuse_links`).
         """
         names = manifest.unlisted(self.path)
+        trained = self.is_run() and (self.checkpoints_dir.is_dir() or (self.path / METRICS_FILE).is_file())
+        if names and not manifest.has_manifest(self.path) and trained:
+            raise RunDirError(
+                f"run directory {self.path} holds a run ({CONFIG_FILE}, {METRICS_FILE} or {CHECKPOINTS_DIR}/) but no "
+                "run manifest "
+                f"({manifest.MANIFEST_FILE}), so vitlab cannot tell its files from yours and removes none, "
+                "run.overwrite=true or not: delete the folder yourself if nothing in it is yours, or choose another "
+                "run.dir"
+            )
         if names and not manifest.has_manifest(self.path):
             shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
             raise RunDirError(
@@ -271,14 +282,29 @@ class RunDir:
                 "choose another run.dir, or set run.overwrite=true to remove the files that run wrote (named in its "
                 f"{manifest.MANIFEST_FILE}; other files stay)"
             )
+        self.refuse_links("run.overwrite=true removes")
         for name in RUN_FILES:
             if (self.path / name).exists() and not manifest.is_recorded(self.path / name):
+                link = manifest.link_on_the_way(self.path, self.path / name)
+                through = f" (through the link {manifest.describe_link(link)})" if link else ""
                 raise RunDirError(
-                    f"run directory {self.path} holds {name}, which vitlab did not write; move it elsewhere or choose "
-                    "another run.dir (run.overwrite=true removes only the files the run's manifest names)"
+                    f"run directory {self.path} holds {name}{through}, which vitlab did not write; move it elsewhere "
+                    "or choose another run.dir (run.overwrite=true removes only the files the run's manifest names)"
                 )
         manifest.remove_recorded(self.path)
         manifest.start(self.path, note=False)
+
+    def refuse_links(self, action: str, *, links_too: bool = False) -> None:
+        """Refuse in one line when a file the run's manifest names is reached through a symbolic link (``links_too``:
+        or is one), naming the link; ``action`` says what would follow it (``"run.overwrite=true removes"``)."""
+        found = manifest.reached_through_link(self.path, links_too=links_too)
+        if found is not None:
+            link, path = found
+            raise RunDirError(
+                f"run directory {self.path} holds {manifest.describe_link(link)}, a symbolic link, and {action} "
+                f"{path.relative_to(self.path)} through it; vitlab acts on nothing outside the folder it owns: move "
+                "the files into the run directory in place of the link, or remove the link, or choose another run.dir"
+            )
 
     def require_run(self) -> RunDir:
         if not self.is_run():

@@ -15,6 +15,7 @@ from typing import Any
 
 from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc, resize_rel_pos_bias_table
 from timm.models._builder import build_model_with_cfg
+from timm.models._manipulate import adapt_input_conv
 from timm.models._registry import generate_default_cfgs, register_model
 from torch import nn
 
@@ -60,7 +61,9 @@ def _preset_model(name: str, generative: bool, **kwargs: Any) -> nn.Module:
 def _fit_weights(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     """timm's ``pretrained_filter_fn``: a whole ViTCAE checkpoint's ``encoder.`` weights; position embeddings and
     relative position bias tables of another input size resampled to the model's, as timm's ViT and Swin filters do
-    (``resample_abs_pos_embed``, ``resample_abs_pos_embed_nhwc``, ``resize_rel_pos_bias_table``)."""
+    (``resample_abs_pos_embed``, ``resample_abs_pos_embed_nhwc``, ``resize_rel_pos_bias_table``); a first
+    convolution of another channel count adapted by timm's ``adapt_input_conv`` from the file's own count (a gray
+    export into an RGB model: its filter spread over the three channels), which the registry's cfg cannot know."""
     if any(k.startswith("encoder.") for k in state):
         state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
     own = model.state_dict()
@@ -72,6 +75,8 @@ def _fit_weights(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
             state[key] = resample_abs_pos_embed_nhwc(value, target.shape[1:3])
         elif key.endswith("pos_embed"):  # ViT's [1, 1 + G*G, C]
             state[key] = resample_abs_pos_embed(value, new_size=model.grid_size, num_prefix_tokens=1)
+        elif value.ndim == 4 == target.ndim and value.shape[1] != target.shape[1]:  # the first convolution
+            state[key] = adapt_input_conv(target.shape[1], value, base_chans=value.shape[1])
         elif key.endswith("relative_position_bias_table"):
             window = model.get_submodule(key.rpartition(".")[0]).window_size
             state[key] = resize_rel_pos_bias_table(value, new_window_size=window, new_bias_shape=target.shape)

@@ -153,3 +153,40 @@ def test_a_run_config_built_in_python_is_checked_too():
         RunConfig(model={"name": "vitcae_pico"}, loss={"warmup": 0})
     with pytest.raises(ConfigError, match="needs a 'name'"):
         build_config(None, ["model.depth=2"])
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("depth", 0), ("depth", -1), ("embed_dim", 0), ("patch_size", 0), ("mlp_ratio", -1.0), ("drop_path_rate", 1.5)],
+)
+def test_the_python_api_refuses_what_the_config_refuses_in_the_same_words(tmp_path, option, value):
+    """``create_model``, timm's builder and ``load_model`` check the options where the config check does."""
+    import json
+
+    import timm
+
+    import vitlab
+
+    with pytest.raises(ConfigError) as from_config:
+        build_config("vit/digits", [f"model.{option}={value}"])
+    message = str(from_config.value)
+    assert message.startswith(f"model.{option} must be ")
+    with pytest.raises(ConfigError) as from_api:
+        vitlab.create_model("vit_pico", **{option: value})
+    with pytest.raises(ConfigError) as from_timm:
+        timm.create_model("vitlab_vit_pico", **{option: value})
+    export = vitlab.export_model(vitlab.create_model("vit_pico"), tmp_path / "export")
+    meta = json.loads((export / "config.json").read_text())
+    meta["kwargs"][option] = value
+    (export / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError) as from_export:
+        vitlab.load_model(export)
+    assert str(from_api.value) == str(from_timm.value) == str(from_export.value) == message
+
+
+def test_a_model_without_a_classifier_is_built_but_a_run_needs_classes():
+    import vitlab
+
+    assert vitlab.create_model("vit_pico", num_classes=0).num_classes == 0  # timm's pooled-features model
+    with pytest.raises(ConfigError, match="model.num_classes must be at least 1, got 0"):
+        build_config("vit/digits", ["model.num_classes=0"])

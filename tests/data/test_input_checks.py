@@ -107,6 +107,34 @@ def test_npz_layout_problems_are_named(tmp_path, capsys):
     assert "is a folder" in line
 
 
+def test_npz_of_python_objects_and_of_the_wrong_shape_say_what_to_save_instead(tmp_path, capsys):
+    names = np.array(["cat", "dog", "owl", "emu"], dtype=object)
+    line = _refused(capsys, tmp_path, "data.name=npz", _npz(tmp_path / "o.npz", class_names=names))
+    assert "class_names of" in line and "array of Python objects (dtype=object)" in line
+    assert "np.array(names, dtype=str)" in line
+    flat = random_images(40, 8, 8, None, seed=0).reshape(40, 64)
+    line = _refused(capsys, tmp_path, "data.name=npz", _npz(tmp_path / "s.npz", x_train=flat, x_test=flat[:20]))
+    assert "got shape [40, 64] (2 axes)" in line and "uint8" not in line, "a shape problem is not a dtype problem"
+
+
+def test_npz_naming_a_class_without_training_images_says_so_once(tmp_path, capsys):
+    labels = np.arange(40) % 3  # classes 0, 1, 2 of the four named
+    names = np.array(["cat", "dog", "owl", "emu"])
+    cfg = DataConfig(
+        name="npz", path=_npz(tmp_path / "n.npz", y_train=labels, y_test=labels[:20], class_names=names)[10:]
+    )
+    for _ in range(2):
+        datamodule = build_datamodule(cfg)
+        datamodule.setup("fit")
+    assert datamodule.num_classes == 4
+    lines = [line for line in capsys.readouterr().err.splitlines() if "classes its class_names names" in line]
+    assert lines == [
+        f"npz {tmp_path / 'n.npz'}: y_train uses 3 of the 4 classes its class_names names; the model gets a 4-way "
+        "head, as the file says, and never learns the classes without a training image (to train a 3-way one, drop "
+        "their names and remap the labels)"
+    ]
+
+
 # -- image folders and tiny data ---------------------------------------------------------------------------------------
 def test_image_folder_classes_are_non_empty_and_at_least_two(tmp_path, capsys):
     write_imagefolder(tmp_path / "pets", {"": 6}, size=(8, 8), gray=True)

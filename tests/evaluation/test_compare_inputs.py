@@ -42,3 +42,16 @@ def test_runs_on_different_datasets_are_a_warning(tmp_path, capsys):
     assert main(["compare", str(a), str(b)]) == 0
     assert "vitlab compare: warning: the runs were trained on different datasets" in capsys.readouterr().err
     assert compare_runs(_runs(tmp_path / "same"))["warnings"] == []
+
+
+def test_compare_writes_numbers_out_as_a_reader_compares_them():
+    from vitlab.evaluation.compare import plain_number
+
+    assert [plain_number(v) for v in (12345.6, -12345.6, 0.012345, 0.91, 1.0)] == [
+        "12346",
+        "-12346",
+        "0.01235",
+        "0.91",
+        "1",
+    ]
+    assert plain_number(0.01, 2) == "0.01" and plain_number(2.5e10) == "2.5e+10" and plain_number(3e-6) == "3e-06"

@@ -172,3 +172,30 @@ def test_explain_takes_a_timm_model_by_name_with_a_local_weights_file(tmp_path, 
     assert "needs --weights FILE" in capsys.readouterr().err
     assert main([*args, "--weights", str(weights), "--out", str(tmp_path / "x")]) == 2
     assert "do not fit timm:deit_tiny_patch16_224" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("weights", "img_size", "expected"),
+    [
+        (b"garbage, not a safetensors file", "32", "deit.safetensors cannot be read (SafetensorError: "),
+        (None, "0", "--img-size must be at least 1, got 0; pass the model's input size, or leave it out"),
+        (None, "17", "--img-size 17 is not a multiple of timm:deit_tiny_patch16_224's patch size 16; pass a multiple"),
+    ],
+    ids=["garbage-weights", "img-size-0", "img-size-17"],
+)
+def test_a_timm_model_with_bad_weights_or_size_is_one_line_naming_the_problem(
+    tmp_path, capsys, weights, img_size, expected
+):
+    import timm
+    from safetensors.torch import save_file
+
+    path = tmp_path / "deit.safetensors"
+    if weights is None:
+        save_file(timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32).state_dict(), path)
+    else:
+        path.write_bytes(weights)
+    write_png(tmp_path / "a.png", shape=(20, 24))
+    argv = ["explain", "--model", "timm:deit_tiny_patch16_224", str(tmp_path / "a.png"), "--method", "lrp"]
+    assert main([*argv, "--weights", str(path), "--img-size", img_size, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert expected in err.splitlines()[0] and "Traceback" not in err and not (tmp_path / "o").exists()

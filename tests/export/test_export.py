@@ -1,13 +1,19 @@
-"""Exported models and checkpoints: the public names, the weights' checksums, the device check."""
+"""Exported models and checkpoints: the public names, the weights' checksums, the device check, a folder that
+cannot be written."""
 
+import errno
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 import vitlab
 import vitlab.export
+from run_fixtures import make_run, write_checkpoint
 from tests.model_fixtures import tiny_vit
+from vitlab.cli.main import main
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.export import checksum_file, export_model, file_sha256, load_model, read_checkpoint
 
@@ -66,3 +72,36 @@ def test_a_corrupted_checkpoint_is_refused_by_its_sidecar_checksum(tmp_path):
     io.save_checkpoint({"state_dict": {}}, ckpt)
     io.remove_checkpoint(ckpt)
     assert list(ckpt.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (
+            SafetensorError(
+                'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space" })'
+            ),
+            "the disk is full",
+        ),
+        (OSError(errno.EROFS, "Read-only file system"), "the file system is read-only"),
+    ],
+    ids=["full-disk", "read-only"],
+)
+def test_an_export_that_cannot_be_written_is_one_line_naming_the_folder(tmp_path, monkeypatch, capsys, error, expected):
+    run = make_run(tmp_path)
+    write_checkpoint(run)
+
+    def fail(model, path):
+        Path(path).write_bytes(b"half")  # what a full disk leaves: a part of the file
+        raise error
+
+    monkeypatch.setattr(vitlab.export, "st_save_model", fail)
+    out = tmp_path / "deploy"
+    assert main(["export", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[
+        0
+    ] == f"vitlab export: error: cannot write {out}: {expected} (no file is left half-written)" + (
+        "; free space, or write elsewhere" if "full" in expected else "; write elsewhere"
+    )
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["vit_pico-0"], "no staging folder left"

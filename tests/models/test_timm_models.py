@@ -296,3 +296,21 @@ def test_a_failing_after_import_hook_warns_and_the_import_goes_on():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "(0.0, 1.0, 1)" in out.stdout and "hook after importing colorsys failed" in out.stdout, out.stdout
+
+
+def test_a_gray_export_loads_into_an_rgb_timm_model_with_its_logits(tmp_path):
+    """The first convolution is adapted from the file's own channel count, which the overlay does not give."""
+    torch.manual_seed(0)
+    gray = vitlab.create_model("vit_pico", in_chans=1, img_size=16, patch_size=4, num_classes=5).eval()
+    vitlab.export_model(gray, tmp_path / "export")
+    rgb = timm.create_model(
+        PREFIX + "vit_pico",
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file=str(tmp_path / "export" / "model.safetensors"), num_classes=5),
+        num_classes=5,
+        img_size=16,
+        patch_size=4,
+    ).eval()
+    x = torch.randn(2, 1, 16, 16)
+    assert rgb.patch_embed.proj.weight.shape[1] == 3
+    torch.testing.assert_close(rgb(x.expand(-1, 3, -1, -1)), gray(x), atol=1e-5, rtol=1e-5)

@@ -35,7 +35,7 @@ def _check_target(args: argparse.Namespace) -> None:
             raise ConfigError("--evaluate reads a run's test set; pass a run directory instead of --model")
         args.images = [args.target, *args.images] if args.target else args.images
         args.target = args.model
-    elif args.weights or args.img_size:
+    elif args.weights or args.img_size is not None:
         raise ConfigError("--weights and --img-size belong to --model timm:NAME; a run directory has its own")
     if not args.target:
         raise ConfigError("name a run directory (RUN_OR_EXPORT) or a timm model (--model timm:NAME --weights FILE)")

@@ -268,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             message = str(e)
         print(f"vitlab {args.command}: {'stopped' if interrupted else 'error'}: {message}", file=sys.stderr)
-        if not interrupted:
-            print("(set VITLAB_DEBUG=1 for the full traceback)", file=sys.stderr)
+        if not interrupted and (e.__cause__ is not None or message != str(e)):
+            print("(set VITLAB_DEBUG=1 for the full traceback)", file=sys.stderr)  # only where one was cut short
         return 130 if interrupted else 2
 
 

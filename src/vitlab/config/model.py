@@ -35,13 +35,15 @@ SIZE_OPTIONS = (
     "img_size",
     "patch_size",
     "in_chans",
-    "num_classes",
     "embed_dim",
+    "embed_dims",
     "depth",
     "depths",
     "num_heads",
     "window_size",
 )
+#: dropout probabilities, each in [0, 1]
+RATE_OPTIONS = ("drop_rate", "attn_drop_rate", "drop_path_rate")
 #: the attention temperature's two forms (:class:`vitlab.layers.attention.Attention`)
 TemperatureForm = Literal["inverse", "divide"]
 M = TypeVar("M", bound=type)
@@ -87,6 +89,7 @@ class ImageModelOptions:
     num_classes: int = 10
 
     def __post_init__(self) -> None:
+        check_option_values(vars(self))
         check_patch_grid(self.img_size, self.patch_size)
         check_choices(self)
 
@@ -278,14 +281,40 @@ def has_temperature(model: dict[str, Any]) -> bool | None:
     return bool(fields["temperature"]) if "temperature" in fields else None
 
 
-def check_model_sizes(model: dict[str, Any]) -> None:
-    """Every size the ``model`` section sets (:data:`SIZE_OPTIONS`) is at least 1, else a :class:`ConfigError`."""
+def _refuse(key: str, value: Any, rule: str, fix: str) -> None:
+    shown = list(value) if isinstance(value, tuple) else value
+    raise ConfigError(f"model.{key} must be {rule}, got {shown}; set model.{key} to {fix}")
+
+
+def check_option_values(options: dict[str, Any]) -> None:
+    """The one check of a model's option values, for a config section (the keys it sets) and for every model built
+    (the options dataclass's ``__post_init__``, so ``create_model``, timm's builder and ``load_model`` refuse what
+    the config check refuses, in the same words): each size (:data:`SIZE_OPTIONS`) at least 1, ``mlp_ratio``
+    above 0, each dropout rate (:data:`RATE_OPTIONS`) in [0, 1], ``num_classes`` at least 0 (0: no classifier, as
+    timm's ``num_classes=0``). Raises :class:`ConfigError` naming the option."""
     for key in SIZE_OPTIONS:
-        value = model.get(key)
-        values = value if isinstance(value, list | tuple) else [value]
-        if any(isinstance(v, int) and v < 1 for v in values):
-            shown = list(value) if isinstance(value, tuple) else value
-            raise ConfigError(f"model.{key} must be at least 1, got {shown}; set model.{key} to a positive size")
+        value = options.get(key)
+        if any(isinstance(v, int) and v < 1 for v in (value if isinstance(value, list | tuple) else [value])):
+            _refuse(key, value, "at least 1", "a positive size")
+    ratio = options.get("mlp_ratio")
+    if isinstance(ratio, int | float) and not ratio > 0:
+        _refuse("mlp_ratio", ratio, "above 0", "a positive ratio (4.0 in ViT-B)")
+    for key in RATE_OPTIONS:
+        rate = options.get(key)
+        if isinstance(rate, int | float) and not 0 <= rate <= 1:
+            _refuse(key, rate, "in [0, 1]", "a probability")
+    classes = options.get("num_classes")
+    if isinstance(classes, int) and classes < 0:
+        _refuse("num_classes", classes, "at least 0", "0 (no classifier) or more")
+
+
+def check_model_sizes(model: dict[str, Any]) -> None:
+    """The option values a ``model`` section sets (:func:`check_option_values`), and ``num_classes`` at least 1: a
+    run trains a classifier. Raises :class:`ConfigError`."""
+    check_option_values(model)
+    classes = model.get("num_classes")
+    if isinstance(classes, int) and classes < 1:
+        _refuse("num_classes", classes, "at least 1", "a positive size")
 
 
 def family_of_class_name(class_name: str) -> Family | None:

@@ -291,6 +291,18 @@ def _load_tiny_imagenet(cfg: DataConfig, download: bool) -> DatasetSource:
     )
 
 
+def _npz_array(file: np.lib.npyio.NpzFile, key: str, path: Path) -> np.ndarray:
+    """``file[key]``; an array of Python objects (which only unpickling reads, and ``np.load`` reads no pickle: one
+    can run code) is a :class:`DataError` that says how to save it instead."""
+    try:
+        return file[key]
+    except ValueError as e:
+        raise DataError(
+            f"npz: {key} of {path} is an array of Python objects (dtype=object), which vitlab does not unpickle; save "
+            "it as numbers (images uint8, labels int) or, for names, as strings: np.array(names, dtype=str)"
+        ) from e
+
+
 def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
     """A ``.npz`` file with ``x_train, y_train, x_test, y_test`` (uint8 images NHW or NHWC; int labels ``[N]``, or
     a 0/1 attribute matrix ``[N, K]`` whose class column ``cfg.target`` names via ``attr_names`` or indexes).
@@ -315,9 +327,9 @@ def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
                 f"npz: {path} lacks {', '.join(missing)} (has: {', '.join(file.files)}). It needs x_train, y_train, "
                 "x_test, y_test: uint8 images NHW or NHWC, labels [N] or a 0/1 attribute matrix [N, K]."
             )
-        arrays = {key: file[key] for key in NPZ_KEYS}
-        attr_names = [str(name) for name in file["attr_names"]] if "attr_names" in file.files else None
-        stored_names = [str(name) for name in file["class_names"]] if "class_names" in file.files else None
+        arrays = {key: _npz_array(file, key, path) for key in (*NPZ_KEYS, "attr_names", "class_names") if key in file}
+    attr_names = [str(name) for name in arrays["attr_names"]] if "attr_names" in arrays else None
+    stored_names = [str(name) for name in arrays["class_names"]] if "class_names" in arrays else None
     images = {key: _images_nchw(arrays[key], f"npz {key}") for key in ("x_train", "x_test")}
     check_split_channels(images, f"npz {path}")
     for split in ("train", "test"):

@@ -10,11 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vitlab.data.config import DataConfig, DataError
-from vitlab.data.sources import DatasetNotFoundError, DatasetSource, ImageFilePool, _locate, image_pixels
+from vitlab.data.sources import DatasetNotFoundError, DatasetSource, ImageFilePool, _locate, image_pixels, open_image
 
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
 _reported_bad_images: set[str] = set()
@@ -52,7 +51,7 @@ def _image_mode_and_size(path: str, mtime_ns: int, size: int) -> tuple[str, int]
     """``(PIL mode, shorter side)`` of a decodable image, or the reason it cannot be read. Cached by file
     identity: the folder is listed twice per run (for the model's shape, then for the data)."""
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             mode, shorter = image.mode, min(image.size)
             image_pixels(image, "L")  # a full decode (a truncated file opens fine and fails only here), a bit depth
         return mode, shorter

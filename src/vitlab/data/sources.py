@@ -3,15 +3,17 @@ pools (tensors in memory, files read on access), the splits, and the checks of f
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms.v2.functional import pil_to_tensor
@@ -24,6 +26,8 @@ DOWNLOADABLE = ["mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "celeba
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 CELEBA_DEFAULT_TARGET = "Male"
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+#: the files whose named classes without a training image were already said (a file is loaded more than once)
+_said_empty: set[str] = set()
 
 
 class DatasetNotFoundError(DataError, FileNotFoundError):
@@ -92,14 +96,32 @@ def image_pixels(image: Image.Image, mode: str) -> Tensor:
     return pil_to_tensor(image.convert(mode))
 
 
+@contextlib.contextmanager
+def open_image(path: str | Path) -> Iterator[Image.Image]:
+    """An image file as a viewer shows it: its EXIF ``Orientation`` applied (``PIL.ImageOps.exif_transpose``; a
+    camera stores a portrait photo as landscape pixels with Orientation=6, "rotate 90 degrees clockwise to show").
+    PIL's guard against decompression bombs (an image of more than twice ``PIL.Image.MAX_IMAGE_PIXELS`` pixels: a
+    small file that would decode into gigabytes) is a one-line :class:`DataError` naming the limit; PIL's other
+    errors pass through."""
+    try:
+        with Image.open(path) as image:
+            yield ImageOps.exif_transpose(image)
+    except Image.DecompressionBombError as e:
+        raise DataError(
+            f"{str(e).split(',')[0]}: PIL refuses it as a possible decompression bomb (a small file that decodes "
+            "into gigabytes of memory; the limit is twice PIL.Image.MAX_IMAGE_PIXELS); shrink the image"
+        ) from e
+
+
 def read_image_file(path: str | Path, mode: str) -> Tensor:
-    """``uint8 [C, H, W]`` of an image file in ``mode`` (:func:`image_pixels`): the one reader of image files, for
-    training (imagefolder), ``predict`` and ``explain``. PIL's errors (and :class:`DataError`) pass through."""
-    with Image.open(path) as image:
-        try:
+    """``uint8 [C, H, W]`` of an image file in ``mode`` (:func:`image_pixels`) as a viewer shows it
+    (:func:`open_image`): the one reader of image files, for training (imagefolder), ``predict`` and ``explain``.
+    PIL's errors (and :class:`DataError`) pass through."""
+    try:
+        with open_image(path) as image:
             return image_pixels(image, mode)
-        except DataError as e:
-            raise DataError(f"{path}: {e}") from e
+    except DataError as e:
+        raise DataError(f"{path}: {e}") from e
 
 
 class ImageFilePool(Dataset):
@@ -178,10 +200,15 @@ def _images_nchw(array: np.ndarray, where: str) -> Tensor:
             f"{where} looks like NCHW images {list(array.shape)} (channels second); vitlab reads NHWC: write it as "
             "x.transpose(0, 2, 3, 1)"
         )
-    if array.dtype != np.uint8 or array.ndim not in (3, 4):
+    if array.ndim not in (3, 4):
         raise DataError(
-            f"{where} must be uint8 images NHW (gray) or NHWC (RGB), got {array.dtype} {list(array.shape)}; "
-            "convert with (x * 255).round().clip(0, 255).astype(np.uint8) if it holds floats in [0, 1]."
+            f"{where} must be images NHW (gray) or NHWC (RGB), got shape {list(array.shape)} ({array.ndim} axes); "
+            "stack the images into one array of N images (a single image H x W is x[None])"
+        )
+    if array.dtype != np.uint8:
+        raise DataError(
+            f"{where} must be uint8 images, got {array.dtype} {list(array.shape)}; convert with "
+            "(x * 255).round().clip(0, 255).astype(np.uint8) if it holds floats in [0, 1]."
         )
     images = torch.from_numpy(np.ascontiguousarray(array))
     return images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
@@ -237,8 +264,8 @@ def class_names_problem(names: Sequence[str], num_classes: int) -> str | None:
 
 
 def _check_label_range(train: Tensor, test: Tensor, num_classes: int, named: bool, where: str) -> None:
-    """Classes 0..K-1 must all occur in the training labels unless the file names them (``class_names``), and the
-    test labels must be among them."""
+    """Classes 0..K-1 must all occur in the training labels unless the file names them (``class_names``: said once,
+    in one line on stderr), and the test labels must be among them."""
     if train.max() >= num_classes:
         raise DataError(
             f"{where}: y_train has label {int(train.max())} but class_names names {num_classes} classes; give a name "
@@ -251,6 +278,14 @@ def _check_label_range(train: Tensor, test: Tensor, num_classes: int, named: boo
             f"{where}: y_train uses {len(present)} of the labels 0..{num_classes - 1} ({shown}), which would make a "
             f"{num_classes}-way head; remap them to 0..{len(present) - 1} with np.unique(y, return_inverse=True), or "
             "store class_names in the file to keep the empty classes"
+        )
+    if named and len(present) < num_classes and where not in _said_empty:
+        _said_empty.add(where)
+        print(
+            f"{where}: y_train uses {len(present)} of the {num_classes} classes its class_names names; the model gets "
+            f"a {num_classes}-way head, as the file says, and never learns the classes without a training image (to "
+            f"train a {len(present)}-way one, drop their names and remap the labels)",
+            file=sys.stderr,
         )
     unseen = torch.unique(test[test >= num_classes]).tolist()
     if unseen:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -141,12 +142,21 @@ def comparison_json(comparison: Mapping[str, Any]) -> str:
     return strict_dumps(comparison, indent=2)
 
 
+def plain_number(value: float, digits: int = 4) -> str:
+    """``value`` to ``digits`` significant digits, written out (``12346``, ``0.01235``, not ``1.235e+04``) between
+    1e-4 and 1e9, where a reader compares columns of them; in scientific notation outside."""
+    if value == 0 or not math.isfinite(value) or not 1e-4 <= abs(value) < 1e9:
+        return f"{value:.{digits}g}"
+    text = f"{value:.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text  # as ``g`` does: 0.91, not 0.9100
+
+
 def _cell(summary: Mapping[str, float] | None, runs: int) -> str:
     if summary is None:
         return "-"
-    text = f"{summary['mean']:.4g}"
+    text = plain_number(summary["mean"])
     if summary["n"] > 1:
-        text += f" ± {summary['std']:.2g}"
+        text += f" ± {plain_number(summary['std'], 2)}"
     if summary["n"] != runs:
         text += f" (n={summary['n']})"
     return text
@@ -186,7 +196,9 @@ def comparison_markdown(comparison: Mapping[str, Any]) -> str:
             if "skipped" in test:
                 lines.append(f"| {test['a']} | {test['b']} | - | - | skipped: {test['skipped']} |")
             else:
+                sign = "+" if test["difference"] >= 0 else ""
                 lines.append(
-                    f"| {test['a']} | {test['b']} | {test['difference']:+.4g} | {test['t']:.3f} | {test['p']:.3g} |"
+                    f"| {test['a']} | {test['b']} | {sign}{plain_number(test['difference'])} | {test['t']:.3f} | "
+                    f"{test['p']:.3g} |"
                 )
     return "\n".join(lines) + "\n"

@@ -77,8 +77,9 @@ def image_files(inputs: Iterable[str | Path]) -> Iterator[Path]:
 
 
 def read_image(path: Path, info: dict[str, Any]) -> torch.Tensor:
-    """``uint8 [C, S, S]``: the file in the run's channel count, resized and centre-cropped to its image size.
-    Raises ``OSError``/``ValueError`` for a file that is not a readable image."""
+    """``uint8 [C, S, S]``: the file in the run's channel count, as a viewer shows it (EXIF orientation applied),
+    resized and centre-cropped to its image size. Raises PIL's error (or a ``DataError``) for a file that is not a
+    readable image."""
     pixels = read_image_file(path, "L" if info["in_chans"] == 1 else "RGB")
     return resize_to_square(pixels, int(info["img_size"]))
 
@@ -88,7 +89,7 @@ def readable_images(files: Iterable[Path], info: dict[str, Any], on_error: Any) 
     for path in files:
         try:
             pixels = read_image(Path(path), info)
-        except (OSError, ValueError, SyntaxError) as e:  # PIL: UnidentifiedImageError (an OSError), truncated files
+        except Exception as e:  # PIL's many types: UnidentifiedImageError, SyntaxError, EOFError, a decompression bomb
             if on_error is not None:
                 on_error(path, e)
             continue

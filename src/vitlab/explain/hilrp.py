@@ -19,6 +19,7 @@ constant that enters additively becomes a leaf of the graph whose share ``c * dl
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from vitlab.explain import multihead
 from vitlab.explain.adapters import MethodRefused
+from vitlab.explain.operations import CONSTANT, CONSTRUCTORS, ELEMENTWISE, PASS, op_name
 
 
 class UnsupportedOperation(MethodRefused):
@@ -61,10 +63,12 @@ class Variant:
 
 @dataclass
 class Ledger:
-    """What the rules of one forward pass absorb: additive constants as leaves, and terms counted in backward."""
+    """What the rules of one forward pass absorb: additive constants as leaves, and terms counted in backward;
+    ``cuts``, the operations where the relevance stopped (what a logit that carries none is refused by)."""
 
     leaves: list[torch.Tensor] = field(default_factory=list)
     terms: list[torch.Tensor] = field(default_factory=list)
+    cuts: list[str] = field(default_factory=list)
     #: backward terms are counted only in the explaining backward pass (not in one the model runs itself, e.g. to
     #: time its attention paths)
     counting: bool = False
@@ -108,57 +112,6 @@ def _any_live(tree: Any) -> bool:
     return any(_live(t) for t in tree_flatten(tree)[0])
 
 
-# ------------------------------------------------------------------------------------------------ operation names
-_BINARY = {"add", "sub", "mul", "truediv", "div", "matmul", "and", "or", "xor", "pow", "floordiv", "mod"}
-_ALIASES = {"truediv": "div", "divide": "div", "multiply": "mul", "subtract": "sub", "concat": "cat"}
-_ALIASES |= {"concatenate": "cat", "swapaxes": "transpose", "swapdims": "transpose", "rsub": "rsub"}
-
-
-def _names(words: str) -> frozenset[str]:
-    return frozenset(words.split())
-
-
-#: gradient passes unchanged: the values move, or the map is linear without a constant
-PASS = _names(
-    "view view_as reshape reshape_as permute transpose t T mT flatten unflatten contiguous getitem unsqueeze squeeze "
-    "expand expand_as repeat tile repeat_interleave broadcast_to roll flip narrow select index_select gather "
-    "take_along_dim split split_with_sizes chunk tensor_split unbind iter clone to float double half bfloat16 type "
-    "type_as movedim moveaxis diagonal unfold fold pixel_shuffle pixel_unshuffle dropout dropout1d dropout2d "
-    "dropout3d alpha_dropout feature_alpha_dropout max_pool1d max_pool2d max_pool3d adaptive_max_pool1d "
-    "adaptive_max_pool2d max amax min amin topk sort tril triu sum mean nansum cumsum avg_pool1d avg_pool2d "
-    "avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d interpolate neg positive "
-    "masked_select"
-)
-#: the output is a gain or a statistic: computed, then held constant (normalisers, masks, signs)
-CONSTANT = _names(
-    "pow sqrt rsqrt square norm vector_norm var std var_mean std_mean reciprocal sign floor ceil round trunc frac"
-)
-#: element-wise non-linearities: the identity rule ``x * stopgrad((f(x) - f(0)) / x) + f(0)``
-ELEMENTWISE = _names(
-    "gelu silu relu relu6 hardswish hardsigmoid sigmoid tanh elu selu celu leaky_relu softplus mish hardtanh erf "
-    "exp clamp clamp_min clamp_max clip abs"
-)
-
-
-def op_name(func: Any) -> tuple[str, bool, bool]:
-    """``(name, in_place, reversed)`` of an intercepted callable (``Tensor.__radd__`` -> ``("add", False, True)``)."""
-    raw = getattr(func, "__name__", repr(func))
-    if raw == "__get__":  # a property (``x.mT``)
-        raw = getattr(getattr(func, "__self__", None), "__name__", raw)
-    in_place = reverse = False
-    if raw.startswith("__") and raw.endswith("__"):
-        name = raw[2:-2]
-        if name[:1] == "i" and name[1:] in _BINARY:
-            name, in_place = name[1:], True
-        elif name[:1] == "r" and name[1:] in _BINARY:
-            name, reverse = name[1:], True
-    else:
-        in_place, name = raw.endswith("_"), raw.rstrip("_")
-    if name == "rsub":
-        name, reverse = "sub", True
-    return _ALIASES.get(name, name), in_place, reverse
-
-
 # ----------------------------------------------------------------------------------------------------- the rules
 class RelevanceMode(TorchFunctionMode):
     """Inside the block, every operation on a tensor that carries relevance (requires grad) runs with its rule;
@@ -167,11 +120,33 @@ class RelevanceMode(TorchFunctionMode):
     def __init__(self, variant: Variant, ledger: Ledger) -> None:
         super().__init__()
         self.variant, self.ledger = variant, ledger
+        #: id -> (weak reference, operation) of the tensors computed from an input that carries relevance by an
+        #: operation that carries none back (a held gain, a comparison, a cast): they may enter only as factors
+        self.held: dict[int, tuple[weakref.ref, str]] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not torch.is_grad_enabled() or not _any_live((args, kwargs)):
+        if not torch.is_grad_enabled():
             return func(*args, **kwargs)
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        live = any(t.requires_grad for t in inputs)
+        out = self._apply(func, args, kwargs) if live else func(*args, **kwargs)
+        source = next((s for s in map(self.held_by, inputs) if s is not None), None)
+        if (live or source) and not _any_live(out) and op_name(func)[0] not in CONSTRUCTORS:
+            source = source or op_name(func)[0]
+            self.ledger.cuts.append(source)
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.held[id(t)] = (weakref.ref(t), source)
+        return out
+
+    def held_by(self, t: Any) -> str | None:
+        """The operation whose output ``t`` derives from, if ``t`` was cut from the relevance (:attr:`held`)."""
+        entry = self.held.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def _apply(self, func, args, kwargs):
+        """``func`` with its rule, on arguments of which one at least carries relevance."""
         name, in_place, reverse = op_name(func)
         if name in ("max", "min") and len(args) > 1 and isinstance(args[1], torch.Tensor):
             name = f"{name}imum of two tensors"  # element-wise: a constant that wins would not be absorbed
@@ -200,9 +175,18 @@ class RelevanceMode(TorchFunctionMode):
 
     # the leaves -----------------------------------------------------------------------------------------------
     def constant(self, t: Any, like: torch.Tensor) -> Any:
-        """A constant that enters additively, as a leaf whose share is absorbed (None and bool tensors stay)."""
+        """A constant that enters additively, as a leaf whose share is absorbed (None and bool tensors stay). A value
+        computed from the relevance by an operation held constant (:attr:`held`) is refused by name: its share is
+        the input's, not a constant's."""
         if t is None or (isinstance(t, torch.Tensor) and (t.requires_grad or not t.is_floating_point())):
             return t
+        source = self.held_by(t)
+        if source is not None:
+            raise UnsupportedOperation(
+                f"the output of {source}, which carries no relevance back (held constant as a gain, or not "
+                "differentiable), enters a sum beside the relevance, where its share would be booked as absorbed; "
+                "use it only as a factor (a normaliser, a mask), or pick a gradient method"
+            )
         if isinstance(t, torch.Tensor | float | int) and not isinstance(t, bool):
             return self.ledger.leaf(t, like)
         return t
@@ -265,6 +249,27 @@ def _binary(mode: RelevanceMode, name: str, args, kwargs):
     like = a if isinstance(a, torch.Tensor) else b
     op = torch.add if name == "add" else torch.sub
     return op(mode.constant(a, like), mode.constant(b, like), **kwargs)
+
+
+def _pow(mode: RelevanceMode, name: str, args, kwargs):
+    """``x ** n``: for a whole ``n >= 1`` the product of ``n`` factors ``x``, by the uniform rule of a product (each
+    factor ``1/n`` of the gradient, AttnLRP prop. 3.2): the relevance of ``x`` is ``x ** n * g``, conserved; ``x **
+    0`` is a constant. Any other exponent is a gain (a normaliser's ``** -0.5``), held constant (:data:`CONSTANT`);
+    an exponent that carries relevance has no rule."""
+    x, n = args[0], args[1] if len(args) > 1 else kwargs.get("exponent", 2)
+    if _live(n):
+        raise UnsupportedOperation("no relevance rule for pow with an exponent that carries relevance")
+    whole = float(n) if not isinstance(n, torch.Tensor) or n.numel() == 1 else None
+    if whole is None or whole < 0 or not whole.is_integer():
+        return torch.pow(x.detach(), n)
+    if whole == 0:
+        return mode.constant(torch.ones_like(x.detach()), x)
+    return x.detach().pow(whole - 1) * x
+
+
+def _square(mode: RelevanceMode, name: str, args, kwargs):
+    """``x.square()``: the bilinear product ``x * x`` (:func:`_pow` with ``n = 2``)."""
+    return _pow(mode, "pow", (args[0], 2), {})
 
 
 def _einsum(mode: RelevanceMode, name: str, args, kwargs):
@@ -431,6 +436,8 @@ _RULES = {
     **dict.fromkeys(("scatter_reduce", "index_add", "index_copy", "index_put"), _additive),
     **dict.fromkeys(("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d"), _linear),
     "einsum": _einsum,
+    "pow": _pow,
+    "square": _square,
     "setitem": _setitem,
     "softmax": _softmax,
     "layer_norm": _layer_norm,
@@ -445,6 +452,24 @@ _RULES = {
 
 
 # ------------------------------------------------------------------------------------------------ the relevance
+def _gradients(score: torch.Tensor, inputs: list[torch.Tensor], cuts: list[str]) -> tuple[Any, ...]:
+    """``d score / d inputs`` through the rules; a logit that carries no relevance (every path from the input cut by
+    an operation held constant or not differentiable), or a graph autograd cannot follow, is refused by name."""
+    cut = ", ".join(dict.fromkeys(cuts)) or "an operation outside the rules"
+    if not score.requires_grad:
+        raise UnsupportedOperation(
+            f"no relevance reaches the logit: {cut} carries none back (held constant as a gain, or not "
+            "differentiable) on every path from the input; LRP explains logits computed by its rules (docs/explain.md)"
+        )
+    try:
+        return torch.autograd.grad(score, inputs, allow_unused=True)
+    except RuntimeError as e:
+        raise UnsupportedOperation(
+            f"autograd cannot follow the relevance through the model ({str(e).splitlines()[0]}); operations that cut "
+            f"it: {cut}; pick a gradient method"
+        ) from e
+
+
 def relevance(
     model: nn.Module, logits_of, x: torch.Tensor, target: torch.Tensor, variant: Variant = Variant()
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -462,7 +487,7 @@ def relevance(
             with torch.enable_grad(), RelevanceMode(variant, ledger):
                 score = logits_of(model, xi)[0, target[i]]
             ledger.counting = True
-            grads = torch.autograd.grad(score, [xi, *ledger.leaves], allow_unused=True)
+            grads = _gradients(score, [xi, *ledger.leaves], ledger.cuts)
             absorbed = sum((_dot(c, g) for c, g in zip(ledger.leaves, grads[1:], strict=True) if g is not None), 0.0)
             out[0].append((xi * grads[0]).detach())
             out[1].append(torch.as_tensor(absorbed + sum(ledger.terms, 0.0), dtype=x.dtype).detach())

@@ -46,19 +46,24 @@ def load_timm(spec: str, weights: str | Path, img_size: int | None = None) -> tu
         raise ConfigError(f"timm has no model {name!r}; name one of timm.list_models() as --model timm:NAME")
     if not path.is_file():
         raise ConfigError(f"--weights {path} is not a file; pass the model's .safetensors or .pth file")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(path)
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        state = state.get("state_dict", state.get("model", state))
+    if img_size is not None and img_size < 1:
+        raise ConfigError(
+            f"--img-size must be at least 1, got {img_size}; pass the model's input size, or leave it out"
+        )
+    state = _read_weights(path)
     cfg = timm.get_pretrained_cfg(name)
     classifier = cfg.classifier if isinstance(cfg.classifier, str) else cfg.classifier[0]
-    kwargs: dict[str, Any] = {"img_size": img_size} if img_size else {}
+    kwargs: dict[str, Any] = {"img_size": img_size} if img_size is not None else {}
     if f"{classifier}.weight" in state:
         kwargs["num_classes"] = state[f"{classifier}.weight"].shape[0]
     model = timm.create_model(name, pretrained=False, **kwargs)
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    patch = patch[0] if isinstance(patch, tuple | list) else patch
+    if img_size is not None and isinstance(patch, int) and img_size % patch:
+        raise ConfigError(
+            f"--img-size {img_size} is not a multiple of timm:{name}'s patch size {patch}; pass a multiple such as "
+            f"{max(1, round(img_size / patch)) * patch}, or leave --img-size out ({cfg.input_size[-1]})"
+        )
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -72,6 +77,24 @@ def load_timm(spec: str, weights: str | Path, img_size: int | None = None) -> tu
         "class_names": None,
     }
     return model.eval(), info
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a ``.safetensors`` file, or of a ``.pth``/``.pt`` one read with ``weights_only=True`` (a
+    ``state_dict`` or ``model`` entry unwrapped); a file neither reader takes is a one-line :class:`ConfigError`."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(path)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors' SafetensorError, torch's UnpicklingError / RuntimeError on a foreign file
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"--weights {path} cannot be read ({type(e).__name__}: {reason}): the file is corrupt or not the "
+            "model's weights; pass its .safetensors or .pth file"
+        ) from e
+    return state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
 
 
 def _test_metrics(target: str | Path) -> dict[str, Any] | None:

@@ -12,7 +12,7 @@ from vitlab import manifest
 from vitlab.claim import RunClaim
 from vitlab.config import RunConfig
 from vitlab.errors import RunDirError
-from vitlab.rundir import RUN_DIR_ENV, TEST_METRICS_FILE, RunDir
+from vitlab.rundir import CONFIG_FILE, RUN_DIR_ENV, TEST_METRICS_FILE, RunDir
 
 
 def is_launching_process() -> bool:
@@ -51,7 +51,9 @@ def claim_run_dir(cfg: RunConfig, path: Path, *, resuming: bool = False) -> RunC
     """
     claim = RunClaim(path).acquire()
     try:
-        if not resuming:
+        if resuming:  # a resume appends to the run's files and rewrites its checkpoints in place
+            RunDir(path).refuse_links("a resume rewrites", links_too=True)
+        else:
             run = RunDir(path)
             stopped = run.is_run() and manifest.has_manifest(path) and stopped_before_a_checkpoint(path)
             if stopped:
@@ -92,7 +94,16 @@ def resolve_resume(target: str | Path) -> tuple[Path, Path]:
                 f"--resume {target}: the folder has no checkpoints/last.ckpt; pass the run directory `vitlab fit` "
                 "printed, or a .ckpt file"
             )
-        return target, ckpt
-    if target.is_file():
-        return target.parent.parent, target
-    raise RunDirError(f"--resume {target}: no such run directory or checkpoint; pass the folder `vitlab fit` printed")
+        run_dir = target
+    elif target.is_file():
+        run_dir, ckpt = target.parent.parent, target
+    else:
+        raise RunDirError(
+            f"--resume {target}: no such run directory or checkpoint; pass the folder `vitlab fit` printed"
+        )
+    if manifest.has_manifest(run_dir) and not RunDir(run_dir).is_run():
+        raise RunDirError(
+            f"--resume {target}: the run directory {run_dir} has lost its {CONFIG_FILE}, which the run, its report and "
+            f"evaluation read; put it back, or start a new run from the weights with model.pretrained={ckpt}"
+        )
+    return run_dir, ckpt
