@@ -27,7 +27,7 @@ def plugin_env(tmp_path):
 
 
 def _vitlab(env, *args, cwd):
-    return subprocess.run([*VITLAB, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    return subprocess.run([*VITLAB, *args], capture_output=True, text=True, env=env, cwd=cwd)
 
 
 @pytest.mark.slow
