@@ -27,7 +27,8 @@ def test_a_typo_exits_2_before_torch_without_a_folder(override, message, tmp_pat
 
 
 def test_the_checks_load_no_deep_learning_library():
-    code = "from vitlab.config import build_config\nbuild_config('cet_vit/digits', ['dynamics.rho=0.5'])"
+    overrides = ["dynamics.rho=0.5", "loss.lambda_ei=0.1"]
+    code = f"from vitlab.config import build_config\nbuild_config('cet_vit/digits', {overrides!r})"
     assert loaded_after(code) == []
 
 
