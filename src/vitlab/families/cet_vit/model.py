@@ -29,7 +29,6 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.config.model import takes_options
-from vitlab.families.cet_vit import baselines  # noqa: F401 (registers the size-matched baselines)
 from vitlab.families.cet_vit.config import CETViTOptions
 from vitlab.families.cet_vit.ei import ei_terms
 from vitlab.families.cet_vit.features import FeatureTaps
@@ -43,7 +42,6 @@ from vitlab.families.cet_vit.parts import (
     MicroEncoder,
     MicroInputSize,
 )
-from vitlab.families.cet_vit.presets import DESCRIPTIONS, PRESETS
 from vitlab.families.cet_vit.slots import (
     ablate_assignment,
     occupied_slots,
@@ -53,7 +51,6 @@ from vitlab.families.cet_vit.slots import (
 )
 from vitlab.layers import Block, PatchEmbed, trunc_normal_
 from vitlab.models.contract import ModelContract, module_mode
-from vitlab.models.registry import register_preset
 from vitlab.models.sizing import parameter_count
 
 
@@ -362,7 +359,3 @@ def param_breakdown(model: CETViT) -> dict[str, int]:
     ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``),
     adding up to the model's total."""
     return {name: parameter_count(part) for name, part in model.named_children()}
-
-
-for _name, _kw in PRESETS.items():
-    register_preset(_name, CETViT, DESCRIPTIONS[_name], **_kw)
