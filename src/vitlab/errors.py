@@ -38,6 +38,10 @@ class OutputError(VitlabError, OSError):
     full, or the folder is read-only."""
 
 
+class MissingLibraryError(VitlabError, ImportError):
+    """A feature needs an optional library (an extra of vitlab's package) that is not installed."""
+
+
 class FamilyError(VitlabError, ValueError):
     """A family (a plug-in's, mostly) that is declared wrongly or cannot be imported: the family's error, not the
     user's config."""
