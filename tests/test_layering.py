@@ -7,7 +7,7 @@ import torch
 
 from process_fixtures import loaded_after
 from vitlab.models.builder import create_model
-from vitlab.models.registry import list_models
+from vitlab.testing import builtin_presets
 
 
 def test_config_rundir_and_the_parser_load_no_deep_learning_library():
@@ -17,7 +17,7 @@ def test_config_rundir_and_the_parser_load_no_deep_learning_library():
     assert "torch" in loaded_after("import vitlab\nvitlab.create_model")  # the lazy names do load on use
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", builtin_presets())
 def test_every_preset_builds_on_the_meta_device(name):
     with torch.device("meta"):
         model = create_model(name)

@@ -55,6 +55,8 @@ class PresetRow(NamedTuple):
 _FAMILIES: dict[str, Family] = {}
 #: family name -> where a plug-in came from ("the entry point NAME = VALUE of the distribution DIST")
 _ORIGINS: dict[str, str] = {}
+#: the names of the built-in families (the sub-packages of vitlab.families)
+_BUILTIN: set[str] = set()
 _loaded = False
 _warned: set[str] = set()
 
@@ -206,6 +208,11 @@ def _load_plugin(entry_point: EntryPoint) -> None:
     _ORIGINS.update({name: _origin(entry_point) for name in set(_FAMILIES) - before})
 
 
+def builtin(family: Family) -> bool:
+    """Whether ``family`` is one of vitlab's own (a sub-package of ``vitlab.families``)."""
+    return family.name in _BUILTIN
+
+
 def origin(family: Family) -> str | None:
     """Where a plug-in family came from (its distribution and entry point); None for a built-in one."""
     return _ORIGINS.get(family.name)
@@ -216,8 +223,10 @@ def families() -> Iterator[Family]:
     global _loaded
     if not _loaded:
         package = import_module(BUILTIN_PACKAGE)
+        before = set(_FAMILIES)
         for info in iter_modules(package.__path__, f"{BUILTIN_PACKAGE}."):
             import_module(info.name)
+        _BUILTIN.update(set(_FAMILIES) - before)
         _loaded = True  # a built-in family that fails raises (a bug in vitlab); a plug-in warns, once
         if os.environ.get(NO_PLUGINS_ENV, "") in ("", "0"):
             for entry_point in entry_points(group=ENTRY_POINT_GROUP):

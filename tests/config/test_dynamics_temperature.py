@@ -7,7 +7,8 @@ import pytest
 from process_fixtures import vitlab_process
 from vitlab.config import ConfigError, build_config
 from vitlab.config.model import has_temperature
-from vitlab.models.registry import constructor_args, get_preset, list_models
+from vitlab.models.registry import constructor_args, get_preset
+from vitlab.testing import builtin_presets
 
 
 @pytest.mark.parametrize("mode", ["schedule", "learn"])
@@ -40,7 +41,7 @@ def test_a_model_built_without_its_temperature_is_refused_in_python_too():
     assert build_config("vitcae/digits", ["dynamics.mode=fixed", "model.temperature=false"]).dynamics.mode == "fixed"
 
 
-@pytest.mark.parametrize("preset", list_models())
+@pytest.mark.parametrize("preset", builtin_presets())
 def test_the_declared_temperature_is_the_presets(preset):
     """Every class with a ``temperature`` option declares its default, and no preset builds another."""
     entry = get_preset(preset)
