@@ -61,15 +61,15 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
     timm's model contract (:mod:`vitlab.models.contract`): ``forward_features`` -> ``forward_head``;
     ``forward_features`` gives one tensor per stream, as timm's CrossViT does for its branches (Chen et al. 2021;
     ``timm.models.crossvit``): the fused micro tokens ``[B, N, D]`` and the macro tokens ``[B, K_max, D]`` (with
-    ``grouping: none`` the micro tokens alone, ``[B, N, C]``); ``embed_dim`` is their width ``D``; ``num_features``
-    and ``head_hidden_size`` the pooled width ``2D`` (``D`` with ``grouping: none``) that
-    ``forward_head(pre_logits=True)`` and the forward with ``num_classes=0`` give. ``forward_intermediates`` taps
-    the three token streams, in forward order (``feature_info``, each entry with its ``stream``): ``micro`` (each
-    MicroEncoder stage, ``[B, C_i, G, G]``), ``macro`` (each MacroEncoder block's slots ``[B, K_max, D]``; as a map,
-    each patch's mixture of its slots ``S h_macro``, the rows of S summing to one) and ``fused`` (the micro stream
-    after the CrossScaleAttention and after each DeepEncoder block, ``[B, D, G, G]``). ``set_grad_checkpointing`` checkpoints the Swin blocks, the
-    macro blocks, the cross-scale attention and the deep blocks; ``group_matcher`` orders the parameters the same way
-    for layer-wise learning-rate decay.
+    ``grouping: none`` the micro tokens alone, ``[B, N, C]``); ``embed_dim`` is their width ``D``; ``num_features`` and
+    ``head_hidden_size`` the pooled width ``2D`` (``D`` with ``grouping: none``) that ``forward_head(pre_logits=True)``
+    and the forward with ``num_classes=0`` give. ``forward_intermediates`` taps the three token streams, in forward
+    order (``feature_info``, each entry with its ``stream``): ``micro`` (each MicroEncoder stage, ``[B, C_i, G, G]``),
+    ``macro`` (each MacroEncoder block's slots ``[B, K_max, D]``; as a map, each patch's mixture of its slots ``S
+    h_macro``, the rows of S summing to one) and ``fused`` (the micro stream after the CrossScaleAttention and after
+    each DeepEncoder block, ``[B, D, G, G]``). ``set_grad_checkpointing`` checkpoints the Swin blocks, the macro blocks,
+    the cross-scale attention and the deep blocks; ``group_matcher`` orders the parameters the same way for layer-wise
+    learning-rate decay.
 
     Options: :class:`~vitlab.families.cet_vit.config.CETViTOptions`.
 
