@@ -29,7 +29,7 @@ from vitlab.jsonio import strict_dumps
 if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.naming import results_path
+from benchmarks.naming import repo_relative, results_path
 
 #: case -> the command's arguments and the exit code it must give
 CASES = {
@@ -65,7 +65,7 @@ def main() -> None:
         "experiment": "cli-startup",
         "cases": {c: {"argv": CASES[c][0], "seconds": t, "median": statistics.median(t)} for c, t in times.items()},
         "load_average_1min": load,
-        "environment": environment(),
+        "environment": {**environment(), "command": ["python", *repo_relative(sys.argv)]},
     }
     atomic_write_text(Path(args.out), strict_dumps(result, indent=2) + "\n")
     for case, row in result["cases"].items():

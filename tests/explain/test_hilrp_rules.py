@@ -11,6 +11,7 @@ from vitlab.explain.hilrp import Variant, relevance
 
 X = torch.tensor([[[[3.0, 1.0]]]], dtype=torch.float64)  # x0 = 3, x1 = 1
 TARGET = torch.tensor([0])
+LRP_0 = Variant()  # linear maps take the gradient
 
 
 def _linear() -> nn.Linear:
@@ -22,7 +23,7 @@ def _linear() -> nn.Linear:
     return layer
 
 
-def _run(model, logits_of, x=X, variant=Variant()):
+def _run(model, logits_of, x=X, variant=LRP_0):
     maps, absorbed, logit = relevance(model, logits_of, x, TARGET, variant)
     return maps.flatten().tolist(), float(absorbed[0]), float(logit[0])
 
