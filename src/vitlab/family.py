@@ -81,7 +81,8 @@ class Family:
     ``task``: its Lightning task (``"module:Class"``, a ``BaseTask`` subclass) for those models.
     ``config_types``: config section -> type that types and checks the section: ``model``, the frozen dataclass of the
     constructor options (``vitlab.config.model.takes_options``; none declared: the section takes no option);
-    ``loss``, the task's dataclass (none declared: the section takes no key).
+    ``loss``, the loss options' dataclass, declared here only: the config check and the task (``BaseTask.loss_config``)
+    read it (none declared: the section takes no key).
     ``presets``: its preset table (``"module:TABLE"`` of a module that imports no torch, or the table): preset name ->
     ``(model class name, one-line description, constructor arguments)`` (:class:`PresetRow`; the arguments may be
     left out). The config check and ``vitlab list-models`` read it; the model registry builds from it.
