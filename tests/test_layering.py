@@ -2,24 +2,12 @@
 checked by `make lint`): the configuration, the run directory and the command's parser load no deep-learning
 library, and every registered model builds on the meta device (the sizing code's way of counting parameters)."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 
+from process_fixtures import loaded_after
 from vitlab.models.builder import create_model
-from vitlab.models.registry import list_models
-
-HEAVY = ("torch", "lightning", "torchvision", "timm", "sklearn")
-
-
-def loaded_after(code: str) -> list[str]:
-    """The HEAVY modules a fresh interpreter holds after running ``code``."""
-    probe = f"import sys\n{code}\nprint(__import__('json').dumps([m for m in {HEAVY!r} if m in sys.modules]))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    return json.loads(out.splitlines()[-1])
+from vitlab.testing import builtin_presets
 
 
 def test_config_rundir_and_the_parser_load_no_deep_learning_library():
@@ -29,7 +17,7 @@ def test_config_rundir_and_the_parser_load_no_deep_learning_library():
     assert "torch" in loaded_after("import vitlab\nvitlab.create_model")  # the lazy names do load on use
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", builtin_presets())
 def test_every_preset_builds_on_the_meta_device(name):
     with torch.device("meta"):
         model = create_model(name)

@@ -11,9 +11,9 @@ as skipped; the script itself stays under 8 minutes):
    synthetic data of CIFAR's shape (uint8 32x32x3, 100 classes): images per second from the StepTimer's CUDA events
    in the second epoch (the first holds the warm-up), the projected time of the card's 300 epochs of 50,000
    images, and the peak CUDA memory;
-3. ``vitlab bench --compile`` (ours compiled, ours eager, timm eager, timm compiled, alternating) in bf16-mixed for
-   ``vit_small`` (224, patch 16), ``cet_vit_base`` and ``swin_matched_cet_vit_base`` (the card's 32x32, patch 2;
-   CET-ViT has no timm counterpart, so it runs alone) and ``vitcae_small`` (32x32, patch 4);
+3. ``vitlab bench trainer.compile=true`` (ours compiled, ours eager, timm eager, timm compiled, alternating) in
+   bf16-mixed for ``vit_small`` (224, patch 16), ``cet_vit_base`` and ``swin_matched_cet_vit_base`` (the card's 32x32,
+   patch 2; CET-ViT has no timm counterpart, so it runs alone) and ``vitcae_small`` (32x32, patch 4);
 4. ``benchmarks/micro/freezing.py`` on CUDA (ViTCAE eq. 26, issue 15): a ViT of width 512, 8 heads, depth 6, batch 64,
    at 64 and 196 patch tokens, 0-100% of the heads frozen, one model copy per variant, 20 paired rounds with an A/A
    control: the forward overhead and the step saving against the FLOP prediction, with 95% intervals;

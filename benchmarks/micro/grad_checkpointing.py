@@ -4,9 +4,9 @@ For each preset, at 32x32 RGB inputs and 10 classes:
 
 1. one training batch's loss and gradients with and without checkpointing, from the same weights and the same
    seed, compared element by element (the largest absolute difference and whether they are bit-identical);
-2. ``vitlab bench --grad-checkpointing``: training and inference throughput of both settings, alternating round by
-   round in one process (their ratio is formed per round, so load from other processes hits both alike), and the
-   peak memory of each as the peak RSS growth of a fresh process over building the network and two training steps.
+2. ``vitlab bench trainer.grad_checkpointing=true``: training and inference throughput of both settings, alternating
+   round by round in one process (their ratio is formed per round, so load from other processes hits both alike), and
+   the peak memory of each as the peak RSS growth of a fresh process over building the network and two training steps.
 
     OMP_NUM_THREADS=1 python -m benchmarks.micro.grad_checkpointing \
         --out benchmarks/results/micro/grad_checkpointing_<device>_<date>.json

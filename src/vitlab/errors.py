@@ -36,3 +36,12 @@ class RunDirError(VitlabError, OSError):
 class OutputError(VitlabError, OSError):
     """A file a command would write cannot be written: it exists (and ``--force`` was not given), or the disk is
     full, or the folder is read-only."""
+
+
+class MissingLibraryError(VitlabError, ImportError):
+    """A feature needs an optional library (an extra of vitlab's package) that is not installed."""
+
+
+class FamilyError(VitlabError, ValueError):
+    """A family (a plug-in's, mostly) that is declared wrongly or cannot be imported: the family's error, not the
+    user's config."""

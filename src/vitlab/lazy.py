@@ -71,8 +71,10 @@ class _AfterImport:
 
 def after_import(name: str, callback: Callable[[], None]) -> None:
     """Run ``callback()`` once the module ``name`` is imported: now if it is, else right after its import, without
-    importing it (so a package can register itself with another, e.g. timm, at no import cost)."""
+    importing it (so a package can register itself with another, e.g. timm, at no import cost). A failing callback
+    warns, now as later: ``import timm, vitlab`` never raises because of vitlab's hook."""
+    hook = _AfterImport(name, callback)
     if name in sys.modules:
-        callback()
+        hook.fire()
     else:
-        sys.meta_path.insert(0, _AfterImport(name, callback))
+        sys.meta_path.insert(0, hook)

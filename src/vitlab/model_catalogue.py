@@ -1,9 +1,9 @@
-"""The core's model presets, plain data: preset -> constructor arguments, and the catalogue derived from them.
+"""The core's model presets, plain data: one table, preset -> (model class, description, constructor arguments).
 
-``vitlab.config.build_config`` checks a config's ``model`` section against :data:`CATALOGUE` and the families' own
-(``Family.presets``) before anything imports torch, and ``vitlab list-models`` prints them without torch;
-:mod:`vitlab.models.vit` and :mod:`vitlab.models.swin` register the same tables. A class's options are the fields of
-its options dataclass (``vitlab.config.model``).
+It is the core's part of the one preset namespace (``vitlab.family.presets``, the families' tables after it):
+``vitlab.config.build_config`` checks a config's ``model`` section against it before anything imports torch,
+``vitlab list-models`` prints it without torch, and the model registry (``vitlab.models.registry``) builds the presets
+from it. A class's options are the fields of its options dataclass (``vitlab.config.model``).
 """
 
 from __future__ import annotations
@@ -43,8 +43,13 @@ def _description(name: str, kw: dict[str, Any]) -> str:
     return f"ViT classifier, width {kw['embed_dim']}, depth {kw['depth']}"
 
 
-#: preset name -> (model class name, one-line description)
-CATALOGUE: dict[str, tuple[str, str]] = {
-    **{name: ("VisionTransformer", _description(name, kw)) for name, kw in {**VIT_PRESETS, **TOME_PRESETS}.items()},
-    **{name: ("SwinTransformer", _description(name, kw)) for name, kw in SWIN_PRESETS.items()},
+#: the core's model classes: class name -> where it is defined (a family's table may name them too)
+CORE_MODELS: dict[str, str] = {
+    "VisionTransformer": "vitlab.models.vit:VisionTransformer",
+    "SwinTransformer": "vitlab.models.swin:SwinTransformer",
+}
+#: preset name -> (model class name, one-line description, constructor arguments)
+PRESETS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    **{name: ("VisionTransformer", _description(name, kw), kw) for name, kw in {**VIT_PRESETS, **TOME_PRESETS}.items()},
+    **{name: ("SwinTransformer", _description(name, kw), kw) for name, kw in SWIN_PRESETS.items()},
 }

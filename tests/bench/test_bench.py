@@ -166,6 +166,28 @@ def test_cli_writes_the_json_record(tmp_path, capsys):
     assert "ours / timm, train" in printed and f"wrote {out}" in printed
 
 
+def test_cli_takes_fits_trainer_and_optim_options_as_fit_checks_them(monkeypatch, capsys):
+    import vitlab.bench
+
+    seen = {}
+    monkeypatch.setattr(vitlab.bench, "bench", lambda model, **kw: seen.update(kw) or {})
+    monkeypatch.setattr(vitlab.bench, "format_bench", lambda result: "")
+    argv = ["bench", "vit_pico", "img_size=8", "trainer.precision=bf16-true", "trainer.compile=true"]
+    assert main([*argv, "--trainer.compile_mode", "max-autotune", "optim.fused=false"]) == 0
+    assert seen["overrides"] == {"img_size": 8} and seen["precision"] == "bf16-true" and seen["compile"] is True
+    assert seen["compile_mode"] == "max-autotune" and seen["fused"] is False and seen["grad_checkpointing"] is False
+    for override, message in [
+        ("trainer.precison=32-true", "unknown config key 'trainer.precison'. Did you mean 'precision'"),
+        ("trainer.precision=64-bits", "trainer.precision must be auto or one of Lightning's precisions"),
+        ("trainer.max_epochs=3", "vitlab bench does not use trainer.max_epochs; it takes trainer.precision"),
+    ]:
+        capsys.readouterr()
+        assert main(["bench", "vit_pico", override]) == 2
+        assert message in capsys.readouterr().err.splitlines()[0], override
+    with pytest.raises(SystemExit):  # one way to say it: fit's option, not a flag of bench's own
+        main(["bench", "vit_pico", "--precision", "32-true"])
+
+
 def test_bench_compile_times_ours_compiled_against_eager_and_timm_both_ways():
     compiled = dict(compile=True, compile_backend="aot_eager")
     result = bench("vit_pico", overrides=TINY, vs="timm", memory=False, **compiled, **FAST)

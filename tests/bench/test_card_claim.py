@@ -152,7 +152,7 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     (runs / "tome-e8-t64-seed1").mkdir()  # stopped before its first checkpoint: started again over it
     env["RECORDED"] = f"{earlier} {replicate} {results}"
     command = ["bash", str(ROOT / "benchmarks" / "experiments" / "card_claim.sh"), str(data), str(runs)]
-    first = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    first = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
     assert first.returncode == 0, first.stderr
     names = sorted(p.stem for p in results.glob("*.json"))
     assert len(names) == 5 * (2 + 2 + 3) + 2 * 4 - 1 and "swin-e8-t64-seed0" not in names  # 256 tokens: 4 seeds
@@ -169,17 +169,16 @@ def test_the_driver_runs_every_cell_once_and_resumes_an_interrupted_run(tmp_path
     assert "vit-e8-t64-seed0" in names
     restarted = next(line for line in log if "run.dir=" + str(runs / "tome-e8-t64-seed1") in line)
     assert "run.overwrite=true" in restarted and "run.overwrite=true" not in fresh
-    again = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    again = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
     assert again.returncode == 0 and len(calls.read_text().splitlines()) == len(names)  # nothing re-trained
     shutil.rmtree(runs)  # a fresh machine: the runs recorded in RESULTS are not trained again
-    fresh_machine = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    fresh_machine = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
     assert fresh_machine.returncode == 0 and len(calls.read_text().splitlines()) == len(names)
     missing = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "experiments" / "card_claim.sh"), str(tmp_path / "none.npz"), str(runs)],
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
         check=False,
     )
     assert missing.returncode == 2 and "is not a file" in missing.stderr
@@ -199,7 +198,7 @@ def test_the_driver_runs_only_the_models_asked_for_and_refuses_an_unknown_one(tm
     }
     command = ["bash", str(ROOT / "benchmarks" / "experiments" / "card_claim.sh"), str(data), str(tmp_path / "runs")]
     some = {**env, "MODELS": "cet_card vit", "BUDGETS": "24"}
-    done = subprocess.run(command, env=some, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(command, env=some, cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     expected = [f"{m}-e24-t64-seed{s}" for m in ("cet_card", "vit") for s in (0, 1)]
     assert sorted(p.stem for p in results.glob("*.json")) == expected
@@ -208,7 +207,7 @@ def test_the_driver_runs_only_the_models_asked_for_and_refuses_an_unknown_one(tm
     bad = subprocess.run(command, env={**env, "SEEDS_256": "0,1"}, cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "SEEDS_256 names '0,1'" in bad.stderr
     two = {**env, "MODELS": "swin", "BUDGETS": "8", "SEEDS_MAX": "1", "SEEDS_256": "1"}
-    quick = subprocess.run(command, env=two, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    quick = subprocess.run(command, env=two, cwd=ROOT, capture_output=True, text=True, check=False)
     assert quick.returncode == 0, quick.stderr
     assert {"swin-e8-t64-seed0", "swin-e8-t256-seed1"} <= {p.stem for p in results.glob("*.json")}
     assert not (results / "swin-e8-t256-seed0.json").exists() and not (results / "swin-e8-t64-seed1.json").exists()
@@ -329,8 +328,6 @@ def test_the_ei_svd_way_is_the_faster_of_the_two_measured():
 
 
 def test_a_run_that_fails_in_its_process_is_named_and_the_others_released(tmp_path):
-    import time
-
     common = {
         "npz": None,
         "dry_run": True,
@@ -339,9 +336,8 @@ def test_a_run_that_fails_in_its_process_is_named_and_the_others_released(tmp_pa
         "folder": tmp_path,
         "calibration_steps": 1,
     }
-    start = time.monotonic()
     pool = card_claim_gpu._Concurrent([("vit", 0), ("no_such_model", 0)], common)  # vit waits at the barrier
     with pytest.raises(SystemExit, match="the run no_such_model seed 0 failed in its process"):
         pool.calibrate()
     assert not any(proc.is_alive() for proc in pool.procs.values())
-    assert time.monotonic() - start < 60  # released, not left to a timeout
+    assert pool.start.broken  # the run waiting at the barrier was released, not left to wait for its timeout

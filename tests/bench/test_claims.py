@@ -1,4 +1,5 @@
-"""benchmarks/reports/claims.py: the README's claims recomputed from the per-seed results files, checked in CI."""
+"""benchmarks/reports/claims.py: the claims of docs/results.md recomputed from the per-seed results files, checked in
+CI."""
 
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 from benchmarks.reports import claims as claims_module
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "results.md"
 
 
 @pytest.fixture(scope="module")
@@ -14,27 +16,28 @@ def claims():
     return claims_module
 
 
-def test_the_readme_and_the_results_page_show_the_recomputed_numbers(claims):
+def test_the_results_page_shows_the_recomputed_numbers(claims):
     results = claims.evaluate()
-    assert claims.check(results, ROOT / "README.md", ROOT / "docs" / "results.md") == []
+    assert claims.check(results, PAGE) == []
     assert all(r["verdict"] for r in results.values())
 
 
-def test_an_edited_readme_number_fails_the_check(claims, tmp_path):
+def test_an_edited_number_of_the_summary_fails_the_check(claims, tmp_path):
     results = claims.evaluate()
-    readme = (ROOT / "README.md").read_text()
+    summary = claims.summary(PAGE)
     expected = results["vitcae-table1-digits"]["readme"][0]
-    assert expected in readme
-    edited = tmp_path / "README.md"
-    edited.write_text(readme.replace(expected, expected.replace("87.93", "88.93")))
-    problems = claims.check(results, edited, ROOT / "docs" / "results.md")
+    assert expected in summary
+    edited = tmp_path / "results.md"
+    edited.write_text(PAGE.read_text().replace(summary, summary.replace(expected, expected.replace("87.93", "88.93"))))
+    problems = claims.check(results, edited)
     assert len(problems) == 1 and problems[0].startswith("vitcae-table1-digits")
 
 
 def test_a_stale_results_page_fails_the_check(claims, tmp_path):
     page = tmp_path / "results.md"
-    page.write_text((ROOT / "docs" / "results.md").read_text().replace("does not hold", "holds", 1))
-    problems = claims.check(claims.evaluate(), ROOT / "README.md", page)
+    head, marker, generated = PAGE.read_text().partition(claims.GENERATED)
+    page.write_text(head + marker + generated.replace("does not hold", "holds", 1))
+    problems = claims.check(claims.evaluate(), page)
     assert problems == [f"{page} is not the recomputed page; run python -m benchmarks.reports.claims --write {page}"]
 
 
@@ -53,7 +56,7 @@ def test_the_verdict_rule(claims):
 
 def test_the_budget_slopes_are_recomputed_from_the_per_run_files(claims, tmp_path):
     """The pre-registered slopes (docs/card_claim.md) come from the per-run files, agree with the committed summary,
-    and an edited slope in the README fails the check."""
+    and an edited slope in the summary of docs/results.md fails the check."""
     import json
 
     results = claims.evaluate()
@@ -65,11 +68,13 @@ def test_the_budget_slopes_are_recomputed_from_the_per_run_files(claims, tmp_pat
         assert r["ci95"] == pytest.approx(committed["ci95"], abs=1e-9) and r["verdict"] == committed["verdict"]
         assert [e for e, _ in r["gaps"]] == [8, 24, 48]
     expected = results["cet-card-slope-swin"]["readme"][0]
-    readme = (ROOT / "README.md").read_text()
-    assert expected in readme
-    edited = tmp_path / "README.md"
-    edited.write_text(readme.replace(expected, expected.replace("holds", "does not hold")))
-    problems = claims.check(results, edited, ROOT / "docs" / "results.md")
+    summary = claims.summary(PAGE)
+    assert expected in summary
+    edited = tmp_path / "results.md"
+    edited.write_text(
+        PAGE.read_text().replace(summary, summary.replace(expected, expected.replace("holds", "does not hold")))
+    )
+    problems = claims.check(results, edited)
     assert len(problems) == 1 and problems[0].startswith("cet-card-slope-swin")
 
 

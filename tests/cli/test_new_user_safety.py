@@ -331,11 +331,10 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path):
         env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and not (run_dir / "checkpoints" / "last.ckpt").exists():
+    while proc.poll() is None and not (run_dir / "checkpoints" / "last.ckpt").exists():  # training, however slowly
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate()
     assert proc.returncode == 130, err
     assert f"vitlab fit --resume {run_dir}" in err and "Traceback" not in err
 

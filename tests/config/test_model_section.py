@@ -13,10 +13,11 @@ from vitlab.errors import ModelOptionError
 from vitlab.families.cet_vit.ei import EI_SCHEDULES
 from vitlab.family import family_of_class
 from vitlab.models.builder import create_model
-from vitlab.models.registry import constructor_args, get_preset, list_models
+from vitlab.models.registry import constructor_args, get_preset
+from vitlab.testing import builtin_presets
 
 
-@pytest.mark.parametrize("class_name", sorted({cls for cls, _ in catalogue().values()}))
+@pytest.mark.parametrize("class_name", sorted({catalogue()[name][0] for name in builtin_presets()}))
 def test_each_model_class_takes_the_fields_of_its_options_dataclass(class_name):
     """One definition: the constructor's keywords and defaults are the options dataclass's fields."""
     options = model_options_type(class_name)
@@ -28,7 +29,7 @@ def test_each_model_class_takes_the_fields_of_its_options_dataclass(class_name):
     assert not set(defaults) & set(MODEL_KEYS)
 
 
-@pytest.mark.parametrize("preset", list_models())
+@pytest.mark.parametrize("preset", builtin_presets())
 def test_every_preset_fits_its_options_and_the_section_check(preset):
     entry = get_preset(preset)
     options = entry.cls.options_type(**entry.kwargs)  # the options' own check

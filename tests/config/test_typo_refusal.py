@@ -1,14 +1,9 @@
-"""A typo in any section of a run config is refused at once: exit 2 within seconds, no torch, no run folder."""
-
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
+"""A typo in any section of a run config is refused at once: exit 2 before torch, Lightning or timm is imported, no
+run folder."""
 
 import pytest
 
-VITLAB = [sys.executable, "-c", "import sys; from vitlab.cli.main import main; sys.exit(main())"]
+from process_fixtures import loaded_after, vitlab_process
 
 
 @pytest.mark.parametrize(
@@ -22,27 +17,19 @@ VITLAB = [sys.executable, "-c", "import sys; from vitlab.cli.main import main; s
         ("model.name=vitcae_tinyy", "unknown model 'vitcae_tinyy'"),
     ],
 )
-def test_a_typo_exits_2_in_under_3_seconds_without_a_folder(override, message, tmp_path):
+def test_a_typo_exits_2_before_torch_without_a_folder(override, message, tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    args = [*VITLAB, "fit", "--config", "vitcae/digits", override, f"run.dir={run_dir}"]
-    start = time.perf_counter()
-    out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env)
-    elapsed = time.perf_counter() - start
+    out, loaded = vitlab_process(["fit", "--config", "vitcae/digits", override, f"run.dir={run_dir}"], cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr
-    assert elapsed < 3.0, f"{override} took {elapsed:.2f} s to be refused"
+    assert loaded == [], f"{override} was refused only after importing {loaded}"
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
 
 
 def test_the_checks_load_no_deep_learning_library():
-    code = (
-        "import sys\nfrom vitlab.config import build_config\n"
-        "build_config('cet_vit/digits', ['dynamics.rho=0.5', 'loss.lambda_ei=0.1'])\n"
-        "print([m for m in ('torch', 'lightning', 'torchvision', 'timm', 'sklearn') if m in sys.modules])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    overrides = ["dynamics.rho=0.5", "loss.lambda_ei=0.1"]
+    code = f"from vitlab.config import build_config\nbuild_config('cet_vit/digits', {overrides!r})"
+    assert loaded_after(code) == []
 
 
 @pytest.mark.parametrize("config", ["vit/digits", "cet_vit/digits"])
@@ -55,19 +42,12 @@ def test_the_checks_load_no_deep_learning_library():
         ("model.patch_size=0", "model.patch_size must be at least 1, got 0"),
     ],
 )
-def test_a_typo_in_the_model_or_loss_of_any_task_exits_2_without_a_folder(config, override, message, tmp_path):
+def test_a_typo_in_the_model_or_loss_of_any_task_exits_2_before_torch_without_a_folder(
+    config, override, message, tmp_path
+):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    start = time.perf_counter()
-    out = subprocess.run(
-        [*VITLAB, "fit", "--config", config, override, f"run.dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
-    elapsed = time.perf_counter() - start
+    out, loaded = vitlab_process(["fit", "--config", config, override, f"run.dir={run_dir}"], cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr and len(out.stderr.strip().splitlines()) <= 2  # the error and the debug hint
-    assert elapsed < 3.0, f"{override} took {elapsed:.2f} s to be refused"
+    assert loaded == [], f"{override} was refused only after importing {loaded}"
     assert not run_dir.exists() and not (tmp_path / "runs").exists()

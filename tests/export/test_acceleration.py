@@ -3,7 +3,7 @@ state-dict keys, the feature paths (capture, frozen heads, ToMe) and a fit -> re
 
 The compiled paths here use the ``aot_eager`` backend: dynamo traces the blocks and AOTAutograd their backward
 exactly as with inductor, but eager kernels run them, so a test compiles in about a second instead of a minute on
-a CPU. The inductor paths are measured by ``vitlab bench --compile`` (docs/benchmarks.md) and tested on CUDA
+a CPU. The inductor paths are measured by ``vitlab bench trainer.compile=true`` (docs/benchmarks.md) and tested on CUDA
 (tests/device/test_cuda.py).
 """
 

@@ -2,32 +2,25 @@
 (``vitlab.families``), trains, evaluates and exports from the command line with no edit under src/vitlab, and the
 config check stays as strict with it as without it."""
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from data_fixtures import write_imagefolder
+from plugin_fixtures import toy_mixer_env
 
-ROOT = Path(__file__).parents[2]
 VITLAB = [sys.executable, "-m", "vitlab.cli.main"]
 
 
 @pytest.fixture
 def plugin_env(tmp_path):
     """The environment of a Python whose site holds a distribution that declares the toy family's entry point."""
-    dist = tmp_path / "site" / "vitlab_toy_mixer-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vitlab-toy-mixer\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[vitlab.families]\ntoy_mixer = vitlab_toy_mixer\n")
-    path = os.pathsep.join([str(ROOT / "src"), str(tmp_path / "site"), str(ROOT / "tests" / "plugins")])
-    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    return toy_mixer_env(tmp_path)
 
 
 def _vitlab(env, *args, cwd):
-    return subprocess.run([*VITLAB, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    return subprocess.run([*VITLAB, *args], capture_output=True, text=True, env=env, cwd=cwd)
 
 
 @pytest.mark.slow

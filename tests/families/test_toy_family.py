@@ -15,7 +15,7 @@ from vitlab.evaluation.outputs import logits_and_assignment
 from vitlab.family import Family, families, family_of, family_of_class, register_family, unregister_family
 from vitlab.models.builder import create_model
 from vitlab.models.protocols import GenerativeModel, SlotAssigner
-from vitlab.models.registry import _REGISTRY, register_preset
+from vitlab.models.registry import _REGISTRY
 from vitlab.training.run import task_class_for
 from vitlab.training.tasks import ClassificationTask
 
@@ -55,11 +55,10 @@ def toy_family():
             report_sections=(),
         )
     )
-    register_preset("toy_pico", ToySlotModel, "a toy family's model")
     command("toy-command", "the toy family's command")(_toy_command)
     yield family
     unregister_family("toy")
-    _REGISTRY.pop("toy_pico")
+    _REGISTRY.pop("toy_pico", None)
     COMMANDS.pop("toy-command")
 
 

@@ -1,9 +1,8 @@
-"""timm's model contract on every preset: the checks of timm's ``tests/test_models.py`` (backward with 42 classes,
-``num_classes=0``, ``reset_classifier``, ``forward_intermediates``, ``features_only``, ``pretrained_cfg``) and the
-parts its training scripts rely on (``set_grad_checkpointing``, ``group_matcher`` with timm's layer-decay
-optimiser), at 32x32 inputs and 10 classes. ViTCAE's encoder is checked as a model of its own."""
-
-import math
+"""timm's model contract on every built-in preset: the checks of timm's ``tests/test_models.py`` (backward with 42
+classes; ``num_classes=0``, ``reset_classifier``, ``forward_intermediates``, ``features_only``: ``vitlab.testing``'s
+``TIMM_CONTRACT``; ``pretrained_cfg``) and the parts its training scripts rely on (``set_grad_checkpointing``,
+``group_matcher`` with timm's layer-decay optimiser), at 32x32 inputs and 10 classes. ViTCAE's encoder is checked
+as a model of its own."""
 
 import pytest
 import timm.data
@@ -11,24 +10,18 @@ import timm.optim
 import torch
 from timm.models import group_parameters
 
-import vitlab
-from vitlab.models.contract import feature_extractor, module_mode
+from vitlab.models.contract import module_mode
 from vitlab.models.protocols import GenerativeModel
-from vitlab.models.registry import constructor_args, get_preset
+from vitlab.models.registry import get_preset
+from vitlab.testing import TIMM_CONTRACT, builtin_presets, timm_model
 
 B, SIZE, CLASSES = 2, 32, 10
+SMALL = {"img_size": SIZE, "in_chans": 3, "num_classes": CLASSES}
 
 
 def _build(name: str, num_classes: int = CLASSES, **extra) -> torch.nn.Module:
     """The preset at 32x32 RGB; for a ViTCAE preset its encoder (a ViT with a new head of ``num_classes``)."""
-    accepted = constructor_args(get_preset(name).cls)
-    encoder_only = issubclass(get_preset(name).cls, GenerativeModel)
-    kwargs = {"img_size": SIZE, "in_chans": 3, "num_classes": CLASSES if encoder_only else num_classes, **extra}
-    model = vitlab.create_model(name, **{k: v for k, v in kwargs.items() if k in accepted})
-    if encoder_only:
-        model = model.encoder
-        model.reset_classifier(num_classes)
-    return model
+    return timm_model(name, **{**SMALL, "num_classes": num_classes, **extra})
 
 
 def _case(name: str) -> pytest.param:
@@ -36,7 +29,7 @@ def _case(name: str) -> pytest.param:
     return pytest.param(name, id=column, marks=[pytest.mark.slow] if name.endswith("_base") else [])
 
 
-CASES = [_case(name) for name in vitlab.list_models()]
+CASES = [_case(name) for name in builtin_presets()]
 
 
 def _x() -> torch.Tensor:
@@ -53,68 +46,12 @@ def test_backward_with_42_classes_reaches_every_parameter(name):
     assert [n for n, p in model.named_parameters() if p.grad is None] == []
 
 
+@pytest.mark.parametrize("check", TIMM_CONTRACT, ids=lambda check: check.__name__)
 @pytest.mark.parametrize("name", CASES)
-def test_no_classifier_gives_pooled_features_and_reset_classifier_does_too(name):
-    torch.manual_seed(0)
-    model = _build(name).eval()
-    x = _x()
-    pooled = model.forward_head(model.forward_features(x), pre_logits=True)
-    assert pooled.shape == (B, model.head_hidden_size) and model.num_features > 0
-    assert model.get_classifier() is model.get_submodule(model.pretrained_cfg["classifier"])
-    model.reset_classifier(0)
-    torch.testing.assert_close(model(x), pooled)
-    model.reset_classifier(7)
-    assert model(x).shape == (B, 7) and model.num_classes == 7
-    torch.manual_seed(0)
-    assert _build(name, num_classes=0).eval()(x).shape == (B, model.head_hidden_size)
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_forward_intermediates_gives_the_maps_feature_info_describes(name):
-    torch.manual_seed(0)
-    model = _build(name).eval()
-    x = _x()
-    final, maps = model.forward_intermediates(x, output_fmt="NCHW")
-    assert len(maps) == len(model.feature_info)
-    for info, y in zip(model.feature_info, maps, strict=True):
-        assert y.shape[:2] == (B, info["num_chs"])
-        assert y.shape[2] <= math.ceil(SIZE / info["reduction"]) and y.shape[3] <= math.ceil(SIZE / info["reduction"])
-    torch.testing.assert_close(final, model.forward_features(x))
-    last = model.forward_intermediates(x, indices=1, intermediates_only=True)
-    torch.testing.assert_close(last[0], maps[-1])
-    model.set_grad_checkpointing(True)
-    torch.testing.assert_close(model.forward_intermediates(x)[0], final)
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_features_only_gives_feature_maps_and_prunes_what_follows(name):
-    torch.manual_seed(0)
-    model = _build(name).eval()
-    x = _x()
-    maps = model.forward_intermediates(x, indices=[0, 1], intermediates_only=True)
-    features = feature_extractor(model, out_indices=(0, 1)).eval()
-    out = features(x)
-    assert features.feature_info.channels() == [y.shape[1] for y in out]
-    for want, got in zip(maps, out, strict=True):
-        torch.testing.assert_close(got, want)
-    assert model.num_classes == 0  # pruned: the head is gone
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[pytest.mark.slow] if n.endswith("_base") else []) for n in vitlab.list_models()]
-)
-@pytest.mark.parametrize("out_indices", [4, (0, 1)])
-def test_every_parameter_of_a_feature_extractor_gets_a_gradient(name, out_indices):
-    """What DDP needs without find_unused_parameters: the extractor owns no part its feature maps do not pass
-    through (a ViTCAE's decoder, a CET-ViT's head and its cross-scale update of the slots)."""
-    accepted = constructor_args(get_preset(name).cls)
-    kwargs = {"img_size": SIZE, "in_chans": 3, "num_classes": CLASSES}
-    features = feature_extractor(
-        vitlab.create_model(name, **{k: v for k, v in kwargs.items() if k in accepted}), out_indices
-    )
-    sum(y.float().square().mean() for y in features(_x())).backward()
-    unused = [n for n, p in features.named_parameters() if p.grad is None]
-    assert not unused, f"{len(unused)} parameters without a gradient, e.g. {unused[:3]}"
+def test_timms_model_contract_of_the_test_kit(name, check):
+    """vitlab.testing's checks: the classifier and ``reset_classifier``, ``forward_intermediates`` against
+    ``feature_info``, ``features_only`` at ``out_indices`` from the model's depth."""
+    check(name, **SMALL)
 
 
 def _loss_and_grads(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

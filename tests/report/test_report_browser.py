@@ -44,7 +44,7 @@ def run_chromium(chromium: str, profile: Path, *args: str) -> subprocess.Complet
     offline = ["--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND"]
     command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *offline]
     command += [f"--user-data-dir={profile}", f"--window-size={WINDOW[0]},{WINDOW[1]}", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    return subprocess.run(command, capture_output=True, text=True, check=True)
 
 
 @pytest.mark.slow  # a headless browser in a subprocess

@@ -45,3 +45,56 @@ def test_removing_a_manifest_takes_only_its_files_and_never_leaves_the_folder(tm
     manifest.remove_recorded(run)
     assert sorted(p.name for p in run.rglob("*")) == ["checkpoints", "notes.txt"]
     assert (tmp_path / "outside.txt").read_text() == "mine"
+
+
+def test_a_removed_entry_leaves_a_later_file_of_that_name_to_the_user(tmp_path):
+    run = tmp_path / "run"
+    manifest.start(run, note=False)
+    atomic_write_text(run / "model.onnx", "vitlab's")
+    assert manifest.is_recorded(run / "model.onnx")
+    (run / "model.onnx").unlink()
+    manifest.note_removed(run / "model.onnx")
+    (run / "model.onnx").write_text("the user's")
+    assert not manifest.is_recorded(run / "model.onnx")
+    atomic_write_text(run / "config.yaml", "vitlab's")
+    manifest.remove_recorded(run)
+    assert (run / "model.onnx").read_text() == "the user's" and not (run / "config.yaml").exists()
+
+
+def test_a_write_is_found_up_to_the_search_depth_and_no_deeper(tmp_path):
+    run = tmp_path / "run"
+    manifest.start(run, note=False)
+    deepest = run.joinpath(*["d"] * (manifest.SEARCH_DEPTH - 1), "file.txt")  # run is its SEARCH_DEPTH-th folder up
+    too_deep = run.joinpath(*["d"] * manifest.SEARCH_DEPTH, "file.txt")
+    for path in (deepest, too_deep):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+        manifest.note_written(path)
+    assert manifest.is_recorded(deepest)
+    assert {"path": too_deep.relative_to(run).as_posix()} not in manifest.entries(run)
+
+
+def test_a_nested_export_names_its_own_files_and_is_cleared_with_the_run(tmp_path):
+    run = tmp_path / "run"
+    manifest.start(run, note=False)
+    manifest.start(run / "export")  # the run's manifest records the folder; the export's, its files
+    atomic_write_text(run / "export" / "model.safetensors", "weights")
+    (run / "export" / "README.txt").write_text("the user's")
+    assert {"path": "export"} in manifest.entries(run)
+    assert manifest.entries(run / "export") == [{"path": "model.safetensors"}]
+    manifest.remove_recorded(run)
+    assert sorted(p.name for p in run.rglob("*")) == ["README.txt", "export"]
+
+
+def test_a_glob_names_another_librarys_files_and_no_other_nor_any_above_the_folder(tmp_path):
+    run = tmp_path / "run"
+    manifest.start(run, note=False)
+    manifest.record(run, glob="tb/events.out.tfevents.*")
+    manifest.record(run, glob="../*")  # a pattern that would reach above the folder is ignored
+    (run / "tb").mkdir()
+    for name in ("events.out.tfevents.1", "events.out.tfevents.2", "notes.txt"):
+        (run / "tb" / name).write_text("x")
+    (tmp_path / "outside.txt").write_text("mine")
+    assert [p.name for p in manifest.recorded_paths(run)] == ["events.out.tfevents.1", "events.out.tfevents.2"]
+    manifest.remove_recorded(run)
+    assert sorted(p.name for p in run.rglob("*")) == ["notes.txt", "tb"] and (tmp_path / "outside.txt").exists()

@@ -85,7 +85,7 @@ def test_two_fits_started_together_on_one_run_folder_only_one_runs(tmp_path):
         "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]),
     }
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in "ab"]
-    results = [(proc.wait(timeout=300), proc.stderr.read()) for proc in procs]
+    results = [(proc.returncode, err) for proc, (_, err) in zip(procs, [p.communicate() for p in procs], strict=True)]
     codes = sorted(rc for rc, _ in results)
     assert codes == [0, 2], results
     refused = next(err for rc, err in results if rc == 2)

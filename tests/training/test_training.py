@@ -216,7 +216,7 @@ def test_ddp_two_processes_on_cpu_keep_the_same_weights(tmp_path):
         "trainer.devices=2",
         *TINY,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check = json.loads((run_dir / "ddp_check.json").read_text())
     assert check["world_size"] == 2 and check["in_sync"] is True

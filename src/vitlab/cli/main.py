@@ -198,11 +198,14 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     With ``argv``, only the command named in it gets its options (its setup may import what its options need,
     e.g. the export formats); ``vitlab --help`` then loads none of the library. Without ``argv``, every command.
     """
-    from vitlab.family import families
+    from vitlab.family import families, load_part
     from vitlab.version import __version__
 
-    for module in [*COMMAND_MODULES, *(m for family in families() for m in family.commands)]:
+    for module in COMMAND_MODULES:
         import_module(module)
+    for family in families():  # a plug-in's commands that fail to import cost one warning line, not the command
+        for module in family.commands:
+            load_part(family, lambda module=module: import_module(module), f"its commands {module}")
 
     parser = argparse.ArgumentParser(
         prog="vitlab",

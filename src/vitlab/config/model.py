@@ -18,9 +18,8 @@ from collections.abc import Callable
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 from vitlab.config.coerce import typed_mapping
-from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
-from vitlab.family import Family, families
-from vitlab.model_catalogue import CATALOGUE
+from vitlab.errors import ConfigError, FamilyError, ModelOptionError, UnknownModelError
+from vitlab.family import Family, families, presets
 
 #: model keys that are no constructor option
 MODEL_KEYS = ("name", "pretrained")
@@ -198,9 +197,9 @@ def takes_options(options: type) -> Callable[[M], M]:
 
 
 def catalogue() -> dict[str, tuple[str, str]]:
-    """Every preset, torch-free: the core's (:data:`vitlab.model_catalogue.CATALOGUE`) and each family's
-    (``Family.presets``): preset name -> (model class name, description)."""
-    return {**CATALOGUE, **{name: row for family in families() for name, row in family.catalogue().items()}}
+    """Every preset, torch-free: the one namespace of the core's table (:mod:`vitlab.model_catalogue`) and each
+    family's (``Family.presets``, :func:`vitlab.family.presets`): preset name -> (model class name, description)."""
+    return {name: (row.model, row.description) for name, (_, row) in presets().items()}
 
 
 def model_options_type(class_name: str) -> type | None:
@@ -211,9 +210,9 @@ def model_options_type(class_name: str) -> type | None:
     family = family_of_class_name(class_name)
     declared = family.config_type("model") if family else None
     if declared is not None and not dataclasses.is_dataclass(declared):
-        raise TypeError(
-            f"family {family.name!r} declares config_types['model'] = {declared!r}, which is no dataclass; declare "
-            "the model's options as one frozen dataclass (docs/architecture.md, 'Adding a family')"
+        raise FamilyError(
+            f"family {family.name!r} declares config_types['model'] = {declared!r}, which is no dataclass: an error in "
+            "the family; declare the model's options as one frozen dataclass (docs/writing_a_family.md)"
         )
     return declared
 
@@ -319,8 +318,4 @@ def check_model_sizes(model: dict[str, Any]) -> None:
 
 def family_of_class_name(class_name: str) -> Family | None:
     """The family that declares a model class of this name (from the declaration alone: no model is imported)."""
-    for family in families():
-        names = [ref.rpartition(":")[2] if isinstance(ref, str) else ref.__name__ for ref in family.models]
-        if class_name in names:
-            return family
-    return None
+    return next((family for family in families() if class_name in family.model_class_names()), None)

@@ -58,13 +58,16 @@ class Explanation:
 
 
 def optional_import(module: str) -> Any:
-    """``import module`` for a method that needs the ``explain`` extra; a one-line error names the install."""
+    """``import module`` for a method that needs the ``explain`` extra; a one-line
+    :class:`~vitlab.errors.MissingLibraryError` names the install."""
     from importlib import import_module
+
+    from vitlab.errors import MissingLibraryError
 
     try:
         return import_module(module)
     except ImportError as e:
-        raise ImportError(f"this explanation method needs {module.split('.')[0]}; {INSTALL_HINT}") from e
+        raise MissingLibraryError(f"this explanation method needs {module.split('.')[0]}; {INSTALL_HINT}") from e
 
 
 def explain(

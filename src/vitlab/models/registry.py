@@ -1,5 +1,7 @@
 """A registry of named model presets: names, classes and their keyword arguments (``list_models(pattern)``,
 ``get_preset``, ``resolved_kwargs``); :mod:`vitlab.models.builder` creates a model from a preset and loads weights.
+Each preset comes from its row in the one preset namespace (``vitlab.family.presets``: the core's table,
+:mod:`vitlab.model_catalogue`, and each family's), registered when first asked for.
 
 A preset is a model class plus the keyword arguments that define it. The full resolved keyword arguments are
 kept on the model as ``model.init_kwargs`` (with ``model.preset``) so an exported model can be rebuilt offline.
@@ -18,7 +20,9 @@ from typing import Any
 from torch import nn
 
 from vitlab.config.model import TIMM_PREFIX
-from vitlab.errors import ModelOptionError, UnknownModelError
+from vitlab.errors import FamilyError, ModelOptionError, UnknownModelError
+from vitlab.family import Family, error_line, origin, presets, resolve
+from vitlab.model_catalogue import CORE_MODELS
 from vitlab.models.timm_models import create_timm_model, timm_architecture
 
 
@@ -47,37 +51,45 @@ def register_preset(name: str, cls: type[nn.Module], description: str = "", **kw
     _REGISTRY[name] = Preset(name, cls, dict(kwargs), description)
 
 
-#: the core's model modules; each registers the presets of its own table when imported
-CORE_MODEL_MODULES = ("vitlab.models.vit", "vitlab.models.swin")
-
-
-def _ensure_loaded() -> None:
-    """Import the core's model modules and every family's model classes, which register their presets."""
-    from importlib import import_module
-
-    from vitlab.family import families
-
-    for module in CORE_MODEL_MODULES:
-        import_module(module)
-    for family in families():
-        family.model_classes()
+def _model_class(family: Family | None, model: str) -> type[nn.Module]:
+    """The class a preset row names: one of ``family``'s models, or a core model; a plug-in's that cannot be imported
+    is a one-line :class:`~vitlab.errors.FamilyError` that names the plug-in."""
+    if family is None or model not in family.model_class_names():
+        return resolve(CORE_MODELS[model])
+    ref = family.models[family.model_class_names().index(model)]
+    if origin(family) is None:
+        return resolve(ref)
+    try:
+        return resolve(ref)
+    except Exception as error:
+        raise FamilyError(
+            f"{origin(family)} cannot import its model {model!r} ({error_line(error)}); fix or uninstall it, or use "
+            "another model"
+        ) from error
 
 
 def list_models(pattern: str = "*") -> list[str]:
-    """Names of the registered presets matching a glob ``pattern`` (e.g. ``"vit_*"``), sorted."""
-    _ensure_loaded()
-    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+    """Names of the presets matching a glob ``pattern`` (e.g. ``"vit_*"``), sorted: the one namespace of the core's
+    and the families' tables (``vitlab.family.presets``); no model class is imported."""
+    return sorted(n for n in {*presets(), *_REGISTRY} if fnmatch.fnmatch(n, pattern))
 
 
 def get_preset(name: str) -> Preset:
+    """The preset ``name``, registered from its table row on first use (which imports its model class); a
+    ``timm:NAME`` preset is built by timm."""
     if name.startswith(TIMM_PREFIX):
         arch = timm_architecture(name)
         return Preset(name, nn.Module, description=f"timm's {arch}", factory=partial(create_timm_model, name))
-    _ensure_loaded()
     if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UnknownModelError(f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model.")
+        namespace = presets()
+        if name not in namespace:
+            close = difflib.get_close_matches(name, [*namespace, *_REGISTRY], n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise UnknownModelError(
+                f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model."
+            )
+        family, row = namespace[name]
+        register_preset(name, _model_class(family, row.model), row.description, **row.kwargs)
     return _REGISTRY[name]
 
 

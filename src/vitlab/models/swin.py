@@ -26,9 +26,7 @@ from timm.models.swin_transformer import WindowAttention
 
 from vitlab.config.model import SwinTransformerOptions, takes_options
 from vitlab.layers.attention_path import choose_window_attention_path
-from vitlab.model_catalogue import CATALOGUE, SWIN_PRESETS
 from vitlab.models.contract import ModelContract
-from vitlab.models.registry import register_preset
 
 
 @takes_options(SwinTransformerOptions)
@@ -60,7 +58,3 @@ class SwinTransformer(TimmSwinTransformer, ModelContract):
         for module in self.modules():
             if isinstance(module, WindowAttention):
                 module.register_forward_pre_hook(choose_window_attention_path)
-
-
-for _name, _kw in SWIN_PRESETS.items():
-    register_preset(_name, SwinTransformer, CATALOGUE[_name][1], **_kw)

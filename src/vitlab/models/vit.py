@@ -19,9 +19,7 @@ from torch import nn
 from vitlab.config.model import VisionTransformerOptions, takes_options
 from vitlab.layers import Block, PatchEmbed, trunc_normal_
 from vitlab.layers.tome import TokenMatching
-from vitlab.model_catalogue import CATALOGUE, TOME_PRESETS, VIT_PRESETS
 from vitlab.models.contract import ModelContract, check_output_fmt, tokens_to_maps
-from vitlab.models.registry import register_preset
 
 #: pooling of the head: the CLS token, the mean of the patch tokens, or none (``reset_classifier(0, "")``)
 GLOBAL_POOLS = ("token", "avg", "")
@@ -233,7 +231,3 @@ class VisionTransformer(ModelContract, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
-
-
-for _name, _kw in {**VIT_PRESETS, **TOME_PRESETS}.items():
-    register_preset(_name, VisionTransformer, CATALOGUE[_name][1], **_kw)

@@ -108,7 +108,8 @@ def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     }
     out = to_dict(cfg)
     out["model"] = to_dict({"name": preset.name, **defaults, **preset.kwargs, **filled})
-    loss_config = task_class_for(preset.cls).loss_config
+    family = family_of_class(preset.cls)
+    loss_config = family.config_type("loss") if family else None
     if loss_config is not None:
         out["loss"] = to_dict(build_loss(loss_config, cfg.loss))
     return out

@@ -19,6 +19,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitlab.acceleration import adamw, choose_compile_mode, classifier_objective, compiled_objective
 from vitlab.config import OptimConfig, RunConfig
 from vitlab.errors import ConfigError, VitlabError
+from vitlab.family import family_of
 from vitlab.layers.heads import state_in_original_order
 
 
@@ -104,8 +105,6 @@ class BaseTask(pl.LightningModule):
 
     #: the validation metric that picks ``best.ckpt``, and whether lower or higher is better
     monitor: tuple[str, str] = ("val/loss", "min")
-    #: the dataclass that validates the config's ``loss`` section (None: the task takes no loss options)
-    loss_config: type | None = None
 
     def __init__(self, model: nn.Module, *, cfg: RunConfig, hparams: dict[str, Any]) -> None:
         super().__init__()
@@ -113,6 +112,13 @@ class BaseTask(pl.LightningModule):
         self.cfg = cfg
         self.optim_cfg: OptimConfig = cfg.optim
         self.save_hyperparameters(hparams)
+
+    @property
+    def loss_config(self) -> type | None:
+        """The dataclass of the config's ``loss`` section: the one the model's family declares, once, in
+        ``Family.config_types["loss"]`` (what the config check reads too); None: the task takes no loss options."""
+        family = family_of(self.model)
+        return family.config_type("loss") if family else None
 
     plateau: torch.optim.lr_scheduler.ReduceLROnPlateau | None = None
     _plateau_state: dict[str, Any] | None = None

@@ -16,6 +16,6 @@ FAMILY = register_family(
             "model": "vitlab_toy_mixer.config:ToyMixerOptions",
             "loss": "vitlab_toy_mixer.config:ToyMixerLoss",
         },
-        presets="vitlab_toy_mixer.config:CATALOGUE",
+        presets="vitlab_toy_mixer.config:PRESETS",
     )
 )

@@ -1,13 +1,17 @@
-"""The toy family's config types and catalogue: plain data, no torch."""
+"""The toy family's config types and preset table: plain data, no torch."""
 
 from dataclasses import dataclass
 
 from vitlab.config.model import ImageModelOptions
 
-#: preset name -> constructor arguments
-PRESETS = {"mixer_pico": dict(img_size=8, patch_size=2, in_chans=1, dim=16, depth=2)}
-#: preset name -> (model class, description)
-CATALOGUE = {"mixer_pico": ("ToyMixer", "toy MLP-Mixer, width 16, depth 2 (8x8 one-channel images)")}
+#: preset name -> (model class, description, constructor arguments)
+PRESETS = {
+    "mixer_pico": (
+        "ToyMixer",
+        "toy MLP-Mixer, width 16, depth 2 (8x8 one-channel images)",
+        dict(img_size=8, patch_size=2, in_chans=1, dim=16, depth=2),
+    )
+}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,8 +6,7 @@ import torch
 from torch import nn
 
 from vitlab.config.model import takes_options
-from vitlab.models.registry import register_preset
-from vitlab_toy_mixer.config import CATALOGUE, PRESETS, ToyMixerOptions
+from vitlab_toy_mixer.config import ToyMixerOptions
 
 
 class MixerBlock(nn.Module):
@@ -40,7 +39,3 @@ class ToyMixer(nn.Module):
         for block in self.blocks:
             tokens = block(tokens)
         return self.head(self.norm(tokens).mean(dim=1))
-
-
-for _name, _kw in PRESETS.items():
-    register_preset(_name, ToyMixer, CATALOGUE[_name][1], **_kw)

@@ -4,12 +4,9 @@ from typing import Any
 
 from vitlab.config.loss import build_loss
 from vitlab.training.tasks import ClassificationTask
-from vitlab_toy_mixer.config import ToyMixerLoss
 
 
 class ToyMixerTask(ClassificationTask):
-    loss_config = ToyMixerLoss
-
     def __init__(self, model, *, cfg, hparams) -> None:
         super().__init__(model, cfg=cfg, hparams=hparams)
         self.loss_cfg = build_loss(self.loss_config, cfg.loss)

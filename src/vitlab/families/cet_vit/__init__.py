@@ -17,7 +17,7 @@ FAMILY = register_family(
             "model": "vitlab.families.cet_vit.config:CETViTOptions",
             "loss": "vitlab.families.cet_vit.config:CETLossConfig",
         },
-        presets="vitlab.families.cet_vit.presets:CATALOGUE",
+        presets="vitlab.families.cet_vit.presets:TABLE",
         commands=("vitlab.families.cet_vit.commands",),
         report_sections=(),
         explainer="vitlab.families.cet_vit.explain:explainer",

@@ -1,5 +1,5 @@
 """Baselines matched in size to CET-ViT (CET-ViT v4 model card: "External baselines trained under an identical
-protocol"): presets of the core's ViT, ToMe and Swin that the family registers.
+protocol"): presets of the core's ViT, ToMe and Swin in the family's table.
 
 "Size-matched" is within 2% of CET-ViT's parameter count, on CET-ViT's input (32x32 images in 2x2 patches) at the
 dataset each preset is meant for (:data:`vitlab.families.cet_vit.presets.MATCH_INPUTS`). The widths were found by
@@ -15,8 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from vitlab.families.cet_vit.presets import BASELINES, CATALOGUE
-from vitlab.models.registry import register_preset
+from vitlab.families.cet_vit.presets import BASELINES
 from vitlab.models.swin import SwinTransformer
 from vitlab.models.vit import VisionTransformer
 
@@ -38,7 +37,3 @@ _CLASSES: dict[str, type[nn.Module]] = {"VisionTransformer": VisionTransformer, 
 def matched_presets() -> list[MatchedPreset]:
     """Every size-matched baseline: ``vit_matched_<cet>``, ``tome_matched_<cet>``, ``swin_matched_<cet>``."""
     return [MatchedPreset(name, target, base, _CLASSES[cls], kw) for name, (cls, target, base, kw) in BASELINES.items()]
-
-
-for _m in matched_presets():
-    register_preset(_m.name, _m.cls, CATALOGUE[_m.name][1], **_m.kwargs)

@@ -29,7 +29,6 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.config.model import takes_options
-from vitlab.families.cet_vit import baselines  # noqa: F401 (registers the size-matched baselines)
 from vitlab.families.cet_vit.config import CETViTOptions
 from vitlab.families.cet_vit.ei import ei_terms
 from vitlab.families.cet_vit.features import FeatureTaps
@@ -43,7 +42,6 @@ from vitlab.families.cet_vit.parts import (
     MicroEncoder,
     MicroInputSize,
 )
-from vitlab.families.cet_vit.presets import DESCRIPTIONS, PRESETS
 from vitlab.families.cet_vit.slots import (
     ablate_assignment,
     occupied_slots,
@@ -53,7 +51,6 @@ from vitlab.families.cet_vit.slots import (
 )
 from vitlab.layers import Block, PatchEmbed, trunc_normal_
 from vitlab.models.contract import ModelContract, module_mode
-from vitlab.models.registry import register_preset
 from vitlab.models.sizing import parameter_count
 
 
@@ -62,15 +59,17 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
     """CET-ViT classifier (CET-ViT v4 model card: "Architecture"). ``x: [B, C, H, W] -> logits [B, num_classes]``.
 
     timm's model contract (:mod:`vitlab.models.contract`): ``forward_features`` -> ``forward_head``;
-    ``embed_dim`` is the token width ``D`` of ``forward_features``; ``num_features`` and ``head_hidden_size`` the
-    pooled width ``2D`` (``D`` with ``grouping: none``) that ``forward_head(pre_logits=True)`` and the forward with
-    ``num_classes=0`` give. ``forward_intermediates`` taps the three token streams, in forward order
-    (``feature_info``, each entry with its ``stream``): ``micro`` (each MicroEncoder stage, ``[B, C_i, G, G]``),
-    ``macro`` (each MacroEncoder block's slots ``[B, K_max, D]``; as a map, each patch's mixture of its slots
-    ``S h_macro``, the rows of S summing to one) and ``fused`` (the micro stream after the CrossScaleAttention and
-    after each DeepEncoder block, ``[B, D, G, G]``). ``set_grad_checkpointing`` checkpoints the Swin blocks, the
-    macro blocks, the cross-scale attention and the deep blocks; ``group_matcher`` orders the parameters the same way
-    for layer-wise learning-rate decay.
+    ``forward_features`` gives one tensor per stream, as timm's CrossViT does for its branches (Chen et al. 2021;
+    ``timm.models.crossvit``): the fused micro tokens ``[B, N, D]`` and the macro tokens ``[B, K_max, D]`` (with
+    ``grouping: none`` the micro tokens alone, ``[B, N, C]``); ``embed_dim`` is their width ``D``; ``num_features`` and
+    ``head_hidden_size`` the pooled width ``2D`` (``D`` with ``grouping: none``) that ``forward_head(pre_logits=True)``
+    and the forward with ``num_classes=0`` give. ``forward_intermediates`` taps the three token streams, in forward
+    order (``feature_info``, each entry with its ``stream``): ``micro`` (each MicroEncoder stage, ``[B, C_i, G, G]``),
+    ``macro`` (each MacroEncoder block's slots ``[B, K_max, D]``; as a map, each patch's mixture of its slots ``S
+    h_macro``, the rows of S summing to one) and ``fused`` (the micro stream after the CrossScaleAttention and after
+    each DeepEncoder block, ``[B, D, G, G]``). ``set_grad_checkpointing`` checkpoints the Swin blocks, the macro blocks,
+    the cross-scale attention and the deep blocks; ``group_matcher`` orders the parameters the same way for layer-wise
+    learning-rate decay.
 
     Options: :class:`~vitlab.families.cet_vit.config.CETViTOptions`.
 
@@ -230,8 +229,9 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
 
     def _after_vceo(
         self, micro: torch.Tensor, S: torch.Tensor, taps: list[torch.Tensor] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The part after the V-CEO: ``micro [B, N, D]``, ``S`` -> (tokens ``[B, N + K, D]``, h_macro, occupied).
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor | None]:
+        """The part after the V-CEO: ``micro [B, N, D]``, ``S`` -> (the streams ``([B, N, D], [B, K, D])``, h_macro,
+        occupied).
         ``taps`` receives the macro blocks' outputs and the fused micro stream (``forward_intermediates``)."""
         occupied = occupied_slots(S) if self.mask_empty_slots else None
         h_macro = pool_slots(S, micro, self.pool)  # [B, K, D]
@@ -244,7 +244,7 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
             micro = self.checkpointed(block, micro)
             if taps is not None:
                 taps.append(micro)
-        return torch.cat([micro, macro], dim=1), h_macro, occupied
+        return (micro, macro), h_macro, occupied
 
     def _encode(
         self, x: torch.Tensor, force_choice: torch.Tensor | None = None, taps: list[torch.Tensor] | None = None
@@ -289,15 +289,19 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
                 out.append(self.forward_head(tokens, occupied=occupied))
             return torch.stack(out)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W] -> [B, N + K_max, D]``: the fused micro tokens followed by the macro tokens
-        (``grouping: none``: ``[B, N, C]``, the micro tokens)."""
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``[B, C, H, W] ->`` the streams: the fused micro tokens ``[B, N, D]`` and the macro tokens ``[B, K_max, D]``
+        (``grouping: none``: the micro tokens ``[B, N, C]``)."""
         return self._encode(x).tokens
 
     def forward_head(
-        self, x: torch.Tensor, pre_logits: bool = False, occupied: torch.Tensor | None = None
+        self,
+        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        pre_logits: bool = False,
+        occupied: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``[B, N + K_max, D] -> [B, num_classes]`` (or the normalised ``[B, 2D]`` with ``pre_logits``).
+        """The streams ``([B, N, D], [B, K_max, D]) -> [B, num_classes]`` (or the normalised ``[B, 2D]`` with
+        ``pre_logits``; with ``global_pool=""`` the streams themselves).
 
         ``occupied: [B, K_max]`` bool restricts mean(macro) to the occupied slots (``mask_empty_slots``).
         ``grouping: none``: ``[B, N, C] -> fc(LN(mean(micro)))``.
@@ -306,7 +310,7 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
             return x
         if self.grouping == "none":
             return self.head(x.mean(1), pre_logits=pre_logits)
-        micro, macro = x[:, : -self.num_slots], x[:, -self.num_slots :]
+        micro, macro = x
         if occupied is None:
             macro_mean = macro.mean(1)
         else:
@@ -362,7 +366,3 @@ def param_breakdown(model: CETViT) -> dict[str, int]:
     ``k_estimator`` when present, ``fusion_proj``, ``macro_encoder``, ``cross_scale``, ``deep_encoder``, ``head``),
     adding up to the model's total."""
     return {name: parameter_count(part) for name, part in model.named_children()}
-
-
-for _name, _kw in PRESETS.items():
-    register_preset(_name, CETViT, DESCRIPTIONS[_name], **_kw)

@@ -1,9 +1,9 @@
-"""CET-ViT's presets, plain data: preset name -> constructor arguments of
-:class:`~vitlab.families.cet_vit.model.CETViT` (which registers them), and their one-line descriptions."""
+"""CET-ViT's presets, plain data: its own and the size-matched baselines', in the family's preset table
+(``Family.presets``), from which the config check, ``vitlab list-models`` and the model registry read them."""
 
 from typing import Any
 
-#: preset name -> constructor arguments (the family declaration names this table)
+#: preset name -> constructor arguments of :class:`~vitlab.families.cet_vit.model.CETViT`
 PRESETS: dict[str, dict] = {
     "cet_vit_pico": dict(
         embed_dims=(32, 32, 64, 64),
@@ -109,7 +109,7 @@ def _baselines() -> dict[str, tuple[str, str, str, dict[str, Any]]]:
     return out
 
 
-#: the size-matched baselines (registered by :mod:`vitlab.families.cet_vit.baselines`)
+#: the size-matched baselines (:mod:`vitlab.families.cet_vit.baselines`)
 BASELINES = _baselines()
 
 
@@ -122,8 +122,8 @@ def _baseline_description(target: str, base: str, kwargs: dict[str, Any]) -> str
     )
 
 
-#: preset name -> (model class, description): the family's catalogue, read without torch
-CATALOGUE: dict[str, tuple[str, str]] = {
-    **{name: ("CETViT", DESCRIPTIONS[name]) for name in PRESETS},
-    **{name: (cls, _baseline_description(target, base, kw)) for name, (cls, target, base, kw) in BASELINES.items()},
+#: preset name -> (model class, description, constructor arguments): the family's table, read without torch
+TABLE: dict[str, tuple[str, str, dict[str, Any]]] = {
+    **{name: ("CETViT", DESCRIPTIONS[name], kw) for name, kw in PRESETS.items()},
+    **{name: (cls, _baseline_description(target, base, kw), kw) for name, (cls, target, base, kw) in BASELINES.items()},
 }

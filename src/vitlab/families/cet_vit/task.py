@@ -27,8 +27,6 @@ class CETViTTask(ClassificationTask):
     chosen K over the epoch's images (``train/k_frac_<K>``).
     """
 
-    loss_config = CETLossConfig
-
     def __init__(self, model: nn.Module, *, cfg: RunConfig, hparams: dict[str, Any]) -> None:
         super().__init__(model, cfg=cfg, hparams=hparams)
         self.loss_cfg = build_loss(self.loss_config, cfg.loss)

@@ -16,7 +16,7 @@ FAMILY = register_family(
             "model": "vitlab.families.vitcae.config:ViTCAEOptions",
             "loss": "vitlab.families.vitcae.config:ViTCAELossConfig",
         },
-        presets="vitlab.families.vitcae.presets:CATALOGUE",
+        presets="vitlab.families.vitcae.presets:TABLE",
         commands=("vitlab.families.vitcae.commands",),
         report_sections=("vitlab.families.vitcae.report:generate_section",),
         explainer="vitlab.families.vitcae.explain:explainer",

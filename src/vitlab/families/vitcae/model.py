@@ -33,10 +33,8 @@ from torch import nn
 from vitlab.config.model import ViTEncoderOptions, takes_options
 from vitlab.families.vitcae.config import ViTCAEOptions
 from vitlab.families.vitcae.losses import reparameterize
-from vitlab.families.vitcae.presets import CATALOGUE, PRESETS
 from vitlab.layers import Attention, CrossAttention, trunc_normal_
 from vitlab.models.contract import ModelContract
-from vitlab.models.registry import register_preset
 from vitlab.models.vit import VisionTransformer
 
 
@@ -353,7 +351,3 @@ class ViTCAE(ModelContract, nn.Module):
             prior_logvar_pt=prior_logvar_pt,
             pt_estimate=self.estimate_patches(z_cls),
         )
-
-
-for _name, _kw in PRESETS.items():
-    register_preset(_name, ViTCAE, CATALOGUE[_name][1], **_kw)

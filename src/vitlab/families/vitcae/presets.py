@@ -1,5 +1,5 @@
-"""ViTCAE's presets, plain data: preset name -> constructor arguments of
-:class:`~vitlab.families.vitcae.model.ViTCAE` (which registers them), and the family's catalogue."""
+"""ViTCAE's presets, plain data: the family's preset table (``Family.presets``), from which the config check,
+``vitlab list-models`` and the model registry read them."""
 
 #: preset name -> constructor arguments
 PRESETS: dict[str, dict] = {
@@ -59,5 +59,5 @@ def _description(name: str, kw: dict) -> str:
     return f"ViTCAE, {shape}" + (" (8x8 one-channel images such as digits, patch 2)" if name == "vitcae_pico" else "")
 
 
-#: preset name -> (model class, description): the family's catalogue, read without torch
-CATALOGUE: dict[str, tuple[str, str]] = {name: ("ViTCAE", _description(name, kw)) for name, kw in PRESETS.items()}
+#: preset name -> (model class, description, constructor arguments): the family's table, read without torch
+TABLE: dict[str, tuple[str, str, dict]] = {name: ("ViTCAE", _description(name, kw), kw) for name, kw in PRESETS.items()}

@@ -11,7 +11,7 @@ from torch import nn
 from vitlab.config import RunConfig
 from vitlab.config.loss import build_loss
 from vitlab.errors import ConfigError
-from vitlab.families.vitcae.losses import ViTCAELossConfig, vitcae_loss
+from vitlab.families.vitcae.losses import vitcae_loss
 from vitlab.training.tasks import ClassificationTask
 
 
@@ -43,8 +43,6 @@ class ViTCAETask(ClassificationTask):
     The model reconstructs the normalised input; reconstruction metrics in pixel space come from
     :func:`vitlab.families.vitcae.generative.run_generative_tasks`, which runs after training.
     """
-
-    loss_config = ViTCAELossConfig
 
     #: best.ckpt and ReduceLROnPlateau by a validation loss, not accuracy (an autoencoder picked by accuracy alone can
     #: keep an early, blurry decoder): ``val/monitor`` (``loss.monitor: continuous``, reconstruction + patch estimator
