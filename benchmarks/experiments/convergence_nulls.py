@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None and args.out.exists():
         raise SystemExit(f"error: {args.out} exists; pass another --out (results are never overwritten)")
     torch.set_num_threads(1)
-    start = time.perf_counter()
+    start, env = time.perf_counter(), environment()  # the revision that runs, before anything can change the tree
     settings = SETTINGS[:1] if args.quick else tuple(SETTINGS[i] for i in args.settings)
     rows = [row for name in args.schedule for row in run(args.runs, settings, args.quick, name)["rows"]]
     if args.json:
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "runs": args.runs,
             "seconds": time.perf_counter() - start,
-            "environment": environment() | {"command": ["python", *repo_relative(sys.argv)]},
+            "environment": env | {"command": ["python", *repo_relative(sys.argv)]},
         }
         atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
