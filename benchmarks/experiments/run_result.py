@@ -79,6 +79,28 @@ def best_epoch(run: Path) -> int | None:
     return torch.load(best, map_location="cpu", weights_only=False, mmap=True).get("epoch")
 
 
+def last_decision(record: dict[str, Any]) -> dict[str, Any]:
+    """Why the heads were or were not converged at the last epoch, under the decay or response rule: how many heads'
+    level (the largest recent drift, per unit rate under ``response``) was below its threshold, and under the
+    response rule the range of their directedness against ``rho`` and how many were below it."""
+    key = {"decay": "decay_level", "response": "response_level"}.get(record.get("convergence"))
+    if key is None or record.get(key) is None or record.get("threshold") is None:
+        return {}
+    pairs = [
+        (v, t) for vs, ts in zip(record[key], record["threshold"], strict=True) for v, t in zip(vs, ts, strict=True)
+    ]
+    out: dict[str, Any] = {
+        "epoch": record["epoch"],
+        "heads": len(pairs),
+        "below_threshold": sum(v is not None and t is not None and v < t for v, t in pairs),
+    }
+    if record.get("rho") is not None and record.get("directedness") is not None:
+        directed = [d for row in record["directedness"] for d in row]
+        out |= {"rho": record["rho"], "directedness_range": [min(directed), max(directed)]}
+        out["directedness_below_rho"] = sum(d < record["rho"] for d in directed)
+    return out
+
+
 def run_result(run: Path) -> dict[str, Any]:
     rundir = RunDir(run)
     env, test, timing = rundir.env() or {}, rundir.test_metrics() or {}, rundir.timing() or {}
@@ -123,6 +145,7 @@ def run_result(run: Path) -> dict[str, Any]:
             "frozen_per_layer": [[sum(row) for row in r.get("frozen", [])] for r in records],
             "tau_clause_replay": tau_clause_replay(records),
             "non_converged_paper_rule_replay": paper_rule_replay(rundir, records, None),
+            "last_decision": last_decision(last),
         }
     return result
 
