@@ -1,0 +1,139 @@
+"""The FLOPs of one ViTCAE training step, counted by hand, and what freezing every encoder head removes from them.
+
+Why by hand: on the CPU, SDPA runs PyTorch's flash kernel, whose backward ``torch.utils.flop_counter`` does not
+count, and whose backward does more than the math path's (it recomputes ``Q K^T`` from the saved log-sum-exps
+instead of keeping the attention matrix). The count here is tested against ``FlopCounterMode`` on the math path,
+where every product is counted (``tests/bench/test_freezing_flops.py``).
+
+Conventions (those of ``FlopCounterMode``): a multiply-add is 2 FLOPs; only matrix products count (no norms,
+activations, softmax, bias sums, optimizer); a linear map ``[n, i] -> [n, o]`` costs ``2 n i o`` forward and twice
+that backward (input and weight gradient), except where its input needs no gradient (the patch embedding); the
+attention of ``h`` heads of width ``d`` over ``n`` queries and ``m`` keys costs ``4 n m h d`` forward (``Q K^T`` and
+``P V``) and ``8 n m h d`` backward on the math path (``dV``, ``dP``, ``dQ``, ``dK``), plus ``2 n m h d`` on the flash
+kernel (the recomputed ``Q K^T``).
+
+What freezing every head of an encoder layer removes (``vitlab.dynamics.frozen_heads``, eq. 26 of the ViTCAE
+paper): the QKV weight gradient (all rows), the input gradient through ``q`` and ``k`` (through ``v`` it stays), and
+the attention backward, replaced by one more flash call for ``dV = P^T dO`` on ``d + 1`` columns per head (``4 n^2
+h (d + 1)``). Everything else (projection, MLP, norms, embedding, latents, decoder, losses) trains as before.
+
+    python -m benchmarks.experiments.freezing_flops RUN_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def _linear(rows: int, fan_in: int, fan_out: int, input_grad: bool = True) -> dict[str, int]:
+    forward = 2 * rows * fan_in * fan_out
+    return {"forward": forward, "backward": forward * (2 if input_grad else 1), "recompute": 0}
+
+
+def _attention(batch: int, queries: int, keys: int, width: int) -> dict[str, int]:
+    """``width = heads * head_dim``."""
+    forward = 4 * batch * queries * keys * width
+    return {"forward": forward, "backward": 2 * forward, "recompute": forward // 2}
+
+
+def _add(*parts: dict[str, int], times: int = 1) -> dict[str, int]:
+    return {key: times * sum(p[key] for p in parts) for key in ("forward", "backward", "recompute")}
+
+
+def step_flops(o: Any, batch: int) -> dict[str, dict[str, int]]:
+    """FLOPs of one training step of ViTCAE with options ``o`` (:class:`~vitlab.families.vitcae.config.ViTCAEOptions`)
+    on ``batch`` images, per part: ``{part: {"forward", "backward", "recompute"}}``, ``backward`` as the math path
+    runs it, ``recompute`` what the CPU flash kernel's backward adds. ``T = N + 1`` encoder tokens (CLS), ``N``
+    patches, ``M`` conditioning tokens; the losses' own products (a few [B, B] kernels) are not counted."""
+    n = o.grid * o.grid
+    t, c, hidden = n + 1, o.embed_dim, int(o.embed_dim * o.mlp_ratio)
+    d, dec_hidden, m = o.decoder_dim, int(o.decoder_dim * o.mlp_ratio), o.num_cond_tokens
+    bt, bn, z, zp = batch * t, batch * n, o.latent_dim, o.patch_latent_dim
+    layers, blocks = o.depth, o.decoder_depth
+    return {
+        "patch_embed": _linear(bn, o.patch_size**2 * o.in_chans, c, input_grad=False),
+        "encoder.qkv": _add(_linear(bt, c, 3 * c), times=layers),
+        "encoder.attention": _add(_attention(batch, t, t, c), times=layers),
+        "encoder.proj": _add(_linear(bt, c, c), times=layers),
+        "encoder.mlp": _add(_linear(bt, c, hidden), _linear(bt, hidden, c), times=layers),
+        "latents": _add(
+            _linear(batch, c, z),
+            _linear(batch, c, z),
+            _linear(bn, c, zp),
+            _linear(bn, c, zp),  # posteriors
+            _linear(batch, z, c),
+            _linear(batch, c, 2 * n * zp),
+            _linear(batch, z, c),
+            _linear(batch, c, n * zp),
+            _linear(batch, z, o.num_classes),
+        ),
+        "decoder.embed_head": _add(
+            _linear(bn, zp, d), _linear(batch, z, m * d), _linear(bn, d, o.patch_size**2 * o.in_chans)
+        ),
+        "decoder.self_attention": _add(
+            _linear(bn, d, 3 * d), _attention(batch, n, n, d), _linear(bn, d, d), times=blocks
+        ),
+        "decoder.cross_attention": _add(
+            _linear(bn, d, d), _linear(batch * m, d, 2 * d), _attention(batch, n, m, d), _linear(bn, d, d), times=blocks
+        ),
+        "decoder.mlp_film": _add(
+            _linear(bn, d, dec_hidden),
+            _linear(bn, dec_hidden, d),
+            _linear(batch, z, d),
+            _linear(batch, z, d),
+            times=blocks,
+        ),
+    }
+
+
+def frozen_savings(o: Any, batch: int) -> dict[str, int]:
+    """FLOPs that freezing every head of every encoder layer removes from :func:`step_flops` (net of the ``dV``
+    call it adds): ``qkv_weight_grad``, ``qk_input_grad``, and ``attention_backward`` on the math path (its four
+    products less the ``dV`` call) and ``attention_recompute`` on the flash kernel (its recomputed ``Q K^T``)."""
+    t, c, layers = o.grid * o.grid + 1, o.embed_dim, o.depth
+    bt = batch * t
+    dv_call = 4 * batch * t * t * (c + o.num_heads)  # Q K^T and P V on d + 1 columns per head
+    return {
+        "qkv_weight_grad": layers * 2 * bt * c * 3 * c,
+        "qk_input_grad": layers * 2 * bt * 2 * c * c,
+        "attention_backward": layers * (_attention(batch, t, t, c)["backward"] - dv_call),
+        "attention_recompute": layers * _attention(batch, t, t, c)["recompute"],
+    }
+
+
+def flops_record(o: Any, batch: int) -> dict[str, Any]:
+    """Step and ceiling in FLOPs, on the math path's count and on the flash kernel's (which adds the recompute)."""
+    parts = step_flops(o, batch)
+    saved = frozen_savings(o, batch)
+    math_step = sum(p["forward"] + p["backward"] for p in parts.values())
+    flash_step = math_step + sum(p["recompute"] for p in parts.values())
+    math_saved = saved["qkv_weight_grad"] + saved["qk_input_grad"] + saved["attention_backward"]
+    flash_saved = math_saved + saved["attention_recompute"]
+    return {
+        "batch": batch,
+        "convention": "2 FLOPs per multiply-add; matrix products only (FlopCounterMode's)",
+        "parts": parts,
+        "every_head_frozen_removes": saved,
+        "math_path": {"step": math_step, "saved": math_saved, "share": math_saved / math_step},
+        "flash_kernel": {"step": flash_step, "saved": flash_saved, "share": flash_saved / flash_step},
+    }
+
+
+def run_options(run: Path) -> tuple[Any, int]:
+    """The model options and batch size a run trained with (from its checkpoint)."""
+    from vitlab.export import checkpoint_hparams, read_checkpoint
+    from vitlab.families.vitcae.config import ViTCAEOptions
+    from vitlab.rundir import LAST_CHECKPOINT, config_with_overrides, locate_checkpoint
+
+    hp = checkpoint_hparams(read_checkpoint(locate_checkpoint(run, prefer=(LAST_CHECKPOINT,))))
+    return ViTCAEOptions(**hp["model_kwargs"]), config_with_overrides(hp["config"], None).data.batch_size
+
+
+if __name__ == "__main__":
+    print(json.dumps(flops_record(*run_options(Path(sys.argv[1]))), indent=1))
