@@ -10,8 +10,9 @@ The saving is measured, not predicted, in two ways:
 
 - **replay** (the frontier's axis): the recipe's model and loss (rebuilt from a run's checkpoint, ``--run``), one
   thread, batch as trained; every frozen configuration that occurs (heads per layer; which heads does not matter,
-  the heads are symmetric) is timed against nothing frozen, interleaved in one process (``--rounds`` alternations
-  of ``--steps`` steps each, the thread's CPU time: other processes on a shared core are not counted). A run's
+  the heads are symmetric) is timed against nothing frozen, interleaved in one process (``--rounds`` rounds, each
+  timing nothing frozen and every configuration for ``--steps`` steps in a shuffled order, the thread's CPU time:
+  other processes on a shared core are not counted). A run's
   saving is ``1 - mean_e t(F_e) / t(none)`` over its epochs, ``F_e`` the heads frozen while epoch ``e`` trained (those
   frozen after epoch ``e - 1``). Also timed: every head frozen, the ceiling no rule can pass on this model. Each
   round times every configuration once against its own reference, so each round gives a paired saving per setting:
@@ -123,11 +124,14 @@ def build_step(run: Path, threads: int = 1):
 
 
 def time_configs(built: tuple, configs: list[tuple[int, ...]], rounds: int, steps: int) -> dict[tuple[int, ...], Any]:
-    """Thread-CPU seconds per step of each configuration, interleaved with nothing frozen: ``{config: (median
-    ratio to none, [ratios per round], median seconds)}``. ``built``: :func:`build_step`'s result."""
+    """Thread-CPU seconds per step of each configuration against nothing frozen: ``{config: (median ratio to none,
+    [ratios per round], median seconds)}``. Each round times nothing frozen and every configuration once, in an
+    order drawn afresh per round (seeded), each after one untimed step; a configuration's ratio in a round is its
+    time over that round's nothing frozen. ``built``: :func:`build_step`'s result."""
     step, freeze, layers = built[:3]
     none = tuple([0] * layers)
-    timings: dict[tuple[int, ...], list[float]] = {c: [] for c in [none, *configs]}
+    everything = [none, *configs]
+    timings: dict[tuple[int, ...], list[float]] = {c: [] for c in everything}
 
     def seconds(config: tuple[int, ...]) -> float:
         freeze(config)
@@ -137,14 +141,13 @@ def time_configs(built: tuple, configs: list[tuple[int, ...]], rounds: int, step
             step()
         return (time.thread_time() - start) / steps
 
-    ratios: dict[tuple[int, ...], list[float]] = {c: [] for c in configs}
+    order = np.random.default_rng(0)
     for _ in range(rounds):
-        for config in configs:
-            reference = seconds(none)
-            value = seconds(config)
-            timings[none].append(reference)
-            timings[config].append(value)
-            ratios[config].append(value / reference)
+        for index in order.permutation(len(everything)):
+            timings[everything[index]].append(seconds(everything[index]))
+    ratios = {
+        c: [value / reference for value, reference in zip(timings[c], timings[none], strict=True)] for c in configs
+    }
     return {c: (float(np.median(r)), r, float(np.median(timings[c]))) for c, r in ratios.items()}
 
 
@@ -186,7 +189,7 @@ def timing_record(run: Path, timed: dict[tuple[int, ...], Any], rounds: int, ste
         "model_from": repo_relative(str(run)),
         "rounds": rounds,
         "steps": steps,
-        "clock": "thread CPU time, one thread, interleaved with nothing frozen",
+        "clock": "thread CPU time, one thread, each round nothing frozen and every configuration in a shuffled order",
         "configs": [
             {
                 "frozen_per_layer": list(c),
