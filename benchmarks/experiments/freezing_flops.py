@@ -129,10 +129,12 @@ def run_options(run: Path) -> tuple[Any, int]:
     """The model options and batch size a run trained with (from its checkpoint)."""
     from vitlab.export import checkpoint_hparams, read_checkpoint
     from vitlab.families.vitcae.config import ViTCAEOptions
+    from vitlab.models.registry import resolved_kwargs
     from vitlab.rundir import LAST_CHECKPOINT, config_with_overrides, locate_checkpoint
 
     hp = checkpoint_hparams(read_checkpoint(locate_checkpoint(run, prefer=(LAST_CHECKPOINT,))))
-    return ViTCAEOptions(**hp["model_kwargs"]), config_with_overrides(hp["config"], None).data.batch_size
+    cfg = config_with_overrides(hp["config"], None)
+    return ViTCAEOptions(**resolved_kwargs(cfg.model["name"], **hp["model_kwargs"])), cfg.data.batch_size
 
 
 if __name__ == "__main__":

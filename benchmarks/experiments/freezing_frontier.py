@@ -151,6 +151,21 @@ def time_configs(built: tuple, configs: list[tuple[int, ...]], rounds: int, step
     return {c: (float(np.median(r)), r, float(np.median(timings[c]))) for c, r in ratios.items()}
 
 
+def counted_step_flops(built: tuple) -> int:
+    """FLOPs of one step of :func:`build_step` (the recipe's loss, nothing frozen) as ``FlopCounterMode`` counts
+    them on the math attention path (where it sees every product; it misses the CPU flash kernel's backward)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitlab.layers.attention_path import forcing
+
+    step, freeze, layers = built[:3]
+    freeze(tuple([0] * layers))
+    with forcing("math"), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
+
+
 def saving_summary(per_round: list[float]) -> dict[str, Any]:
     """A saving measured once per round (``per_round: [rounds]``, each the fraction of the step saved against that
     round's reference): its mean and 95% t interval over rounds (:class:`~benchmarks.reports.claims.Difference`
@@ -346,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         data = frontier(args.results, args.run, args.rounds, args.steps)
     data["flops"] = flops_record(*run_options(args.run))
+    data["flops"]["counter_math_path_task_step"] = counted_step_flops(build_step(args.run))
     data["environment"] = env
     data["command"] = repo_relative(["python", "-m", "benchmarks.experiments.freezing_frontier", *argv])
     args.out.write_text(json.dumps(data, indent=1) + "\n")
