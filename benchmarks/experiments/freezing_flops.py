@@ -115,8 +115,12 @@ def flops_record(o: Any, batch: int) -> dict[str, Any]:
     flash_step = math_step + sum(p["recompute"] for p in parts.values())
     math_saved = saved["qkv_weight_grad"] + saved["qk_input_grad"] + saved["attention_backward"]
     flash_saved = math_saved + saved["attention_recompute"]
+    encoder = [p for name, p in parts.items() if name.startswith("encoder.")]
+    layer_backward = sum(p["backward"] for p in encoder) // o.depth  # the whole backward of one encoder layer
+    layer_recompute = sum(p["recompute"] for p in encoder) // o.depth
     return {
         "batch": batch,
+        "one_encoder_layer_backward": {"math_path": layer_backward, "flash_kernel": layer_backward + layer_recompute},
         "convention": "2 FLOPs per multiply-add; matrix products only (FlopCounterMode's)",
         "parts": parts,
         "every_head_frozen_removes": saved,

@@ -45,6 +45,8 @@ def test_what_freezing_every_head_removes_worked_by_hand():
     assert record["flash_kernel"]["saved"] == sum(saved.values())
     assert record["flash_kernel"]["step"] > record["math_path"]["step"]
     assert 0 < record["math_path"]["share"] < record["flash_kernel"]["share"] < 1
+    # one layer's whole backward: qkv, proj, MLP (2 * 2 * rows * (3 + 1 + 2 + 2) C^2, C = 16, MLP 32), attention
+    assert record["one_encoder_layer_backward"]["math_path"] == 2 * 2 * (5 * 17) * 8 * 16**2 + 8 * 5 * 17**2 * 16
 
 
 @pytest.mark.parametrize("depth", [1, 3])
