@@ -16,6 +16,8 @@ What freezing every head of an encoder layer removes (``vitlab.dynamics.frozen_h
 paper): the QKV weight gradient (all rows), the input gradient through ``q`` and ``k`` (through ``v`` it stays), and
 the attention backward, replaced by one more flash call for ``dV = P^T dO`` on ``d + 1`` columns per head (``4 n^2
 h (d + 1)``). Everything else (projection, MLP, norms, embedding, latents, decoder, losses) trains as before.
+(``benchmarks/micro/freezing.py``'s ``step_flops`` counts a plain ViT classifier the same way, but a frozen head's
+``dV`` as one product, ``2 n^2 d``: the math path's, not the flash call's.)
 
     python -m benchmarks.experiments.freezing_flops RUN_DIR
 """
@@ -46,7 +48,7 @@ def _add(*parts: dict[str, int], times: int = 1) -> dict[str, int]:
     return {key: times * sum(p[key] for p in parts) for key in ("forward", "backward", "recompute")}
 
 
-def step_flops(o: Any, batch: int) -> dict[str, dict[str, int]]:
+def vitcae_step_flops(o: Any, batch: int) -> dict[str, dict[str, int]]:
     """FLOPs of one training step of ViTCAE with options ``o`` (:class:`~vitlab.families.vitcae.config.ViTCAEOptions`)
     on ``batch`` images, per part: ``{part: {"forward", "backward", "recompute"}}``, ``backward`` as the math path
     runs it, ``recompute`` what the CPU flash kernel's backward adds. ``T = N + 1`` encoder tokens (CLS), ``N``
@@ -93,7 +95,7 @@ def step_flops(o: Any, batch: int) -> dict[str, dict[str, int]]:
 
 
 def frozen_savings(o: Any, batch: int) -> dict[str, int]:
-    """FLOPs that freezing every head of every encoder layer removes from :func:`step_flops` (net of the ``dV``
+    """FLOPs that freezing every head of every encoder layer removes from :func:`vitcae_step_flops` (net of the ``dV``
     call it adds): ``qkv_weight_grad``, ``qk_input_grad``, and ``attention_backward`` on the math path (its four
     products less the ``dV`` call) and ``attention_recompute`` on the flash kernel (its recomputed ``Q K^T``)."""
     t, c, layers = o.grid * o.grid + 1, o.embed_dim, o.depth
@@ -109,7 +111,7 @@ def frozen_savings(o: Any, batch: int) -> dict[str, int]:
 
 def flops_record(o: Any, batch: int) -> dict[str, Any]:
     """Step and ceiling in FLOPs, on the math path's count and on the flash kernel's (which adds the recompute)."""
-    parts = step_flops(o, batch)
+    parts = vitcae_step_flops(o, batch)
     saved = frozen_savings(o, batch)
     math_step = sum(p["forward"] + p["backward"] for p in parts.values())
     flash_step = math_step + sum(p["recompute"] for p in parts.values())

@@ -28,7 +28,7 @@ def test_the_hand_count_equals_the_flop_counter_on_the_math_path():
         loss = sum(getattr(out, f.name).sum() for f in dataclasses.fields(out))
         with FlopCounterMode(display=False) as backward:
             loss.backward()
-    parts = ff.step_flops(ViTCAEOptions(**SMALL), batch=5)
+    parts = ff.vitcae_step_flops(ViTCAEOptions(**SMALL), batch=5)
     assert sum(p["forward"] for p in parts.values()) == forward.get_total_flops()
     assert sum(p["backward"] for p in parts.values()) == backward.get_total_flops()
 
@@ -51,7 +51,7 @@ def test_what_freezing_every_head_removes_worked_by_hand():
 
 @pytest.mark.parametrize("depth", [1, 3])
 def test_the_encoder_parts_scale_with_depth(depth):
-    parts = ff.step_flops(ViTCAEOptions(**{**SMALL, "depth": depth}), batch=5)
-    one = ff.step_flops(ViTCAEOptions(**{**SMALL, "depth": 1}), batch=5)
+    parts = ff.vitcae_step_flops(ViTCAEOptions(**{**SMALL, "depth": depth}), batch=5)
+    one = ff.vitcae_step_flops(ViTCAEOptions(**{**SMALL, "depth": 1}), batch=5)
     assert parts["encoder.mlp"]["forward"] == depth * one["encoder.mlp"]["forward"]
     assert parts["decoder.mlp_film"] == one["decoder.mlp_film"]
