@@ -12,12 +12,11 @@ The saving is measured, not predicted, in two ways:
   thread, batch as trained; every frozen configuration that occurs (heads per layer; which heads does not matter,
   the heads are symmetric) is timed against nothing frozen, interleaved in one process (``--rounds`` rounds, each
   timing nothing frozen and every configuration for ``--steps`` steps in a shuffled order, the thread's CPU time:
-  other processes on a shared core are not counted). A run's
-  saving is ``1 - mean_e t(F_e) / t(none)`` over its epochs, ``F_e`` the heads frozen while epoch ``e`` trained (those
-  frozen after epoch ``e - 1``). Also timed: every head frozen, the ceiling no rule can pass on this model. Each
-  round times every configuration once against its own reference, so each round gives a paired saving per setting:
-  reported as the mean over rounds with its 95% t interval (:func:`saving_summary`); a saving whose interval holds 0
-  is not resolved from 0.
+  other processes on a shared core are not counted). A run's saving is ``1 - mean_e t(F_e) / t(none)`` over its
+  epochs, ``F_e`` the heads frozen while epoch ``e`` trained (those frozen after epoch ``e - 1``). Also timed: every
+  head frozen, the ceiling no rule can pass on this model. Each round's times are against that round's nothing
+  frozen, so each round gives a paired saving per setting: reported as the mean over rounds with its 95% t interval
+  (:func:`saving_summary`); a saving whose interval holds 0 is not resolved from 0.
 - **own clock**: the run's own per-epoch step time against its fork's (``time/step_s``), noisy where the two ran
   beside other work; recorded beside the replay.
 
@@ -348,7 +347,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--figure", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--ceiling", action="store_true", help="only time 1..H heads frozen per layer (no results)")
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="only time 1..H heads per layer and the first 1..L layers frozen whole (no results)",
+    )
     args = parser.parse_args(argv)
     from vitlab.acceleration import cpu_bf16_flags
     from vitlab.environment import environment
