@@ -19,7 +19,7 @@ h (d + 1)``). Everything else (projection, MLP, norms, embedding, latents, decod
 (``benchmarks/micro/freezing.py``'s ``step_flops`` counts a plain ViT classifier the same way, but a frozen head's
 ``dV`` as one product, ``2 n^2 d``: the math path's, not the flash call's.)
 
-    python -m benchmarks.experiments.freezing_flops RUN_DIR
+    python -m benchmarks.experiments.freezing_flops RUN_DIR [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -109,6 +109,18 @@ def frozen_savings(o: Any, batch: int) -> dict[str, int]:
     }
 
 
+def whole_layer_savings(o: Any, batch: int) -> list[int]:
+    """FLOPs removed by freezing the first ``k`` encoder layers whole (every parameter, the patch embedding too), for
+    ``k = 1 .. depth``: their whole backward (recompute included), the embedding's weight gradient, and the input
+    gradient below the first layer still trained (its QKV's; with every layer frozen, the posterior heads')."""
+    parts, n = vitcae_step_flops(o, batch), o.grid * o.grid
+    layer = sum(p["backward"] + p["recompute"] for name, p in parts.items() if name.startswith("encoder.")) // o.depth
+    qkv_input = 2 * batch * (n + 1) * 3 * o.embed_dim * o.embed_dim
+    posteriors = 2 * 2 * batch * o.embed_dim * (o.latent_dim + n * o.patch_latent_dim)
+    below = [qkv_input] * (o.depth - 1) + [posteriors]
+    return [parts["patch_embed"]["backward"] + k * layer + below[k - 1] for k in range(1, o.depth + 1)]
+
+
 def flops_record(o: Any, batch: int) -> dict[str, Any]:
     """Step and ceiling in FLOPs, on the math path's count and on the flash kernel's (which adds the recompute)."""
     parts = vitcae_step_flops(o, batch)
@@ -117,6 +129,7 @@ def flops_record(o: Any, batch: int) -> dict[str, Any]:
     flash_step = math_step + sum(p["recompute"] for p in parts.values())
     math_saved = saved["qkv_weight_grad"] + saved["qk_input_grad"] + saved["attention_backward"]
     flash_saved = math_saved + saved["attention_recompute"]
+    whole = enumerate(whole_layer_savings(o, batch))
     encoder = [p for name, p in parts.items() if name.startswith("encoder.")]
     layer_backward = sum(p["backward"] for p in encoder) // o.depth  # the whole backward of one encoder layer
     layer_recompute = sum(p["recompute"] for p in encoder) // o.depth
@@ -128,6 +141,7 @@ def flops_record(o: Any, batch: int) -> dict[str, Any]:
         "every_head_frozen_removes": saved,
         "math_path": {"step": math_step, "saved": math_saved, "share": math_saved / math_step},
         "flash_kernel": {"step": flash_step, "saved": flash_saved, "share": flash_saved / flash_step},
+        "first_layers_frozen_whole": [{"layers": k + 1, "saved": v, "share": v / flash_step} for k, v in whole],
     }
 
 
@@ -143,5 +157,27 @@ def run_options(run: Path) -> tuple[Any, int]:
     return ViTCAEOptions(**resolved_kwargs(cfg.model["name"], **hp["model_kwargs"])), cfg.data.batch_size
 
 
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from benchmarks.naming import repo_relative
+    from vitlab.environment import environment
+
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a run folder of the recipe (its model options and batch)")
+    parser.add_argument("--out", type=Path, help="a results file to write (default: print)")
+    args = parser.parse_args(argv)
+    record = flops_record(*run_options(args.run))
+    if args.out is None:
+        print(json.dumps(record, indent=1))
+        return
+    env = environment()
+    env["command"] = repo_relative(env.get("command"))
+    command = repo_relative(["python", "-m", "benchmarks.experiments.freezing_flops", *argv])
+    record |= {"model_from": repo_relative(str(args.run)), "environment": env, "command": command}
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+
+
 if __name__ == "__main__":
-    print(json.dumps(flops_record(*run_options(Path(sys.argv[1]))), indent=1))
+    main()

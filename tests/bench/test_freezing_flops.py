@@ -49,6 +49,15 @@ def test_what_freezing_every_head_removes_worked_by_hand():
     assert record["one_encoder_layer_backward"]["math_path"] == 2 * 2 * (5 * 17) * 8 * 16**2 + 8 * 5 * 17**2 * 16
 
 
+def test_the_first_layers_frozen_whole_remove_their_backward_and_the_input_gradient_below_the_rest():
+    o = ViTCAEOptions(**SMALL)  # 2 layers, T = 17, batch 5
+    layer = ff.flops_record(o, batch=5)["one_encoder_layer_backward"]["flash_kernel"]
+    embed = 2 * (5 * 16) * 12 * 16  # the patch embedding's weight gradient: 16 patches of 2 * 2 * 3 values
+    first, both = ff.whole_layer_savings(o, batch=5)
+    assert first == embed + layer + 2 * (5 * 17) * 48 * 16  # and layer 2's QKV input gradient
+    assert both == embed + 2 * layer + 2 * 2 * 5 * 16 * (4 + 16 * 2)  # and the posterior heads' input gradients
+
+
 @pytest.mark.parametrize("depth", [1, 3])
 def test_the_encoder_parts_scale_with_depth(depth):
     parts = ff.vitcae_step_flops(ViTCAEOptions(**{**SMALL, "depth": depth}), batch=5)
