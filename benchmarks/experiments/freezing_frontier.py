@@ -10,10 +10,13 @@ The saving is measured, not predicted, in two ways:
 
 - **replay** (the frontier's axis): the recipe's model and loss (rebuilt from a run's checkpoint, ``--run``), one
   thread, batch as trained; every frozen configuration that occurs (heads per layer; which heads does not matter,
-  the heads are symmetric) is timed against nothing frozen, interleaved in one process (``--rounds`` alternations
-  of ``--steps`` steps each, the thread's CPU time: other processes on a shared core are not counted). A run's
-  saving is ``1 - mean_e t(F_e) / t(none)`` over its epochs, ``F_e`` the heads frozen while epoch ``e`` trained (those
-  frozen after epoch ``e - 1``). Also timed: every head frozen, the ceiling no rule can pass on this model.
+  the heads are symmetric) is timed against nothing frozen, interleaved in one process (``--rounds`` rounds, each
+  timing nothing frozen and every configuration for ``--steps`` steps in a shuffled order, the thread's CPU time:
+  other processes on a shared core are not counted). A run's saving is ``1 - mean_e t(F_e) / t(none)`` over its
+  epochs, ``F_e`` the heads frozen while epoch ``e`` trained (those frozen after epoch ``e - 1``). Also timed: every
+  head frozen, the ceiling no rule can pass on this model. Each round's times are against that round's nothing
+  frozen, so each round gives a paired saving per setting: reported as the mean over rounds with its 95% t interval
+  (:func:`saving_summary`); a saving whose interval holds 0 is not resolved from 0.
 - **own clock**: the run's own per-epoch step time against its fork's (``time/step_s``), noisy where the two ran
   beside other work; recorded beside the replay.
 
@@ -36,6 +39,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.experiments.freezing_flops import flops_record, run_options
 from benchmarks.naming import repo_relative
 from benchmarks.reports.claims import MARGIN, Difference
 
@@ -62,7 +66,8 @@ def epoch_configs(result: dict[str, Any]) -> list[tuple[int, ...]]:
 
 
 def build_step(run: Path, threads: int = 1):
-    """A training step of the run's model and loss (with its guard) and a function to freeze heads per layer."""
+    """A training step of the run's model and loss (with its guard), a function to freeze heads per layer, the
+    number of layers and of heads, and the model."""
     import torch
 
     from vitlab.dynamics.freezing import FrozenHeadGuard
@@ -81,7 +86,11 @@ def build_step(run: Path, threads: int = 1):
         force_attention_path(cfg.trainer.attention_path)
     model = create_model(cfg.model["name"], **hp["model_kwargs"])
     task = build_task(cfg, model, hp)
-    modules = [m for _, m in controlled_modules(model, cfg.dynamics.target if cfg.dynamics else None)]
+    named = controlled_modules(model, cfg.dynamics.target if cfg.dynamics else None)
+    modules = [m for _, m in named]
+    blocks = [model.get_submodule(name.rsplit(".", 1)[0]) for name, _ in named]
+    prefix = named[0][0].split("blocks.")[0]  # the encoder's ("encoder.")
+    stem = [p for n, p in model.named_parameters() if n.startswith(prefix) and ("embed" in n or "token" in n)]
     guard = FrozenHeadGuard(modules)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     guard.attach(optimizer)
@@ -93,25 +102,35 @@ def build_step(run: Path, threads: int = 1):
     model.train()
 
     def freeze(config: tuple[int, ...]) -> None:
+        """Per layer the heads frozen, or -1: the layer frozen whole (every parameter; the embedding too under the
+        first), so that from the first layers up frozen whole the backward stops above them."""
         mask = torch.zeros(len(modules), heads, dtype=torch.bool)
         for layer, count in enumerate(config):
-            mask[layer, :count] = True
+            mask[layer, : max(count, 0)] = True
         guard.freeze(mask)
+        for parameter in stem:
+            parameter.requires_grad_(config[0] >= 0)
+        for block, count in zip(blocks, config, strict=True):
+            for parameter in block.parameters():
+                parameter.requires_grad_(count >= 0)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         task.compute_losses((x, y), "train")["loss"].backward()
         optimizer.step()
 
-    return step, freeze, len(modules), heads
+    return step, freeze, len(modules), heads, model
 
 
 def time_configs(built: tuple, configs: list[tuple[int, ...]], rounds: int, steps: int) -> dict[tuple[int, ...], Any]:
-    """Thread-CPU seconds per step of each configuration, interleaved with nothing frozen: ``{config: (median
-    ratio to none, [ratios per round], median seconds)}``. ``built``: :func:`build_step`'s result."""
-    step, freeze, layers, _ = built
+    """Thread-CPU seconds per step of each configuration against nothing frozen: ``{config: (median ratio to none,
+    [ratios per round], median seconds)}``. Each round times nothing frozen and every configuration once, in an
+    order drawn afresh per round (seeded), each after one untimed step; a configuration's ratio in a round is its
+    time over that round's nothing frozen. ``built``: :func:`build_step`'s result."""
+    step, freeze, layers = built[:3]
     none = tuple([0] * layers)
-    timings: dict[tuple[int, ...], list[float]] = {c: [] for c in [none, *configs]}
+    everything = [none, *configs]
+    timings: dict[tuple[int, ...], list[float]] = {c: [] for c in everything}
 
     def seconds(config: tuple[int, ...]) -> float:
         freeze(config)
@@ -121,23 +140,60 @@ def time_configs(built: tuple, configs: list[tuple[int, ...]], rounds: int, step
             step()
         return (time.thread_time() - start) / steps
 
-    ratios: dict[tuple[int, ...], list[float]] = {c: [] for c in configs}
+    order = np.random.default_rng(0)
     for _ in range(rounds):
-        for config in configs:
-            reference = seconds(none)
-            value = seconds(config)
-            timings[none].append(reference)
-            timings[config].append(value)
-            ratios[config].append(value / reference)
+        for index in order.permutation(len(everything)):
+            timings[everything[index]].append(seconds(everything[index]))
+    ratios = {
+        c: [value / reference for value, reference in zip(timings[c], timings[none], strict=True)] for c in configs
+    }
     return {c: (float(np.median(r)), r, float(np.median(timings[c]))) for c, r in ratios.items()}
+
+
+def counted_step_flops(built: tuple) -> int:
+    """FLOPs of one step of :func:`build_step` (the recipe's loss, nothing frozen) as ``FlopCounterMode`` counts
+    them on the math attention path (where it sees every product; it misses the CPU flash kernel's backward)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitlab.layers.attention_path import forcing
+
+    step, freeze, layers = built[:3]
+    freeze(tuple([0] * layers))
+    with forcing("math"), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
+
+
+def saving_summary(per_round: list[float]) -> dict[str, Any]:
+    """A saving measured once per round (``per_round: [rounds]``, each the fraction of the step saved against that
+    round's reference): its mean and 95% t interval over rounds (:class:`~benchmarks.reports.claims.Difference`
+    paired by round against no saving), and whether the interval excludes 0 (no interval from one round)."""
+    d = Difference(list(per_round), [0.0] * len(per_round), paired=True)
+    summary: dict[str, Any] = {"mean": d.diff, "per_round": list(per_round), "interval": None, "resolved": False}
+    if d.resolved:
+        low, high = d.interval()
+        summary |= {"interval": [low, high], "resolved": bool(low > 0 or high < 0)}
+    return summary
+
+
+def round_savings(configs_e: list[tuple[int, ...]], ratios: dict[tuple[int, ...], list[float]]) -> list[float]:
+    """A run's saving in each round: ``1 - mean_e ratio_r(F_e)``, ``F_e`` the heads frozen while epoch ``e`` trained
+    (:func:`epoch_configs`), ``ratios[c][r]`` configuration ``c``'s step time over nothing frozen in round ``r``
+    (nothing frozen: 1)."""
+    rounds = len(next(iter(ratios.values())))
+    return [1 - float(np.mean([ratios[c][r] if any(c) else 1.0 for c in configs_e])) for r in range(rounds)]
 
 
 def ceiling(run: Path, rounds: int, steps: int) -> dict[str, Any]:
     """Before any result: the step time with 1, 2, ... every head of every layer frozen, against none (the most any
-    rule can save on the run's model is the last)."""
+    rule can save on the run's model is the last); and, beyond what freezing heads can do, the first 1, 2, ... every
+    layer frozen whole (``-1`` per layer: no backward through them, MLPs and embedding included)."""
     built = build_step(run)
     layers, heads = built[2], built[3]
-    timed = time_configs(built, [(n,) * layers for n in range(1, heads + 1)], rounds, steps)
+    configs = [(n,) * layers for n in range(1, heads + 1)]
+    configs += [(-1,) * k + (0,) * (layers - k) for k in range(1, layers + 1)]
+    timed = time_configs(built, configs, rounds, steps)
     return {"experiment": "freezing-frontier-ceiling", **timing_record(run, timed, rounds, steps)}
 
 
@@ -147,9 +203,15 @@ def timing_record(run: Path, timed: dict[tuple[int, ...], Any], rounds: int, ste
         "model_from": repo_relative(str(run)),
         "rounds": rounds,
         "steps": steps,
-        "clock": "thread CPU time, one thread, interleaved with nothing frozen",
+        "clock": "thread CPU time, one thread, each round nothing frozen and every configuration in a shuffled order",
         "configs": [
-            {"frozen_per_layer": list(c), "ratio_to_none": v[0], "ratios": v[1], "seconds": v[2]}
+            {
+                "frozen_per_layer": list(c),
+                "ratio_to_none": v[0],
+                "ratios": v[1],
+                "seconds": v[2],
+                "saving": saving_summary([1 - r for r in v[1]]),
+            }
             for c, v in sorted(timed.items())
         ],
     }
@@ -164,52 +226,63 @@ def frontier(root: Path, run: Path, rounds: int, steps: int) -> dict[str, Any]:
     configs = {c for arm in arms.values() for r in arm.values() for c in epoch_configs(r)}
     built = build_step(run)
     heads = built[3]
-    configs.add(tuple([heads] * layers))  # the ceiling: every head frozen in every epoch
+    ceiling = tuple([heads] * layers)  # every head frozen in every epoch
+    configs.add(ceiling)
     configs.discard(tuple([0] * layers))
     timed = time_configs(built, sorted(configs), rounds, steps)
-    ratio_of = {c: v[0] for c, v in timed.items()} | {tuple([0] * layers): 1.0}
+    ratios = {c: v[1] for c, v in timed.items()}
     rows: list[dict[str, Any]] = []
     reference = arms["nofreeze"]
     for arm, runs in sorted(arms.items()):
         if arm == "nofreeze":
             continue
-        seeds = sorted(set(runs) & set(reference))
-        per_seed = []
-        for seed in seeds:
+        per_seed, per_round = [], []
+        for seed in sorted(set(runs) & set(reference)):
             r, ref = runs[seed], reference[seed]
             configs_e = epoch_configs(r)
             own = r["val_curve"].get("time/step_s"), ref["val_curve"].get("time/step_s")
+            per_round.append(round_savings(configs_e, ratios))
             per_seed.append(
                 {
                     "seed": seed,
                     "acc": 100 * r["test"]["test/acc"],
                     "acc_nofreeze": 100 * ref["test"]["test/acc"],
                     "head_epochs_frozen": sum(map(sum, configs_e)) / (len(configs_e) * layers * heads),
-                    "saving_replay": 1 - float(np.mean([ratio_of[c] for c in configs_e])),
+                    "saving_replay": float(np.mean(per_round[-1])),
                     "saving_own_clock": None if None in own else 1 - sum(own[0]) / sum(own[1]),
                 }
             )
         d = Difference([s["acc"] for s in per_seed], [s["acc_nofreeze"] for s in per_seed], paired=True)
-        savings = [s["saving_replay"] for s in per_seed]
         row = {"arm": arm, "decay_ratio": float(arm[1:]), "seeds": per_seed, "acc_diff": d.diff}
         if d.resolved:
             low, high = d.interval()
             row |= {"acc_diff_interval": [low, high], "keeps_accuracy": low > -MARGIN}
-        row["saving_replay_mean"] = float(np.mean(savings)) if savings else None
+        # the setting's saving in each round: the mean of its seeds' savings in that round
+        row["saving_replay"] = saving_summary([float(x) for x in np.mean(per_round, axis=0)]) if per_seed else None
+        row["saving_replay_mean"] = row["saving_replay"]["mean"] if per_seed else None
         rows.append(row)
-    ceiling = tuple([heads] * layers)
+    top = saving_summary([1 - x for x in ratios[ceiling]])
     return {
         "experiment": "freezing-frontier",
         "results": repo_relative(str(root)),
-        "timing": {**timing_record(run, timed, rounds, steps), "ceiling_saving": 1 - ratio_of[ceiling]},
+        "timing": {**timing_record(run, timed, rounds, steps), "ceiling": top, "ceiling_saving": top["mean"]},
         "arms": rows,
     }
+
+
+def _saving_text(summary: dict[str, Any]) -> str:
+    """``0.6% [0.2, 1.0]``, or with ``: not resolved from 0`` where the interval holds 0."""
+    text = f"{summary['mean']:.2%}"
+    if summary["interval"] is not None:
+        low, high = summary["interval"]
+        text += f" [{100 * low:+.2f}, {100 * high:+.2f}]" + ("" if summary["resolved"] else ": not resolved from 0")
+    return text
 
 
 def table(data: dict[str, Any]) -> str:
     lines = [
         "| decay_ratio | seeds | test acc, controlled - no freezing (paired, 95%) | head-epochs frozen | "
-        "step time saved (replay) | step time saved (own clock) |",
+        "step time saved (replay, 95% over rounds; per seed) | step time saved (own clock) |",
         "|---|---|---|---|---|---|",
     ]
     for row in data["arms"]:
@@ -217,13 +290,15 @@ def table(data: dict[str, Any]) -> str:
         interval = row.get("acc_diff_interval")
         ci = f"{row['acc_diff']:+.2f}" + (f" [{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "")
         own = [x["saving_own_clock"] for x in s if x["saving_own_clock"] is not None]
-        each = ", ".join(f"{x['saving_replay']:.1%}" for x in s)
+        each = ", ".join(f"{x['saving_replay']:.2%}" for x in s)
         lines.append(
             f"| {row['decay_ratio']} | {len(s)} | {ci} | {np.mean([x['head_epochs_frozen'] for x in s]):.1%} | "
-            f"{row['saving_replay_mean']:.1%} ({each}) | "
+            f"{_saving_text(row.get('saving_replay') or {'mean': row['saving_replay_mean'], 'interval': None})} "
+            f"({each}) | "
             f"{np.mean(own):.1%} |"
         )
-    lines.append(f"\nEvery head frozen for the whole run (the ceiling): {data['timing']['ceiling_saving']:.1%}.")
+    ceiling = data["timing"].get("ceiling", {"mean": data["timing"]["ceiling_saving"], "interval": None})
+    lines.append(f"\nEvery head frozen for the whole run (the ceiling): {_saving_text(ceiling)}.")
     return "\n".join(lines)
 
 
@@ -272,22 +347,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--figure", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--ceiling", action="store_true", help="only time 1..H heads frozen per layer (no results)")
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="only time 1..H heads per layer and the first 1..L layers frozen whole (no results)",
+    )
     args = parser.parse_args(argv)
+    from vitlab.acceleration import cpu_bf16_flags
     from vitlab.environment import environment
 
     env = environment()
     env["command"] = repo_relative(env.get("command"))
+    env["hardware"]["cpu_bf16_flags"] = list(cpu_bf16_flags())  # amx_bf16 (AMX) and/or avx512_bf16
     if args.ceiling:
-        data = ceiling(args.run, args.rounds, args.steps) | {"environment": env}
-        data["command"] = repo_relative(["python", "-m", "benchmarks.experiments.freezing_frontier", *argv])
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-        print("\n".join(f"{c['frozen_per_layer']}: {c['ratio_to_none']:.3f}" for c in data["configs"]))
-        return
-    data = frontier(args.results, args.run, args.rounds, args.steps)
+        data = ceiling(args.run, args.rounds, args.steps)
+    else:
+        data = frontier(args.results, args.run, args.rounds, args.steps)
+    data["flops"] = flops_record(*run_options(args.run))
+    data["flops"]["counter_math_path_task_step"] = counted_step_flops(build_step(args.run))
     data["environment"] = env
     data["command"] = repo_relative(["python", "-m", "benchmarks.experiments.freezing_frontier", *argv])
     args.out.write_text(json.dumps(data, indent=1) + "\n")
+    if args.ceiling:
+        print("\n".join(f"{c['frozen_per_layer']}: {_saving_text(c['saving'])}" for c in data["configs"]))
+        return
     if args.figure:
         figure(data, args.figure)
     print(table(data))

@@ -4,6 +4,7 @@ time of a real ViTCAE (every head frozen skips the backward of their attention: 
 
 import json
 
+import numpy as np
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -45,24 +46,50 @@ def frontier_results(tmp_path):
     return root, run
 
 
-def test_the_frontier_pairs_each_ratio_with_the_run_without_freezing(frontier_results, monkeypatch):
+@pytest.mark.parametrize(
+    "ratios, low, high, resolved",
+    [
+        # savings per round (1 - r) / 2 = 0.10, 0.09, 0.11: mean 0.10, SD 0.01, t(0.975, 2) = 4.3027, so the half
+        # width is 4.3027 * 0.01 / sqrt(3) = 0.024842
+        ([0.80, 0.82, 0.78], 0.075158, 0.124842, True),
+        # 0.10, 0.05, 0.15: SD 0.05, half width 4.3027 * 0.05 / sqrt(3) = 0.124207: the interval holds 0
+        ([0.80, 0.90, 0.70], -0.024207, 0.224207, False),
+    ],
+)
+def test_the_frontier_pairs_each_ratio_with_the_run_without_freezing(
+    frontier_results, monkeypatch, ratios, low, high, resolved
+):
     root, run = frontier_results
-    # the replay's timing is replaced by fixed ratios here; the real one is the next test
-    monkeypatch.setattr(ff, "time_configs", lambda built, configs, r, s: {c: (0.8, [0.8], 1.0) for c in configs})
-    data = ff.frontier(root, run, rounds=1, steps=1)
+    # the replay's timing is replaced by fixed ratios per round here; the real one is the last test
+    timed = {c: (float(np.median(ratios)), ratios, 1.0) for c in [(2, 2)]}
+    monkeypatch.setattr(
+        ff,
+        "time_configs",
+        lambda built, configs, r, s: timed | {c: (1, [1.0] * 3, 1) for c in configs if c not in timed},
+    )
+    data = ff.frontier(root, run, rounds=3, steps=1)
     (row,) = data["arms"]
     assert row["decay_ratio"] == 0.5 and len(row["seeds"]) == 3
     assert row["acc_diff"] == pytest.approx((1 - 1 + 0) / 3)
-    # frozen after epochs 2-4 (records 0-4), so while epochs 3 and 4 of 4 trained, at 0.8 of the time: 2/4 * 0.2
+    # frozen after epochs 2-4 (records 0-4), so while epochs 3 and 4 of 4 trained: each round saves (1 - r) * 2/4
+    assert row["saving_replay"]["per_round"] == pytest.approx([(1 - r) / 2 for r in ratios])
     assert row["saving_replay_mean"] == pytest.approx(0.10)
-    assert data["timing"]["ceiling_saving"] == pytest.approx(0.2)
-    assert "| 0.5 | 3 |" in ff.table(data)
+    assert row["saving_replay"]["interval"] == pytest.approx([low, high], abs=1e-6)
+    assert row["saving_replay"]["resolved"] is resolved
+    (line,) = [line for line in ff.table(data).splitlines() if line.startswith("| 0.5 | 3 |")]
+    assert ("not resolved from 0" in line) is not resolved
+
+
+def test_one_round_gives_a_saving_without_an_interval():
+    summary = ff.saving_summary([0.05])
+    assert summary["mean"] == 0.05 and summary["interval"] is None and not summary["resolved"]
+    assert ff._saving_text(summary) == "5.00%"
 
 
 def test_the_replay_times_a_real_vitcae_step_and_freezing_every_head_skips_work(frontier_results):
     _, run = frontier_results
     built = ff.build_step(run)
-    step, freeze, layers, heads = built
+    step, freeze, layers, heads, _ = built
     timed = ff.time_configs(built, [(heads,) * layers], rounds=3, steps=2)
     ratio, ratios, seconds = timed[(heads,) * layers]
     assert len(ratios) == 3 and seconds > 0 and ratio > 0  # the times themselves: the ceiling's results file
@@ -75,3 +102,26 @@ def test_the_replay_times_a_real_vitcae_step_and_freezing_every_head_skips_work(
 
     # a frozen head's attention runs without autograd: its backward is work the step no longer does
     assert flops((heads,) * layers) < flops((0,) * layers)
+
+
+def test_layers_frozen_whole_from_the_first_get_no_gradient_and_the_rest_do(frontier_results):
+    _, run = frontier_results
+    step, freeze, layers, heads, model = ff.build_step(run)
+    freeze((-1,) + (0,) * (layers - 1))
+    step()
+    assert all(p.grad is None for p in model.encoder.blocks[0].parameters())
+    assert model.encoder.patch_embed.proj.weight.grad is None
+    assert all(p.grad is not None for p in model.encoder.blocks[1].parameters())
+    freeze((heads,) * layers)  # every head frozen: the layers train again, but not their frozen heads' q, k, v
+    step()
+    assert model.encoder.patch_embed.proj.weight.grad is not None
+    assert (
+        model.encoder.blocks[0].attn.qkv.weight.grad is None and model.encoder.blocks[0].mlp.fc1.weight.grad is not None
+    )
+
+
+def test_the_hand_count_of_the_recipe_step_is_the_counters_on_the_math_path_but_for_the_losses(frontier_results):
+    _, run = frontier_results
+    counted = ff.counted_step_flops(ff.build_step(run))
+    by_hand = ff.flops_record(*ff.run_options(run))["math_path"]["step"]
+    assert by_hand <= counted < 1.01 * by_hand  # the losses' few [B, B] products are not in the hand count
