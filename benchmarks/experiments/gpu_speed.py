@@ -9,7 +9,8 @@ skipped; the script stays under 8 minutes):
 
 1. ``vitlab bench vit_small`` and ``vit_base`` (224x224, patch 16, 1000 classes), bf16-mixed, batch 128,
    ``trainer.compile=true trainer.compile_mode=default --vs timm``: train and inference images per second and MFU
-   against the bf16 matmul peak measured in the same rounds, and the per-round ratios ours compiled / timm compiled / ours eager;
+   against the bf16 matmul peak measured in the same rounds, and the per-round ratios ours compiled / timm compiled /
+   ours eager;
 2. ``vitlab fit`` of ``vit_small`` (bf16-mixed, batch 128, ``trainer.compile=true`` in mode ``default``, 8 loader
    workers) for three epochs of 20 steps on images it makes (224x224 RGB, 10 classes): once from an ``.npz`` and
    once from a folder of JPEG files (``data.name=imagefolder``). Per run: images per second in the last epoch by the
