@@ -290,7 +290,10 @@ def _response_fork(folder: str, metric: str) -> Callable[[], Difference]:
             if record["dynamics"]["frozen"] and fork.is_file():
                 pairs.append((value(record, metric), value(json.loads(fork.read_text()), metric)))
         if not pairs:
-            raise FileNotFoundError(f"no controlled run of {folder} froze a head yet: the forks test nothing")
+            raise FileNotFoundError(
+                f"no controlled run of {folder} that froze a head has its fork yet "
+                "(a run that froze none is its own fork: nothing to test)"
+            )
         return Difference([a for a, _ in pairs], [b for _, b in pairs], paired=True)
 
     return data
