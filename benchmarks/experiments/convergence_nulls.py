@@ -54,7 +54,7 @@ from benchmarks.naming import repo_relative
 from vitlab.atomic import atomic_write_text
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.convergence import ConvergenceTracker, calibrate_rho, directedness
-from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost
+from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost, score_drift
 from vitlab.environment import environment
 
 EPOCHS, BURN_IN, PATIENCE = 40, 5, 3
@@ -203,17 +203,21 @@ class _Wrap(torch.nn.Module):
         return self.attn(x)
 
 
-def drifts(p: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def drifts(p: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One head's path ``[EPOCHS + 1, images, N]`` -> its drifts ``d(t-1, t)`` (t = 1..EPOCHS) and ``d(t-2, t)``
-    (t = 2..EPOCHS), each averaged over the images as the controller does."""
-    return attention_drift(p[:-1], p[1:], cost).mean(-1), attention_drift(p[:-2], p[2:], cost).mean(-1)
+    (t = 2..EPOCHS) and its score drifts (t = 1..EPOCHS), each averaged over the images as the controller does."""
+    return (
+        attention_drift(p[:-1], p[1:], cost).mean(-1),
+        attention_drift(p[:-2], p[2:], cost).mean(-1),
+        score_drift(p[1:], p[:-1]).mean(-1),
+    )
 
 
 def decisions(measured: tuple, rule: str, rho: float, rate: torch.Tensor, thaw: bool = False) -> dict[str, Any]:
     """Run the tracker over one head's :func:`drifts` as the controller does, the drift of epoch ``t`` observed
     with ``rate[t - 1]`` (the response rule's unit)."""
     cfg = DynamicsConfig()
-    drift, two = measured
+    drift, two, score = measured
     tracker_rule = "response" if rule == "response_update" else rule
     tracker = ConvergenceTracker(
         1, 1, cfg.eps_d, cfg.eps_tau, PATIENCE, rule=tracker_rule, rho=rho, tau_clause="none", thaw=thaw
@@ -222,7 +226,7 @@ def decisions(measured: tuple, rule: str, rho: float, rate: torch.Tensor, thaw: 
     ones = torch.ones(1, 1)
     for epoch in range(1, EPOCHS + 1):
         d = drift[epoch - 1].view(1, 1)
-        tracker.observe(d, float(rate[epoch - 1]))
+        tracker.observe(d, float(rate[epoch - 1]), score[epoch - 1].view(1, 1))
         if epoch < BURN_IN:
             continue
         before = tracker.streak.clone()
@@ -326,21 +330,27 @@ def table(result: dict[str, Any]) -> str:
                 cells.append(f"{100 * stable:.1f}% / {100 * converged:.0f}%")
             if any(cells):
                 lines.append(f"| {kind} | {name} | " + " | ".join(cells) + " |")
-    default = DynamicsConfig().convergence
-    late = [x for r in result["rows"] if r["process"] == "decay" and r["rule"] == default for x in r["late_by"]]
-    known = [x for x in late if x is not None]
-    lines.append("")
-    reach = (
-        f"converged {min(known)} to {max(known)} epochs after its floor epoch (or after the first deciding epoch, "
-        "if later; negative: before)"
-        if known
-        else "no head reached its floor within 40 epochs"
-    )
-    lines.append(
-        f"Decay control, default rule ({default}): {reach}; {len(known)} of {len(late)} heads reached their floor "
-        f"(bound: patience + 2 = {result['patience'] + 2})."
-    )
+    lines += ["", decay_control_line(result)]
     return "\n".join(lines)
+
+
+def decay_control_line(result: dict[str, Any]) -> str:
+    """The decay control under the default rule: of the heads that reached their floor early enough to be judged
+    (floor epoch + patience + 2 <= 40), how many converged within patience + 2 epochs of it, and how late."""
+    default, bound = DynamicsConfig().convergence, result["patience"] + 2
+    rows = [r for r in result["rows"] if r["process"] == "decay" and r["rule"] == default]
+    heads = [(f, c) for r in rows for f, c in zip(r["floor_epoch"], r["converged_at"], strict=True)]
+    judged = [(f, c) for f, c in heads if f is not None and max(f, BURN_IN) + bound <= EPOCHS]
+    late = [None if c is None else c - max(f, BURN_IN) for f, c in judged]
+    within = sum(x is not None and x <= bound for x in late)
+    known = [x for x in late if x is not None]
+    spread = f", {min(known)} to {max(known)} epochs after it (negative: before)" if known else ""
+    censored = sum(f is not None for f, _ in heads) - len(judged)
+    return (
+        f"Decay control, default rule ({default}): {len(judged)} of {len(heads)} heads reached their floor by epoch "
+        f"{EPOCHS - bound} (floor, or the first deciding epoch if later; {censored} later, too late to judge); "
+        f"{within} of them converged within patience + 2 = {bound} epochs of it{spread}."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ import torch
 
 from benchmarks.experiments.convergence_nulls import (
     BURN_IN,
+    EPOCHS,
     NULLS,
     PATIENCE,
     SCHEDULES,
@@ -45,13 +46,15 @@ def test_no_null_process_is_called_converged_by_the_default_rule_under_any_sched
     assert max(r["stable_share"] for r in results) <= 0.1
 
 
-def test_the_saturating_walk_is_stable_less_often_under_the_default_than_under_the_decay_rule():
+def test_the_saturating_walk_is_frozen_by_the_decay_rule_but_never_by_the_default():
+    """Its attention drift falls as the softmax saturates while its logits keep walking: the default's score clause
+    sees the walk (issue 53)."""
     measured = _measured("saturating_walk", 1.0, "constant", runs=6)
-    stable = {
-        rule: sum(decisions(m, rule, RHO, schedule("constant"))["stable_share"] for m in measured)
-        for rule in ("response", "decay")
-    }
-    assert stable["response"] < stable["decay"]
+    rate = schedule("constant")
+    results = {rule: [decisions(m, rule, RHO, rate) for m in measured] for rule in ("response", "decay")}
+    assert any(r["converged_at"] is not None for r in results["decay"])
+    assert all(r["converged_at"] is None for r in results["response"])
+    assert sum(r["stable_share"] for r in results["response"]) < sum(r["stable_share"] for r in results["decay"])
 
 
 def test_the_old_decay_rule_freezes_a_walk_that_only_follows_a_cosine_rate():
@@ -68,6 +71,7 @@ def test_geometric_decay_converges_soon_after_its_floor_and_directed_motion_neve
     rate, images = schedule(name), 144
     rho = calibrate_rho(GRID, images, "image")
     floor = jitter_floor(GRID, images, COST, torch.Generator().manual_seed(8), rate)
+    judged = 0
     for q in (0.7, 0.85):
         for measured in _measured("decay", q, name, runs=2, images=images):
             result = decisions(measured, "response", rho, rate)
@@ -75,8 +79,12 @@ def test_geometric_decay_converges_soon_after_its_floor_and_directed_motion_neve
             if reached is None:  # a cosine to 0 may end the approach before its floor: then nothing is promised
                 assert name != "constant"
                 continue
+            if max(reached, BURN_IN) + PATIENCE + 2 > EPOCHS:  # too late to judge within the 40 epochs
+                continue
+            judged += 1
             assert result["converged_at"] is not None
             assert result["converged_at"] <= max(reached, BURN_IN) + PATIENCE + 2
+    assert judged >= 2 or name != "constant"  # under a constant rate the q = 0.7 approach reaches its floor early
     assert all(decisions(m, "response", RHO, rate)["converged_at"] is None for m in _measured("directed", 1.0, name))
 
 

@@ -763,15 +763,38 @@ def test_directedness_standard_error_is_the_delta_method_of_the_ratio():
     assert directedness_standard_error(torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1)).item() == 0
 
 
+def spread(weights: dict[int, float], num_images: int = 2) -> ProbeMeasurement:
+    """Every head's probe images at half the uniform distribution over the 4x4 grid plus ``weights`` (patch -> mass,
+    summing to 0.5): no patch without attention, so the scores (log-attention) are finite."""
+    dist = torch.full((2, NUM_HEADS, num_images, 16), 0.5 / 16)
+    for patch, mass in weights.items():
+        dist[..., patch] += mass
+    return ProbeMeasurement(dist, torch.ones(2, NUM_HEADS, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("thaw", [False, True])
 def test_a_head_that_settles_and_moves_again_is_thawed_only_with_thaw(thaw):
-    """Under the response rule (window 1, patience 1): moves of 3 patches, then jitter of 1 (settled: 1 < 0.35 x 3,
-    directedness 0), then moves of 3 again. With ``thaw`` the head is released and its parameters train again."""
+    """Under the response rule (window 1, patience 1): half of the attention moves 3 patches each epoch, then 2% of it
+    jitters between patches 2 and 4, sqrt(5) apart (settled: drift 0.045 < 0.35 x 1.5 and the scores move little,
+    directedness 0), then moves 3 patches again. With ``thaw`` the head is released and its parameters train again."""
     controller = scheduled_controller(convergence="response", rho=0.9, decay_window=1, thaw=thaw)
-    path = [0, 3, 0, 3, 2, 3, 2, 3, 0, 3]
-    records = [controller.advance(point_masses([[p] * 4] * 2)) for p in path]
+    left, right = {3: 0.48, 2: 0.02}, {3: 0.48, 4: 0.02}
+    path = [{0: 0.5}, {3: 0.5}, {0: 0.5}, {3: 0.5}, left, right, left, right, {0: 0.5}, {3: 0.5}]
+    records = [controller.advance(spread(weights)) for weights in path]
     assert all(all(row) for row in records[7]["frozen"])  # settled at the jitter
-    assert records[7]["response_level"][0][0] == 1.0 and records[7]["rate"] == 1.0
+    assert records[7]["response_level"][0][0] == pytest.approx(0.02 * 5**0.5) and records[7]["rate"] == 1.0
+    assert records[7]["score_level"][0][0] < records[7]["score_threshold"][0][0]
     last = records[-1]
     assert all(all(row) for row in last["frozen"]) != thaw
     assert [bool(m.frozen_heads.any()) for m in controller.modules] == [not thaw] * 2
+
+
+def test_a_saturated_head_whose_scores_keep_moving_is_not_settled():
+    """The same path in attention as a settled head, but the jitter's 2% comes from patches the head ignored before
+    (attention 0, scores at the floor): its scores move as much as before, so the response rule does not freeze it."""
+    controller = scheduled_controller(convergence="response", rho=0.9, decay_window=1)
+    path = [[[0] * 4] * 2, [[3] * 4] * 2, [[0] * 4] * 2, [[3] * 4] * 2, [[2] * 4] * 2, [[3] * 4] * 2]
+    records = [controller.advance(point_masses(p)) for p in path]
+    assert records[-1]["response_level"][0][0] < records[-1]["threshold"][0][0]  # the drift alone would freeze it
+    assert records[-1]["score_level"][0][0] >= records[-1]["score_threshold"][0][0]
+    assert not any(any(row) for row in records[-1]["frozen"])

@@ -44,12 +44,14 @@ def format_table(rows: list[dict], epoch: int) -> str:
     rate = rows[0].get("rate") if rows else None
     lines = [
         f"attention heads after epoch {epoch}" + ("" if rate is None else f" (mean learning rate {rate:.3g})"),
-        f"{'layer':>5} {'head':>4} {'d':>8} {'d/lr':>9} {'kappa':>6} {'tau':>6} {'converged':>9} {'frozen at':>9}",
+        f"{'layer':>5} {'head':>4} {'d':>8} {'d/lr':>9} {'s/lr':>9} {'kappa':>6} {'tau':>6} {'converged':>9} "
+        f"{'frozen at':>9}",
     ]
     for row in rows:
         frozen = "-" if row["frozen_at"] is None else str(row["frozen_at"])
         lines.append(
             f"{row['layer']:>5} {row['head']:>4} {number(row['d'], 4):>8} {number(row.get('d_per_rate'), 2):>9} "
+            f"{number(row.get('s_per_rate'), 1):>9} "
             f"{number(row['kappa'], 2):>6} "
             f"{number(row['tau'], 3):>6} {'yes' if row['converged'] else 'no':>9} {frozen:>9}"
             + (f"  {row['decision']}" if row.get("decision") else "")

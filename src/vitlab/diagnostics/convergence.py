@@ -190,9 +190,10 @@ class DecayRule(AbsoluteRule):
 @dataclass(frozen=True)
 class ResponseRule:
     """The head's attention no longer responds to its updates: its drift per unit of learning rate has fallen
-    (the decay test on ``d_t / lr_t``, with ``response_ratio``) and its movement no longer accumulates (the noise
-    rule's directedness below ``rho``). A schedule that shrinks every step shrinks drift and rate together, so it
-    settles no head by itself."""
+    (the decay test on ``d_t / lr_t``, with ``response_ratio``), so has its score drift per unit rate
+    (:func:`~vitlab.diagnostics.dynamics.score_drift`, where measured: a saturating softmax whose logits keep walking
+    is not settled), and its movement no longer accumulates (the noise rule's directedness below ``rho``). A schedule
+    that shrinks every step shrinks drift and rate together, so it settles no head by itself."""
 
     needs_directedness: ClassVar[bool] = True
 
@@ -203,7 +204,11 @@ class ResponseRule:
         self, tracker: ConvergenceTracker, drift: torch.Tensor, directedness: torch.Tensor | None
     ) -> torch.Tensor:
         level = tracker.decay_level(per_rate=True)[0]
-        return (level < self.threshold(tracker)) & (tracker._as_grid(directedness, "directedness") < tracker.rho)
+        scores, reference = tracker.decay_level(per_rate=True, scores=True)
+        # the scores (a softmax's logits) have slowed too; not judged where they were not measured
+        scores_still = ~(scores.isfinite() & reference.isfinite()) | (scores < tracker.response_ratio * reference)
+        still = (level < self.threshold(tracker)) & scores_still
+        return still & (tracker._as_grid(directedness, "directedness") < tracker.rho)
 
 
 @dataclass(frozen=True)
@@ -245,8 +250,9 @@ class ConvergenceTracker:
       d(t-1, t))`` (1 for steady motion one way, about 0.71 for a random walk, 0.5 for jitter) is below ``rho``.
     - ``rule="response"`` (the default): the head's attention no longer responds to its updates. Each drift is
       divided by the epoch's learning rate (``rate`` of :meth:`observe`: the mean over the epoch's steps), and the
-      decay test below runs on those ratios with ``response_ratio``; and the directedness (noise rule) is below
-      ``rho``. A decaying learning rate, which shrinks a head's drift without any settling, freezes nothing.
+      decay test below runs on those ratios with ``response_ratio``, and on the score drifts per unit rate where
+      :meth:`observe` was given them (``score``); and the directedness (noise rule) is below ``rho``. A decaying
+      learning rate, which shrinks a head's drift without any settling, freezes nothing.
     - ``rule="decay"``: the head has *settled*. Of the drifts ``d_1 .. d_t`` (burn-in included) the
       level is the largest of the last ``window`` and the reference the median of all before them; stable when
       ``level < decay_ratio * reference``. A head that keeps moving by a constant step (directed, random walk or
@@ -300,6 +306,7 @@ class ConvergenceTracker:
         self.response_ratio, self.thaw = response_ratio, thaw
         self.history = torch.zeros(0, num_layers, num_heads, dtype=torch.float64)  # every drift observed, [T, L, H]
         self.rates = torch.zeros(0, num_layers, num_heads, dtype=torch.float64)  # the update's size, [T, L, H]
+        self.scores = torch.zeros(0, num_layers, num_heads, dtype=torch.float64)  # score drifts (NaN: none), [T, L, H]
         self.num_layers, self.num_heads = num_layers, num_heads
         self.eps_d, self.eps_tau, self.patience = eps_d, eps_tau, patience
         self.rule, self.rel_d, self.rho, self.tau_clause = rule, rel_d, rho, tau_clause
@@ -317,11 +324,16 @@ class ConvergenceTracker:
             raise ValueError(f"{name} must be finite; a NaN here means the probe pass or the schedule diverged")
         return value
 
-    def observe(self, drift: torch.Tensor, rate: float | torch.Tensor | None = None) -> None:
+    def observe(
+        self, drift: torch.Tensor, rate: float | torch.Tensor | None = None, score: torch.Tensor | None = None
+    ) -> None:
         """Record an epoch's drift ``[L, H]`` (the relative rule's peak, the decay and response rules' history),
         every epoch, the burn-in epochs too, when nothing is decided. ``rate``: the size of the update that
-        produced it, a number or ``[L, H]`` (the epoch's mean learning rate; None: 1, a constant rate)."""
+        produced it, a number or ``[L, H]`` (the epoch's mean learning rate; None: 1, a constant rate). ``score``:
+        the epoch's score drift ``[L, H]`` (:func:`~vitlab.diagnostics.dynamics.score_drift`; None: not measured,
+        the response rule then judges the drift alone)."""
         drift = self._as_grid(drift, "drift")
+        score = torch.full_like(drift, math.nan) if score is None else self._as_grid(score, "score")
         rate = torch.ones_like(drift) if rate is None else torch.as_tensor(rate, dtype=torch.float64).expand_as(drift)
         rate = self._as_grid(rate, "rate")
         if not (rate > 0).all():
@@ -329,20 +341,23 @@ class ConvergenceTracker:
         self.peak = torch.maximum(self.peak, drift)
         self.history = torch.cat([self.history, drift[None]])
         self.rates = torch.cat([self.rates, rate[None]])
+        self.scores = torch.cat([self.scores, score[None]])
 
-    def per_rate(self) -> torch.Tensor:
-        """Every drift observed divided by its rate, ``[T, L, H]`` float64 (the response rule's statistic)."""
-        return self.history / self.rates
+    def per_rate(self, scores: bool = False) -> torch.Tensor:
+        """Every drift observed (``scores``: every score drift, NaN where none was) divided by its rate, ``[T, L, H]``
+        float64 (the response rule's statistics)."""
+        return (self.scores if scores else self.history) / self.rates
 
-    def decay_level(self, per_rate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def decay_level(self, per_rate: bool = False, scores: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The decay rule's ``(level, reference)``, each ``[L, H]`` float64: the largest of the last ``decay_window``
         drifts and the median of those before them (NaN until there are ``decay_window`` before them).
-        ``per_rate``: of the drifts per unit rate (:meth:`per_rate`, the response rule)."""
+        ``per_rate``: of the drifts per unit rate (:meth:`per_rate`, the response rule); with ``scores``, of the
+        score drifts per unit rate (NaN where any was not measured)."""
         w = self.decay_window
         nan = torch.full((self.num_layers, self.num_heads), math.nan, dtype=torch.float64)
         if len(self.history) < 2 * w:
             return nan, nan
-        series = self.per_rate() if per_rate else self.history
+        series = self.per_rate(scores) if per_rate else self.history
         return series[-w:].amax(0), series[:-w].quantile(0.5, dim=0)
 
     def threshold(self) -> torch.Tensor:
@@ -393,6 +408,7 @@ class ConvergenceTracker:
             "thaw": self.thaw,
             "history": self.history.clone(),
             "rates": self.rates.clone(),
+            "scores": self.scores.clone(),
             "streak": self.streak.clone(),
             "converged": self.converged.clone(),
             "peak": self.peak.clone(),
@@ -418,6 +434,10 @@ class ConvergenceTracker:
         self.response_ratio, self.thaw = state.get("response_ratio", self.response_ratio), state.get("thaw", self.thaw)
         rates = state.get("rates")  # a state saved before the response rule: every earlier epoch at rate 1
         self.rates = torch.ones_like(self.history) if rates is None else rates.clone().to("cpu", torch.float64)
+        scores = state.get("scores")  # saved before the score clause: not judged in this run
+        self.scores = (
+            torch.full_like(self.history, math.nan) if scores is None else scores.clone().to("cpu", torch.float64)
+        )
         self.streak = state["streak"].clone().to("cpu", torch.long)
         self.converged = state["converged"].clone().to("cpu", torch.bool)
         peak = state.get("peak")

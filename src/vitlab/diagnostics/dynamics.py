@@ -131,6 +131,28 @@ def _checked_drift_inputs(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, 
     return cost64
 
 
+#: attention below this (e^-27.6) counts as this in :func:`score_drift`: a patch the head ignores moves no score that
+#: matters, and float32 softmaxes underflow below ~1e-38 anyway
+_SCORE_FLOOR = 1e-12
+
+
+def score_drift(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """How far a head's attention *scores* moved between two distributions ``p, q: [..., N] -> [...]`` float64: the
+    root mean square over the patches of the change of the centred log-attention ``z = log a - mean(log a)`` (a
+    softmax's logits up to their mean; attention below ``1e-12`` counts as ``1e-12``).
+
+    The response rule's second statistic (this project, beside ViTCAE's drift of section "Convergence diagnostics";
+    docs/dynamics.md, "The response rule"): as a softmax saturates its attention, and so its drift, hardly moves while
+    its logits keep walking; the scores show the walk.
+    """
+
+    def centred(a: torch.Tensor) -> torch.Tensor:
+        z = a.double().clamp_min(_SCORE_FLOOR).log()
+        return z - z.mean(dim=-1, keepdim=True)
+
+    return (centred(p) - centred(q)).pow(2).mean(dim=-1).sqrt()
+
+
 def attention_to_cls_distribution(attn: torch.Tensor, num_prefix_tokens: int = 1) -> torch.Tensor:
     """CLS-to-patch attention renormalised over the patches: the distribution whose drift ViTCAE measures.
 

@@ -97,6 +97,10 @@ def decision(records: list[dict[str, Any]], layer: int, head: int, frozen_at: in
     directed = at.get("directedness")
     walk = "" if at.get("rho") is None or directed is None else f", directedness {directed[layer][head]:.2f}"
     walk += "" if not walk else (" < " if directed[layer][head] < at["rho"] else " >= ") + f"rho {at['rho']:.2f}"
+    scores, limit = (at.get("score_level") or [[None]])[layer], (at.get("score_threshold") or [[None]])[layer]
+    if key == "response_level" and scores[0] is not None and scores[head] is not None and limit[head] is not None:
+        walk += f", scores per unit rate {scores[head]:.3g} " + ("<" if scores[head] < limit[head] else ">=")
+        walk += f" {limit[head]:.3g}"
     if at["converged"][layer][head]:
         what = "frozen" if frozen_at is not None else "converged"
         return f"{what} at epoch {at['epoch']}: recent {unit} <= {level:.3g} < threshold {threshold:.3g}{walk}"
@@ -104,9 +108,9 @@ def decision(records: list[dict[str, Any]], layer: int, head: int, frozen_at: in
 
 
 def head_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per head of the final epoch: layer, head, d, d_per_rate and rate (None in records written before the
-    response rule), kappa, tau, converged, frozen_at (epoch or None) and, under the decay and response rules, the
-    decision's reason (:func:`decision`)."""
+    """One row per head of the final epoch: layer, head, d, d_per_rate, s_per_rate (the score drift per unit rate)
+    and rate (None in records written before the response rule or its score clause), kappa, tau, converged,
+    frozen_at (epoch or None) and, under the decay and response rules, the decision's reason (:func:`decision`)."""
     final = records[-1]
     frozen_at = frozen_at_epoch(records)
     rows = []
@@ -119,6 +123,7 @@ def head_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "d": None if final["drift"] is None else final["drift"][layer][head],
                     # the response rule's view: the drift per unit of the epoch's mean learning rate, and that rate
                     "d_per_rate": None if final.get("drift_per_rate") is None else final["drift_per_rate"][layer][head],
+                    "s_per_rate": None if final.get("score_per_rate") is None else final["score_per_rate"][layer][head],
                     "rate": final.get("rate"),
                     "kappa": final["kappa"][layer][head],
                     "tau": tau,

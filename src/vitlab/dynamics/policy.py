@@ -28,6 +28,7 @@ from vitlab.diagnostics.dynamics import (
     attention_to_cls_distribution,
     consensus_clusters,
     patch_grid_cost,
+    score_drift,
     temperature_update,
 )
 from vitlab.dynamics.freezing import FrozenHeadGuard
@@ -301,7 +302,9 @@ class DynamicsPolicy(PolicyState):
         drift = drift_images = two_epoch_mean = None
         if self.previous is not None:
             drift, drift_images, current, two_epoch_mean = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
-            self.tracker.observe(drift, rate)  # every epoch: the relative rule's peak, the decay rules' history
+            common = min(current.shape[2], self.previous.shape[2])
+            score = score_drift(current[:, :, :common], self.previous[:, :, :common]).mean(dim=-1)
+            self.tracker.observe(drift, rate, score)  # every epoch: the relative rule's peak, the decay rules' history
             if cfg.mode == "schedule":
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
         if extend is not None and current.shape[2] == cfg.probe_min and epoch in self._before_first_decision():
@@ -396,6 +399,11 @@ class DynamicsPolicy(PolicyState):
             "response_level": (
                 _nan_to_none(self.tracker.decay_level(per_rate=True)[0]) if cfg.convergence == "response" else None
             ),
+            # and its scores' (docs/dynamics.md, "The response rule"): this epoch's score drift per unit rate, the
+            # largest of the last decay_window and the threshold it must be under
+            "score_per_rate": None if drift is None else _nan_to_none(self.tracker.per_rate(scores=True)[-1]),
+            "score_level": self._score_level()[0],
+            "score_threshold": self._score_level()[1],
             "kappa": self.kappa.tolist(),
             "tau": tau.tolist(),
             "converged": converged.tolist(),
@@ -403,6 +411,13 @@ class DynamicsPolicy(PolicyState):
             "non_converged": int((~converged).sum()),
             "mean_drift": None if drift is None else float(drift.mean()),
         }
+
+    def _score_level(self) -> tuple[list | None, list | None]:
+        """The response rule's score level and threshold per head (None under the other rules)."""
+        if self.config.convergence != "response":
+            return None, None
+        level, reference = self.tracker.decay_level(per_rate=True, scores=True)
+        return _nan_to_none(level), _nan_to_none(self.tracker.response_ratio * reference)
 
     def _drift(
         self, current: torch.Tensor, extend: Callable[[], torch.Tensor] | None, deciding: bool

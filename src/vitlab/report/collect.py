@@ -215,9 +215,10 @@ def dynamics_section(run: RunRecord) -> Section | None:
         f"Mode {final['mode']}, {len(records)} records (epoch 0 = before training). At the last epoch: "
         f"{final['non_converged']}/{heads} heads not converged, {frozen}/{heads} frozen."
     )
-    keys = ("layer", "head", "d", "d_per_rate", "rate", "kappa", "tau", "converged", "frozen_at")
+    keys = ("layer", "head", "d", "d_per_rate", "s_per_rate", "rate", "kappa", "tau", "converged", "frozen_at")
     rows = [(*(r[k] for k in keys), r["decision"] or "") for r in head_table(records)]
-    columns = ["layer", "head", "drift d", "d per unit lr", "mean lr", "clusters κ", "tau", "converged"]
+    columns = ["layer", "head", "drift d", "d per unit lr", "scores per unit lr", "mean lr", "clusters κ", "tau"]
+    columns += ["converged"]
     columns += ["frozen at epoch", "why"]
     table = Table(columns, rows)
     return Section(
