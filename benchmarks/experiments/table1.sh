@@ -6,6 +6,8 @@
 # ARMS="controlled nofreeze uncontrolled" adds the counterfactual arm of issue 44: the schedule and the same
 # convergence decisions without freezing, identical to the controlled arm (same seed, machine and threads) until
 # the first head freezes, so the pair is a fork at the rule's first firing.
+# ARMS=thaw: the controlled arm with dynamics.thaw=true (a frozen head whose attention moves again is released),
+# identical to the controlled arm until the first release.
 set -euo pipefail
 CONFIG=${1:-vitcae/digits}
 OUT=${2:-runs/table1-$(basename "$CONFIG")}
@@ -25,6 +27,7 @@ run() {  # mode seed
       local args=(dynamics.mode=schedule dynamics.freeze=true dynamics.log_model_tau=true)
       [ "$1" = uncontrolled ] && args=(dynamics.mode=fixed dynamics.freeze=false)
       [ "$1" = nofreeze ] && args=(dynamics.mode=schedule dynamics.freeze=false dynamics.log_model_tau=true)
+      [ "$1" = thaw ] && args=(dynamics.mode=schedule dynamics.freeze=true dynamics.thaw=true dynamics.log_model_tau=true)
       OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$VITLAB" fit --config "$CONFIG" "${args[@]}" run.seed="$2" \
         data.seed="$2" run.dir="$dir" run.name="table1-$1" run.overwrite=true trainer.enable_progress_bar=false \
         ${EXTRA[@]+"${EXTRA[@]}"} > "$dir.log" 2>&1
@@ -49,4 +52,5 @@ for seed in $SEEDS; do
   done
 done
 wait
+ls -d "$OUT"/controlled-seed*/ "$OUT"/uncontrolled-seed*/ > /dev/null 2>&1 || exit 0  # one arm alone: nothing to compare
 "$VITLAB" compare "$OUT"/controlled-seed*/ "$OUT"/uncontrolled-seed*/ --group-by dynamics.mode --metric test/acc --out "$OUT/table1" --force

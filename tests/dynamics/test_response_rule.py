@@ -81,8 +81,8 @@ def test_the_rate_history_rides_in_the_state_and_an_old_state_counts_rate_one():
 
 
 def test_a_head_whose_scores_keep_moving_is_not_settled_and_one_whose_scores_slow_is():
-    """The score clause: the same falling drift, with score drifts that stay at 1 (a saturating softmax whose logits
-    keep walking) or fall with it; none passed: the drift alone is judged (a tracker fed by older callers)."""
+    """The score clause (``score_ratio`` 0.5): the same falling drift, with score drifts that stay at 1 (a saturating
+    softmax whose logits keep walking) or fall with it; none passed: the drift alone is judged (older callers)."""
     drifts, rates = [0.1 * 0.7**t for t in range(30)], [1.0] * 30
 
     def run(scores):
@@ -101,17 +101,19 @@ def test_a_head_whose_scores_keep_moving_is_not_settled_and_one_whose_scores_slo
 
 
 def test_the_score_history_rides_in_the_state_and_an_old_state_has_none():
-    tracker = _tracker()
+    tracker = _tracker(score_ratio=0.4)
     for d in (0.3, 0.2, 0.1):
         tracker.observe(torch.full((1, 1), d), 1.0, torch.full((1, 1), 2 * d))
     restored = _tracker()
     restored.load_state_dict(tracker.state_dict())
-    assert torch.equal(restored.scores, tracker.scores)
+    assert torch.equal(restored.scores, tracker.scores) and restored.score_ratio == 0.4
     restored.load_state_dict({k: v for k, v in tracker.state_dict().items() if k != "scores"})
     assert restored.scores.shape == (3, 1, 1) and restored.scores.isnan().all()
 
 
-@pytest.mark.parametrize("values", [{"response_ratio": 1.5}, {"response_ratio": "x"}, {"thaw": "yes"}])
+@pytest.mark.parametrize(
+    "values", [{"response_ratio": 1.5}, {"response_ratio": "x"}, {"score_ratio": 1.0}, {"thaw": "yes"}]
+)
 def test_bad_response_options_are_refused_by_name(values):
     with pytest.raises(ConfigError, match=next(iter(values))):
         from_dict(DynamicsConfig, values)

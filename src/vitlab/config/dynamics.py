@@ -59,6 +59,7 @@ class DynamicsConfig:
     decay_ratio: float = 0.5
     decay_window: int = 3
     response_ratio: float = 0.35
+    score_ratio: float = 0.5
     thaw: bool = False
     eps_d: float = 0.0125
     eps_tau: float = 0.05
@@ -114,6 +115,11 @@ class DynamicsConfig:
             problems.append(
                 "dynamics.response_ratio must be in (0, 1) (a fraction of the head's earlier drift per unit rate), "
                 f"got {self.response_ratio!r}"
+            )
+        if not _is_number(self.score_ratio) or not 0 < self.score_ratio < 1:
+            problems.append(
+                "dynamics.score_ratio must be in (0, 1) (a fraction of the head's earlier score drift per unit rate), "
+                f"got {self.score_ratio!r}"
             )
         if not isinstance(self.thaw, bool):
             problems.append(f"dynamics.thaw must be true or false, got {self.thaw!r}")

@@ -190,7 +190,7 @@ class DecayRule(AbsoluteRule):
 @dataclass(frozen=True)
 class ResponseRule:
     """The head's attention no longer responds to its updates: its drift per unit of learning rate has fallen
-    (the decay test on ``d_t / lr_t``, with ``response_ratio``), so has its score drift per unit rate
+    (the decay test on ``d_t / lr_t``, with ``response_ratio``), so has its score drift per unit rate (``score_ratio``)
     (:func:`~vitlab.diagnostics.dynamics.score_drift`, where measured: a saturating softmax whose logits keep walking
     is not settled), and its movement no longer accumulates (the noise rule's directedness below ``rho``). A schedule
     that shrinks every step shrinks drift and rate together, so it settles no head by itself."""
@@ -206,7 +206,7 @@ class ResponseRule:
         level = tracker.decay_level(per_rate=True)[0]
         scores, reference = tracker.decay_level(per_rate=True, scores=True)
         # the scores (a softmax's logits) have slowed too; not judged where they were not measured
-        scores_still = ~(scores.isfinite() & reference.isfinite()) | (scores < tracker.response_ratio * reference)
+        scores_still = ~(scores.isfinite() & reference.isfinite()) | (scores < tracker.score_ratio * reference)
         still = (level < self.threshold(tracker)) & scores_still
         return still & (tracker._as_grid(directedness, "directedness") < tracker.rho)
 
@@ -250,9 +250,9 @@ class ConvergenceTracker:
       d(t-1, t))`` (1 for steady motion one way, about 0.71 for a random walk, 0.5 for jitter) is below ``rho``.
     - ``rule="response"`` (the default): the head's attention no longer responds to its updates. Each drift is
       divided by the epoch's learning rate (``rate`` of :meth:`observe`: the mean over the epoch's steps), and the
-      decay test below runs on those ratios with ``response_ratio``, and on the score drifts per unit rate where
-      :meth:`observe` was given them (``score``); and the directedness (noise rule) is below ``rho``. A decaying
-      learning rate, which shrinks a head's drift without any settling, freezes nothing.
+      decay test below runs on those ratios with ``response_ratio``, and on the score drifts per unit rate with
+      ``score_ratio`` where :meth:`observe` was given them (``score``); and the directedness (noise rule) is below
+      ``rho``. A decaying learning rate, which shrinks a head's drift without any settling, freezes nothing.
     - ``rule="decay"``: the head has *settled*. Of the drifts ``d_1 .. d_t`` (burn-in included) the
       level is the largest of the last ``window`` and the reference the median of all before them; stable when
       ``level < decay_ratio * reference``. A head that keeps moving by a constant step (directed, random walk or
@@ -282,6 +282,7 @@ class ConvergenceTracker:
         decay_ratio: float = 0.5,
         decay_window: int = 3,
         response_ratio: float = 0.35,
+        score_ratio: float = 0.5,
         thaw: bool = False,
     ) -> None:
         if num_layers < 1 or num_heads < 1:
@@ -300,10 +301,10 @@ class ConvergenceTracker:
             raise ValueError(f"tau_clause must be one of {', '.join(TAU_CLAUSES)}, got {tau_clause!r}")
         if not 0 < decay_ratio < 1 or decay_window < 1:
             raise ValueError(f"need 0 < decay_ratio < 1 and decay_window >= 1, got {decay_ratio} and {decay_window}")
-        if not 0 < response_ratio < 1:
-            raise ValueError(f"response_ratio must be in (0, 1), got {response_ratio}")
+        if not 0 < response_ratio < 1 or not 0 < score_ratio < 1:
+            raise ValueError(f"response_ratio and score_ratio must be in (0, 1), got {response_ratio}, {score_ratio}")
         self.decay_ratio, self.decay_window = decay_ratio, decay_window
-        self.response_ratio, self.thaw = response_ratio, thaw
+        self.response_ratio, self.score_ratio, self.thaw = response_ratio, score_ratio, thaw
         self.history = torch.zeros(0, num_layers, num_heads, dtype=torch.float64)  # every drift observed, [T, L, H]
         self.rates = torch.zeros(0, num_layers, num_heads, dtype=torch.float64)  # the update's size, [T, L, H]
         self.scores = torch.zeros(0, num_layers, num_heads, dtype=torch.float64)  # score drifts (NaN: none), [T, L, H]
@@ -405,6 +406,7 @@ class ConvergenceTracker:
             "decay_ratio": self.decay_ratio,
             "decay_window": self.decay_window,
             "response_ratio": self.response_ratio,
+            "score_ratio": self.score_ratio,
             "thaw": self.thaw,
             "history": self.history.clone(),
             "rates": self.rates.clone(),
@@ -432,6 +434,7 @@ class ConvergenceTracker:
         history = state.get("history")  # a state saved before the decay rule: its history starts now
         self.history = torch.zeros_like(self.history) if history is None else history.clone().to("cpu", torch.float64)
         self.response_ratio, self.thaw = state.get("response_ratio", self.response_ratio), state.get("thaw", self.thaw)
+        self.score_ratio = state.get("score_ratio", self.score_ratio)
         rates = state.get("rates")  # a state saved before the response rule: every earlier epoch at rate 1
         self.rates = torch.ones_like(self.history) if rates is None else rates.clone().to("cpu", torch.float64)
         scores = state.get("scores")  # saved before the score clause: not judged in this run

@@ -255,6 +255,7 @@ class DynamicsPolicy(PolicyState):
             decay_ratio=cfg.decay_ratio,
             decay_window=cfg.decay_window,
             response_ratio=cfg.response_ratio,
+            score_ratio=cfg.score_ratio,
             thaw=cfg.thaw,
         )
 
@@ -417,7 +418,7 @@ class DynamicsPolicy(PolicyState):
         if self.config.convergence != "response":
             return None, None
         level, reference = self.tracker.decay_level(per_rate=True, scores=True)
-        return _nan_to_none(level), _nan_to_none(self.tracker.response_ratio * reference)
+        return _nan_to_none(level), _nan_to_none(self.tracker.score_ratio * reference)
 
     def _drift(
         self, current: torch.Tensor, extend: Callable[[], torch.Tensor] | None, deciding: bool

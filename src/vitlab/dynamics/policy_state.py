@@ -62,6 +62,7 @@ class PolicyState:
             "rho": rho,
             "tau_clause": cfg.tau_clause,
             "response_ratio": cfg.response_ratio,
+            "score_ratio": cfg.score_ratio,
             "thaw": cfg.thaw,
         }
         self.tracker.load_state_dict({**state["tracker"], **thresholds})
