@@ -82,7 +82,8 @@ def best_epoch(run: Path) -> int | None:
 def last_decision(record: dict[str, Any]) -> dict[str, Any]:
     """Why the heads were or were not converged at the last epoch, under the decay or response rule: how many heads'
     level (the largest recent drift, per unit rate under ``response``) was below its threshold, and under the
-    response rule the range of their directedness against ``rho`` and how many were below it."""
+    response rule the range of their directedness against ``rho`` and how many were below it, and how many heads'
+    score drifts per unit rate were below theirs (records written since the score clause)."""
     key = {"decay": "decay_level", "response": "response_level"}.get(record.get("convergence"))
     if key is None or record.get(key) is None or record.get("threshold") is None:
         return {}
@@ -98,6 +99,12 @@ def last_decision(record: dict[str, Any]) -> dict[str, Any]:
         directed = [d for row in record["directedness"] for d in row]
         out |= {"rho": record["rho"], "directedness_range": [min(directed), max(directed)]}
         out["directedness_below_rho"] = sum(d < record["rho"] for d in directed)
+    if key == "response_level" and record.get("score_level") is not None:  # the score clause (since 54f842c)
+        levels = [v for row in record["score_level"] for v in row]
+        limits = [t for row in record["score_threshold"] for t in row]
+        out["scores_below_threshold"] = sum(
+            v is not None and t is not None and v < t for v, t in zip(levels, limits, strict=True)
+        )
     return out
 
 

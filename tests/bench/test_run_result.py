@@ -29,3 +29,13 @@ def test_decay_has_no_directedness_and_other_rules_say_nothing():
         "below_threshold": 2,
     }
     assert last_decision(_record("noise", rho=0.7, directedness=[[0.1, 0.2, 0.3]])) == {}
+
+
+def test_response_counts_heads_whose_scores_are_below_their_threshold():
+    record = _record(
+        "response",
+        response_level=[[0.5, 3.0, None]],
+        score_level=[[1.0, 9.0, None]],
+        score_threshold=[[2.0, 4.0, None]],
+    )
+    assert last_decision(record)["scores_below_threshold"] == 1  # 1 < 2; 9 >= 4; not judged yet

@@ -48,6 +48,7 @@ def test_vitcae_test_loss_is_the_same_in_fit_and_in_test(tmp_path):
     assert written["test/loss"] == pytest.approx(again["test/loss"], abs=1e-6)
     assert written["test/loss"] == pytest.approx(written["test/monitor"], abs=1e-6)
     assert "test/objective" in written and written["test/acc"] == again["test/acc"]
+    assert evaluate(run_dir, "test") == again  # its MMD terms draw prior samples: seeded, the same every time
 
 
 def test_a_bf16_run_is_tested_in_float32_like_its_export_and_records_both_precisions(tmp_path):

@@ -447,10 +447,12 @@ def test_once(
 
 def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | None = None) -> dict[str, float]:
     """Run the validation or test loop of a run directory (best checkpoint) or a ``.ckpt`` file, in float32
-    (:data:`TEST_PRECISION`, as ``vitlab fit`` tests)."""
+    (:data:`TEST_PRECISION`, as ``vitlab fit`` tests), seeded with the run's seed: terms that draw random samples
+    (ViTCAE's MMD against prior samples) are the same every time a checkpoint is evaluated."""
     ckpt = locate_checkpoint(target)
     hp = checkpoint_hparams(read_checkpoint(ckpt))
     cfg = config_with_overrides(hp["config"], overrides)
+    pl.seed_everything(cfg.run.seed, workers=True, verbose=False)
     dm = build_datamodule(cfg.data)
     model = create_model(cfg.model["name"], **hp["model_kwargs"])
     task = build_task(cfg, model, hp)
