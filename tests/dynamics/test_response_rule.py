@@ -145,3 +145,19 @@ def test_the_head_table_shows_the_drift_per_unit_rate_beside_the_drift_and_the_r
     )
     text = format_table(rows, 9)
     assert "d/lr" in text and "mean learning rate 0.001" in text and "2.00" in text
+    scored = record | {"score_per_rate": [[30.0, 8.0]], "score_level": [[36.0, 9.0]], "score_threshold": [[50.0, 5.0]]}
+    rows = head_table([scored])
+    assert rows[1]["s_per_rate"] == 8.0 and rows[1]["decision"].endswith("scores per unit rate 9 >= 5")
+    assert "s/lr" in format_table(rows, 9) and "30.0" in format_table(rows, 9)
+
+
+def test_the_head_table_of_a_decay_rule_run_with_several_layers_says_why_without_scores():
+    """Records of other rules carry no score level (None): every layer's heads still get their reason."""
+    from vitlab.diagnostics.plots import head_table
+
+    two = [[0.1, 0.1], [0.2, 0.2]]
+    record = {"epoch": 9, "convergence": "decay", "tau": two, "kappa": two, "drift": two, "decay_level": two}
+    record |= {"threshold": [[0.5, 0.5], [0.1, 0.1]], "score_level": None, "score_threshold": None}
+    record |= {"converged": [[True, True], [False, False]], "frozen": [[True, True], [False, False]]}
+    rows = head_table([record])
+    assert rows[3]["decision"] == "not settled: a recent drift 0.2 vs threshold 0.1"

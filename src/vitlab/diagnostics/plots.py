@@ -97,10 +97,10 @@ def decision(records: list[dict[str, Any]], layer: int, head: int, frozen_at: in
     directed = at.get("directedness")
     walk = "" if at.get("rho") is None or directed is None else f", directedness {directed[layer][head]:.2f}"
     walk += "" if not walk else (" < " if directed[layer][head] < at["rho"] else " >= ") + f"rho {at['rho']:.2f}"
-    scores, limit = (at.get("score_level") or [[None]])[layer], (at.get("score_threshold") or [[None]])[layer]
-    if key == "response_level" and scores[0] is not None and scores[head] is not None and limit[head] is not None:
-        walk += f", scores per unit rate {scores[head]:.3g} " + ("<" if scores[head] < limit[head] else ">=")
-        walk += f" {limit[head]:.3g}"
+    if key == "response_level" and at.get("score_level") and at.get("score_threshold"):  # the score clause
+        score, limit = at["score_level"][layer][head], at["score_threshold"][layer][head]
+        if score is not None and limit is not None:
+            walk += f", scores per unit rate {score:.3g} {'<' if score < limit else '>='} {limit:.3g}"
     if at["converged"][layer][head]:
         what = "frozen" if frozen_at is not None else "converged"
         return f"{what} at epoch {at['epoch']}: recent {unit} <= {level:.3g} < threshold {threshold:.3g}{walk}"
