@@ -403,8 +403,7 @@ class DynamicsPolicy(PolicyState):
             # and its scores' (docs/dynamics.md, "The response rule"): this epoch's score drift per unit rate, the
             # largest of the last decay_window and the threshold it must be under
             "score_per_rate": None if drift is None else _nan_to_none(self.tracker.per_rate(scores=True)[-1]),
-            "score_level": self._score_level()[0],
-            "score_threshold": self._score_level()[1],
+            **dict(zip(("score_level", "score_threshold"), self._score_level(), strict=True)),
             "kappa": self.kappa.tolist(),
             "tau": tau.tolist(),
             "converged": converged.tolist(),
