@@ -27,7 +27,8 @@ controller does) goes through :class:`vitlab.diagnostics.convergence.Convergence
 ``--schedule`` scales every process's step per epoch as a learning-rate schedule would (``constant``, ``cosine`` to 0,
 ``step`` x0.1 at epochs 14 and 27, ``plateau`` x0.5 at epochs 14 and 27, ``warmup_cosine``: 3 epochs of linear
 warm-up, then cosine), AdamW's rate for the attention walk, and the time of the decay control's approach; the
-``response`` rule reads the drift per unit of that rate. ``response_update`` (attention processes only) divides by
+``response`` rule reads the drift and the score drift (:func:`vitlab.diagnostics.dynamics.score_drift`, as the
+controller measures it) per unit of that rate. ``response_update`` (attention processes only) divides by
 each head's own update instead, ``||delta W_q,h|| + ||delta W_k,h||`` over the epoch: measured beside it to choose.
 
 Positive controls: ``decay`` (the distributions approach a second pattern geometrically, ``1 - q^t``, under a
