@@ -214,14 +214,28 @@ def drifts(p: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     )
 
 
-def decisions(measured: tuple, rule: str, rho: float, rate: torch.Tensor, thaw: bool = False) -> dict[str, Any]:
+def decisions(
+    measured: tuple, rule: str, rho: float, rate: torch.Tensor, thaw: bool = False, **options: Any
+) -> dict[str, Any]:
     """Run the tracker over one head's :func:`drifts` as the controller does, the drift of epoch ``t`` observed
-    with ``rate[t - 1]`` (the response rule's unit)."""
-    cfg = DynamicsConfig()
+    with ``rate[t - 1]`` (the response rule's unit); ``options``: ``DynamicsConfig`` fields other than the defaults."""
+    cfg = DynamicsConfig(**options)
     drift, two, score = measured
     tracker_rule = "response" if rule == "response_update" else rule
     tracker = ConvergenceTracker(
-        1, 1, cfg.eps_d, cfg.eps_tau, PATIENCE, rule=tracker_rule, rho=rho, tau_clause="none", thaw=thaw
+        1,
+        1,
+        cfg.eps_d,
+        cfg.eps_tau,
+        PATIENCE,
+        rule=tracker_rule,
+        rho=rho,
+        tau_clause="none",
+        thaw=thaw,
+        decay_ratio=cfg.decay_ratio,
+        decay_window=cfg.decay_window,
+        response_ratio=cfg.response_ratio,
+        score_ratio=cfg.score_ratio,
     )
     stable, deciding, converged_at, converged = 0, 0, None, torch.zeros(1, 1, dtype=torch.bool)
     ones = torch.ones(1, 1)
@@ -390,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             "patience": PATIENCE,
             "defaults": {
                 k: getattr(DynamicsConfig(), k)
-                for k in ("convergence", "decay_ratio", "decay_window", "response_ratio", "thaw")
+                for k in ("convergence", "decay_ratio", "decay_window", "response_ratio", "score_ratio", "thaw")
             },
             "runs": args.runs,
             "seconds": time.perf_counter() - start,

@@ -1,6 +1,7 @@
 """The attention-dynamics controller (ViTCAE eq. 20 and 26): freezing, the schedule, state, and a short fit."""
 
 import copy
+import dataclasses
 import io
 import json
 import math
@@ -382,6 +383,12 @@ def test_state_round_trips_through_a_weights_only_checkpoint():
     assert torch.equal(resumed.tracker.streak, original.tracker.streak)
     assert torch.equal(resumed.previous, original.previous)
     assert resumed.advance(point_masses(EPOCH2)) == original.advance(point_masses(EPOCH2))
+
+    # this run's thresholds win over the checkpoint's on resume, the score clause's ratio too
+    stricter = DynamicsController(dataclasses.replace(original.config, score_ratio=0.2))
+    stricter.attach(copy.deepcopy(original.model))
+    stricter.load_state_dict(state)
+    assert (stricter.tracker.score_ratio, resumed.tracker.score_ratio) == (0.2, 0.5)
 
     other_target = DynamicsController(DynamicsConfig(target="blocks.1"))
     other_target.attach(tiny_vit())

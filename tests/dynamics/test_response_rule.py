@@ -83,7 +83,7 @@ def test_the_rate_history_rides_in_the_state_and_an_old_state_counts_rate_one():
 def test_a_head_whose_scores_keep_moving_is_not_settled_and_one_whose_scores_slow_is():
     """The score clause (``score_ratio`` 0.5): the same falling drift, with score drifts that stay at 1 (a saturating
     softmax whose logits keep walking) or fall with it; none passed: the drift alone is judged (older callers)."""
-    drifts, rates = [0.1 * 0.7**t for t in range(30)], [1.0] * 30
+    drifts = [0.1 * 0.7**t for t in range(30)]
 
     def run(scores):
         tracker, out = _tracker(), []
@@ -97,7 +97,23 @@ def test_a_head_whose_scores_keep_moving_is_not_settled_and_one_whose_scores_slo
     level, reference = tracker.decay_level(per_rate=True, scores=True)
     assert (level.item(), reference.item()) == (1.0, 1.0)
     assert run([0.7**t for t in range(30)])[0][-1]
-    assert run([None] * 30)[0] == _feed(_tracker(), drifts, rates)
+    assert run([None] * 30)[0][-1]  # no scores: the falling drift alone converges
+
+
+def test_the_score_clause_has_its_own_ratio():
+    """Score drifts that fall to 0.4 of their early level pass ``score_ratio`` 0.5 (the default), not 0.35."""
+    drifts = [0.1 * 0.7**t for t in range(30)]
+    scores = [1.0] * 10 + [0.4] * 20
+
+    def converged(**ratio):
+        tracker = _tracker(**ratio)
+        for d, s in zip(drifts, scores, strict=True):
+            tracker.observe(torch.full((1, 1), d), 1.0, torch.full((1, 1), s))
+            tracker.decide(torch.full((1, 1), d), ONES, JITTER)
+        return bool(tracker.converged)
+
+    assert converged() and not converged(score_ratio=0.35)
+    assert converged(response_ratio=0.3, score_ratio=0.5)  # the drift's ratio does not judge the scores
 
 
 def test_the_score_history_rides_in_the_state_and_an_old_state_has_none():
@@ -109,6 +125,12 @@ def test_the_score_history_rides_in_the_state_and_an_old_state_has_none():
     assert torch.equal(restored.scores, tracker.scores) and restored.score_ratio == 0.4
     restored.load_state_dict({k: v for k, v in tracker.state_dict().items() if k != "scores"})
     assert restored.scores.shape == (3, 1, 1) and restored.scores.isnan().all()
+    for _ in range(5):  # resumed: the clause judges the score drifts measured since, once there are 2 x window
+        restored.observe(torch.full((1, 1), 0.1), 1.0, torch.full((1, 1), 1.0))
+        assert restored.decay_level(per_rate=True, scores=True)[0].isnan().all()
+    restored.observe(torch.full((1, 1), 0.1), 1.0, torch.full((1, 1), 1.0))
+    level, reference = restored.decay_level(per_rate=True, scores=True)
+    assert (level.item(), reference.item()) == (1.0, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -149,6 +171,11 @@ def test_the_head_table_shows_the_drift_per_unit_rate_beside_the_drift_and_the_r
     rows = head_table([scored])
     assert rows[1]["s_per_rate"] == 8.0 and rows[1]["decision"].endswith("scores per unit rate 9 >= 5")
     assert "s/lr" in format_table(rows, 9) and "30.0" in format_table(rows, 9)
+    waiting = scored | {"directedness": [[0.5, 0.5]]}  # head 0: every clause holds, not yet for patience epochs
+    assert head_table([waiting])[0]["decision"] == (
+        "stable, not yet for patience epochs in a row: a recent drift per unit rate 2 < threshold 5, directedness 0.50"
+        " < rho 0.66, scores per unit rate 36 < 50"
+    )
 
 
 def test_the_head_table_of_a_decay_rule_run_with_several_layers_says_why_without_scores():

@@ -259,9 +259,10 @@ class ConvergenceTracker:
       jitter) is not frozen; one whose movement dies away is.
 
     The relative, noise, decay and response rules are ratios, free of the grid's units and of a constant learning
-    rate's scale; only the response rule is free of a changing one. With ``thaw=True`` a converged head whose latest
-    drift per unit rate is back at its reference (it moves as much as it did before it settled) is no longer
-    converged and its streak starts again (docs/dynamics.md, "Thawing").
+    rate's scale; only the response rule is free of a changing one. With ``thaw=True`` a converged head whose recent
+    drift per unit rate (the largest of the last ``decay_window``) is back at its reference (it moves as much as it
+    did before it settled), under any rule, is no longer converged and its streak starts again (docs/dynamics.md,
+    "Thawing").
 
     Call :meth:`update` once per epoch with that epoch's drift and temperature, both ``[L, H]`` (or :meth:`observe`
     every epoch, burn-in included, and :meth:`decide` from the first deciding epoch on). The first decision only
@@ -332,7 +333,7 @@ class ConvergenceTracker:
         every epoch, the burn-in epochs too, when nothing is decided. ``rate``: the size of the update that
         produced it, a number or ``[L, H]`` (the epoch's mean learning rate; None: 1, a constant rate). ``score``:
         the epoch's score drift ``[L, H]`` (:func:`~vitlab.diagnostics.dynamics.score_drift`; None: not measured,
-        the response rule then judges the drift alone)."""
+        the response rule then judges the drift alone until ``2 x decay_window`` epochs have one again)."""
         drift = self._as_grid(drift, "drift")
         score = torch.full_like(drift, math.nan) if score is None else self._as_grid(score, "score")
         rate = torch.ones_like(drift) if rate is None else torch.as_tensor(rate, dtype=torch.float64).expand_as(drift)
@@ -353,12 +354,16 @@ class ConvergenceTracker:
         """The decay rule's ``(level, reference)``, each ``[L, H]`` float64: the largest of the last ``decay_window``
         drifts and the median of those before them (NaN until there are ``decay_window`` before them).
         ``per_rate``: of the drifts per unit rate (:meth:`per_rate`, the response rule); with ``scores``, of the
-        score drifts per unit rate (NaN where any was not measured)."""
+        score drifts per unit rate of the epochs since they were last missing (a run resumed from a state saved
+        before the score clause judges them once it has ``2 x decay_window`` of them)."""
         w = self.decay_window
         nan = torch.full((self.num_layers, self.num_heads), math.nan, dtype=torch.float64)
-        if len(self.history) < 2 * w:
-            return nan, nan
         series = self.per_rate(scores) if per_rate else self.history
+        if scores:
+            missing = series.isnan().flatten(1).any(dim=1).nonzero()
+            series = series if not len(missing) else series[int(missing[-1]) + 1 :]
+        if len(series) < 2 * w:
+            return nan, nan
         return series[-w:].amax(0), series[:-w].quantile(0.5, dim=0)
 
     def threshold(self) -> torch.Tensor:
@@ -437,7 +442,7 @@ class ConvergenceTracker:
         self.score_ratio = state.get("score_ratio", self.score_ratio)
         rates = state.get("rates")  # a state saved before the response rule: every earlier epoch at rate 1
         self.rates = torch.ones_like(self.history) if rates is None else rates.clone().to("cpu", torch.float64)
-        scores = state.get("scores")  # saved before the score clause: not judged in this run
+        scores = state.get("scores")  # saved before the score clause: judged from the epochs measured from now on
         self.scores = (
             torch.full_like(self.history, math.nan) if scores is None else scores.clone().to("cpu", torch.float64)
         )

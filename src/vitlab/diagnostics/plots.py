@@ -84,8 +84,9 @@ _LEVELS = {"decay": ("decay_level", "drift"), "response": ("response_level", "dr
 def decision(records: list[dict[str, Any]], layer: int, head: int, frozen_at: int | None) -> str | None:
     """Why a head is or is not converged under the decay or response rule, from its records: the largest of its last
     drifts (per unit rate under ``response``) against the threshold (the ratio times its earlier median), and under
-    ``response`` the directedness against ``rho``, at the epoch it converged, or at the last epoch. ``None`` for the
-    other rules."""
+    ``response`` the directedness against ``rho`` and its scores against theirs, at the epoch it converged, or at the
+    last epoch ("stable, not yet ..." where every clause holds but not yet ``patience`` epochs in a row). ``None``
+    for the other rules."""
     at = next((r for r in records if r["converged"][layer][head]), records[-1])
     key, unit = _LEVELS.get(at.get("convergence"), (None, None))
     level, threshold = at.get(key), at.get("threshold")
@@ -94,17 +95,23 @@ def decision(records: list[dict[str, Any]], layer: int, head: int, frozen_at: in
     level, threshold = level[layer][head], threshold[layer][head]
     if level is None or threshold is None:
         return "too few epochs to judge"
-    directed = at.get("directedness")
-    walk = "" if at.get("rho") is None or directed is None else f", directedness {directed[layer][head]:.2f}"
-    walk += "" if not walk else (" < " if directed[layer][head] < at["rho"] else " >= ") + f"rho {at['rho']:.2f}"
+    directed, walk, passes = at.get("directedness"), "", level < threshold
+    if at.get("rho") is not None and directed is not None:
+        below = directed[layer][head] < at["rho"]
+        walk, passes = (
+            f", directedness {directed[layer][head]:.2f} {'<' if below else '>='} rho {at['rho']:.2f}",
+            passes and below,
+        )
     if key == "response_level" and at.get("score_level") and at.get("score_threshold"):  # the score clause
         score, limit = at["score_level"][layer][head], at["score_threshold"][layer][head]
         if score is not None and limit is not None:
             walk += f", scores per unit rate {score:.3g} {'<' if score < limit else '>='} {limit:.3g}"
+            passes = passes and score < limit
     if at["converged"][layer][head]:
         what = "frozen" if frozen_at is not None else "converged"
         return f"{what} at epoch {at['epoch']}: recent {unit} <= {level:.3g} < threshold {threshold:.3g}{walk}"
-    return f"not settled: a recent {unit} {level:.3g} vs threshold {threshold:.3g}{walk}"
+    state = "stable, not yet for patience epochs in a row" if passes else "not settled"  # every clause holds, or not
+    return f"{state}: a recent {unit} {level:.3g} {'<' if passes else 'vs'} threshold {threshold:.3g}{walk}"
 
 
 def head_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

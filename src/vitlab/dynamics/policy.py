@@ -303,7 +303,8 @@ class DynamicsPolicy(PolicyState):
         drift = drift_images = two_epoch_mean = None
         if self.previous is not None:
             drift, drift_images, current, two_epoch_mean = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
-            common = min(current.shape[2], self.previous.shape[2])
+            # on the same images every epoch (the adaptive probe's first probe_min, else the whole probe)
+            common = min(current.shape[2], self.previous.shape[2], cfg.probe_min or current.shape[2])
             score = score_drift(current[:, :, :common], self.previous[:, :, :common]).mean(dim=-1)
             self.tracker.observe(drift, rate, score)  # every epoch: the relative rule's peak, the decay rules' history
             if cfg.mode == "schedule":
