@@ -131,7 +131,7 @@ def run_result(run: Path) -> dict[str, Any]:
     }
     epochs = rundir.metrics()
     if epochs:
-        keys = ["val/acc", "val/slot_k", "val/reversibility", "time/step_s"]
+        keys = ["val/acc", "val/slot_k", "val/reversibility", "time/step_s", "time/epoch_s", "step"]
         keys += sorted({k for e in epochs for k in e if k.startswith("train/k_frac_")})
         result["val_curve"] = {k: [e.get(k) for e in epochs] for k in keys if any(k in e for e in epochs)}
     grouping = rundir.json("grouping.json") or {}

@@ -1,0 +1,174 @@
+"""The fine-tuning protocol of issue 61 ("Freezing that pays"): pretrain once per seed, then fine-tune every freezing
+arm from those weights, same seeds, same epochs, same machine, interleaved; one small JSON per finished run.
+
+    python -m benchmarks.experiments.freeze_finetune --setting cross_p4_d4 --seeds 0 1 2 3 4 \
+        --runs /path/outside/the/tree --results benchmarks/results/experiments/freeze_finetune_cross_p4_d4_<cpu>_<date>
+
+Settings (``SETTINGS``): the transfer (``cross``: the 30k CIFAR-10 subset to 576 CelebA-32 faces, the fine-tuning
+recipe of docs/recipes.md; ``within``: CIFAR-10's classes 0-4 to 1,000 images of classes 5-9, the case in which the
+field reports that front layers are done early), the patch (4: 64 tokens; 2: 256 tokens at 32x32) and the depth
+(4 blocks, vit_pico's; 12, as the models users fine-tune). Arms (``ARMS``): no freezing; ViTCAE's eq. 26 head
+freezing under the response rule; layer freezing on the heads' signal, with and without the cache; an AutoFreeze-
+style arm (Liu et al. 2021: a layer's gradient-norm change rate); a FreezeOut-style arm (Brock et al. 2017: a fixed
+schedule by fraction of training); the first k layers frozen from the start. Each arm is one ``vitlab fit`` with
+overrides; the run order rotates with the seed so that a slow spell of a shared machine does not fall on one arm.
+
+Resumable: a finished run (``test_metrics.json``) is skipped, an interrupted one continues from ``last.ckpt``
+(``vitlab fit --resume``), and its results file is written as soon as it ends (the pretraining's export hash in it).
+The within-domain halves of CIFAR-10 are written next to the runs (``cifar10_a.npz``, ``cifar10_b.npz``) from
+``--data``'s ``cifar10.npz``. Summary: ``python -m benchmarks.reports.freeze_finetune_summary RESULTS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.experiments.run_result import run_result
+
+#: transfer -> (pretraining data file, fine-tuning data file, fine-tuning overrides)
+TRANSFERS = {
+    "cross": ("cifar10.npz", "celeba32_subset.npz", ["data.target=Male", "data.limit_train=576"]),
+    "within": ("cifar10_a.npz", "cifar10_b.npz", ["data.target=null", "data.limit_train=1000"]),
+}
+SETTINGS = {
+    f"{transfer}_p{patch}_d{depth}": (transfer, patch, depth)
+    for transfer in TRANSFERS
+    for patch in (4, 2)
+    for depth in (4, 12)
+}
+#: arm -> the overrides of ``vitlab fit`` on top of the fine-tuning config (docs/dynamics.md, "Layer freezing")
+ARMS = {
+    "none": ["dynamics=null"],  # no controller, no probe: what a user runs without freezing
+    "heads": ["model.temperature=true", "dynamics.mode=schedule", "dynamics.freeze=true"],
+    "layers": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=heads"],
+    "layers_cache": [
+        "dynamics.mode=fixed",
+        "dynamics.freeze=layers",
+        "dynamics.layer_signal=heads",
+        "dynamics.cache_frozen=true",
+    ],
+    "autofreeze": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=gradnorm"],
+    "freezeout": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=schedule"],
+    "static": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=static"],
+}
+
+
+def pretrain_name(transfer: str, patch: int, depth: int, seed: int) -> str:
+    source = "cifar10" if transfer == "cross" else "cifar10a"
+    return f"pre-{source}-p{patch}-d{depth}-s{seed}"
+
+
+def split_cifar10(data: Path, out: Path) -> None:
+    """CIFAR-10's classes 0-4 (``cifar10_a.npz``) and 5-9 (``cifar10_b.npz``, relabelled 0-4), train and test."""
+    source = np.load(data / "cifar10.npz")
+    for name, first in (("cifar10_a", 0), ("cifar10_b", 5)):
+        path = out / f"{name}.npz"
+        if path.exists():
+            continue
+        arrays = {}
+        for split in ("train", "test"):
+            keep = (source[f"y_{split}"] >= first) & (source[f"y_{split}"] < first + 5)
+            arrays[f"x_{split}"] = source[f"x_{split}"][keep]
+            arrays[f"y_{split}"] = (source[f"y_{split}"][keep] - first).astype(np.int64)
+        np.savez(out / f"{name}.tmp.npz", **arrays)
+        os.replace(out / f"{name}.tmp.npz", path)
+
+
+def fit(vitlab: str, run: Path, args: list[str]) -> float:
+    """Train ``run`` (or continue it); the wall seconds of this call (a resumed run adds its calls)."""
+    if (run / "test_metrics.json").exists():
+        return 0.0
+    resume = (run / "checkpoints" / "last.ckpt").exists()
+    command = [vitlab, "fit", "--resume", str(run)] if resume else [vitlab, "fit", *args, f"run.dir={run}"]
+    print(("resuming " if resume else "training ") + run.name, flush=True)
+    start = time.monotonic()
+    with open(f"{run}.log", "a") as log:
+        subprocess.run(
+            command, stdout=log, stderr=subprocess.STDOUT, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+    wall = time.monotonic() - start
+    walls = Path(f"{run}.wall")
+    walls.write_text(walls.read_text() + f"{wall:.2f}\n" if walls.exists() else f"{wall:.2f}\n")
+    return wall
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setting", choices=sorted(SETTINGS), required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--runs", type=Path, required=True, help="the run folders (outside the work tree)")
+    parser.add_argument("--results", type=Path, required=True, help="one <arm>-seed<k>.json per finished run")
+    parser.add_argument("--data", type=Path, default=Path("../shared/datasets"), help="the folder of cifar10.npz ...")
+    parser.add_argument("--epochs", type=int, default=30, help="fine-tuning epochs")
+    parser.add_argument("--vitlab", default=str(Path(sys.executable).with_name("vitlab")))
+    args = parser.parse_args()
+    transfer, patch, depth = SETTINGS[args.setting]
+    args.runs.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
+    split_cifar10(args.data, args.runs)
+    source, target, target_args = TRANSFERS[transfer]
+    locate = {name: (args.runs if name.startswith("cifar10_") else args.data) / name for name in (source, target)}
+    model = [f"model.patch_size={patch}", f"model.depth={depth}"]
+    common = ["trainer.enable_progress_bar=false", "run.report=false"]
+    for seed in args.seeds:
+        pretrain = args.runs / pretrain_name(transfer, patch, depth, seed)
+        fit(
+            args.vitlab,
+            pretrain,
+            [
+                "--config",
+                "finetune/cifar10_pretrain",
+                f"data.path={locate[source]}",
+                f"run.seed={seed}",
+                *model,
+                *common,
+            ],
+        )
+        weights = pretrain / "export" / "model.safetensors"
+        arms = args.arms[seed % len(args.arms) :] + args.arms[: seed % len(args.arms)]  # rotate the order per seed
+        for arm in arms:
+            out = args.results / f"{arm}-seed{seed}.json"
+            if out.exists():
+                continue
+            run = args.runs / f"ft-{args.setting}-{arm}-s{seed}"
+            fit(args.vitlab, run, [
+                "--config", "finetune/celeba32_male", f"data.path={locate[target]}", *target_args, *model,
+                f"model.pretrained={pretrain}", f"run.seed={seed}", f"trainer.max_epochs={args.epochs}",
+                *ARMS[arm], *common,
+            ])  # fmt: skip
+            walls = [float(w) for w in Path(f"{run}.wall").read_text().split()]
+            result = {
+                "experiment": f"freeze_finetune-{args.setting}",
+                "arm": arm,
+                "seed": seed,
+                "overrides": ARMS[arm],
+                "pretrained": {"run": pretrain.name, "sha256": sha256(weights)},
+                "fit_wall_s": sum(walls),
+                "fit_calls": len(walls),
+                **run_result(run),
+            }
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+            tmp.replace(out)
+            print(f"{arm} seed {seed}: test/acc {result['test'].get('test/acc'):.4f}, {sum(walls):.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Summary of benchmarks/experiments/freeze_finetune.py: every freezing arm against no freezing, paired by seed.
+
+    python -m benchmarks.reports.freeze_finetune_summary RESULTS [--json OUT]
+
+Per arm, over the seeds that finished both it and ``none``: the final (last epoch) and best-checkpoint test accuracy
+with the paired 95% t interval of the difference to ``none``; the fit's wall-clock seconds and their ratio to
+``none``'s (the geometric mean over seeds, with the paired interval of the log ratio); seconds per step; the time
+to reach ``none``'s final validation accuracy (the epochs' own seconds summed up to the first epoch whose validation
+accuracy reaches it, or "never"); the epoch at which each layer froze. The goal of issue 61: an arm inside [-1, +1]
+points of ``none``'s final accuracy (the whole interval) in at most 0.75 of its wall-clock time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+MARGIN = 1.0  # points: the registered equivalence margin of the goal
+GOAL_RATIO = 0.75
+
+
+def paired(a: list[float], b: list[float]) -> dict[str, Any]:
+    """Mean of a - b and its 95% paired t interval (None with fewer than 2 pairs)."""
+    diffs = np.subtract(a, b)
+    out: dict[str, Any] = {"diff": float(diffs.mean()), "n": len(diffs)}
+    if len(diffs) > 1:
+        half = stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / math.sqrt(len(diffs))
+        out["ci95"] = [float(diffs.mean() - half), float(diffs.mean() + half)]
+    return out
+
+
+def time_to_reach(record: dict[str, Any], target: float) -> float | None:
+    """Seconds of training epochs until the validation accuracy first reaches ``target``, or None."""
+    curve = record.get("val_curve", {})
+    elapsed = 0.0
+    for acc, seconds in zip(curve.get("val/acc", []), curve.get("time/epoch_s", []), strict=False):
+        elapsed += seconds or 0.0
+        if acc is not None and acc >= target:
+            return elapsed
+    return None
+
+
+def seconds_per_step(record: dict[str, Any]) -> float:
+    """The training steps' own seconds (``time/step_s`` is an epoch's sum) over the steps of the run."""
+    curve = record["val_curve"]
+    return float(sum(curve["time/step_s"]) / (curve["step"][-1] + 1))  # the logged step counts from 0
+
+
+def accuracy(record: dict[str, Any], which: str) -> float:
+    return 100 * record["test_last" if which == "final" else "test"]["test/acc"]
+
+
+def summarize(folder: Path) -> dict[str, Any]:
+    records: dict[str, dict[int, dict[str, Any]]] = {}
+    for path in sorted(folder.glob("*-seed*.json")):
+        record = json.loads(path.read_text())
+        records.setdefault(record["arm"], {})[record["seed"]] = record
+    base = records.get("none", {})
+    summary: dict[str, Any] = {"folder": str(folder), "arms": {}}
+    for arm, by_seed in records.items():
+        seeds = sorted(set(by_seed) & set(base)) if arm != "none" else sorted(by_seed)
+        if not seeds:
+            continue
+        row: dict[str, Any] = {"seeds": seeds}
+        for which in ("final", "best"):
+            values = [accuracy(by_seed[s], which) for s in seeds]
+            row[which] = {"mean": float(np.mean(values)), "values": values}
+            if arm != "none":
+                row[which] |= paired(values, [accuracy(base[s], which) for s in seeds])
+        row["fit_wall_s"] = [by_seed[s]["fit_wall_s"] for s in seeds]
+        row["step_s"] = [seconds_per_step(by_seed[s]) for s in seeds]
+        if arm != "none":
+            logs = [math.log(by_seed[s]["fit_wall_s"] / base[s]["fit_wall_s"]) for s in seeds]
+            ratio = paired(logs, [0.0] * len(logs))
+            row["wall_ratio"] = {"geomean": math.exp(ratio["diff"]), "values": [math.exp(v) for v in logs]}
+            if "ci95" in ratio:
+                row["wall_ratio"]["ci95"] = [math.exp(v) for v in ratio["ci95"]]
+            targets = [base[s]["val_curve"]["val/acc"][-1] for s in seeds]
+            row["time_to_none_final_val_s"] = [
+                time_to_reach(by_seed[s], t) for s, t in zip(seeds, targets, strict=True)
+            ]
+            interval = row["final"].get("ci95")
+            row["meets_goal"] = bool(
+                interval
+                and interval[0] >= -MARGIN
+                and interval[1] <= MARGIN
+                and row["wall_ratio"].get("ci95")
+                and row["wall_ratio"]["ci95"][1] <= GOAL_RATIO
+            )
+        row["frozen_per_layer"] = [by_seed[s].get("layer_freezing") for s in seeds]
+        summary["arms"][arm] = row
+    return summary
+
+
+def render(summary: dict[str, Any]) -> str:
+    lines = [
+        "| arm | seeds | final test acc | vs none (paired 95%) | best test acc | vs none | fit wall s | ratio to none "
+        "[95%] | s/step | meets goal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def interval(row: dict[str, Any]) -> str:
+        if "diff" not in row:
+            return ""
+        ci = row.get("ci95")
+        return f"{row['diff']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else " (1 seed: not tested)")
+
+    for arm, row in summary["arms"].items():
+        ratio = row.get("wall_ratio", {})
+        ci = ratio.get("ci95")
+        ratio_text = f"{ratio['geomean']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") if ratio else ""
+        lines.append(
+            f"| {arm} | {len(row['seeds'])} | {row['final']['mean']:.2f} | {interval(row['final'])} | "
+            f"{row['best']['mean']:.2f} | {interval(row['best'])} | {np.mean(row['fit_wall_s']):.0f} | {ratio_text} | "
+            f"{np.mean(row['step_s']):.3f} | {'yes' if row.get('meets_goal') else '' if arm == 'none' else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    summary = summarize(args.results)
+    print(render(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
