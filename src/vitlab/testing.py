@@ -21,6 +21,7 @@ command needs"). A generative model (``GenerativeModel``) is checked against tim
 from __future__ import annotations
 
 import fnmatch
+import os
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +33,7 @@ from vitlab.config import RunConfig, build_config
 from vitlab.config.model import model_options
 from vitlab.errors import ModelOptionError
 from vitlab.export import export_model, load_model
-from vitlab.family import builtin, families, presets
+from vitlab.family import ENTRY_POINT_GROUP, NO_PLUGINS_ENV, builtin, families, presets
 from vitlab.models.builder import create_model
 from vitlab.models.contract import feature_extractor
 from vitlab.models.protocols import GenerativeModel
@@ -43,11 +44,30 @@ from vitlab.training.run import build_task
 BATCH = 2
 
 
+class FamilyNotLoadedError(LookupError):
+    """The kit was asked for a family that is not loaded, or for presets it does not have: a test parametrized over
+    nothing would pass while checking nothing, so the kit fails closed (issue 62)."""
+
+
 def family_presets(family: str, pattern: str = "*") -> list[str]:
-    """The presets of the family named ``family`` matching the glob ``pattern``, sorted."""
-    return sorted(
+    """The presets of the family named ``family`` matching the glob ``pattern``, sorted; :class:`FamilyNotLoadedError`
+    naming the family and why when it is not loaded or none of its presets matches."""
+    if family not in {f.name for f in families()}:
+        why = (
+            f"{NO_PLUGINS_ENV}={os.environ[NO_PLUGINS_ENV]} switches plug-ins off: unset it"
+            if os.environ.get(NO_PLUGINS_ENV, "") not in ("", "0")
+            else f"no installed distribution declares it in the entry-point group {ENTRY_POINT_GROUP}, or it failed "
+            "to load (see the PluginWarning above): pip install the plug-in"
+        )
+        raise FamilyNotLoadedError(
+            f"vitlab.testing: the family {family!r} is not loaded ({why}); the kit checks nothing"
+        )
+    names = sorted(
         n for n, (f, _) in presets().items() if f is not None and f.name == family and fnmatch.fnmatch(n, pattern)
     )
+    if not names:
+        raise FamilyNotLoadedError(f"vitlab.testing: the family {family!r} has no preset matching {pattern!r}")
+    return names
 
 
 def builtin_presets(pattern: str = "*") -> list[str]:

@@ -4,6 +4,7 @@ that breaks the contract fails it; and vitlab's own suite, with both installed, 
 and passes."""
 
 import importlib
+import re
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from torch import nn
 from plugin_fixtures import PLUGINS, ROOT, install_plugin, plugin_env
 from vitlab.family import Family, families, register_family, unregister_family
 from vitlab.models.registry import _REGISTRY
-from vitlab.testing import CONTRACT, builtin_presets, check_training_step, family_presets
+from vitlab.testing import CONTRACT, FamilyNotLoadedError, builtin_presets, check_training_step, family_presets
 from vitlab.training.tasks import ClassificationTask
 
 TOYS = {"toy_mixer": "vitlab_toy_mixer", "toy_convmixer": "vitlab_toy_convmixer"}
@@ -96,3 +97,17 @@ def test_the_suite_runs_over_the_built_in_families_and_passes_with_plugins_insta
     assert ids[0] == ids[1] and any("[vit_pico]" in line for line in ids[0])
     run = _pytest(installed, *RUN)
     assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_the_kit_fails_closed_on_a_family_that_is_not_loaded(monkeypatch):
+    """A kit test parametrized over an absent family's presets would report "skipped" and pass: it must fail, naming
+    the family and why (issue 62)."""
+    monkeypatch.delenv("VITLAB_NO_PLUGINS", raising=False)
+    with pytest.raises(FamilyNotLoadedError, match=r"'mixer' is not loaded \(no installed distribution"):
+        family_presets("mixer")
+    monkeypatch.setenv("VITLAB_NO_PLUGINS", "1")
+    with pytest.raises(FamilyNotLoadedError, match="VITLAB_NO_PLUGINS=1 switches plug-ins off"):
+        family_presets("mixer")
+    with pytest.raises(FamilyNotLoadedError, match=re.escape("'vitcae' has no preset matching 'nothing_*'")):
+        family_presets("vitcae", "nothing_*")
+    assert "vitcae_pico" in family_presets("vitcae")
