@@ -35,6 +35,9 @@ from vitlab.model_catalogue import CORE_MODELS, PRESETS
 ENTRY_POINT_GROUP = "vitlab.families"
 #: the package whose sub-packages are the built-in families
 BUILTIN_PACKAGE = "vitlab.families"
+#: the version of the family API this vitlab implements (CHANGELOG.md lists each version's changes): a family declared
+#: for a later one is refused in one line; one written for API 1 works, with a deprecation line for each old call
+FAMILY_API = 2
 #: set to 1 to load no plug-in (no entry point of :data:`ENTRY_POINT_GROUP`)
 NO_PLUGINS_ENV = "VITLAB_NO_PLUGINS"
 
@@ -92,6 +95,7 @@ class Family:
     ``evaluation``: the metrics ``vitlab evaluate`` takes of a ``SlotAssigner``'s assignment ``S`` (a module, or an
     object, with ``image_metrics(S) -> {name: [B]}`` and ``report(metrics, labels, class_accuracy, class_names, seed)
     -> dict``, the ``assignment`` section of ``evaluation.json``); empty: none.
+    ``api``: the family API it is written for (:data:`FAMILY_API`, the default; CHANGELOG.md).
     ``bench_objective``: the training loss ``vitlab bench`` times for its models (``"module:function"``,
     ``(model, x, y) -> scalar``), what its task computes with the loss section's defaults; empty: the cross-entropy
     of the model's output, as for every classifier.
@@ -107,6 +111,7 @@ class Family:
     explainer: str | Any = ""
     evaluation: str | Any = ""
     bench_objective: str | Any = ""
+    api: int = FAMILY_API
 
     def model_classes(self) -> tuple[type, ...]:
         return tuple(resolve(ref) for ref in self.models)
@@ -161,6 +166,11 @@ def register_family(family: Family) -> Family:
         if _FAMILIES[family.name] == family:
             return family
         raise FamilyError(f"family {family.name!r} is registered twice")
+    if family.api > FAMILY_API:
+        raise FamilyError(
+            f"the family {family.name!r} is written for vitlab's family API {family.api}, and this vitlab implements "
+            f"API {FAMILY_API}: upgrade vitlab (pip install -U vitlab) or use an older release of the plug-in"
+        )
     _check_presets(family)
     _FAMILIES[family.name] = family
     return family
@@ -177,16 +187,14 @@ def error_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
-def plugin_failed(what: str, error: BaseException) -> None:
-    """One :class:`PluginWarning` line (once per ``what``): a plug-in is left out, and how to fix or switch it off."""
+def plugin_failed(what: str, error: BaseException, left_out: bool = True) -> None:
+    """One :class:`PluginWarning` line (once per ``what``): a plug-in is left out (or, ``left_out=False``, uses a
+    deprecated part of the family API), and how to fix or switch it off."""
     if what in _warned:
         return
     _warned.add(what)
-    warnings.warn(
-        f"{what} is left out ({error_line(error)}); fix or uninstall it, or set {NO_PLUGINS_ENV}=1",
-        PluginWarning,
-        stacklevel=3,
-    )
+    message = f"{what} is left out ({error_line(error)}); fix or uninstall it, or set {NO_PLUGINS_ENV}=1"
+    warnings.warn(message if left_out else f"{what}: {error}", PluginWarning, stacklevel=3)
 
 
 def _origin(entry_point: EntryPoint) -> str:

@@ -51,3 +51,19 @@ def test_a_typo_in_the_model_or_loss_of_any_task_exits_2_before_torch_without_a_
     assert message in out.stderr and len(out.stderr.strip().splitlines()) <= 2  # the error and the debug hint
     assert loaded == [], f"{override} was refused only after importing {loaded}"
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
+
+
+def test_unknown_model_says_when_plugins_are_switched_off(monkeypatch):
+    """A plug-in's preset is unknown while VITLAB_NO_PLUGINS is set: the message says so (issue 62)."""
+    from vitlab.config.model import model_class_name
+    from vitlab.errors import UnknownModelError
+    from vitlab.models.registry import get_preset
+
+    monkeypatch.setenv("VITLAB_NO_PLUGINS", "1")
+    for lookup in (lambda: model_class_name({"name": "mixer_pico"}), lambda: get_preset("mixer_pico")):
+        with pytest.raises(UnknownModelError, match=r"Plug-ins are switched off \(VITLAB_NO_PLUGINS=1\)"):
+            lookup()
+    monkeypatch.delenv("VITLAB_NO_PLUGINS")
+    with pytest.raises(UnknownModelError) as error:
+        model_class_name({"name": "mixer_pico"})
+    assert "switched off" not in str(error.value)

@@ -30,7 +30,7 @@ def test_a_plugin_family_fits_evaluates_and_exports_from_the_command_line(plugin
     fit = _vitlab(
         plugin_env,
         "fit",
-        "model.name=mixer_pico",
+        "model.name=toy_mixer_pico",
         "loss.logit_penalty=0.01",
         "data.name=imagefolder",
         f"data.path={tmp_path / 'data'}",
@@ -78,24 +78,24 @@ def test_a_plugin_family_fits_evaluates_and_exports_from_the_command_line(plugin
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("model.name=mixer_pic", "unknown model 'mixer_pic'. Did you mean mixer_pico"),
-        ("model.dimm=8", "model 'mixer_pico' (ToyMixer) has no option 'dimm'. Did you mean dim?"),
+        ("model.name=toy_mixer_pic", "unknown model 'toy_mixer_pic'. Did you mean toy_mixer_pico"),
+        ("model.dimm=8", "model 'toy_mixer_pico' (ToyMixer) has no option 'dimm'. Did you mean dim?"),
         ("loss.logit_penalti=1", "unknown config key 'loss.logit_penalti'"),
         ("loss.lambda_ei=0.9", "loss.lambda_ei"),
     ],
 )
 def test_the_config_check_stays_strict_with_a_plugin_family(plugin_env, tmp_path, override, message):
-    out = _vitlab(plugin_env, "fit", "model.name=mixer_pico", override, f"run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    out = _vitlab(plugin_env, "fit", "model.name=toy_mixer_pico", override, f"run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert not (tmp_path / "run").exists()
 
 
 def test_list_models_lists_the_plugin_familys_presets_without_torch(plugin_env, tmp_path):
     code = (
-        "import sys; from vitlab.cli.main import main; main(['list-models', 'mixer_*']); print('torch' in sys.modules)"
+        "import sys; from vitlab.cli.main import main; main(['list-models', 'toy_mixer_*']); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=plugin_env, cwd=tmp_path)
     assert out.stdout.splitlines() == [
-        f"{'mixer_pico':24s} toy MLP-Mixer, width 16, depth 2 (8x8 one-channel images)",
+        f"{'toy_mixer_pico':24s} toy MLP-Mixer, width 16, depth 2 (8x8 one-channel images)",
         "False",
     ]

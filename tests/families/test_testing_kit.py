@@ -111,3 +111,26 @@ def test_the_kit_fails_closed_on_a_family_that_is_not_loaded(monkeypatch):
     with pytest.raises(FamilyNotLoadedError, match=re.escape("'vitcae' has no preset matching 'nothing_*'")):
         family_presets("vitcae", "nothing_*")
     assert "vitcae_pico" in family_presets("vitcae")
+
+
+#: a third-party plug-in with an obvious preset name, such as a real MLP-Mixer package would declare
+THIRD_PARTY = """from vitlab.family import Family
+from vitlab.training.tasks import ClassificationTask
+
+FAMILY = Family(
+    name="mixer",
+    models=(),
+    task=ClassificationTask,
+    presets={"mixer_pico": ("VisionTransformer", "a third party's preset", dict(embed_dim=16, depth=1, num_heads=2))},
+)
+"""
+
+
+@pytest.mark.slow  # pytest in a subprocess
+def test_the_suite_is_hermetic_with_a_third_party_plugin_installed(tmp_path):
+    """vitlab's own toy families take names no plug-in would (issue 62: a plug-in declaring ``mixer_pico`` gave the
+    suite 6 errors, its toy family clashing with it)."""
+    site = install_plugin(tmp_path / "site", "vitlab-mixer", "mixer", "vitlab_mixer:FAMILY",
+                          {"vitlab_mixer.py": THIRD_PARTY})  # fmt: skip
+    run = _pytest(plugin_env(site), "tests/families/test_testing_kit.py", "-k", "contract_over_its_presets")
+    assert run.returncode == 0 and "6 passed" in run.stdout, run.stdout[-3000:]

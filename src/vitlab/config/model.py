@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import os
 import typing
 from collections.abc import Callable
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 from vitlab.config.coerce import typed_mapping
 from vitlab.errors import ConfigError, FamilyError, ModelOptionError, UnknownModelError
-from vitlab.family import Family, families, presets
+from vitlab.family import NO_PLUGINS_ENV, Family, families, presets
 
 #: model keys that are no constructor option
 MODEL_KEYS = ("name", "pretrained")
@@ -223,6 +224,17 @@ def model_options(class_name: str) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(options)) if options is not None else ()
 
 
+def unknown_model(name: str, known: typing.Iterable[str]) -> UnknownModelError:
+    """The one-line error for a model name no preset has: the closest names, and whether plug-ins are switched off
+    (their presets are then unknown too)."""
+    close = difflib.get_close_matches(name, list(known), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    if os.environ.get(NO_PLUGINS_ENV, "") not in ("", "0"):
+        off = f"{NO_PLUGINS_ENV}={os.environ[NO_PLUGINS_ENV]}"
+        hint += f" Plug-ins are switched off ({off}): a plug-in's model needs it unset."
+    return UnknownModelError(f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model.")
+
+
 def model_class_name(model: Any) -> str:
     """The class name of the preset ``model["name"]``, after checking the section's keys (each an option of that class,
     or ``name`` / ``pretrained``).
@@ -237,9 +249,7 @@ def model_class_name(model: Any) -> str:
         return TIMM_CLASS
     presets = catalogue()
     if name not in presets:
-        close = difflib.get_close_matches(str(name), list(presets), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UnknownModelError(f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model.")
+        raise unknown_model(str(name), presets)
     cls = presets[name][0]
     valid = model_options(cls)
     for key in model:

@@ -12,16 +12,16 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from torch import nn
 
-from vitlab.config.model import TIMM_PREFIX
-from vitlab.errors import FamilyError, ModelOptionError, UnknownModelError
-from vitlab.family import Family, error_line, origin, presets, resolve
+from vitlab.config.model import TIMM_PREFIX, unknown_model
+from vitlab.errors import FamilyError, ModelOptionError
+from vitlab.family import FAMILY_API, Family, error_line, origin, plugin_failed, presets, resolve
 from vitlab.model_catalogue import CORE_MODELS
 from vitlab.models.timm_models import create_timm_model, timm_architecture
 
@@ -44,11 +44,26 @@ class Preset:
 _REGISTRY: dict[str, Preset] = {}
 
 
-def register_preset(name: str, cls: type[nn.Module], description: str = "", **kwargs: Any) -> None:
-    if name in _REGISTRY:
-        raise ValueError(f"model preset {name!r} is registered twice")
-    _check_kwargs(cls, kwargs, name)
+def _register(name: str, cls: type[nn.Module], description: str, kwargs: Mapping[str, Any]) -> None:
+    _check_kwargs(cls, dict(kwargs), name)
     _REGISTRY[name] = Preset(name, cls, dict(kwargs), description)
+
+
+def register_preset(name: str, cls: type[nn.Module], description: str = "", **kwargs: Any) -> None:
+    """Family API 1's way to declare a preset (a plug-in's model module called it on import), kept so that such a
+    plug-in still works: one :class:`~vitlab.family.PluginWarning` line says what to change. Since API 2 the family's
+    preset table holds the constructor arguments (docs/writing_a_family.md, "Upgrading a plug-in")."""
+    plugin_failed(
+        "register_preset (family API 1)",
+        DeprecationWarning(
+            f"deprecated since family API {FAMILY_API}: move each preset's arguments into the family's preset table "
+            f"(first {name!r}: (class name, description, dict(...))) and drop the calls (docs/writing_a_family.md, "
+            "'Upgrading a plug-in')"
+        ),
+        left_out=False,
+    )
+    if name not in _REGISTRY:
+        _register(name, cls, description, kwargs)
 
 
 def _model_class(family: Family | None, model: str) -> type[nn.Module]:
@@ -83,13 +98,11 @@ def get_preset(name: str) -> Preset:
     if name not in _REGISTRY:
         namespace = presets()
         if name not in namespace:
-            close = difflib.get_close_matches(name, [*namespace, *_REGISTRY], n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise UnknownModelError(
-                f"unknown model {name!r}.{hint} `vitlab list-models` prints every registered model."
-            )
+            raise unknown_model(name, [*namespace, *_REGISTRY])
         family, row = namespace[name]
-        register_preset(name, _model_class(family, row.model), row.description, **row.kwargs)
+        cls = _model_class(family, row.model)  # an API-1 plug-in's module registers its presets as it is imported
+        if name not in _REGISTRY:
+            _register(name, cls, row.description, row.kwargs)
     return _REGISTRY[name]
 
 

@@ -6,7 +6,7 @@ from vitlab.config.model import ImageModelOptions
 
 #: preset name -> (model class, description, constructor arguments)
 PRESETS = {
-    "convmixer_pico": (
+    "toy_convmixer_pico": (
         "ToyConvMixer",
         "toy ConvMixer, width 8, depth 2, kernel 3 (8x8 one-channel images)",
         dict(img_size=8, patch_size=2, in_chans=1, dim=8, depth=2, kernel_size=3),

@@ -6,7 +6,7 @@ from vitlab.config.model import ImageModelOptions
 
 #: preset name -> (model class, description, constructor arguments)
 PRESETS = {
-    "mixer_pico": (
+    "toy_mixer_pico": (
         "ToyMixer",
         "toy MLP-Mixer, width 16, depth 2 (8x8 one-channel images)",
         dict(img_size=8, patch_size=2, in_chans=1, dim=16, depth=2),
