@@ -193,9 +193,8 @@ class ResponseRule:
     """The head's attention no longer responds to its updates: its drift per unit of learning rate has fallen
     (the decay test on ``d_t / lr_t``, with ``response_ratio``), so has its score drift per unit rate (``score_ratio``)
     (:func:`~vitlab.diagnostics.dynamics.score_drift`, where measured: a saturating softmax whose logits keep walking
-    is not settled), its movement no longer accumulates (the noise rule's directedness below ``rho``), and over the
-    last ``lag`` epochs it has not moved one way by more than its jitter, or that movement has slowed
-    (:meth:`ConvergenceTracker.lag_still`, where measured). A schedule that shrinks every step shrinks drift and rate
+    is not settled), its movement no longer accumulates (the noise rule's directedness below ``rho``), nor over
+    ``lag`` epochs (:meth:`ConvergenceTracker.lag_still`). A schedule that shrinks every step shrinks drift and rate
     together, so it settles no head by itself."""
 
     needs_directedness: ClassVar[bool] = True
@@ -387,11 +386,9 @@ class ConvergenceTracker:
         return series[-w:].amax(0), series[:-w].quantile(0.5, dim=0)
 
     def lag_still(self) -> torch.Tensor:
-        """The lag clause, ``[L, H]`` bool: in each of the last ``decay_window`` epochs the head's movement over the
-        last ``lag`` epochs was below ``lag_ratio`` of its jitter, or its speed per unit rate has fallen below
-        ``response_ratio`` of its median in the earlier epochs whose movement was above it (a slow-down of a movement
-        that was seen, not a jitter that fell). Not judged (True) without ``lag`` or before any measurement
-        (:meth:`observe`'s ``lagged``); once measured, False until ``decay_window`` epochs have it."""
+        """The lag clause, ``[L, H]`` bool: in the last ``decay_window`` epochs the head moved over ``lag`` epochs by
+        less than ``lag_ratio`` of its jitter, or its speed per unit rate fell below ``response_ratio`` of its median
+        in the earlier epochs whose movement was above it. True without ``lag`` or any ``lagged`` (:meth:`observe`)."""
         w, grid = self.decay_window, (self.num_layers, self.num_heads)
         if self.lag == 0 or not self.lag_seen:
             return torch.ones(grid, dtype=torch.bool)
