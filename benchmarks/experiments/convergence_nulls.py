@@ -21,15 +21,23 @@ controller does) goes through :class:`vitlab.diagnostics.convergence.Convergence
 - ``jitter``: fresh ``N(0, step^2)`` noise around fixed logits each epoch (movement that goes nowhere);
 - ``saturating_walk``: a shared walk with large steps (1.0): the softmax saturates, so the drift falls while the
   logits keep moving (issue 53);
+- ``fading_trend``: a steady movement of the logits one way (a shared direction, ``step / 60`` an epoch) under fresh
+  jitter that falls from ``step`` to ``step / 30`` (``1/30 + 29/30 * 0.75^t`` of it): each epoch it moves by less
+  than that epoch's noise, and the drift falls with the noise (issue 61);
 - ``settle_move``: the decay control until epoch 24, then a constant-speed move to a third pattern: a head that pauses
   and moves again, judged by whether it is still frozen at epoch 40 (``thaw``; ``dynamics.thaw``).
 
 ``--schedule`` scales every process's step per epoch as a learning-rate schedule would (``constant``, ``cosine`` to 0,
 ``step`` x0.1 at epochs 14 and 27, ``plateau`` x0.5 at epochs 14 and 27, ``warmup_cosine``: 3 epochs of linear
-warm-up, then cosine), AdamW's rate for the attention walk, and the time of the decay control's approach; the
-``response`` rule reads the drift and the score drift (:func:`vitlab.diagnostics.dynamics.score_drift`, as the
-controller measures it) per unit of that rate. ``response_update`` (attention processes only) divides by
-each head's own update instead, ``||delta W_q,h|| + ||delta W_k,h||`` over the epoch: measured beside it to choose.
+warm-up, then cosine, ``sgdr``: cosine with warm restarts every 10 epochs, Loshchilov and Hutter, ICLR 2017), AdamW's
+rate for the attention walk, and the time of the decay control's approach; the ``response`` rule reads the drift and
+the score drift (:func:`vitlab.diagnostics.dynamics.score_drift`, as the controller measures it) per unit of that
+rate, and the score MSDs over 1 and ``lag`` epochs (:class:`vitlab.diagnostics.trend.LagWindow`, its lag clause).
+``response_update`` (attention processes only) divides by each head's own update instead, ``||delta W_q,h|| +
+||delta W_k,h||`` over the epoch: measured beside it to choose. ``response+lag``, ``response-score`` and
+``response-directedness``: the default rule with the lag clause, without the score clause, without the directedness.
+The nulls are open-loop: the paths never change when a head is called converged (nothing is frozen), so a decision
+never feeds back into the movement it judges.
 
 Positive controls: ``decay`` (the distributions approach a second pattern geometrically, ``1 - q^t``, under a
 jitter floor: the head settles; its *floor epoch* is the first at which the approach's own drift is below the
@@ -56,11 +64,12 @@ from vitlab.atomic import atomic_write_text
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.convergence import ConvergenceTracker, calibrate_rho, directedness
 from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost, score_drift
+from vitlab.diagnostics.trend import LagWindow
 from vitlab.environment import environment
 
 EPOCHS, BURN_IN, PATIENCE = 40, 5, 3
 SETTINGS = (((4, 4), 144), ((8, 8), 64), ((16, 16), 16))  # digits/MNIST probe, CelebA-32, a 256-token grid
-NULLS = ("independent_walk", "shared_walk", "heavy_walk", "attention_walk", "jitter", "saturating_walk")
+NULLS = ("independent_walk", "shared_walk", "heavy_walk", "attention_walk", "jitter", "saturating_walk", "fading_trend")
 CONTROLS = ("decay", "directed", "attention_settle", "settle_move")
 # the attention walk's learning rates; the decay's q; the share of the path the directed motion covers in 40 epochs
 STEPS = {
@@ -73,6 +82,10 @@ STEPS = {
 }
 DEFAULT_STEPS = (0.03, 0.3)
 RULES = ("response", "decay", "noise", "relative")
+#: the default rule with the lag clause (``response+lag``: ``lag`` LAG epochs, ``lag_ratio`` LAG_RATIO) or less one
+#: clause (``-score``: no score clause; ``-directedness``: no directedness clause), to measure what each clause stops
+ABLATIONS = ("response+lag", "response-score", "response-directedness")
+LAG, LAG_RATIO = 6, 0.5
 ATTENTION = ("attention_walk", "attention_settle")
 MOVE_AT = 25  # settle_move: the epoch its second movement starts
 
@@ -95,10 +108,12 @@ def schedule(name: str, epochs: int = EPOCHS) -> torch.Tensor:
     if name == "warmup_cosine":
         warm = 3
         return torch.where(t < warm, t / warm, _cosine(t - warm, epochs - warm))
+    if name == "sgdr":
+        return _cosine(t % 10, 10)
     raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
 
 
-SCHEDULES = ("constant", "cosine", "step", "plateau", "warmup_cosine")
+SCHEDULES = ("constant", "cosine", "step", "plateau", "warmup_cosine", "sgdr")
 
 
 def paths(
@@ -121,6 +136,11 @@ def paths(
         chi2 = torch.randn(EPOCHS, 1, 1, 3, **o).pow(2).sum(-1)
         t = torch.randn(EPOCHS, 1, n, **o) / (chi2 / 3).sqrt() / math.sqrt(3)
         logits = torch.cat([base[None], base + (step * scale * t).cumsum(0)])
+    elif kind == "fading_trend":
+        direction, noise = torch.randn(1, n, **o), step * (1 / 30 + 29 / 30 * 0.75 ** torch.arange(EPOCHS + 1.0))
+        moved = torch.cat([torch.zeros(1, dtype=torch.float64), rate.cumsum(0)])[:, None, None] * step / 60
+        jitter = (noise * torch.cat([torch.ones(1, dtype=torch.float64), rate]))[:, None, None]
+        logits = base + moved * direction + jitter * torch.randn(EPOCHS + 1, images, n, **o)
     elif kind == "jitter":
         logits = base + step * torch.cat([torch.ones(1, 1, 1, dtype=torch.float64), scale]) * torch.randn(
             EPOCHS + 1, images, n, **o
@@ -204,13 +224,17 @@ class _Wrap(torch.nn.Module):
         return self.attn(x)
 
 
-def drifts(p: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def drifts(p: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """One head's path ``[EPOCHS + 1, images, N]`` -> its drifts ``d(t-1, t)`` (t = 1..EPOCHS) and ``d(t-2, t)``
-    (t = 2..EPOCHS) and its score drifts (t = 1..EPOCHS), each averaged over the images as the controller does."""
+    (t = 2..EPOCHS) and its score drifts (t = 1..EPOCHS), each averaged over the images as the controller does, and
+    its score MSDs over 1 and ``lag`` epochs ``[EPOCHS, 2]`` (:class:`LagWindow`, as the controller measures them)."""
+    window = LagWindow(DynamicsConfig().lag or LAG)
+    lagged = torch.stack([window.push(epoch[None, None]).flatten() for epoch in p])[1:]
     return (
         attention_drift(p[:-1], p[1:], cost).mean(-1),
         attention_drift(p[:-2], p[2:], cost).mean(-1),
         score_drift(p[1:], p[:-1]).mean(-1),
+        lagged,
     )
 
 
@@ -220,8 +244,8 @@ def decisions(
     """Run the tracker over one head's :func:`drifts` as the controller does, the drift of epoch ``t`` observed
     with ``rate[t - 1]`` (the response rule's unit); ``options``: ``DynamicsConfig`` fields other than the defaults."""
     cfg = DynamicsConfig(**options)
-    drift, two, score = measured
-    tracker_rule = "response" if rule == "response_update" else rule
+    drift, two, score, lagged = measured
+    tracker_rule = "response" if rule == "response_update" or rule in ABLATIONS else rule
     tracker = ConvergenceTracker(
         1,
         1,
@@ -236,16 +260,20 @@ def decisions(
         decay_window=cfg.decay_window,
         response_ratio=cfg.response_ratio,
         score_ratio=cfg.score_ratio,
+        lag=LAG if rule == "response+lag" else cfg.lag,
+        lag_ratio=LAG_RATIO if rule == "response+lag" else cfg.lag_ratio,
     )
     stable, deciding, converged_at, converged = 0, 0, None, torch.zeros(1, 1, dtype=torch.bool)
     ones = torch.ones(1, 1)
     for epoch in range(1, EPOCHS + 1):
         d = drift[epoch - 1].view(1, 1)
-        tracker.observe(d, float(rate[epoch - 1]), score[epoch - 1].view(1, 1))
+        scored = None if rule == "response-score" else score[epoch - 1].view(1, 1)
+        tracker.observe(d, float(rate[epoch - 1]), scored, lagged[epoch - 1].view(2, 1, 1))
         if epoch < BURN_IN:
             continue
         before = tracker.streak.clone()
         r = None if epoch < 2 else directedness(two[epoch - 2], drift[epoch - 2], drift[epoch - 1]).view(1, 1)
+        r = torch.zeros(1, 1) if rule == "response-directedness" else r
         converged = tracker.decide(d, ones, r)
         if epoch > BURN_IN:  # the first decision only records tau
             deciding += 1
@@ -292,7 +320,7 @@ def run(runs: int, settings: tuple, quick: bool, name: str = "constant", verbose
                     heads += [(p[:, h], None if updates is None else updates[:, h]) for h in range(p.shape[1])]
                 floors = jitter_floor(grid, images, cost, g, rate) if kind == "decay" else None
                 measured = [drifts(h, cost) for h, _ in heads]
-                variants = [(rule, False) for rule in RULES]
+                variants = [(rule, False) for rule in RULES + ABLATIONS]
                 variants += [("response_update", False)] if kind in ATTENTION else []
                 variants += [("response", True)] if kind == "settle_move" else []
                 for rule, thaw in variants:
@@ -327,6 +355,7 @@ def table(result: dict[str, Any]) -> str:
     converged by epoch 40 (a null's must stay under 5% and 0%), and for the decay control the latest convergence
     after its floor; settle_move: the share still converged at epoch 40 (through its second movement)."""
     rules = sorted({r["rule"] for r in result["rows"]}, key=lambda r: (r.split("+")[0] not in RULES, r))
+    rules = [r for r in rules if r not in ABLATIONS]
     lines = [
         "| process | schedule | " + " | ".join(f"{rule}: stable / converged" for rule in rules) + " |",
         "|---|---|" + "---|" * len(rules),
@@ -404,7 +433,16 @@ def main(argv: list[str] | None = None) -> int:
             "patience": PATIENCE,
             "defaults": {
                 k: getattr(DynamicsConfig(), k)
-                for k in ("convergence", "decay_ratio", "decay_window", "response_ratio", "score_ratio", "thaw")
+                for k in (
+                    "convergence",
+                    "decay_ratio",
+                    "decay_window",
+                    "response_ratio",
+                    "score_ratio",
+                    "lag",
+                    "lag_ratio",
+                    "thaw",
+                )
             },
             "runs": args.runs,
             "seconds": time.perf_counter() - start,

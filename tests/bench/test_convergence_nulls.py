@@ -35,9 +35,16 @@ def _measured(kind: str, step: float, name: str, runs: int = 3, images: int = IM
     return [drifts(h, COST) for h in heads]
 
 
+# fading_trend (issue 61): the default rule freezes it, the lag clause (off by default) is not yet strong enough at
+# its epoch (docs/dynamics.md, "The lag clause"); strict, so that the day it passes the mark must go
+_OPEN = pytest.mark.xfail(strict=True, reason="a steady sub-noise trend under falling noise is still frozen")
+
+
 @pytest.mark.parametrize("name", SCHEDULES)
 # attention_walk is the slow one (a real Attention under AdamW): its rows are in the results file
-@pytest.mark.parametrize("kind", [k for k in NULLS if k != "attention_walk"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=_OPEN) if k == "fading_trend" else k for k in NULLS if k != "attention_walk"]
+)
 def test_no_null_process_is_called_converged_by_the_default_rule_under_any_schedule(kind, name):
     step = STEP.get(kind, 0.3)
     results = [decisions(m, "response", RHO, step * schedule(name)) for m in _measured(kind, step, name)]

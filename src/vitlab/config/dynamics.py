@@ -60,6 +60,8 @@ class DynamicsConfig:
     decay_window: int = 3
     response_ratio: float = 0.35
     score_ratio: float = 0.5
+    lag: int = 0
+    lag_ratio: float = 0.5
     thaw: bool = False
     eps_d: float = 0.0125
     eps_tau: float = 0.05
@@ -120,6 +122,13 @@ class DynamicsConfig:
             problems.append(
                 "dynamics.score_ratio must be in (0, 1) (a fraction of the head's earlier score drift per unit rate), "
                 f"got {self.score_ratio!r}"
+            )
+        if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag == 1 or self.lag < 0:
+            problems.append(f"dynamics.lag must be 0 (no lag clause) or an integer >= 2 (epochs), got {self.lag!r}")
+        if not _is_number(self.lag_ratio) or not self.lag_ratio > 0:
+            problems.append(
+                "dynamics.lag_ratio must be > 0 (a head's movement over dynamics.lag epochs as a share of its "
+                f"jitter), got {self.lag_ratio!r}"
             )
         if not isinstance(self.thaw, bool):
             problems.append(f"dynamics.thaw must be true or false, got {self.thaw!r}")

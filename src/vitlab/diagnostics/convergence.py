@@ -17,6 +17,7 @@ import torch
 
 from vitlab.config.dynamics import CONVERGENCE_RULES, TAU_CLAUSES
 from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost
+from vitlab.diagnostics.trend import lag_series
 
 DRIFT_KINDS = ("directed", "random_walk", "jitter")
 
@@ -192,8 +193,9 @@ class ResponseRule:
     """The head's attention no longer responds to its updates: its drift per unit of learning rate has fallen
     (the decay test on ``d_t / lr_t``, with ``response_ratio``), so has its score drift per unit rate (``score_ratio``)
     (:func:`~vitlab.diagnostics.dynamics.score_drift`, where measured: a saturating softmax whose logits keep walking
-    is not settled), and its movement no longer accumulates (the noise rule's directedness below ``rho``). A schedule
-    that shrinks every step shrinks drift and rate together, so it settles no head by itself."""
+    is not settled), its movement no longer accumulates (the noise rule's directedness below ``rho``), nor over
+    ``lag`` epochs (:meth:`ConvergenceTracker.lag_still`). A schedule that shrinks every step shrinks drift and rate
+    together, so it settles no head by itself."""
 
     needs_directedness: ClassVar[bool] = True
 
@@ -207,7 +209,7 @@ class ResponseRule:
         scores, reference = tracker.decay_level(per_rate=True, scores=True)
         # the scores (a softmax's logits) have slowed too; not judged where they were not measured
         scores_still = ~(scores.isfinite() & reference.isfinite()) | (scores < tracker.score_ratio * reference)
-        still = (level < self.threshold(tracker)) & scores_still
+        still = (level < self.threshold(tracker)) & scores_still & tracker.lag_still()
         return still & (tracker._as_grid(directedness, "directedness") < tracker.rho)
 
 
@@ -285,6 +287,8 @@ class ConvergenceTracker:
         response_ratio: float = 0.35,
         score_ratio: float = 0.5,
         thaw: bool = False,
+        lag: int = 0,
+        lag_ratio: float = 1.0,
     ) -> None:
         if num_layers < 1 or num_heads < 1:
             raise ValueError(f"num_layers and num_heads must be >= 1, got {num_layers} and {num_heads}")
@@ -304,6 +308,11 @@ class ConvergenceTracker:
             raise ValueError(f"need 0 < decay_ratio < 1 and decay_window >= 1, got {decay_ratio} and {decay_window}")
         if not 0 < response_ratio < 1 or not 0 < score_ratio < 1:
             raise ValueError(f"response_ratio and score_ratio must be in (0, 1), got {response_ratio}, {score_ratio}")
+        if lag == 1 or lag < 0 or not lag_ratio > 0:
+            raise ValueError(f"need lag 0 (no lag clause) or >= 2 epochs and lag_ratio > 0, got {lag} and {lag_ratio}")
+        self.lag, self.lag_ratio = lag, lag_ratio
+        self.lagged = torch.zeros(0, 2, num_layers, num_heads, dtype=torch.float64)  # score MSDs, [T, 2, L, H]
+        self.lag_seen = False  # whether observe was ever given them
         self.decay_ratio, self.decay_window = decay_ratio, decay_window
         self.response_ratio, self.score_ratio, self.thaw = response_ratio, score_ratio, thaw
         self.history = torch.zeros(0, num_layers, num_heads, dtype=torch.float64)  # every drift observed, [T, L, H]
@@ -327,13 +336,19 @@ class ConvergenceTracker:
         return value
 
     def observe(
-        self, drift: torch.Tensor, rate: float | torch.Tensor | None = None, score: torch.Tensor | None = None
+        self,
+        drift: torch.Tensor,
+        rate: float | torch.Tensor | None = None,
+        score: torch.Tensor | None = None,
+        lagged: torch.Tensor | None = None,
     ) -> None:
         """Record an epoch's drift ``[L, H]`` (the relative rule's peak, the decay and response rules' history),
         every epoch, the burn-in epochs too, when nothing is decided. ``rate``: the size of the update that
         produced it, a number or ``[L, H]`` (the epoch's mean learning rate; None: 1, a constant rate). ``score``:
         the epoch's score drift ``[L, H]`` (:func:`~vitlab.diagnostics.dynamics.score_drift`; None: not measured,
-        the response rule then judges the drift alone until ``2 x decay_window`` epochs have one again)."""
+        the response rule then judges the drift alone until ``2 x decay_window`` epochs have one again). ``lagged``:
+        the score MSDs ``[2, L, H]`` over one and over ``lag`` epochs (:class:`~vitlab.diagnostics.trend.LagWindow`,
+        NaN where too few epochs exist; None: not measured)."""
         drift = self._as_grid(drift, "drift")
         score = torch.full_like(drift, math.nan) if score is None else self._as_grid(score, "score")
         rate = torch.ones_like(drift) if rate is None else torch.as_tensor(rate, dtype=torch.float64).expand_as(drift)
@@ -344,6 +359,9 @@ class ConvergenceTracker:
         self.history = torch.cat([self.history, drift[None]])
         self.rates = torch.cat([self.rates, rate[None]])
         self.scores = torch.cat([self.scores, score[None]])
+        nan = torch.full((2, *drift.shape), math.nan, dtype=torch.float64)
+        self.lagged = torch.cat([self.lagged, (nan if lagged is None else lagged.detach().cpu().double())[None]])
+        self.lag_seen |= lagged is not None
 
     def per_rate(self, scores: bool = False) -> torch.Tensor:
         """Every drift observed (``scores``: every score drift, NaN where none was) divided by its rate, ``[T, L, H]``
@@ -356,15 +374,30 @@ class ConvergenceTracker:
         ``per_rate``: of the drifts per unit rate (:meth:`per_rate`, the response rule); with ``scores``, of the
         score drifts per unit rate of the epochs since they were last missing (a run resumed from a state saved
         before the score clause judges them once it has ``2 x decay_window`` of them)."""
-        w = self.decay_window
-        nan = torch.full((self.num_layers, self.num_heads), math.nan, dtype=torch.float64)
         series = self.per_rate(scores) if per_rate else self.history
-        if scores:
-            missing = series.isnan().flatten(1).any(dim=1).nonzero()
-            series = series if not len(missing) else series[int(missing[-1]) + 1 :]
+        return self._decay(_since_missing(series) if scores else series)
+
+    def _decay(self, series: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decay test's ``(level, reference)`` of ``series: [T, L, H]`` (NaN while ``T < 2 x decay_window``)."""
+        w = self.decay_window
         if len(series) < 2 * w:
+            nan = torch.full((self.num_layers, self.num_heads), math.nan, dtype=torch.float64)
             return nan, nan
         return series[-w:].amax(0), series[:-w].quantile(0.5, dim=0)
+
+    def lag_still(self) -> torch.Tensor:
+        """The lag clause, ``[L, H]`` bool: in the last ``decay_window`` epochs the head moved over ``lag`` epochs by
+        less than ``lag_ratio`` of its jitter, or its speed per unit rate fell below ``response_ratio`` of its median
+        in the earlier epochs whose movement was above it. True without ``lag`` or any ``lagged`` (:meth:`observe`)."""
+        w, grid = self.decay_window, (self.num_layers, self.num_heads)
+        if self.lag == 0 or not self.lag_seen:
+            return torch.ones(grid, dtype=torch.bool)
+        ratio, speed = lag_series(self.lagged, self.rates, self.lag)
+        quiet = (ratio[-w:] < self.lag_ratio).all(0) & (len(ratio) >= w)
+        if len(ratio) < 2 * w:
+            return quiet
+        seen = torch.where(ratio[:-w] >= self.lag_ratio, speed[:-w], math.nan).nanquantile(0.5, dim=0)
+        return quiet | (speed[-w:].amax(0) < self.response_ratio * seen)
 
     def threshold(self) -> torch.Tensor:
         """The drift below which each head counts as stable now, ``[L, H]`` float64 (``noise``: NaN, the rule tests
@@ -413,6 +446,10 @@ class ConvergenceTracker:
             "response_ratio": self.response_ratio,
             "score_ratio": self.score_ratio,
             "thaw": self.thaw,
+            "lag": self.lag,
+            "lag_ratio": self.lag_ratio,
+            "lagged": self.lagged.clone(),
+            "lag_seen": self.lag_seen,
             "history": self.history.clone(),
             "rates": self.rates.clone(),
             "scores": self.scores.clone(),
@@ -440,6 +477,9 @@ class ConvergenceTracker:
         self.history = torch.zeros_like(self.history) if history is None else history.clone().to("cpu", torch.float64)
         self.response_ratio, self.thaw = state.get("response_ratio", self.response_ratio), state.get("thaw", self.thaw)
         self.score_ratio = state.get("score_ratio", self.score_ratio)
+        self.lag, self.lag_ratio = state.get("lag", self.lag), state.get("lag_ratio", self.lag_ratio)
+        self.lagged = state.get("lagged", torch.full((len(self.history), 2, *self.peak.shape), math.nan))
+        self.lagged, self.lag_seen = self.lagged.to("cpu", torch.float64), state.get("lag_seen", False)  # none: new
         rates = state.get("rates")  # a state saved before the response rule: every earlier epoch at rate 1
         self.rates = torch.ones_like(self.history) if rates is None else rates.clone().to("cpu", torch.float64)
         scores = state.get("scores")  # saved before the score clause: judged from the epochs measured from now on
@@ -452,3 +492,9 @@ class ConvergenceTracker:
         self.peak = torch.zeros_like(self.peak) if peak is None else peak.clone().to("cpu", torch.float64)
         previous_tau = state["previous_tau"]
         self.previous_tau = None if previous_tau is None else previous_tau.clone().to("cpu", torch.float64)
+
+
+def _since_missing(series: torch.Tensor) -> torch.Tensor:
+    """The epochs of ``series: [T, ...]`` after the last one with a NaN (a statistic measured again since)."""
+    missing = series.isnan().flatten(1).any(dim=1).nonzero()
+    return series if not len(missing) else series[int(missing[-1]) + 1 :]

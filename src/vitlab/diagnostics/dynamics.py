@@ -131,15 +131,12 @@ def _checked_drift_inputs(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, 
     return cost64
 
 
-#: attention below this (e^-27.6) counts as this in :func:`score_drift`: a patch the head ignores moves no score that
-#: matters, and float32 softmaxes underflow below ~1e-38 anyway
-_SCORE_FLOOR = 1e-12
-
-
 def score_drift(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """How far a head's attention *scores* moved between two distributions ``p, q: [..., N] -> [...]`` float64: the
     root mean square over the patches of the change of the centred log-attention ``z = log a - mean(log a)`` (a
-    softmax's logits up to their mean; attention below ``1e-12`` counts as ``1e-12``).
+    softmax's logits up to their mean), the logarithm taken in float64 of the attention as given. Attention that is 0
+    in its own dtype (a float32 softmax below ~1e-45, a logit gap of ~100) counts as that dtype's smallest normal
+    number (float32: 1.2e-38, e^-87.3), where its logit is lost anyway.
 
     The response rule's second statistic (this project, beside ViTCAE's drift of section "Convergence diagnostics";
     docs/dynamics.md, "The response rule"): as a softmax saturates its attention, and so its drift, hardly moves while
@@ -147,7 +144,7 @@ def score_drift(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """
 
     def centred(a: torch.Tensor) -> torch.Tensor:
-        z = a.double().clamp_min(_SCORE_FLOOR).log()
+        z = a.double().clamp_min(torch.finfo(a.dtype).tiny).log()
         return z - z.mean(dim=-1, keepdim=True)
 
     return (centred(p) - centred(q)).pow(2).mean(dim=-1).sqrt()
