@@ -61,8 +61,16 @@ ARMS = {
     ],
     "autofreeze": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=gradnorm"],
     "freezeout": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=schedule"],
-    "static": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=static"],
+    "static": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=static"],  # + freeze_layers
 }
+#: the fine-tuning of every arm: no random augmentation, so that the cache of the frozen blocks' outputs is exact
+#: (docs/dynamics.md, "Freezing layers") and every arm trains on the same inputs
+FINETUNE = ["data.augment.hflip=false"]
+
+
+def arm_overrides(arm: str, depth: int) -> list[str]:
+    """``ARMS[arm]``; the static arm freezes the first half of the blocks from the start."""
+    return ARMS[arm] + ([f"dynamics.freeze_layers={depth // 2}"] if arm == "static" else [])
 
 
 def pretrain_name(transfer: str, patch: int, depth: int, seed: int) -> str:
@@ -151,14 +159,14 @@ def main() -> None:
             fit(args.vitlab, run, [
                 "--config", "finetune/celeba32_male", f"data.path={locate[target]}", *target_args, *model,
                 f"model.pretrained={pretrain}", f"run.seed={seed}", f"trainer.max_epochs={args.epochs}",
-                *ARMS[arm], *common,
+                *FINETUNE, *arm_overrides(arm, depth), *common,
             ])  # fmt: skip
             walls = [float(w) for w in Path(f"{run}.wall").read_text().split()]
             result = {
                 "experiment": f"freeze_finetune-{args.setting}",
                 "arm": arm,
                 "seed": seed,
-                "overrides": ARMS[arm],
+                "overrides": arm_overrides(arm, depth),
                 "pretrained": {"run": pretrain.name, "sha256": sha256(weights)},
                 "fit_wall_s": sum(walls),
                 "fit_calls": len(walls),
