@@ -98,3 +98,13 @@ def test_a_claim_with_fewer_seeds_than_planned_is_pending_not_judged():
     with pytest.raises(FileNotFoundError, match="2 of the 3 planned seeds"):
         claim(3).compute()
     assert claim(2).compute()["verdict"] == "holds"
+
+
+def test_a_comparison_on_fewer_seeds_than_ran_says_so():
+    """A fork compares only the seeds that froze a head: its section says how many (issue 61: "5 seeds" stood where
+    the comparison rested on one)."""
+    from benchmarks.reports.claims import compared_scale
+
+    scale = "digits, 50 epochs, 5 seeds, paired"
+    assert compared_scale(scale, {"a": [90.8], "b": [89.7]}) == "digits, 50 epochs, 5 seeds run, 1 compared, paired"
+    assert compared_scale(scale, {"a": [1.0] * 5, "b": [1.0] * 5}) == scale
