@@ -243,6 +243,7 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
             "freezing the heads of a model whose attention is only observed",
             [*FIT, "model.name=timm:eva02_tiny_patch14_224", "model.img_size=8", "dynamics.mode=fixed"],
         ),
+        *timm_cases(work),
         ("patch size does not divide the image", [*FIT, "model.patch_size=3", f"run.dir={work / 'p3'}"]),
         ("unknown dataset", [*FIT, "data.name=imagenet-1k"]),
         ("dataset files missing", [*FIT, "data.name=mnist", f"data.root={work / 'nothing'}"]),
@@ -406,6 +407,49 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         (
             "an export whose config.json was edited",
             ["predict", str(work / "edited_export" / "export"), str(work / "pets")],
+        ),
+    ]
+
+
+def timm_cases(work: Path) -> list[tuple]:
+    """A timm model trained by name: what its built model refuses, before the run folder, in one line."""
+    deit, tiny = "model.name=timm:deit_tiny_patch16_224", ["model.img_size=8", "model.patch_size=2"]
+    observe = ["dynamics.mode=fixed", "dynamics.freeze=false"]
+    return [
+        ("an empty timm model name", [*FIT, "model.name=timm:"]),
+        ("timm's weights named in model.name", [*FIT, "model.name=timm:deit_tiny_patch16_224.fb_in1k"]),
+        (
+            "a timm model whose patch size does not divide the image",
+            [*FIT, deit, "model.img_size=8", "model.patch_size=3", f"run.dir={work / 'timm_p3'}"],
+        ),
+        (
+            "a timm ViT without a CLS token under the dynamics controller",
+            [*FIT, deit, *tiny, "model.class_token=false", "model.global_pool=avg", *observe],
+        ),
+        (
+            "a timm model without a CLS token, freezing on (every reason at once)",
+            [*FIT, "model.name=timm:vit_relpos_small_patch16_224", *tiny, "dynamics.mode=fixed"],
+        ),
+        (  # without FIT's model.depth, which a ResNet does not take
+            "the dynamics controller on a timm CNN",
+            [*(a for a in FIT if a != "model.depth=1"), "model.name=timm:resnet18", *observe],
+        ),
+        (
+            "explain a timm model with an attention method",
+            [
+                "explain",
+                "--model",
+                "timm:deit_tiny_patch16_224",
+                str(work / "pets" / "a"),
+                "--method",
+                "rollout",
+                "--out",
+                str(work / "timm_maps"),
+                "--weights",
+                str(work / "deit.safetensors"),
+                "--img-size",
+                "32",
+            ],
         ),
     ]
 

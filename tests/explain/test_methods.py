@@ -124,3 +124,12 @@ def test_unknown_method_and_bad_target_are_one_line_errors() -> None:
         vitlab.explain(model, _images(1), method="lime")
     with pytest.raises(ValueError, match=r"target classes must lie in \[0, 4\)"):
         vitlab.explain(model, _images(1), method="rollout", target=7)
+
+
+def test_a_timm_model_is_told_which_methods_apply_to_it() -> None:
+    model = create_model("timm:resnet18", num_classes=4)
+    with pytest.raises(MethodRefused) as refused:
+        vitlab.explain(model, torch.randn(1, 3, 16, 16), method="rollout")
+    message = str(refused.value)
+    assert "these methods apply to it: lrp, cp_lrp, lrp_epsilon, lrp_gamma, saliency" in message
+    assert "Family" not in message  # advice for a family's author, not for a user of timm's model

@@ -15,6 +15,8 @@ from vitlab.diagnostics.capture import capture_attention
 from vitlab.diagnostics.dynamics import temperature_update
 from vitlab.dynamics import DynamicsPolicy, FrozenHeadAttention
 from vitlab.dynamics.probe import unit_temperature
+from vitlab.errors import ConfigError
+from vitlab.export import checkpoint_hparams, read_checkpoint
 from vitlab.layers import Attention
 from vitlab.models import create_model
 
@@ -101,6 +103,68 @@ def test_what_cannot_be_built_or_controlled_is_refused_before_the_run_folder(tmp
     assert code == 2
     assert message in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+NO_CLS = ["model.class_token=false", "model.global_pool=avg", "dynamics.mode=fixed", "dynamics.freeze=false"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.name=timm:"], "model.name must be a preset's name, got {'timm': None} (YAML reads `timm:`"),
+        (["model.name='timm:'"], "model.name=timm: names no timm model; write timm:NAME"),
+        (
+            ["model.name=timm:deit_tiny_patch16_224.fb_in1k"],
+            "set model.name=timm:deit_tiny_patch16_224 and model.pretrained=timm:deit_tiny_patch16_224.fb_in1k",
+        ),
+        (  # the patch grid of the model built, in the words of vitlab's own models
+            ["model.name=timm:deit_tiny_patch16_224", "model.img_size=8", "model.patch_size=3", "model.depth=1"],
+            "image size 8 is not divisible by the patch size 3; set model.patch_size to a divisor of 8",
+        ),
+        (  # the token layout of the model built: no class token, or register tokens only
+            ["model.name=timm:deit_tiny_patch16_224", *TINY_TIMM, *NO_CLS],
+            "VisionTransformer has no CLS token, and the drift reads the CLS row of attention",
+        ),
+        (
+            ["model.name=timm:deit_tiny_patch16_224", *TINY_TIMM, *NO_CLS, "model.reg_tokens=2"],
+            "VisionTransformer has no CLS token",
+        ),
+        (  # every reason at once
+            ["model.name=timm:vit_relpos_small_patch16_224", *TINY_TIMM, "dynamics.mode=fixed"],
+            "choose a model with a class token (e.g. model.class_token=true for timm's ViT). Also, "
+            "dynamics.freeze=true freezes heads",
+        ),
+        (
+            ["model.name=timm:resnet18", "dynamics.mode=fixed", "dynamics.freeze=false"],
+            "ResNet has no attention module and no patch grid, and the dynamics controller measures",
+        ),
+    ],
+)
+def test_a_timm_model_is_refused_in_one_line_with_every_reason(tmp_path, capsys, overrides, message):
+    code, run_dir = _fit(tmp_path, *overrides)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
+    assert not run_dir.exists()
+
+
+def test_a_timm_model_refuses_a_patch_size_that_does_not_tile_the_image_as_vitlab_models_do():
+    refusals = []
+    for name in ("timm:deit_tiny_patch16_224", "vit_nano"):
+        with pytest.raises(ConfigError) as refused:
+            create_model(name, img_size=8, patch_size=3, depth=1)
+        refusals.append(str(refused.value))
+    assert refusals[0] == refusals[1]
+
+
+@pytest.mark.parametrize("img_size", [[], ["model.img_size=null"]])
+def test_a_timm_cnn_trains_by_name_without_the_image_size_it_does_not_take(tmp_path, img_size):
+    code, run_dir = _fit(tmp_path, "model.name=timm:resnet18", *img_size)
+    assert code == 0
+    hparams = checkpoint_hparams(read_checkpoint(run_dir / "checkpoints" / "last.ckpt"))
+    assert hparams["model_kwargs"] == {"in_chans": 1, "num_classes": 10}  # digits: 1 channel, 10 classes
+    assert not (run_dir / "dynamics.jsonl").exists()  # no dynamics section, no controller
 
 
 def test_timm_attention_is_taken_over_with_its_weights_and_logits():

@@ -374,6 +374,7 @@ def _new_preset(model: Any, override: Any) -> bool:
     return (
         isinstance(model, dict)
         and isinstance(override, dict)
+        and isinstance(override.get("name", ""), str)  # another is refused by the model section's check
         and override.get("name", model.get("name")) != model.get("name")
     )
 

@@ -245,7 +245,14 @@ def model_class_name(model: Any) -> str:
     if not isinstance(model, dict) or "name" not in model:
         raise ConfigError("config section 'model' needs a 'name' (a preset from `vitlab list-models`)")
     name = model["name"]
-    if str(name).startswith(TIMM_PREFIX):
+    if not isinstance(name, str):
+        why = " (YAML reads `timm:` with nothing after it as a mapping)" if isinstance(name, dict) else ""
+        raise UnknownModelError(
+            f"model.name must be a preset's name, got {name!r}{why}; name a preset from `vitlab list-models`, or "
+            "timm's model as timm:NAME (e.g. timm:deit_tiny_patch16_224)"
+        )
+    if name.startswith(TIMM_PREFIX):
+        check_timm_name(name)
         return TIMM_CLASS
     presets = catalogue()
     if name not in presets:
@@ -260,6 +267,23 @@ def model_class_name(model: Any) -> str:
                 f"model {name!r} ({cls}) has no option {key!r}.{hint} Valid options: {', '.join(sorted(valid))}"
             )
     return cls
+
+
+def check_timm_name(name: str) -> None:
+    """``timm:NAME`` names an architecture, torch-free: not empty, and without a weights tag (``NAME.TAG``, which
+    ``model.name`` would build with random weights; weights come through ``model.pretrained``)."""
+    arch = name.removeprefix(TIMM_PREFIX)
+    if not arch:
+        raise UnknownModelError(
+            f"model.name={name} names no timm model; write timm:NAME (e.g. timm:deit_tiny_patch16_224; "
+            "`timm.list_models()` lists every model)"
+        )
+    if "." in arch:
+        base, tag = arch.split(".", 1)
+        raise ConfigError(
+            f"model.name={name} names timm's weights {tag!r}, but model.name builds the architecture with random "
+            f"weights; set model.name={TIMM_PREFIX}{base} and model.pretrained={name} to start from those weights"
+        )
 
 
 def model_section(model: Any) -> dict[str, Any]:

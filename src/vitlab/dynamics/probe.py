@@ -80,30 +80,72 @@ class ObservedAttention:
     tau: None = None
 
 
+def attention_classes(model: nn.Module) -> list[str]:
+    """The class names of the model's attention modules (``["EvaAttention"]``; none in a CNN), for messages."""
+    return sorted({type(m).__name__ for m in model.modules() if "attention" in type(m).__name__.lower()})
+
+
+def attention_kinds(model: nn.Module) -> str:
+    """``"Eva attends with EvaAttention"``: the model's class and the classes of its attention modules, for messages."""
+    kinds = ", ".join(attention_classes(model)) or "operations of no attention module"
+    return f"{type(model).__name__} attends with {kinds}"
+
+
+def has_class_token(model: nn.Module) -> bool:
+    """Whether the tokens of the model built start with a CLS token: its ``cls_token`` (timm's and vitlab's ViTs; None
+    without one, whatever their register tokens), else a ``num_prefix_tokens`` above 0; a model with neither is
+    taken to have one."""
+    holder = next((m for m in model.modules() if hasattr(m, "cls_token")), None)
+    if holder is not None:
+        return holder.cls_token is not None
+    return _model_attribute(model, "num_prefix_tokens") != 0
+
+
+def no_class_token(model: nn.Module) -> str:
+    return (
+        f"{type(model).__name__} has no CLS token, and the drift reads the CLS row of attention; choose a model "
+        "with a class token (e.g. model.class_token=true for timm's ViT)"
+    )
+
+
 def observed_modules(
     model: nn.Module, config: DynamicsConfig, example: torch.Tensor | None, tokens: int
 ) -> list[tuple[str, ObservedAttention]]:
     """The attention of a model without vitlab's ``Attention`` that the controller observes: every attention over
     all ``tokens`` (prefix and patches) that ``model.forward_features(example)`` computes (under ``config.target``).
-    The temperature modes and freezing are refused by name, as are models whose attention has no CLS row over the
-    image (no class token, windows only)."""
-    kinds = sorted({type(m).__name__ for m in model.modules() if "attention" in type(m).__name__.lower()})
-    what = f"{type(model).__name__} attends with {', '.join(kinds) or 'operations of no attention module'}"
+    Refused, every reason in one message: a model whose attention has no CLS row over the image (no class token,
+    windows only), and the temperature modes and freezing, which need heads vitlab owns."""
+    problems, chosen = [], []
+    if not has_class_token(model):
+        problems.append(no_class_token(model))
+    else:
+        chosen, found = _attention_over(model, config, example, tokens)
+        if not chosen:
+            problems.append(
+                f"{attention_kinds(model)}, and none of its attention covers the {tokens} tokens of the image "
+                f"({found or 'none captured'}): the drift needs a CLS row over every patch, which windowed attention "
+                "(Swin) has not; check dynamics.target"
+            )
     if config.mode in TAU_MODES:
-        raise ConfigError(
-            f"dynamics.mode={config.mode} sets a per-head temperature, but {what}, whose heads vitlab cannot scale "
-            "(only vitlab's and timm's plain Attention); use dynamics.mode=fixed"
+        problems.append(
+            f"dynamics.mode={config.mode} sets a per-head temperature, but {attention_kinds(model)}, whose heads "
+            "vitlab cannot scale (only vitlab's and timm's plain Attention); use dynamics.mode=fixed"
         )
     if config.freeze:
-        raise ConfigError(
+        problems.append(
             f"dynamics.freeze=true freezes heads whose parameters vitlab knows (vitlab's and timm's plain Attention), "
-            f"but {what}; set dynamics.freeze=false to observe its heads"
+            f"but {attention_kinds(model)}; set dynamics.freeze=false to observe its heads"
         )
-    if _model_attribute(model, "num_prefix_tokens") == 0:
-        raise ConfigError(
-            f"{type(model).__name__} has no CLS token, and the drift reads the CLS row of attention; choose a model "
-            "with a class token (e.g. model.class_token=true for timm's ViT)"
-        )
+    if problems:
+        raise ConfigError(". Also, ".join(problems))
+    return chosen
+
+
+def _attention_over(
+    model: nn.Module, config: DynamicsConfig, example: torch.Tensor | None, tokens: int
+) -> tuple[list[tuple[str, ObservedAttention]], str]:
+    """The attention over all ``tokens`` that ``model.forward_features(example)`` computes (under ``config.target``),
+    and what it computed: ``"blocks.0.attn (4 windows of 4), ..."``."""
     if example is None:
         raise ConfigError(
             "the controller reads the attention of a model without vitlab's Attention on an example: "
@@ -118,26 +160,26 @@ def observed_modules(
         and probs.shape[-1] == tokens
         and (config.target is None or name.startswith(config.target))
     ]
-    if not chosen:
-        found = ", ".join(f"{n} ({record.windows.get(n, 1)} windows of {p.shape[-1]})" for n, p in record.maps.items())
-        raise ConfigError(
-            f"{what}, and none of its attention covers the {tokens} tokens of the image ({found or 'none captured'}): "
-            "the drift needs a CLS row over every patch, which windowed attention (Swin) has not; check dynamics.target"
-        )
-    return chosen
+    found = ", ".join(f"{n} ({record.windows.get(n, 1)} windows of {p.shape[-1]})" for n, p in record.maps.items())
+    return chosen, found
 
 
 def modules_to_control(
     model: nn.Module, config: DynamicsConfig, example: torch.Tensor | None
 ) -> tuple[list[tuple[str, Attention | ObservedAttention]], Any]:
     """The attention the controller acts on (vitlab's ``Attention``: :func:`controlled_modules`) or observes (any
-    other: :func:`observed_modules`, found by running ``example``), and the model's patch grid."""
+    other: :func:`observed_modules`, found by running ``example``), and the model's patch grid; a model without a CLS
+    token (:func:`has_class_token`) or a patch grid (a CNN) is refused."""
     grid = _model_attribute(model, "grid_size")
     if grid is None:
+        what = "no attention module and no patch grid" if not attention_classes(model) else "no patch grid (grid_size)"
         raise ConfigError(
-            f"{type(model).__name__} has no grid_size attribute; the drift needs the patch grid (grid_h, grid_w)"
+            f"{type(model).__name__} has {what}, and the dynamics controller measures how each attention head's CLS "
+            "row moves over the patches; train it without the controller (dynamics=null)"
         )
     if attention_modules(model):
+        if not has_class_token(model):
+            raise ConfigError(no_class_token(model))
         return controlled_modules(model, config.target), grid
     tokens = (_model_attribute(model, "num_prefix_tokens") or 1) + int(grid[0]) * int(grid[1])
     return observed_modules(model, config, example, tokens), grid

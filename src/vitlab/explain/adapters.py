@@ -110,12 +110,14 @@ def _swin_explainer(swin: SwinTransformer) -> Explainer:
     )
 
 
-def _module_explainer(model: nn.Module) -> Explainer:
-    """Any other module: the LRP variants and the captum methods; the attention methods and Grad-CAM need a
-    declaration of where its attention and token grid are."""
+def _module_explainer(model: nn.Module, in_family: bool = False) -> Explainer:
+    """Any other module (a timm model, a family's model that declares no explainer): the LRP variants and the captum
+    methods; the attention methods and Grad-CAM need a declaration of where its attention and token grid are, which
+    only a family's author can give (``Family.explainer``)."""
+    author = ", or declare an Explainer for it through its Family" if in_family else ""
     reason = (
-        f"{type(model).__name__} declares no CLS-token attention and no token grid; use an LRP variant or a "
-        "gradient method, or declare an Explainer for it through its Family"
+        f"{type(model).__name__} declares no CLS-token attention and no token grid; these methods apply to it: "
+        f"{', '.join((*LRP_METHODS, *CAPTUM_METHODS))}{author}"
     )
     return Explainer(kind=type(model).__name__, refused=dict.fromkeys((*ATTENTION_METHODS, "gradcam"), reason))
 
@@ -130,4 +132,4 @@ def explainer_for(model: nn.Module) -> Explainer:
         return vit_explainer(model, "vit")
     if isinstance(model, SwinTransformer):
         return _swin_explainer(model)
-    return _module_explainer(model)
+    return _module_explainer(model, in_family=family is not None)

@@ -13,14 +13,17 @@ per-head temperature (``model.temperature``, ViTCAE eq. 19) and the freezing of 
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from typing import Any
 
 import timm
+import torch
 from timm.layers import Attention as TimmAttention
+from timm.layers import PatchEmbed
 from torch import nn
 
-from vitlab.config.model import TIMM_PREFIX
+from vitlab.config.model import TIMM_PREFIX, check_patch_grid
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
 from vitlab.layers.attention import Attention
 
@@ -55,6 +58,7 @@ def create_timm_model(name: str, **options: Any) -> nn.Module:
         raise ConfigError(
             f"timm cannot build {arch} with {options}: {e or type(e).__name__}; fix the model.* keys"
         ) from e
+    check_patch_grids(model)
     adopted = adopt_attention(model, **own)
     if own.get("temperature") and not adopted:
         kinds = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__})
@@ -63,6 +67,36 @@ def create_timm_model(name: str, **options: Any) -> nn.Module:
             "not timm's plain Attention whose heads vitlab scales; unset model.temperature"
         )
     return model
+
+
+@functools.cache
+def takes_image_size(name: str) -> bool:
+    """Whether timm's model ``name`` (``timm:NAME``) takes ``img_size`` (ViTs do, CNNs such as ResNet do not): its
+    constructor is called on the meta device, which allocates nothing, and a ``TypeError`` naming ``img_size`` says
+    no; anything else is left to the real build."""
+    try:
+        with torch.device("meta"):
+            timm.create_model(timm_architecture(name), pretrained=False, img_size=224)
+    except TypeError as e:
+        return "img_size" not in str(e)
+    except Exception:  # whatever else it is, the real build reports it
+        return True
+    return True
+
+
+def data_options(name: str) -> tuple[str, ...]:
+    """The options of :data:`DATA_OPTIONS` that timm's model ``name`` takes from the data."""
+    return DATA_OPTIONS if takes_image_size(name) else tuple(k for k in DATA_OPTIONS if k != "img_size")
+
+
+def check_patch_grids(model: nn.Module) -> None:
+    """Every timm ``PatchEmbed`` of ``model`` tiles its image into whole patches, as vitlab's own models must
+    (:func:`~vitlab.config.model.check_patch_grid`, in the same words): timm's strided convolution would drop the
+    last rows and columns. A ``PatchEmbed`` that pads (``dynamic_img_pad``) or takes any size is not checked."""
+    for module in model.modules():
+        if isinstance(module, PatchEmbed) and module.img_size is not None and not module.dynamic_img_pad:
+            for size, patch in zip(module.img_size, module.patch_size, strict=True):
+                check_patch_grid(size, patch)
 
 
 def takes_over(module: nn.Module) -> bool:

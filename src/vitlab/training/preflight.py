@@ -11,7 +11,7 @@ from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.data import VisionDataModule
 from vitlab.errors import RunDirError
 from vitlab.models.registry import constructor_args, get_preset
-from vitlab.models.timm_models import DATA_OPTIONS
+from vitlab.models.timm_models import DATA_OPTIONS, data_options
 
 
 def absolute_data_paths(cfg: RunConfig) -> None:
@@ -44,7 +44,11 @@ def model_kwargs_for(cfg: RunConfig, info: dict[str, Any]) -> dict[str, Any]:
     """Model overrides from the config, with image size, channels and classes filled in from the data."""
     kwargs = {k: v for k, v in cfg.model.items() if k not in ("name", "pretrained")}  # pretrained: weights, not shape
     preset = get_preset(cfg.model["name"])
-    accepted = constructor_args(preset.cls) if preset.factory is None else DATA_OPTIONS
+    if preset.factory is None:
+        accepted = constructor_args(preset.cls)
+    else:  # a timm model: a null data option is the data's, and img_size goes only to a model that takes it
+        kwargs = {k: v for k, v in kwargs.items() if not (k in DATA_OPTIONS and v is None)}
+        accepted = data_options(preset.name)
     for key, value in (
         ("img_size", info["img_size"]),
         ("in_chans", info["in_chans"]),
