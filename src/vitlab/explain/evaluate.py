@@ -25,6 +25,7 @@ from torch import nn
 
 from vitlab.explain.adapters import OVERVIEW_METHODS, Explainer, MethodRefused, explainer_for
 from vitlab.explain.api import explain, explainer_on
+from vitlab.progress import progress
 
 
 def patch_relevance(maps: torch.Tensor, patch: int) -> torch.Tensor:
@@ -156,7 +157,7 @@ def evaluate_methods(
     for m in chosen:
         ex.check(m)
     results, refused = {}, dict(ex.refused)
-    for m in chosen:
+    for m in progress(chosen, "vitlab explain --evaluate: method", name=str):
         try:
             results[m] = evaluate_method(model, images, m, **kwargs)
         except MethodRefused as e:
