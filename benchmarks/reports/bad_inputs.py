@@ -212,6 +212,19 @@ def disk_full():
         os.fsync = real
 
 
+@contextlib.contextmanager
+def logits_plus_their_sign():
+    """The ViT's logits plus their own sign: an operation held constant in a sum, which only LRP's rules find."""
+    from vitlab.models.vit import VisionTransformer
+
+    head = VisionTransformer.forward_head
+    VisionTransformer.forward_head = lambda self, x, **kw: (y := head(self, x, **kw)) + y.sign()
+    try:
+        yield
+    finally:
+        VisionTransformer.forward_head = head
+
+
 def cases(work: Path, run_dir: Path) -> list[tuple]:
     """``(name, argv)`` or ``(name, argv, context)``: ``context()`` is entered around the command (a full disk)."""
 
@@ -407,6 +420,11 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         (
             "an export whose config.json was edited",
             ["predict", str(work / "edited_export" / "export"), str(work / "pets")],
+        ),
+        (
+            "explain --method lrp of a model whose operations LRP's rules refuse (its logits plus their sign)",
+            ["explain", str(run_dir), str(work / "pets" / "a"), "--method", "lrp", "--out", str(work / "lrp_maps")],
+            logits_plus_their_sign,
         ),
     ]
 

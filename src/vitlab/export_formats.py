@@ -20,6 +20,7 @@ from torch import nn
 
 from vitlab.atomic import staged_file
 from vitlab.errors import VitlabError
+from vitlab.progress import stage
 from vitlab.rundir import EXPORT_FORMAT_FILES
 
 FORMATS = ("safetensors", "onnx", "torch-export")
@@ -100,6 +101,7 @@ def export_onnx(model: nn.Module, path: str | Path, opset: int | None = None) ->
     and check it with onnxruntime (:func:`check_onnx`); the file appears only once it passed. Returns the path and
     the max |onnxruntime - model| of the check."""
     path = Path(path)
+    stage(f"vitlab export: tracing the ONNX graph of {_family(model)}")
     graph, x, dims = _trace(model)
     with _staged(path) as tmp:
         with _capturing(model, "ONNX"):
@@ -115,6 +117,7 @@ def export_onnx(model: nn.Module, path: str | Path, opset: int | None = None) ->
                 external_data=False,
                 verbose=False,
             )
+        stage(f"vitlab export: checking the ONNX graph with onnxruntime on a batch of {CHECK_BATCH}")
         diff = check_onnx(tmp, model)
     return path, diff
 
@@ -151,10 +154,12 @@ def export_program(model: nn.Module, path: str | Path) -> tuple[Path, float]:
     """Write ``model``'s classifier graph as a ``torch.export`` program (``.pt2``, dynamic batch), checked against
     the eager model on a batch of another size. Returns the path and the max difference of the check."""
     path = Path(path)
+    stage(f"vitlab export: tracing the torch.export program of {_family(model)}")
     graph, x, dims = _trace(model)
     with _staged(path) as tmp:
         with _capturing(model, "torch-export"):
             torch.export.save(torch.export.export(graph, (x,), dynamic_shapes=(dims,)), str(tmp))
+        stage(f"vitlab export: checking the program on a batch of {CHECK_BATCH}")
         check = example_input(model, CHECK_BATCH)
         with torch.no_grad():
             got = torch.export.load(str(tmp)).module()(check)

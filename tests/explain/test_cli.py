@@ -199,3 +199,23 @@ def test_a_timm_model_with_bad_weights_or_size_is_one_line_naming_the_problem(
     assert main([*argv, "--weights", str(path), "--img-size", img_size, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert expected in err.splitlines()[0] and "Traceback" not in err and not (tmp_path / "o").exists()
+
+
+def test_a_method_the_rules_refuse_is_refused_before_any_work(trained_run, tmp_path, capsys, monkeypatch) -> None:
+    """The logits plus their own sign (an operation held constant in a sum): no declaration says LRP does not apply,
+    its rules find it; ``--method lrp`` and ``--evaluate --methods lrp`` are one line before any folder exists."""
+    from vitlab.models.vit import VisionTransformer
+
+    head = VisionTransformer.forward_head
+    monkeypatch.setattr(VisionTransformer, "forward_head", lambda self, x, **kw: (y := head(self, x, **kw)) + y.sign())
+    write_png(tmp_path / "a.png")
+    out = tmp_path / "o"
+    assert main(["explain", str(trained_run), str(tmp_path / "a.png"), "--method", "lrp", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "lrp does not apply to vit: the output of sign" in err and len(err.strip().splitlines()) == 1
+    assert (
+        main(["explain", str(trained_run), "--evaluate", "--methods", "lrp", "--num-images", "2", "--out", str(out)])
+        == 2
+    )
+    assert "lrp does not apply to vit: the output of sign" in capsys.readouterr().err
+    assert not out.exists()

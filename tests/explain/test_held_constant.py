@@ -91,6 +91,26 @@ def test_an_operation_held_constant_enters_only_as_a_gain(name):
 
 def test_a_cut_that_is_no_gain_is_refused_by_name_too():
     with pytest.raises(MethodRefused, match="the output of long, which carries no relevance back"):
-        _explain(lambda t: t + t.long().double())
+        _explain(lambda t: t + (100 * t).long().double())  # not all 0: a sum of zeros (or -inf) books nothing
     with pytest.raises(MethodRefused, match="no relevance reaches the logit: detach carries none back"):
         _explain(lambda t: t.detach() * 2)
+
+
+def _masked_softmax(t: torch.Tensor, additive: bool) -> torch.Tensor:
+    """``softmax`` over the values above the row's median, the others masked as empty slots are: a key bias of
+    ``log(occupied)`` (0 or ``-inf``) computed from the detached values, added or passed to SDPA as its mask."""
+    occupied = (t.detach() > t.detach().median(-1, keepdim=True).values).to(t.dtype)
+    if additive:
+        return torch.softmax(t + occupied.log(), -1) * t
+    q = t[:, None, :, None]  # [B, 1, 4, 1]: four tokens of one channel, attending to each other
+    bias = occupied.log()[:, None, None, :]
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=bias)[:, 0, :, 0]
+
+
+@pytest.mark.parametrize("additive", [True, False], ids=["added", "sdpa mask"])
+def test_a_mask_of_zeros_and_minus_infinity_computed_from_the_input_is_a_mask(additive):
+    """Its share is zero (a masked logit takes no gradient), so it may enter the sum: nothing is absorbed for it."""
+    e = _explain(lambda t: _masked_softmax(t, additive))
+    assert torch.isfinite(e.maps).all() and e.conservation.max() <= 1e-12
+    with pytest.raises(MethodRefused, match="the output of detach, which carries no relevance back"):
+        _explain(lambda t: torch.softmax(t + t.detach().clamp_min(0).log1p(), -1) * t)  # a bias, not a mask

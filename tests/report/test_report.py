@@ -223,6 +223,23 @@ def test_explanations_show_every_applicable_method_side_by_side(basic_page):
     assert image.shape[1] > image.shape[0]  # seven columns (image + 6 methods) over four rows
 
 
+def _logits_plus_their_sign(monkeypatch) -> None:
+    """The ViT's logits plus their own sign: an operation held constant that enters a sum, which LRP refuses only
+    when its rules meet it (no declaration of the model says so)."""
+    from vitlab.models.vit import VisionTransformer
+
+    head = VisionTransformer.forward_head
+    monkeypatch.setattr(VisionTransformer, "forward_head", lambda self, x, **kw: (y := head(self, x, **kw)) + y.sign())
+
+
+def test_a_method_refused_at_run_time_is_left_out_in_one_line_and_the_others_shown(tmp_path, monkeypatch):
+    _logits_plus_their_sign(monkeypatch)
+    explanations = collect([make_run(tmp_path)]).section("explanations")
+    (figure,) = explanations.figures
+    assert list(figure.plot.data["maps"]) == ["attention", "rollout", "grad_rollout", "gradcam", "integrated_gradients"]
+    assert "Left out. lrp: the output of sign, which carries no relevance back" in explanations.text
+
+
 def test_cet_vit_run_shows_segment_maps_instead_of_cls_attention(tmp_path):
     run = make_run(tmp_path, preset="cet_vit_pico", generate=False)
     page = collect([run], attention_images=3)

@@ -17,6 +17,7 @@ from vitlab.environment import environment as run_environment
 from vitlab.errors import ConfigError
 from vitlab.export import check_device
 from vitlab.layers import attention_path
+from vitlab.progress import stage
 
 #: the networks a run compares ``ours`` with, each as ``ours_over_<name>``
 COMPARED = ("timm", "ours_eager", "timm_compiled", "ours_no_checkpointing")
@@ -132,6 +133,8 @@ def _measure(
     s = settings
     load_before = os.getloadavg()
     with torch_threads(s["threads"]):
+        if memory:
+            stage(f"vitlab bench: peak memory of {', '.join(n for n in specs if n in MEMORY_MEASURED)}")
         peak = {
             name: peak_memory(
                 spec, batch_size=s["batch_size"], precision=s["precision"], device=s["device"], threads=s["threads"]
@@ -140,6 +143,7 @@ def _measure(
             if memory and name in MEMORY_MEASURED
         }
         networks = {}
+        stage(f"vitlab bench: building {', '.join(specs)} and counting their FLOPs")
         for name, spec in specs.items():
             torch.manual_seed(0)  # the compiled and the eager copy of a network start from the same weights
             networks[name] = spec.build()

@@ -19,6 +19,7 @@ from vitlab.bench.flops import training_flops_per_image
 from vitlab.bench.specs import CLOCKS, PHASES, check_settings
 from vitlab.family import family_of, resolve
 from vitlab.models.sizing import input_shape_of, parameter_count
+from vitlab.progress import progress
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -162,11 +163,11 @@ def _measure_alternating(
 ) -> None:
     """Warm each task up, size its samples to ``sample_seconds``, then time them round-robin, ``repeats`` rounds;
     every other round runs in reverse order so that no task always follows the same one."""
-    for task in tasks.values():
+    for _, task in progress(tasks.items(), "vitlab bench: warm-up", name=lambda item: item[0]):
         per_call = min(_time_calls(task.run, 1, device)["wall"] for _ in range(max(warmup, 1)))
         task.calls = max(1, round(sample_seconds / per_call))
     order = list(tasks)
-    for round_index in range(repeats):
+    for round_index in progress(range(repeats), "vitlab bench: timing round"):
         for name in order if round_index % 2 == 0 else reversed(order):
             for clock, seconds in _time_calls(tasks[name].run, tasks[name].calls, device).items():
                 tasks[name].seconds[clock].append(seconds)

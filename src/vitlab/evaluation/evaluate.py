@@ -14,6 +14,7 @@ corruptions act on real pixels, then is normalised with the statistics the model
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from vitlab.evaluation.terminal import format_evaluation
 from vitlab.export import load_model, model_from_checkpoint
 from vitlab.family import family_of, resolve
 from vitlab.jsonio import finite_or_none
+from vitlab.progress import progress
 from vitlab.rundir import (
     EVALUATION_DIR,
     EVALUATION_FILE,
@@ -161,11 +163,11 @@ def _pixel_batches(
     data_std: Sequence[float],
     device: str | torch.device,
     max_batches: int | None,
+    what: str,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``(images: [B, C, H, W]`` in [0, 1], ``labels: [B])`` from a normalising loader, on ``device``."""
-    for index, (x, y) in enumerate(loader):
-        if max_batches is not None and index >= max_batches:
-            return
+    """``(images: [B, C, H, W]`` in [0, 1], ``labels: [B])`` from a normalising loader, on ``device``, counted."""
+    batches = itertools.islice(loader, max_batches)  # max_batches None: all
+    for x, y in progress(batches, f"vitlab evaluate: {what} batch", total=min(len(loader), max_batches or len(loader))):
         yield denormalize(x.to(device), data_mean, data_std), y.to(device)
 
 
@@ -192,7 +194,7 @@ def _predict_validation(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validation logits ``[B, K]`` (float64, CPU) and labels ``[B]``."""
     logits, labels = [], []
-    for images, y in _pixel_batches(dm.val_dataloader(), dm.mean, dm.std, device, max_batches):
+    for images, y in _pixel_batches(dm.val_dataloader(), dm.mean, dm.std, device, max_batches, "validation"):
         logits.append(classifier_logits(model, normalize(images)).double().cpu())
         labels.append(y.cpu())
     if sum(len(y) for y in labels) < 2:
@@ -216,12 +218,11 @@ def _predict_test(
     max_batches: int | None,
     image_metrics: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None,
 ) -> _TestPredictions:
-    """One pass over the test set: clean logits (and the ``image_metrics`` of S), the TTA views, every (corruption,
-    severity)."""
+    """One pass over the test set: clean logits (and the ``image_metrics`` of S), the TTA views, every corruption."""
     logits_chunks, labels_chunks, tta_chunks = [], [], []
     metric_chunks: dict[str, list[torch.Tensor]] = {}
     corrupt_correct = dict.fromkeys(corruptions, 0)
-    for images, labels in _pixel_batches(dm.test_dataloader(), dm.mean, dm.std, device, max_batches):
+    for images, labels in _pixel_batches(dm.test_dataloader(), dm.mean, dm.std, device, max_batches, "test set"):
         logits, S = logits_and_assignment(model, normalize(images))
         logits_chunks.append(logits.double().cpu())
         labels_chunks.append(labels.cpu())

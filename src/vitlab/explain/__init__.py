@@ -9,7 +9,7 @@ import sys
 import types
 
 from vitlab.explain.adapters import METHODS, Explainer, MethodRefused, explainer_for
-from vitlab.explain.api import Explanation, explain
+from vitlab.explain.api import Explanation, explain, explainer_on
 
 
 class _CallablePackage(types.ModuleType):
@@ -19,4 +19,4 @@ class _CallablePackage(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallablePackage
 
-__all__ = ["METHODS", "Explainer", "Explanation", "MethodRefused", "explain", "explainer_for"]
+__all__ = ["METHODS", "Explainer", "Explanation", "MethodRefused", "explain", "explainer_for", "explainer_on"]

@@ -14,7 +14,8 @@ Methods (what each applies to: docs/explain.md, "Methods"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -68,6 +69,23 @@ def optional_import(module: str) -> Any:
         return import_module(module)
     except ImportError as e:
         raise MissingLibraryError(f"this explanation method needs {module.split('.')[0]}; {INSTALL_HINT}") from e
+
+
+def explainer_on(model: nn.Module, example: torch.Tensor, among: Sequence[str]) -> Explainer:
+    """:func:`explainer_for` with the refusals that only a pass shows: each LRP variant of ``among`` runs its rules on
+    ``example: [1, C, H, W]`` (one image as the model takes it), so a method that those rules refuse at run time is
+    refused before any work (:meth:`Explainer.check`) and left out of :meth:`Explainer.applicable`."""
+    explainer = explainer_for(model)
+    refused = dict(explainer.refused)
+    target = torch.zeros(1, dtype=torch.long, device=example.device)
+    with module_mode(model, training=False):
+        for method in dict.fromkeys(among):
+            if method in LRP_VARIANTS and method not in refused:
+                try:
+                    relevance(model, explainer.logits, example[:1].detach(), target, LRP_VARIANTS[method])
+                except UnsupportedOperation as e:
+                    refused[method] = str(e)
+    return replace(explainer, refused=refused)
 
 
 def explain(

@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 from torch import nn
 
-from vitlab.explain.adapters import OVERVIEW_METHODS, MethodRefused, explainer_for
-from vitlab.explain.api import explain
+from vitlab.explain.adapters import OVERVIEW_METHODS, Explainer, MethodRefused, explainer_for
+from vitlab.explain.api import explain, explainer_on
+from vitlab.progress import progress
 
 
 def patch_relevance(maps: torch.Tensor, patch: int) -> torch.Tensor:
@@ -142,16 +143,21 @@ def evaluate_method(
 
 
 def evaluate_methods(
-    model: nn.Module, images: torch.Tensor, methods: Sequence[str] | None = None, **kwargs: Any
+    model: nn.Module,
+    images: torch.Tensor,
+    methods: Sequence[str] | None = None,
+    explainer: Explainer | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
     """The applicable overview methods (or ``methods``) through :func:`evaluate_method`; the refused ones with
-    reasons (declared, or found when the LRP rules meet an operation they have none for)."""
-    ex = explainer_for(model)
+    reasons (declared, or found when the LRP rules meet an operation they have none for: :func:`explainer_on`,
+    unless ``explainer`` is that already)."""
+    ex = explainer or explainer_on(model, images[:1], methods or OVERVIEW_METHODS)
     chosen = list(methods or ex.applicable(OVERVIEW_METHODS))
     for m in chosen:
         ex.check(m)
     results, refused = {}, dict(ex.refused)
-    for m in chosen:
+    for m in progress(chosen, "vitlab explain --evaluate: method", name=str):
         try:
             results[m] = evaluate_method(model, images, m, **kwargs)
         except MethodRefused as e:

@@ -177,11 +177,12 @@ class RelevanceMode(TorchFunctionMode):
     def constant(self, t: Any, like: torch.Tensor) -> Any:
         """A constant that enters additively, as a leaf whose share is absorbed (None and bool tensors stay). A value
         computed from the relevance by an operation held constant (:attr:`held`) is refused by name: its share is
-        the input's, not a constant's."""
+        the input's, not a constant's; unless it is a mask of 0 and ``-inf`` (empty slots' keys), whose share is zero
+        (a masked logit takes no gradient)."""
         if t is None or (isinstance(t, torch.Tensor) and (t.requires_grad or not t.is_floating_point())):
             return t
         source = self.held_by(t)
-        if source is not None:
+        if source is not None and not ((t == 0) | (t == float("-inf"))).all():
             raise UnsupportedOperation(
                 f"the output of {source}, which carries no relevance back (held constant as a gain, or not "
                 "differentiable), enters a sum beside the relevance, where its share would be booked as absorbed; "

@@ -17,8 +17,8 @@ from vitlab.data.transforms import denormalize
 from vitlab.errors import ConfigError
 from vitlab.evaluation.evaluate import load_evaluation_target
 from vitlab.evaluation.predict import load_predictor, normalise, readable_images
-from vitlab.explain.adapters import OVERVIEW_METHODS, explainer_for
-from vitlab.explain.api import explain
+from vitlab.explain.adapters import OVERVIEW_METHODS
+from vitlab.explain.api import explain, explainer_on
 from vitlab.explain.evaluate import evaluate_methods
 from vitlab.explain.figures import TITLES, faithfulness_figure, overlay_grid
 from vitlab.jsonio import strict_dumps
@@ -193,7 +193,9 @@ def explain_files(
         model, info = load_timm(str(target), weights, img_size)
     else:
         model, info = load_predictor(target)
-    explainer_for(model).check(method)
+    side = int(info["img_size"])
+    example = torch.randn(1, int(info["in_chans"]), side, side, generator=torch.Generator().manual_seed(0))
+    explainer_on(model, example, (method,)).check(method)
     _check_names(class_names, model)
     out_dir = Path(out_dir)
     check_out_folder(out_dir)
@@ -307,13 +309,15 @@ def evaluate_run(
     out = Path(out_dir) if out_dir is not None else loaded.out_dir.parent / EXPLAIN_DIR
     check_out_folder(out)
     files = [out / name for name in (EVALUATION_JSON, EVALUATION_TABLE, EVALUATION_FIGURE, OVERLAY_FIGURE)]
-    explainer_for(model)  # refuses a model it has no rules for before any work
+    explainer = explainer_on(model, x[:1], methods or OVERVIEW_METHODS)  # the rules' refusals, before any work
+    for method in methods or ():
+        explainer.check(method)
     with claim_output_folder(out):  # one explain at a time per folder
         check_outputs(files, force=force)
         patch = int(getattr(model, "init_kwargs", {}).get("patch_size", 4))
         patch = patch if x.shape[-1] // patch >= 4 else max(1, x.shape[-1] // 8)
         load_before = os.getloadavg()
-        results = evaluate_methods(model, x, methods, patch=patch, steps=steps, seed=seed)
+        results = evaluate_methods(model, x, methods, explainer, patch=patch, steps=steps, seed=seed)
         results.update(
             model=getattr(model, "preset", type(model).__name__),
             source=str(loaded.source),
@@ -342,7 +346,8 @@ def overlay_figure(
 ):
     """The applicable overview methods side by side on ``x`` (normalised), each explaining the predicted class; rows are
     captioned ``label -> prediction``."""
-    explanations = {m: explain(model, x, method=m) for m in explainer_for(model).applicable(OVERVIEW_METHODS)}
+    applicable = explainer_on(model, x[:1], OVERVIEW_METHODS).applicable(OVERVIEW_METHODS)
+    explanations = {m: explain(model, x, method=m) for m in applicable}
     predicted = next(iter(explanations.values())).target
 
     def name(index: int) -> str:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from vitlab.explain import explain, explainer_for
-from vitlab.explain.adapters import OVERVIEW_METHODS
+from vitlab.explain.adapters import OVERVIEW_METHODS, MethodRefused
 from vitlab.explain.run import EVALUATION_JSON, EXPLAIN_DIR
 from vitlab.report.page import Figure, Figures, Plot, Section, Table, Text
 from vitlab.rundir import RunDir, read_json
@@ -23,11 +23,14 @@ def explanation_section(run: RunRecord, model: nn.Module, images: TestImages) ->
     explainer = explainer_for(model)
     maps: dict[str, Any] = {}
     missing = []
+    refused = dict(explainer.refused)
     for method in explainer.applicable(OVERVIEW_METHODS):
         try:
             maps[method] = explain(model, images.inputs, method=method).maps.numpy()
         except ImportError:
             missing.append(method)
+        except MethodRefused as e:  # the LRP rules refuse an operation only when they meet it
+            refused[method] = str(e).removeprefix(f"{method} does not apply to {explainer.kind}: ")
     caption = (
         "Which pixels the predicted class rests on. Attention, rollout (Abnar & Zuidema 2020) and gradient-weighted "
         "rollout (Chefer et al. 2021) are patch maps (bright: high); LRP (HiLRP: rules by operation type, AttnLRP) and "
@@ -38,7 +41,7 @@ def explanation_section(run: RunRecord, model: nn.Module, images: TestImages) ->
     if maps:
         plot = Plot("explanations", {"pixels": images.pixels, "labels": images.labels, "maps": maps})
         blocks.append(Figures([Figure(plot=plot)]))
-    notes = [f"{method}: {reason}" for method, reason in explainer.refused.items()]
+    notes = [f"{method}: {reason}" for method, reason in refused.items()]
     notes += [f"{method}: not installed (pip install 'vitlab[explain]')" for method in missing]
     if notes:
         blocks.append(Text("Left out. " + " ".join(notes)))

@@ -66,6 +66,7 @@ from vitlab.families.vitcae.pieces import (
 )
 from vitlab.models.contract import module_mode
 from vitlab.models.protocols import GenerativeModel
+from vitlab.progress import stage
 from vitlab.rundir import GENERATE_METRICS_FILE, atomic_write_json
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -333,6 +334,8 @@ class _Stages:
     def __call__(self, name: str | None) -> None:
         if self.progress and self.name is not None:
             print(f"generate: {self.name} done in {time.perf_counter() - self.started:.1f} s", flush=True)
+        if self.progress and name is not None:
+            stage(f"vitlab generate: {name}")
         self.name, self.started = name, time.perf_counter()
 
 
