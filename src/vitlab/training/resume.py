@@ -118,20 +118,27 @@ def resume_changes(cfg: RunConfig, stored: dict[str, Any], ckpt: Path) -> dict[s
     refused = {key: values for key, values in changes.items() if not honoured(key, cfg)}
     if not refused:
         return changes
-    listed = "; ".join(f"{key} (checkpoint {a!r}, now {b!r})" for key, (a, b) in refused.items())
+    listed = "; ".join(f"{key} (checkpoint {_shown(a)}, now {_shown(b)})" for key, (a, b) in refused.items())
     if any(key.startswith("model.") for key in refused):
         new_run = "start a new run with another run.dir"  # another model: the weights would not carry over
     else:
-        settings = " ".join(f"{key}={json.dumps(b)}" for key, (_, b) in list(refused.items())[:SHOWN])
+        values = [(key, b) for key, (_, b) in refused.items() if not isinstance(b, dict)][:SHOWN]
+        sections = [key for key, (_, b) in refused.items() if isinstance(b, dict)]  # a section added: its keys
         new_run = (
             f"train a new run from these weights: vitlab fit --config {Path(cfg.run.dir or '.') / 'config.yaml'} "
-            f"model.pretrained={ckpt} {settings} run.dir=NEW_FOLDER"
+            f"model.pretrained={ckpt} {''.join(f'{key}={json.dumps(b)} ' for key, b in values)}run.dir=NEW_FOLDER"
+            + "".join(f" with your {key}.* settings" for key in sections)
         )
     raise RunDirError(
         f"--resume {ckpt}: the checkpoint does not match this config: {listed}. A resume continues the checkpoint's "
         f'run and changes only {", ".join(HONOURED)} (docs/rundir.md, "Resume"). Undo the change (the override, or '
         f"the edit to the run's config.yaml) to resume, or {new_run}; nothing was written"
     )
+
+
+def _shown(value: Any) -> str:
+    """A config value in a refusal: a whole section as ``{...}``."""
+    return "{...}" if isinstance(value, dict) else repr(value)
 
 
 def schedule_note(checkpoint: dict[str, Any], max_epochs: int | None, run_dir: Any) -> str | None:
