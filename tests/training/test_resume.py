@@ -14,9 +14,10 @@ import pytest
 
 from run_fixtures import TINY
 from vitlab.cli.main import main
+from vitlab.config import build_config
 from vitlab.export import read_checkpoint
 from vitlab.rundir import RESUMES_FILE, RunDir
-from vitlab.training.resume import schedule_note
+from vitlab.training.resume import honoured, schedule_note
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -58,7 +59,7 @@ def _edit_config(run: Path, old: str, new: str) -> None:
         (["optim.lr=0.1"], None, "optim.lr"),
         ([], ("lr: 0.002", "lr: 0.01"), "optim.lr"),
         (["data.batch_size=16"], None, "data.batch_size"),
-        (["dynamics.mode=fixed"], None, "dynamics (checkpoint None, now {...})"),
+        (["dynamics.mode=fixed"], None, "dynamics (checkpoint none, now a section)"),
     ],
     ids=["lr-override", "lr-edited-in-config", "batch-size", "dynamics-added"],
 )
@@ -109,3 +110,10 @@ def test_a_warm_up_longer_than_the_run_is_said(tmp_path, capsys):
     rc, _, err = _cli(capsys, *args, "run.test=false", "run.export=false", "trainer.limit_train_batches=1")
     assert rc == 0
     assert "optim.warmup_epochs=2 is longer than trainer.max_epochs=1" in err and "never reaching optim.lr" in err
+
+
+def test_a_resume_honours_the_dynamics_thresholds_and_not_the_keys_that_shape_its_measurements():
+    cfg = build_config("vit/digits", ["dynamics.mode=fixed"])
+    assert honoured("dynamics.decay_ratio", cfg) and honoured("dynamics.decay_window", cfg)
+    assert not honoured("dynamics.probe_size", cfg) and not honoured("dynamics.target", cfg)
+    assert honoured("trainer.max_epochs", cfg) and not honoured("optim.lr", cfg) and not honoured("model.depth", cfg)

@@ -118,7 +118,7 @@ def resume_changes(cfg: RunConfig, stored: dict[str, Any], ckpt: Path) -> dict[s
     refused = {key: values for key, values in changes.items() if not honoured(key, cfg)}
     if not refused:
         return changes
-    listed = "; ".join(f"{key} (checkpoint {_shown(a)}, now {_shown(b)})" for key, (a, b) in refused.items())
+    listed = "; ".join(f"{key} (checkpoint {_shown(key, a)}, now {_shown(key, b)})" for key, (a, b) in refused.items())
     if any(key.startswith("model.") for key in refused):
         new_run = "start a new run with another run.dir"  # another model: the weights would not carry over
     else:
@@ -131,14 +131,29 @@ def resume_changes(cfg: RunConfig, stored: dict[str, Any], ckpt: Path) -> dict[s
         )
     raise RunDirError(
         f"--resume {ckpt}: the checkpoint does not match this config: {listed}. A resume continues the checkpoint's "
-        f'run and changes only {", ".join(HONOURED)} (docs/rundir.md, "Resume"). Undo the change (the override, or '
+        f'run and changes only {honoured_keys(cfg)} (docs/rundir.md, "Resume"). Undo the change (the override, or '
         f"the edit to the run's config.yaml) to resume, or {new_run}; nothing was written"
     )
 
 
-def _shown(value: Any) -> str:
-    """A config value in a refusal: a whole section as ``{...}``."""
-    return "{...}" if isinstance(value, dict) else repr(value)
+def _shown(key: str, value: Any) -> str:
+    """A config value in a refusal: a whole section (``dynamics``) as ``a section`` or ``none``."""
+    if "." not in key:
+        return "a section" if isinstance(value, dict) else "none"
+    return repr(value)
+
+
+def honoured_keys(cfg: RunConfig) -> str:
+    """:data:`HONOURED` in a line: ``trainer.*, run.{test,export}, ..., dynamics.* but its measurement settings``."""
+    sections: dict[str, list[str]] = {}
+    for pattern in HONOURED:
+        section, _, name = pattern.partition(".")
+        sections.setdefault(section, []).append(name)
+    shown = [f"{s}.{n[0]}" if len(n) == 1 else f"{s}.{{{','.join(n)}}}" for s, n in sections.items()]
+    fixed = [bool(getattr(getattr(cfg, s, None), "fixed_on_resume", ())) for s in sections]
+    return ", ".join(
+        f"{text} but its measurement settings" if f else text for text, f in zip(shown, fixed, strict=True)
+    )
 
 
 def schedule_note(checkpoint: dict[str, Any], max_epochs: int | None, run_dir: Any) -> str | None:
