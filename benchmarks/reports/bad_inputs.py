@@ -168,6 +168,7 @@ def make_round_5_inputs(work: Path, run_dir: Path) -> None:
     (linked / "checkpoints").rmdir()
     (linked / "checkpoints").symlink_to(work / "mine" / "ckpts")
     make_round_5_files(work, run_dir)
+    make_resume_files(work, run_dir)
 
 
 def make_round_5_files(work: Path, run_dir: Path) -> None:
@@ -195,6 +196,18 @@ def make_round_5_files(work: Path, run_dir: Path) -> None:
     config = json.loads((work / "edited_export" / "export" / "config.json").read_text())
     config["kwargs"]["num_classes"] = 5
     (work / "edited_export" / "export" / "config.json").write_text(json.dumps(config))
+
+
+def make_resume_files(work: Path, run_dir: Path) -> None:
+    """Copies of the run whose config.yaml a user edited: a learning rate changed, the file emptied."""
+    import shutil
+
+    for name, edit in {
+        "edited_lr": lambda text: text.replace("lr: 0.002", "lr: 0.01"),
+        "emptied": lambda _: "\n",
+    }.items():
+        shutil.copytree(run_dir, work / name)
+        (work / name / "config.yaml").write_text(edit((run_dir / "config.yaml").read_text()))
 
 
 @contextlib.contextmanager
@@ -426,6 +439,11 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
             ["explain", str(run_dir), str(work / "pets" / "a"), "--method", "lrp", "--out", str(work / "lrp_maps")],
             logits_plus_their_sign,
         ),
+        # issue 60: what a resume may change
+        ("--resume with a learning rate", ["fit", "--resume", str(run_dir), "optim.lr=0.1"]),
+        ("--resume of a run whose config.yaml has another lr", ["fit", "--resume", str(work / "edited_lr")]),
+        ("--resume of a run whose config.yaml was emptied", ["fit", "--resume", str(work / "emptied")]),
+        ("--resume that adds a dynamics section", ["fit", "--resume", str(run_dir), "dynamics.mode=fixed"]),
     ]
 
 

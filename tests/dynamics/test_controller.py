@@ -390,6 +390,15 @@ def test_state_round_trips_through_a_weights_only_checkpoint():
     stricter.load_state_dict(state)
     assert (stricter.tracker.score_ratio, resumed.tracker.score_ratio) == (0.2, 0.5)
 
+    # every option of the tracker, the decay rule's ratio and window included, as the resumed config sets it
+    changed = dataclasses.replace(original.config, convergence="decay", decay_ratio=0.3, decay_window=5, patience=7)
+    other_rule = DynamicsController(changed)
+    other_rule.attach(copy.deepcopy(original.model))
+    other_rule.load_state_dict(state)
+    tracker = other_rule.tracker
+    assert (tracker.rule, tracker.decay_ratio, tracker.decay_window, tracker.patience) == ("decay", 0.3, 5, 7)
+    assert torch.equal(tracker.streak, state["tracker"]["streak"])  # the saved verdicts go on
+
     other_target = DynamicsController(DynamicsConfig(target="blocks.1"))
     other_target.attach(tiny_vit())
     with pytest.raises(ConfigError, match="same model and dynamics.target"):

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from vitlab.config.model import has_temperature
 from vitlab.errors import ConfigError
@@ -76,6 +76,24 @@ class DynamicsConfig:
     probe_min: int | None = None
     probe_z: float = 3.0
     drift_workers: int | None = None
+
+    #: what ``vitlab fit --resume`` cannot change (it honours the rest, vitlab.training.resume): the options that
+    #: shape the measurements the checkpoint holds (the previous attention maps ``[L, H, P, N]``, the drift history
+    #: in its units, the cluster counts) or what the controller controls
+    fixed_on_resume: ClassVar[tuple[str, ...]] = (
+        "mode",
+        "target",
+        "freeze_scope",
+        "drift_units",
+        "probe_size",
+        "probe_seed",
+        "probe_tau",
+        "probe_min",
+        "probe_z",
+        "log_model_tau",
+        "kappa_images",
+        "kappa_dtype",
+    )
 
     def __post_init__(self) -> None:
         problems = [

@@ -4,9 +4,16 @@ frozen heads. A mixin of :class:`vitlab.dynamics.policy.DynamicsPolicy`, whose a
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+from vitlab.diagnostics.convergence import ConvergenceTracker
 from vitlab.errors import ConfigError
+
+#: the options of :class:`ConvergenceTracker` a run's config sets (all but the head grid, which the model fixes)
+TRACKER_SETTINGS = [
+    name for name in inspect.signature(ConvergenceTracker).parameters if name not in ("num_layers", "num_heads")
+]
 
 
 class PolicyState:
@@ -52,19 +59,9 @@ class PolicyState:
         saved_rho = state["tracker"].get("rho", 0.75)
         rho = saved_rho if cfg.rho == "auto" or not self._reads_directedness else float(cfg.rho)
         self.tracker = self._new_tracker(rho=rho)
-        # This run's thresholds win over the checkpoint's, so a resume may change them.
-        thresholds = {
-            "eps_d": cfg.eps_d,
-            "eps_tau": cfg.eps_tau,
-            "patience": cfg.patience,
-            "rule": cfg.convergence,
-            "rel_d": cfg.rel_d,
-            "rho": rho,
-            "tau_clause": cfg.tau_clause,
-            "response_ratio": cfg.response_ratio,
-            "score_ratio": cfg.score_ratio,
-            "thaw": cfg.thaw,
-        }
-        self.tracker.load_state_dict({**state["tracker"], **thresholds})
+        # This run's settings win over the checkpoint's, so a resume may change them: every option of the tracker's
+        # constructor (its rule and thresholds) as this run's config built it; the saved history and streaks go on.
+        built = self.tracker.state_dict()
+        self.tracker.load_state_dict({**state["tracker"], **{key: built[key] for key in TRACKER_SETTINGS}})
         if self.frozen is not None and self.guard is not None:
             self.guard.freeze(self.frozen)

@@ -97,6 +97,29 @@ def check_first_batch_fits(name: str, kwargs: dict[str, Any], batch_size: int) -
         )
 
 
+def check_schedule(cfg: RunConfig, *, validate: bool) -> None:
+    """``plateau`` and early stopping follow the validation metrics: refused without a validation set."""
+    if not validate and (cfg.optim.schedule == "plateau" or cfg.finetune.early_stopping_patience is not None):
+        raise ConfigError(
+            "data.val_fraction=0 leaves no validation set, but optim.schedule=plateau and "
+            "finetune.early_stopping_patience follow the validation metrics; set data.val_fraction > 0"
+        )
+
+
+def warmup_warning(cfg: RunConfig) -> str | None:
+    """A warning for a new run whose cosine warm-up is longer than the run: its rate rises the whole run, never
+    reaches ``optim.lr``, and its cosine never starts (a resume then goes on warming up:
+    :func:`vitlab.training.resume.schedule_note`). A quick look at a config (one epoch of ``vit/digits``) is one."""
+    optim, epochs = cfg.optim, cfg.trainer.max_epochs
+    if optim.schedule != "cosine" or not epochs or optim.warmup_epochs <= epochs:
+        return None
+    return (
+        f"warning: optim.warmup_epochs={optim.warmup_epochs:g} is longer than trainer.max_epochs={epochs}: the rate "
+        f"rises the whole run to {optim.lr * epochs / optim.warmup_epochs:.2g}, never reaching optim.lr="
+        f"{optim.lr:g}, and the cosine never starts; set optim.warmup_epochs below {epochs} for a full schedule"
+    )
+
+
 def check_resume_matches(cfg: RunConfig, kwargs: dict[str, Any], stored: dict[str, Any], ckpt: Path) -> None:
     """``--resume``: the model this config builds must be the checkpoint's (same preset, same constructor
     arguments); checked before any file is touched, so a wrong ``--config`` or ``model.*`` override cannot

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import inspect
 import os
 import signal
@@ -22,7 +21,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vitlab import manifest
 from vitlab.acceleration import PrecisionChoice, choose_precision
-from vitlab.atomic import append_line, environment_error
+from vitlab.atomic import environment_error
 from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.config.loss import build_loss
 from vitlab.data import VisionDataModule, build_datamodule
@@ -38,7 +37,6 @@ from vitlab.models.sizing import parameter_count
 from vitlab.rundir import (
     ATTENTION_PATHS_FILE,
     METRICS_FILE,
-    RESUMES_FILE,
     TENSORBOARD_DIR,
     TEST_METRICS_FILE,
     RunDir,
@@ -60,14 +58,16 @@ from vitlab.training.callbacks import (
 from vitlab.training.finetune import pretrained_normalisation, setup_finetuning
 from vitlab.training.preflight import (
     absolute_data_paths,
-    changed_settings,
     check_first_batch_fits,
     check_resume_matches,
+    check_schedule,
     data_info,
     model_kwargs_for,
+    warmup_warning,
 )
-from vitlab.training.run_folder import claim_run_dir, is_launching_process, recovery_hint, resolve_resume, run_dir_path
-from vitlab.training.tasks import BaseTask, ClassificationTask, cosine_resume_note
+from vitlab.training.resume import Resume, read_resume, record_resume
+from vitlab.training.run_folder import claim_run_dir, is_launching_process, recovery_hint, run_dir_path
+from vitlab.training.tasks import BaseTask, ClassificationTask
 
 #: the files TensorBoard writes into ``tb/`` (a user's file beside them stays)
 TENSORBOARD_FILES = ("events.out.tfevents.*", "hparams.yaml")
@@ -208,18 +208,6 @@ def share_cpu_threads(trainer: pl.Trainer) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
-def _read_resume(cfg: RunConfig, resume: str | Path) -> tuple[Path, dict[str, Any], str | None]:
-    """``--resume``: the checkpoint, its hyperparameters and the warning of a schedule it outlasts
-    (:func:`cosine_resume_note`); read first, so a corrupt file fails early with a clear message. Without
-    ``run.dir`` the run continues in the checkpoint's run directory."""
-    resumed_dir, ckpt_path = resolve_resume(resume)
-    checkpoint = read_checkpoint(ckpt_path)
-    if not cfg.run.dir:
-        cfg.run.dir = str(resumed_dir)
-    note = cosine_resume_note(checkpoint, cfg.trainer.max_epochs, cfg.run.dir)
-    return ckpt_path, checkpoint_hparams(checkpoint), note
-
-
 def _checked_data(cfg: RunConfig, stored: dict[str, Any] | None) -> tuple[VisionDataModule, dict[str, Any]]:
     """The data module, set up and checked (a first batch fits, the data trains), and its description."""
     dm = build_datamodule(cfg.data)
@@ -255,10 +243,11 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     ``resume``: a run directory or a ``.ckpt`` to continue from; ``callbacks``: extra Lightning callbacks.
     Everything is checked before the run directory is claimed: the config, the data (counts, labels, splits), the
     model (built once), the memory of a first batch and, when resuming, that the checkpoint is this config's model.
-    A resumed run keeps its ``config.yaml`` and ``env.json``; what the resume changed goes into ``resumes.jsonl``.
+    A resume takes up only the changes :mod:`vitlab.training.resume` honours and refuses any other; what it changed
+    goes into ``resumes.jsonl`` and the run's ``config.yaml`` (``env.json`` stays that of the run's start).
     """
-    ckpt_path, stored, schedule_note = _read_resume(cfg, resume) if resume is not None else (None, None, None)
-
+    resumed = read_resume(cfg, resume) if resume is not None else None
+    ckpt_path, stored = (resumed.checkpoint, resumed.hparams) if resumed else (None, None)
     pl.seed_everything(cfg.run.seed, workers=True, verbose=False)
     absolute_data_paths(cfg)
     run_dir = run_dir_path(cfg)
@@ -270,11 +259,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     hparams = {"config": to_dict(cfg), "model_kwargs": kwargs, "data_info": info}
     task = build_task(cfg, model, hparams)
     validate = len(dm.val_set) > 0  # data.val_fraction=0: no validation loop, best.ckpt is the last epoch's
-    if not validate and (cfg.optim.schedule == "plateau" or cfg.finetune.early_stopping_patience is not None):
-        raise ConfigError(
-            "data.val_fraction=0 leaves no validation set, but optim.schedule=plateau and "
-            "finetune.early_stopping_patience follow the validation metrics; set data.val_fraction > 0"
-        )
+    check_schedule(cfg, validate=validate)
     all_callbacks = _callbacks(cfg, run_dir, task, validate)
     example = torch.zeros(1, info["in_chans"], info["img_size"], info["img_size"])
     for callback in all_callbacks:  # the controller's model check, before the run folder exists
@@ -283,8 +268,8 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     all_callbacks += setup_finetuning(cfg, model, task.monitor) + list(callbacks or [])
     if is_launching_process():
         print(run_precision(cfg).line(), flush=True)  # the run's first line, before Lightning's own
-        if schedule_note:
-            print(schedule_note, file=sys.stderr, flush=True)
+        for line in resumed.lines() if resumed else filter(None, [warmup_warning(cfg)]):
+            print(line, file=sys.stderr if line.startswith("warning") else sys.stdout, flush=True)
     with quiet_warnings():
         try:
             trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
@@ -295,7 +280,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
             raise ConfigError(f"the trainer.* settings are not valid for Lightning: {first}; fix that setting") from e
     claim = claim_run_dir(cfg, run_dir, resuming=ckpt_path is not None) if is_launching_process() else None
     try:
-        _fit_claimed(cfg, run_dir, trainer, task, dm, info, ckpt_path)
+        _fit_claimed(cfg, run_dir, trainer, task, dm, info, resumed)
     except OSError as e:  # a full disk, a quota, a read-only folder: one line that says how to go on
         error = e if isinstance(e, OutputError) else environment_error(e, e.filename or run_dir)
         if error is None:
@@ -314,22 +299,15 @@ def _fit_claimed(
     task: BaseTask,
     dm: VisionDataModule,
     info: dict[str, Any],
-    ckpt_path: Path | None,
+    resumed: Resume | None,
 ) -> None:
     """:func:`fit` once the run directory is this process's: write the run's records, train, test, export."""
-    run = RunDir(run_dir)
+    run, ckpt_path = RunDir(run_dir), resumed.checkpoint if resumed else None
     for pattern in TENSORBOARD_FILES:  # TensorBoard names its files itself: the manifest names them by pattern
         manifest.record(run_dir, glob=f"{TENSORBOARD_DIR}/{pattern}")
     if trainer.is_global_zero:
-        if ckpt_path is not None and run.is_run():
-            import json
-
-            changed = changed_settings(run.config_dict(), to_dict(cfg))
-            changed.pop("run.dir", None)
-            record = {"time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "checkpoint": str(ckpt_path)}
-            append_line(
-                run / RESUMES_FILE, json.dumps({**record, "command": sys.argv, "changed": changed}, default=str)
-            )
+        if resumed is not None and run.is_run():
+            record_resume(run, cfg, resumed)
         else:
             run.write_config(cfg)
             run.write_env(precision=run_precision(cfg).record())

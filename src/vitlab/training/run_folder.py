@@ -101,9 +101,12 @@ def resolve_resume(target: str | Path) -> tuple[Path, Path]:
         raise RunDirError(
             f"--resume {target}: no such run directory or checkpoint; pass the folder `vitlab fit` printed"
         )
-    if manifest.has_manifest(run_dir) and not RunDir(run_dir).is_run():
+    run = RunDir(run_dir)
+    lost = "lost its" if manifest.has_manifest(run_dir) and not run.is_run() else None
+    if lost or (run.is_run() and not run.config_dict()):
         raise RunDirError(
-            f"--resume {target}: the run directory {run_dir} has lost its {CONFIG_FILE}, which the run, its report and "
-            f"evaluation read; put it back, or start a new run from the weights with model.pretrained={ckpt}"
+            f"--resume {target}: the run directory {run_dir} has {lost or 'an empty'} {CONFIG_FILE}, which the run, "
+            f"its report and evaluation read; put it back, or start a new run from the weights with "
+            f"model.pretrained={ckpt}"
         )
     return run_dir, ckpt

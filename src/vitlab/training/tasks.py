@@ -56,31 +56,6 @@ class WarmupCosine:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def cosine_resume_note(checkpoint: dict[str, Any], max_epochs: int | None, run_dir: Any) -> str | None:
-    """A warning for ``vitlab fit --resume`` with more epochs than the checkpoint's cosine schedule spans, else None.
-
-    The schedule (:class:`WarmupCosine`) is part of the checkpoint: a resume keeps its length, so it does not stretch
-    over the new ``trainer.max_epochs``, and the epochs after its end train at ``optim.min_lr``, as a resumed run
-    should (the same steps, the same rates). A new run from the weights gets a schedule of its own.
-    """
-    schedulers = checkpoint.get("lr_schedulers") or [{}]
-    lambdas = schedulers[0].get("lr_lambdas") or [None]
-    if not isinstance(lambdas[0], dict) or "total" not in lambdas[0] or not max_epochs or max_epochs < 1:
-        return None
-    per_epoch = max(1, int(checkpoint.get("global_step", 0)) // max(1, int(checkpoint.get("epoch", 0)) + 1))
-    end = math.ceil(lambdas[0]["total"] / per_epoch)
-    if max_epochs <= end:
-        return None
-    min_lr = lambdas[0].get("min_ratio", 0.0) * schedulers[0].get("base_lrs", [0.0])[0]
-    ended = "ended" if int(checkpoint.get("global_step", 0)) >= lambdas[0]["total"] else "ends"
-    return (
-        f"warning: the run's cosine schedule {ended} at epoch {end} and a resume keeps it: epochs {end + 1}.."
-        f"{max_epochs} train at its final rate ({min_lr:.2g}). For a new warm-up and cosine, train a new run from "
-        f"these weights: vitlab fit --config {run_dir}/config.yaml model.pretrained={run_dir} "
-        f"trainer.max_epochs={max_epochs - end} run.dir=NEW_FOLDER"
-    )
-
-
 def _fused_for_precision(cfg: OptimConfig, precision: str) -> bool | str:
     """``optim.fused`` under fp16 with gradient clipping: a fused AdamW unscales the gradients inside its step,
     after Lightning has clipped them still scaled, so Lightning refuses it; ``auto`` then takes torch's default.
