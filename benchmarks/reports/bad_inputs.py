@@ -243,6 +243,18 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
             "freezing the heads of a model whose attention is only observed",
             [*FIT, "model.name=timm:eva02_tiny_patch14_224", "model.img_size=8", "dynamics.mode=fixed"],
         ),
+        (
+            "observing a model whose attention vitlab cannot read (CaiT's talking heads)",
+            [
+                *FIT,
+                "model.name=timm:cait_xxs24_224",
+                "model.img_size=8",
+                "model.patch_size=2",
+                "model.depth=2",
+                "dynamics.mode=fixed",
+                "dynamics.freeze=false",
+            ],
+        ),
         ("patch size does not divide the image", [*FIT, "model.patch_size=3", f"run.dir={work / 'p3'}"]),
         ("unknown dataset", [*FIT, "data.name=imagenet-1k"]),
         ("dataset files missing", [*FIT, "data.name=mnist", f"data.root={work / 'nothing'}"]),

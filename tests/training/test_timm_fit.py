@@ -14,7 +14,7 @@ from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.capture import capture_attention
 from vitlab.diagnostics.dynamics import temperature_update
 from vitlab.dynamics import DynamicsPolicy, FrozenHeadAttention
-from vitlab.dynamics.probe import unit_temperature
+from vitlab.dynamics.probe import observed_modules, unit_temperature
 from vitlab.layers import Attention
 from vitlab.models import create_model
 
@@ -94,6 +94,10 @@ def test_fit_trains_a_timm_model_by_name_and_records_every_heads_drift(tmp_path,
             ],
             "has no CLS token",
         ),
+        (
+            ["model.name=timm:cait_xxs24_224", *TINY_TIMM, "dynamics.mode=fixed", "dynamics.freeze=false"],
+            "a query-key product that reaches its softmax in blocks.0.attn, blocks.1.attn through permute, linear",
+        ),
     ],
 )
 def test_what_cannot_be_built_or_controlled_is_refused_before_the_run_folder(tmp_path, capsys, overrides, message):
@@ -101,6 +105,17 @@ def test_what_cannot_be_built_or_controlled_is_refused_before_the_run_folder(tmp
     assert code == 2
     assert message in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+def test_a_target_that_leaves_out_the_unreadable_attention_is_observed():
+    """CaiT's class-attention layers are read; its talking-heads layers are not, and a target naming only the former
+    is accepted (the full model is refused: the case above)."""
+    import timm
+
+    model = timm.create_model("cait_xxs24_224", pretrained=False, img_size=8, patch_size=2, depth=2, num_classes=3)
+    config = DynamicsConfig(mode="fixed", freeze=False, target="blocks_token_only")
+    chosen = observed_modules(model, config, torch.randn(1, 3, 8, 8), tokens=17)
+    assert [name for name, _ in chosen] == ["blocks_token_only.0.attn", "blocks_token_only.1.attn"]
 
 
 def test_timm_attention_is_taken_over_with_its_weights_and_logits():

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from vitlab.config.dynamics import TAU_MODES, DynamicsConfig
-from vitlab.diagnostics.capture import attention_recording
+from vitlab.diagnostics.capture import AttentionRecord, attention_recording, unread_attention
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture, attention_modules
@@ -109,8 +109,7 @@ def observed_modules(
             "the controller reads the attention of a model without vitlab's Attention on an example: "
             "pass example=[1, C, H, W] to check()"
         )
-    with torch.no_grad(), module_mode(model, training=False), attention_recording(model) as record:
-        getattr(model, "forward_features", model)(example.to(next(model.parameters()).device))
+    record = _recorded(model, example, config.target)
     chosen = [
         (name, ObservedAttention(probs.shape[1]))
         for name, probs in record.maps.items()
@@ -125,6 +124,19 @@ def observed_modules(
             "the drift needs a CLS row over every patch, which windowed attention (Swin) has not; check dynamics.target"
         )
     return chosen
+
+
+def _recorded(model: nn.Module, example: torch.Tensor, target: str | None) -> AttentionRecord:
+    """The attention ``model.forward_features(example)`` computes; refused when some of it under ``target`` is
+    attention the capture cannot read (a learned mix across heads: CaiT's talking heads)."""
+    with torch.no_grad(), module_mode(model, training=False), attention_recording(model) as record:
+        getattr(model, "forward_features", model)(example.to(next(model.parameters()).device))
+    if any(target is None or name.startswith(target) for name in record.unread):
+        raise ConfigError(
+            f"{type(model).__name__} {unread_attention(record)}; set dynamics.target to a prefix of the attention "
+            f"it reads ({', '.join(record.maps) or 'none'}), or choose another model"
+        )
+    return record
 
 
 def modules_to_control(
