@@ -15,6 +15,7 @@ from vitlab.diagnostics.capture import capture_attention
 from vitlab.diagnostics.dynamics import temperature_update
 from vitlab.dynamics import DynamicsPolicy, FrozenHeadAttention
 from vitlab.dynamics.probe import observed_modules, unit_temperature
+from vitlab.errors import ConfigError
 from vitlab.layers import Attention
 from vitlab.models import create_model
 
@@ -107,15 +108,15 @@ def test_what_cannot_be_built_or_controlled_is_refused_before_the_run_folder(tmp
     assert not run_dir.exists()
 
 
-def test_a_target_that_leaves_out_the_unreadable_attention_is_observed():
-    """CaiT's class-attention layers are read; its talking-heads layers are not, and a target naming only the former
-    is accepted (the full model is refused: the case above)."""
+def test_class_attention_alone_is_refused_for_the_drift_by_its_shape():
+    """CaiT's class-attention layers are read, one CLS query over the tokens, [B, H, 1, T]; the drift needs attention
+    among all the tokens, so a target naming only them is refused before training, not in its first probe."""
     import timm
 
     model = timm.create_model("cait_xxs24_224", pretrained=False, img_size=8, patch_size=2, depth=2, num_classes=3)
     config = DynamicsConfig(mode="fixed", freeze=False, target="blocks_token_only")
-    chosen = observed_modules(model, config, torch.randn(1, 3, 8, 8), tokens=17)
-    assert [name for name, _ in chosen] == ["blocks_token_only.0.attn", "blocks_token_only.1.attn"]
+    with pytest.raises(ConfigError, match=r"none of its attention covers .*blocks_token_only.0.attn \[1, 4, 1, 17\]"):
+        observed_modules(model, config, torch.randn(1, 3, 8, 8), tokens=17)
 
 
 def test_timm_attention_is_taken_over_with_its_weights_and_logits():

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from vitlab.config.dynamics import TAU_MODES, DynamicsConfig
-from vitlab.diagnostics.capture import AttentionRecord, attention_recording, unread_attention
+from vitlab.diagnostics.capture import attention_recording, unread_attention
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture, attention_modules
@@ -109,34 +109,39 @@ def observed_modules(
             "the controller reads the attention of a model without vitlab's Attention on an example: "
             "pass example=[1, C, H, W] to check()"
         )
-    record = _recorded(model, example, config.target)
+    return _observable(model, example, config.target, tokens, what)
+
+
+def _observable(
+    model: nn.Module, example: torch.Tensor, target: str | None, tokens: int, what: str
+) -> list[tuple[str, ObservedAttention]]:
+    """The attention among all ``tokens`` (each a query and a key) that ``model.forward_features(example)``
+    computes under ``target``. Refused when there is none, and when some attention there is attention the capture
+    cannot read (a learned mix across heads: CaiT's talking heads): never observed in part."""
+    with torch.no_grad(), module_mode(model, training=False), attention_recording(model) as record:
+        getattr(model, "forward_features", model)(example.to(next(model.parameters()).device))
     chosen = [
         (name, ObservedAttention(probs.shape[1]))
         for name, probs in record.maps.items()
         if name not in record.windows
-        and probs.shape[-1] == tokens
-        and (config.target is None or name.startswith(config.target))
+        and probs.shape[-2:] == (tokens, tokens)
+        and (target is None or name.startswith(target))
     ]
+    if any(target is None or name.startswith(target) for name in record.unread):
+        readable = ", ".join(name for name, _ in chosen)
+        fix = f"set dynamics.target to a prefix of {readable}" if chosen else "choose another model"
+        raise ConfigError(f"{type(model).__name__} {unread_attention(record)}; {fix}")
     if not chosen:
-        found = ", ".join(f"{n} ({record.windows.get(n, 1)} windows of {p.shape[-1]})" for n, p in record.maps.items())
+        found = ", ".join(
+            f"{n} ({record.windows[n]} windows of {p.shape[-1]})" if n in record.windows else f"{n} {list(p.shape)}"
+            for n, p in record.maps.items()
+        )
         raise ConfigError(
             f"{what}, and none of its attention covers the {tokens} tokens of the image ({found or 'none captured'}): "
-            "the drift needs a CLS row over every patch, which windowed attention (Swin) has not; check dynamics.target"
+            "the drift needs a CLS row over every patch, among all the tokens, which windowed attention (Swin) and "
+            "class attention (CaiT) have not; check dynamics.target"
         )
     return chosen
-
-
-def _recorded(model: nn.Module, example: torch.Tensor, target: str | None) -> AttentionRecord:
-    """The attention ``model.forward_features(example)`` computes; refused when some of it under ``target`` is
-    attention the capture cannot read (a learned mix across heads: CaiT's talking heads)."""
-    with torch.no_grad(), module_mode(model, training=False), attention_recording(model) as record:
-        getattr(model, "forward_features", model)(example.to(next(model.parameters()).device))
-    if any(target is None or name.startswith(target) for name in record.unread):
-        raise ConfigError(
-            f"{type(model).__name__} {unread_attention(record)}; set dynamics.target to a prefix of the attention "
-            f"it reads ({', '.join(record.maps) or 'none'}), or choose another model"
-        )
-    return record
 
 
 def modules_to_control(
