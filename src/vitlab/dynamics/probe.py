@@ -87,7 +87,7 @@ def observed_modules(
     all ``tokens`` (prefix and patches) that ``model.forward_features(example)`` computes (under ``config.target``).
     The temperature modes and freezing are refused by name, as are models whose attention has no CLS row over the
     image (no class token, windows only)."""
-    kinds = sorted({type(m).__name__ for m in model.modules() if "attention" in type(m).__name__.lower()})
+    kinds = sorted({type(m).__name__ for m in model.modules() if _attention_class(type(m).__name__)})
     what = f"{type(model).__name__} attends with {', '.join(kinds) or 'operations of no attention module'}"
     if config.mode in TAU_MODES:
         raise ConfigError(
@@ -142,6 +142,11 @@ def _observable(
             "class attention (CaiT) have not; check dynamics.target"
         )
     return chosen
+
+
+def _attention_class(name: str) -> bool:
+    """Whether a module class name says attention (``EvaAttention``, CaiT's ``TalkingHeadAttn``), not a block."""
+    return any(word in name.lower() for word in ("attention", "attn")) and "block" not in name.lower()
 
 
 def modules_to_control(
