@@ -267,8 +267,8 @@ def capture_attention(model: nn.Module, x: torch.Tensor, names: list[str] | None
     if not record.maps:
         raise ValueError(
             f"{type(model).__name__} computed no attention vitlab can read (no scaled_dot_product_attention, softmax "
-            "of a query-key product or nn.MultiheadAttention); linear attention and token mixers have no attention "
-            "matrix"
+            "of a query-key product of token sequences or nn.MultiheadAttention); linear attention, token mixers and "
+            "a softmax over classes or prototypes have no attention matrix"
         )
     if names is None:
         return record.maps
