@@ -11,6 +11,7 @@ from torch import nn
 
 import vitlab
 from vitlab.diagnostics.capture import attention_recording, capture_attention
+from vitlab.explain.recording import recorded_attention
 
 transformers = pytest.importorskip("transformers")
 
@@ -198,3 +199,107 @@ def test_channel_attention_is_captured_as_what_it_is():
     head_dim = model.embed_dim // 4
     assert maps["blocks.0.attn"].shape == (2, 4, head_dim, head_dim)
     assert maps["cls_attn_blocks.0.attn"].shape == (2, 4, 1, 17)
+
+
+@pytest.mark.parametrize("arch", ["timm deit (distilled)", "vitlab vit", "torchvision vit"])
+def test_nested_recordings_give_each_matrix_once(arch):
+    """SDPA read again in float32 by the inner recording, vitlab's own switch and nn.MultiheadAttention: the outer
+    recording sees each matrix once, the inner one too, and the outer keeps reading after the inner one ends."""
+    torch.manual_seed(0)
+    model = ARCHITECTURES[arch][0]().eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad(), attention_recording(model) as outer:
+        inner = capture_attention(model, x)
+        after = len(outer.maps)
+        model(x)
+    assert after == len(inner) == 2, (list(outer.maps), list(inner))
+    assert len(outer.maps) == 4  # two forward passes, two blocks
+    for name, probs in inner.items():
+        torch.testing.assert_close(outer.maps[name], probs)
+        torch.testing.assert_close(outer.maps[f"{name}#2"], probs)
+
+
+def test_a_recording_around_the_explainers_reads_vitlabs_attention_once():
+    """The attention methods' recording (vitlab.explain.recording) replaces the forward of vitlab's Attention: a
+    recording around it still gets each matrix, the same one."""
+    model = ARCHITECTURES["vitlab vit"][0]().eval()
+    with torch.no_grad(), attention_recording(model) as outer, recorded_attention(model) as inner:
+        model(torch.randn(2, 3, 16, 16))
+    assert list(outer.maps) == inner.names == ["blocks.0.attn", "blocks.1.attn"]
+    for name, probs in zip(inner.names, inner.probs, strict=True):
+        torch.testing.assert_close(outer.maps[name], probs)
+
+
+class _PrototypeClassifier(nn.Module):
+    """``softmax(z @ protos.T)`` over five prototypes: a product of two non-parameters that relates no tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3 * 16 * 16, 8)
+        self.protos = nn.Parameter(torch.randn(5, 8))
+
+    def forward(self, x):
+        z = nn.functional.normalize(self.embed(x.flatten(1)), dim=-1)
+        return torch.softmax(z @ nn.functional.normalize(self.protos, dim=-1).T, -1)
+
+
+def test_a_softmax_over_prototypes_is_not_attention():
+    with pytest.raises(ValueError, match="_PrototypeClassifier computed no attention"):
+        capture_attention(_PrototypeClassifier(), torch.randn(2, 3, 16, 16))
+    model = nn.Sequential(ARCHITECTURES["timm deit (distilled)"][0](), nn.Linear(5, 3 * 16 * 16))
+    model.append(_PrototypeClassifier()).eval()
+    assert list(capture_attention(model, torch.randn(2, 3, 16, 16))) == ["0.blocks.0.attn", "0.blocks.1.attn"]
+
+
+class _CrossAttention(nn.Module):
+    """3 queries of one sequence over 7 keys of another, a learned bias per head and query-key offset added, and
+    the logits soft-capped (``cap * tanh(logits / cap)``) before the softmax."""
+
+    def __init__(self, heads: int = 2, dim: int = 8, cap: float = 2.0) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(dim, heads * dim), nn.Linear(dim, heads * dim)
+        self.bias = nn.Parameter(torch.randn(heads, 3, 7))
+        self.heads, self.cap = heads, cap
+
+    def logits(self, queries, keys):
+        q = self.q(queries).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+        k = self.k(keys).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+        return torch.einsum("bhqd,bhkd->bhqk", q, k) / q.shape[-1] ** 0.5 + self.bias
+
+    def forward(self, queries, keys):
+        return (self.cap * torch.tanh(self.logits(queries, keys) / self.cap)).softmax(-1) @ keys.unsqueeze(1)
+
+
+def test_cross_attention_with_a_bias_and_capped_logits_is_read_as_computed():
+    torch.manual_seed(0)
+    model, queries, keys = _CrossAttention().eval(), torch.randn(2, 3, 8), torch.randn(2, 7, 8)
+    with torch.no_grad(), attention_recording(model) as record:
+        model(queries, keys)
+    expected = (2.0 * torch.tanh(model.logits(queries, keys) / 2.0)).softmax(-1).detach()
+    assert list(record.maps) == [""] and not record.unread
+    torch.testing.assert_close(record.maps[""], expected)  # [B, H, Q, K] = [2, 2, 3, 7]
+
+
+class _MixedHeads(_CrossAttention):
+    """Talking heads written with einsum: a learned mix of the heads' logits before the softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Parameter(torch.randn(2, 2))
+
+    def forward(self, queries, keys):
+        return torch.einsum("bhqk,hg->bgqk", self.logits(queries, keys), self.mix).softmax(-1) @ keys.unsqueeze(1)
+
+
+def test_talking_heads_are_refused_by_name_not_returned_in_part():
+    """A learned mix across heads between the query-key product and the softmax (CaiT's talking heads, written as
+    linear layers; or as one einsum) is attention the capture cannot read: named, never a set that looks whole."""
+    with attention_recording(model := _MixedHeads()) as record:
+        model(torch.randn(2, 3, 8), torch.randn(2, 7, 8))
+    assert record.unread == {"": "einsum"} and not record.maps
+    cait = timm.create_model("cait_xxs24_224", pretrained=False, img_size=16, patch_size=4, depth=2, num_classes=5)
+    x = torch.randn(2, 3, 16, 16)
+    with pytest.raises(ValueError, match=r"Cait .* in blocks.0.attn, blocks.1.attn through permute, linear in proj_l"):
+        capture_attention(cait.eval(), x)
+    kept = capture_attention(cait, x, names=["blocks_token_only.0.attn"])  # the class attention it does read
+    assert kept["blocks_token_only.0.attn"].shape == (2, 4, 1, 17)

@@ -14,7 +14,7 @@ from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.capture import capture_attention
 from vitlab.diagnostics.dynamics import temperature_update
 from vitlab.dynamics import DynamicsPolicy, FrozenHeadAttention
-from vitlab.dynamics.probe import unit_temperature
+from vitlab.dynamics.probe import observed_modules, unit_temperature
 from vitlab.errors import ConfigError
 from vitlab.export import checkpoint_hparams, read_checkpoint
 from vitlab.layers import Attention
@@ -96,6 +96,10 @@ def test_fit_trains_a_timm_model_by_name_and_records_every_heads_drift(tmp_path,
             ],
             "has no CLS token",
         ),
+        (
+            ["model.name=timm:cait_xxs24_224", *TINY_TIMM, "dynamics.mode=fixed", "dynamics.freeze=false"],
+            "a query-key product that reaches its softmax in blocks.0.attn, blocks.1.attn through permute, linear",
+        ),
     ],
 )
 def test_what_cannot_be_built_or_controlled_is_refused_before_the_run_folder(tmp_path, capsys, overrides, message):
@@ -165,6 +169,17 @@ def test_a_timm_cnn_trains_by_name_without_the_image_size_it_does_not_take(tmp_p
     hparams = checkpoint_hparams(read_checkpoint(run_dir / "checkpoints" / "last.ckpt"))
     assert hparams["model_kwargs"] == {"in_chans": 1, "num_classes": 10}  # digits: 1 channel, 10 classes
     assert not (run_dir / "dynamics.jsonl").exists()  # no dynamics section, no controller
+
+
+def test_class_attention_alone_is_refused_for_the_drift_by_its_shape():
+    """CaiT's class-attention layers are read, one CLS query over the tokens, [B, H, 1, T]; the drift needs attention
+    among all the tokens, so a target naming only them is refused before training, not in its first probe."""
+    import timm
+
+    model = timm.create_model("cait_xxs24_224", pretrained=False, img_size=8, patch_size=2, depth=2, num_classes=3)
+    config = DynamicsConfig(mode="fixed", freeze=False, target="blocks_token_only")
+    with pytest.raises(ConfigError, match=r"none of its attention covers .*blocks_token_only.0.attn \[1, 4, 1, 17\]"):
+        observed_modules(model, config, torch.randn(1, 3, 8, 8), tokens=17)
 
 
 def test_timm_attention_is_taken_over_with_its_weights_and_logits():

@@ -8,8 +8,13 @@ LRP engine attaches its rules (a ``TorchFunctionMode`` and the operation names o
 - ``F.scaled_dot_product_attention``: its probabilities ``softmax(q k^T * scale + mask)`` are computed beside the
   call (the mask, ``is_causal`` and grouped-query heads as SDPA reads them); the call itself runs unchanged.
 - a softmax over the last axis of a query-key product: a ``matmul``, ``bmm``, ``einsum`` or ``baddbmm`` of two
-  tensors that are no parameters, followed by any scaling, bias, mask, cast or reshape (timm's and HF's eager
-  attention, torchvision's Swin). Its output is the attention.
+  batches of token sequences (each operand at least ``[B, N, d]``, heads optional, neither a parameter), followed by
+  any scaling, bias, mask, cast, element-wise map or reshape that keeps its last two axes (timm's and HF's eager
+  attention, torchvision's Swin). Its output is the attention. A softmax of anything else is not attention (a
+  prototype classifier's ``softmax(z @ protos.T)``, ``[B, P]``, relates no two token sequences). A query-key product
+  that reaches a softmax through any other operation (talking heads' learned mix across heads, Shazeer et al.,
+  "Talking-Heads Attention", 2020) is attention the capture cannot read: :attr:`AttentionRecord.unread`
+  names it, and :func:`capture_attention` refuses.
 - ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``): run with ``need_weights=True,
   average_attn_weights=False`` for the per-head weights; the caller gets the output and the weights it asked for.
 
@@ -28,7 +33,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -36,16 +42,18 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from vitlab.explain.hilrp import op_name
+from vitlab.explain.operations import ELEMENTWISE, op_name
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture
 
 #: the query-key products a softmax may normalise
 QUERY_KEY = frozenset({"matmul", "bmm", "einsum", "baddbmm"})
-#: operations that carry a query-key product on to its softmax: scale, bias, mask, cast, reshape
-CARRY = frozenset(
+#: operations that carry a query-key product on to its softmax: scale, bias, mask, cast, element-wise map, reshape
+CARRY = ELEMENTWISE | frozenset(
     ["add", "sub", "mul", "div", "masked_fill", "where", "to", "float", "type_as", "view", "reshape", "contiguous"]
 )
+#: set while a recorder computes for itself (SDPA's probabilities again): a recorder around it reads none of that
+_OWN_WORK: ContextVar[bool] = ContextVar("attention_recorder_own_work", default=False)
 _SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _MHA = inspect.signature(F.multi_head_attention_forward)
 
@@ -57,13 +65,16 @@ class AttentionRecord:
     ``maps``: name -> ``[B, H, Q, K]`` (``[B, W, H, Q, K]`` for windowed attention), detached, rows summing to 1.
     ``windows``: name -> ``W`` for the windowed ones. ``ops``: name -> the operation read (``sdpa``, ``softmax``,
     ``multi_head_attention``, ``Attention``: vitlab's own). ``batch``: the batch size of the forward pass (its first
-    tensor argument), which tells windows from images.
+    tensor argument), which tells windows from images. ``unread``: module -> the operations through which a
+    query-key product reached a softmax there that the capture does not follow (module doc): attention not in
+    ``maps``.
     """
 
     maps: dict[str, torch.Tensor] = field(default_factory=dict)
     windows: dict[str, int] = field(default_factory=dict)
     ops: dict[str, str] = field(default_factory=dict)
     batch: int | None = None
+    unread: dict[str, str] = field(default_factory=dict)
 
     def add(self, module: str, probs: torch.Tensor, op: str) -> None:
         """Record ``probs: [b, H, Q, K]`` (or ``[b, Q, K]``: one head) computed in ``module``."""
@@ -94,6 +105,43 @@ def _sdpa_probs(func, args: tuple, kwargs: dict) -> torch.Tensor:
     return func(q, k, eye, mask, **p)
 
 
+@contextmanager
+def _own_work() -> Iterator[None]:
+    """A recorder's own computation: every recorder lets it pass unread, so nested recordings read each matrix once."""
+    token = _OWN_WORK.set(True)
+    try:
+        yield
+    finally:
+        _OWN_WORK.reset(token)
+
+
+@dataclass(frozen=True)
+class _Product:
+    """A query-key product ``[..., Q, K]`` on its way to a softmax: its ``Q, K``, the depth of the module stack
+    where it was computed (it is dropped when that module returns), and the operations it went through that the
+    capture does not follow (none: the softmax of it is attention)."""
+
+    axes: tuple[int, int]
+    depth: int
+    unfollowed: tuple[str, ...] = ()
+
+
+def _query_key_operands(name: str, tensors: list[torch.Tensor]) -> bool:
+    """Whether ``name`` of ``tensors`` is a query-key product: two batches of token sequences, each at least
+    ``[B, N, d]`` and neither a parameter (``baddbmm``'s first tensor is its bias)."""
+    operands = tensors[1:] if name == "baddbmm" else tensors
+    return len(operands) == 2 and all(t.ndim >= 3 and not isinstance(t, nn.Parameter) for t in operands)
+
+
+def _keeps(shape: torch.Size, axes: tuple[int, int]) -> bool:
+    """Whether ``shape`` still has a query and a key axis of the sizes ``axes``."""
+    sizes = list(shape)
+    if axes[0] not in sizes:
+        return False
+    sizes.remove(axes[0])
+    return axes[1] in sizes
+
+
 class AttentionRecorder(TorchFunctionMode):
     """The mode of :func:`attention_recording`: reads the attention operations (module doc) into ``record``;
     ``where`` is the stack of module paths the forward pass is in, ``own`` the paths of vitlab's ``Attention``
@@ -103,31 +151,49 @@ class AttentionRecorder(TorchFunctionMode):
         super().__init__()
         self.record, self.own = record, own
         self.where: list[str] = []
-        self._products: dict[int, torch.Tensor] = {}  # query-key products and what carries them, by id
+        self._products: dict[int, tuple[torch.Tensor, _Product]] = {}  # query-key products and what carries them
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         module = self.where[-1] if self.where else ""
-        if module in self.own:
+        if module in self.own or _OWN_WORK.get():
             return func(*args, **kwargs)
         name = op_name(func)[0]
         if name == "scaled_dot_product_attention":
-            self.record.add(module, _sdpa_probs(func, args, kwargs), "sdpa")
+            with _own_work():
+                self.record.add(module, _sdpa_probs(func, args, kwargs), "sdpa")
             return func(*args, **kwargs)
         if name == "multi_head_attention_forward":
             return self._multi_head(func, module, args, kwargs)
         out = func(*args, **kwargs)
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if name in QUERY_KEY and len(tensors) >= 2 and not any(isinstance(t, nn.Parameter) for t in tensors):
-            self._products[id(out)] = out
-        elif name == "softmax" and tensors and id(tensors[0]) in self._products:
-            dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            if dim is not None and dim in (-1, tensors[0].ndim - 1):
-                self.record.add(module, out, "softmax")
-                self._products.clear()  # the next attention starts from its own product
-        elif name in CARRY and isinstance(out, torch.Tensor) and any(id(t) in self._products for t in tensors):
-            self._products[id(out)] = out
+        if name in QUERY_KEY and _query_key_operands(name, tensors):
+            self._products[id(out)] = out, _Product(tuple(out.shape[-2:]), len(self.where))
+            return out
+        carried = next((self._products[id(t)][1] for t in tensors if id(t) in self._products), None)
+        if carried is None or not isinstance(out, torch.Tensor):
+            return out
+        if name == "softmax":
+            self._softmax(module, out, carried, args[1] if len(args) > 1 else kwargs.get("dim"))
+        elif name in CARRY:
+            self._products[id(out)] = out, carried
+        elif _keeps(out.shape, carried.axes):  # the product, transformed in a way the capture does not follow
+            origin = self.where[carried.depth - 1] if carried.depth else ""
+            inside = f" in {module.removeprefix(origin).lstrip('.')}" if module != origin else ""
+            self._products[id(out)] = out, replace(carried, unfollowed=(*carried.unfollowed, f"{name}{inside}"))
         return out
+
+    def _softmax(self, module: str, probs: torch.Tensor, product: _Product, dim: int | None) -> None:
+        """A softmax of a query-key product: attention when over its key axis and carried only by operations the
+        capture follows; otherwise attention it cannot read, named in ``record.unread``."""
+        last = dim is not None and dim in (-1, probs.ndim - 1)
+        if last and not product.unfollowed and probs.ndim >= 3 and probs.shape[-1] == product.axes[1]:
+            with _own_work():
+                self.record.add(module, probs, "softmax")
+            self._products.clear()  # the next attention starts from its own product
+            return
+        how = ", ".join(dict.fromkeys(product.unfollowed)) or f"a softmax over axis {dim} of {list(probs.shape)}"
+        self.record.unread.setdefault(module, how)
 
     def _multi_head(self, func, module: str, args: tuple, kwargs: dict):
         """``nn.MultiheadAttention``: the call with per-head weights ``[B, H, Q, K]`` recorded; returns what the
@@ -147,9 +213,9 @@ class AttentionRecorder(TorchFunctionMode):
         self.where.append(name)
 
     def leave(self) -> None:
+        """The module returns: the products computed inside it go."""
         self.where.pop()
-        if not self.where:
-            self._products.clear()
+        self._products = {key: kept for key, kept in self._products.items() if kept[1].depth <= len(self.where)}
 
 
 @contextmanager
@@ -168,14 +234,15 @@ def attention_recording(model: nn.Module) -> Iterator[AttentionRecord]:
             # an operation's own module (nn.Softmax, nn.Dropout: no parameters, no children) names no attention
             wrapper = not any(True for _ in m.children()) and not any(True for _ in m.parameters())
 
-            def enter(_m, args, kwargs, name=name, wrapper=wrapper):
+            def enter(m, args, kwargs, name=name, wrapper=wrapper):
                 recorder.enter(recorder.where[-1] if wrapper and recorder.where else name, (args, kwargs))
+                if name in own:  # read after this call only what this call computed
+                    m.captured = None
 
             def leave(m, _args, _out, name=name):
                 recorder.leave()
-                if name in own and m.captured is not None:
+                if name in own and m.captured is not None:  # left in place for a recording around this one
                     record.add(name, m.captured, "Attention")
-                    m.captured = None
 
             stack.callback(m.register_forward_pre_hook(enter, with_kwargs=True).remove)
             stack.callback(m.register_forward_hook(leave, always_call=True).remove)
@@ -188,16 +255,20 @@ def capture_attention(model: nn.Module, x: torch.Tensor, names: list[str] | None
     """Run ``model(x)`` once and return its attention by module path: ``{name: [B, H, Q, K]}`` (windowed attention
     ``[B, W, H, Q, K]``), every row a softmax row (module doc). ``names``: keep only these.
 
-    Raises :class:`ValueError` when the forward pass computed no attention the module doc lists, or ``names``
+    Raises :class:`ValueError` when the forward pass computed no attention the module doc lists, or attention it
+    cannot read (:attr:`AttentionRecord.unread`) that ``names`` does not leave out; :class:`KeyError` when ``names``
     holds one that it did not compute.
     """
     with attention_recording(model) as record:
         model(x)
+    if record.unread and (names is None or set(names) & set(record.unread)):
+        read = f"names= may take the attention it read: {list(record.maps)}" if record.maps else "it read none"
+        raise ValueError(f"{type(model).__name__} {unread_attention(record)}; {read}")
     if not record.maps:
         raise ValueError(
             f"{type(model).__name__} computed no attention vitlab can read (no scaled_dot_product_attention, softmax "
-            "of a query-key product or nn.MultiheadAttention); linear attention and token mixers have no attention "
-            "matrix"
+            "of a query-key product of token sequences or nn.MultiheadAttention); linear attention, token mixers and "
+            "a softmax over classes or prototypes have no attention matrix"
         )
     if names is None:
         return record.maps
@@ -205,3 +276,18 @@ def capture_attention(model: nn.Module, x: torch.Tensor, names: list[str] | None
     if unknown:
         raise KeyError(f"no attention computed in {unknown}; computed in: {list(record.maps)}")
     return {name: record.maps[name] for name in names}
+
+
+def unread_attention(record: AttentionRecord) -> str:
+    """What ``record.unread`` says, as part of a sentence."""
+    ways: dict[str, list[str]] = {}
+    for module, how in record.unread.items():
+        ways.setdefault(how, []).append(module or "the model")
+    where = "; ".join(
+        f"{', '.join(modules[:3])}{f' ({len(modules)} modules)' if len(modules) > 3 else ''} through {how}"
+        for how, modules in ways.items()
+    )
+    return (
+        f"computes attention that vitlab cannot read, a query-key product that reaches its softmax in {where}: the "
+        "capture follows only scaling, bias, masks, casts, element-wise maps and reshapes (docs/foreign_models.md)"
+    )

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from vitlab.config.dynamics import TAU_MODES, DynamicsConfig
-from vitlab.diagnostics.capture import attention_recording
+from vitlab.diagnostics.capture import attention_recording, unread_attention
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture, attention_modules
@@ -82,7 +82,7 @@ class ObservedAttention:
 
 def attention_classes(model: nn.Module) -> list[str]:
     """The class names of the model's attention modules (``["EvaAttention"]``; none in a CNN), for messages."""
-    return sorted({type(m).__name__ for m in model.modules() if "attention" in type(m).__name__.lower()})
+    return sorted({type(m).__name__ for m in model.modules() if _attention_class(type(m).__name__)})
 
 
 def attention_kinds(model: nn.Module) -> str:
@@ -123,8 +123,8 @@ def observed_modules(
         if not chosen:
             problems.append(
                 f"{attention_kinds(model)}, and none of its attention covers the {tokens} tokens of the image "
-                f"({found or 'none captured'}): the drift needs a CLS row over every patch, which windowed attention "
-                "(Swin) has not; check dynamics.target"
+                f"({found or 'none captured'}): the drift needs a CLS row over every patch, among all the tokens, "
+                "which windowed attention (Swin) and class attention (CaiT) have not; check dynamics.target"
             )
     if config.mode in TAU_MODES:
         problems.append(
@@ -151,17 +151,39 @@ def _attention_over(
             "the controller reads the attention of a model without vitlab's Attention on an example: "
             "pass example=[1, C, H, W] to check()"
         )
+    return _observable(model, example, config.target, tokens)
+
+
+def _observable(
+    model: nn.Module, example: torch.Tensor, target: str | None, tokens: int
+) -> tuple[list[tuple[str, ObservedAttention]], str]:
+    """The attention among all ``tokens`` (each a query and a key) that ``model.forward_features(example)``
+    computes under ``target``, and what it computed: ``"blocks.0.attn (4 windows of 4), ..."``. Refused when some
+    attention there is attention the capture cannot read (a learned mix across heads: CaiT's talking heads): never
+    observed in part."""
     with torch.no_grad(), module_mode(model, training=False), attention_recording(model) as record:
         getattr(model, "forward_features", model)(example.to(next(model.parameters()).device))
     chosen = [
         (name, ObservedAttention(probs.shape[1]))
         for name, probs in record.maps.items()
         if name not in record.windows
-        and probs.shape[-1] == tokens
-        and (config.target is None or name.startswith(config.target))
+        and probs.shape[-2:] == (tokens, tokens)
+        and (target is None or name.startswith(target))
     ]
-    found = ", ".join(f"{n} ({record.windows.get(n, 1)} windows of {p.shape[-1]})" for n, p in record.maps.items())
+    if any(target is None or name.startswith(target) for name in record.unread):
+        readable = ", ".join(name for name, _ in chosen)
+        fix = f"set dynamics.target to a prefix of {readable}" if chosen else "choose another model"
+        raise ConfigError(f"{type(model).__name__} {unread_attention(record)}; {fix}")
+    found = ", ".join(
+        f"{n} ({record.windows[n]} windows of {p.shape[-1]})" if n in record.windows else f"{n} {list(p.shape)}"
+        for n, p in record.maps.items()
+    )
     return chosen, found
+
+
+def _attention_class(name: str) -> bool:
+    """Whether a module class name says attention (``EvaAttention``, CaiT's ``TalkingHeadAttn``), not a block."""
+    return any(word in name.lower() for word in ("attention", "attn")) and "block" not in name.lower()
 
 
 def modules_to_control(

@@ -25,7 +25,8 @@ class AttentionRecord:
 
 def _recording_forward(m: Attention, record: AttentionRecord, name: str) -> Callable[..., object]:
     """The shared ``Attention`` on its eager path, its matrix appended to ``record``. Same signature and outputs
-    as ``Attention.forward`` in eval mode (ToMe's ``size`` and ``return_keys`` included)."""
+    as ``Attention.forward`` in eval mode (ToMe's ``size`` and ``return_keys`` included); the matrix is also the
+    module's ``captured`` one when a capture (:func:`vitlab.layers.capture.attention_capture`) is on."""
 
     def forward(x: torch.Tensor, size: torch.Tensor | None = None, return_keys: bool = False):
         B, N, C = x.shape
@@ -35,6 +36,8 @@ def _recording_forward(m: Attention, record: AttentionRecord, name: str) -> Call
         probs = attention_probs(q, k, bias, m.scale)
         record.names.append(name)
         record.probs.append(probs)
+        if m.capture:  # a capture around this recording reads the same matrix
+            m.captured = probs.detach()
         out = m.proj((probs @ v).transpose(1, 2).reshape(B, N, C))
         return (out, k.detach().mean(1)) if return_keys else out
 

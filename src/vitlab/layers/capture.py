@@ -51,11 +51,13 @@ def attention_capture(model: nn.Module, names: list[str] | None = None) -> Itera
             "build the model from vitlab's shared layers"
         )
     cap = AttentionCapture(modules)
+    around = [m.capture for _, m in modules]  # a capture around this one keeps its switch on
     for _, m in modules:
         m.capture, m.captured = True, None
     try:
         yield cap
         cap.collect()
     finally:
-        for _, m in modules:
-            m.capture, m.captured = False, None
+        for (_, m), on in zip(modules, around, strict=True):
+            m.capture = on
+            m.captured = m.captured if on else None
