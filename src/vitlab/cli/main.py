@@ -63,6 +63,12 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
                 cfg = config_with_overrides(checkpoint_hparams(read_checkpoint(ckpt))["config"], overrides)
         else:
             cfg = build_config(args.config, overrides)  # every section checked: a typo costs no torch, no folder
+            if not args.config:
+                print(
+                    f"vitlab fit: no --config: the defaults ({cfg.model['name']} on {cfg.data.name}, "
+                    f"{cfg.trainer.max_epochs} epochs) where no override is given; `vitlab list-configs` lists recipes",
+                    file=sys.stderr,
+                )
         from vitlab.training.run import fit, resolved_config
 
         if args.print_config:
