@@ -240,10 +240,12 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
 
 
 def one_line_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
-    """A Python warning on a user's terminal as one line, ``vitlab: warning: MESSAGE (Category)``, without the
-    library's file, line and source line (``warnings.showwarning``'s signature)."""
+    """A Python warning on a user's terminal as one line, ``vitlab: warning: MESSAGE``, without the library's file,
+    line and source line (``warnings.showwarning``'s signature); a category other than a plain ``UserWarning``
+    (``FutureWarning``: a name going away) is named after the message."""
     text = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
-    print(f"vitlab: warning: {text} ({category.__name__})", file=sys.stderr)
+    kind = "" if category is UserWarning else f" ({category.__name__})"
+    print(f"vitlab: warning: {text}{kind}", file=sys.stderr)
 
 
 def _place_strays(args: argparse.Namespace, argv: list[str], rest: list[str]) -> list[str]:
