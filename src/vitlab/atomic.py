@@ -48,7 +48,7 @@ def check_not_foreign(path: str | Path) -> None:
     if folder is None:
         raise OutputError(
             f"cannot replace {path}: it lies behind {describe_link(link)}, a symbolic link, and vitlab did not write "
-            "it; --force replaces nothing through a link: pass the folder it points to as --out, or another --out"
+            "it; --force replaces nothing through a link: pass the path it points to as --out, or another --out"
         )
     raise OutputError(
         f"cannot replace {path}: it lies behind {describe_link(link)}, a symbolic link out of {folder}, and vitlab "

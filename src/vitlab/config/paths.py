@@ -15,15 +15,15 @@ def check_path_length(path: str, name: str, suffix: str = "") -> None:
     """``path`` (the option ``name``), with ``suffix`` added to its last folder name (a run's time stamp), is a path
     the file system takes: no folder name over :data:`NAME_MAX` bytes, the absolute path not over :data:`PATH_MAX`."""
     full = Path(path).expanduser().absolute()
-    parts = [*full.parts[:-1], full.name + suffix]
-    longest = max(parts, key=lambda part: len(part.encode()))
+    full = full.with_name(full.name + suffix) if full.name else full
+    longest = max(full.parts, key=lambda part: len(part.encode()))
     if len(longest.encode()) > NAME_MAX:
         raise ConfigError(
             f"{name} gives a folder name of {len(longest.encode())} bytes{' with the time stamp' if suffix else ''} "
             f"({longest[:24]}...); a file system takes at most {NAME_MAX} bytes per name: choose a shorter {name}"
         )
-    if len("/".join(parts).encode()) > PATH_MAX:
+    if len(str(full).encode()) > PATH_MAX:
         raise ConfigError(
-            f"{name} is {len('/'.join(parts).encode())} bytes long as an absolute path; a file system takes at most "
+            f"{name} is {len(str(full).encode())} bytes long as an absolute path; a file system takes at most "
             f"{PATH_MAX}: choose a shorter {name}"
         )
