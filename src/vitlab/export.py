@@ -237,7 +237,7 @@ def export_model(
     if not hasattr(model, "preset"):
         raise ValueError("only models built with vitlab.create_model can be exported (they record their preset)")
     if out_dir.exists() and not out_dir.is_dir():
-        raise ExportError(f"export target {out_dir} is a file, not a folder; pass --out a new or empty folder")
+        raise ExportError(f"export folder {out_dir} is a file, not a folder; pass --out a new or empty folder")
     existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     if existing and not force:
         shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
