@@ -104,6 +104,7 @@ def make_inputs(work: Path) -> dict[str, Path]:
     (work / "mine" / "deploy" / "model.onnx").write_bytes(b"the user's model")
     make_round_4_inputs(work)
     make_round_5_inputs(work, run_dir)
+    make_issue_60_cli_inputs(work, run_dir)
     return {"run": run_dir}
 
 
@@ -208,6 +209,24 @@ def make_resume_files(work: Path, run_dir: Path) -> None:
     }.items():
         shutil.copytree(run_dir, work / name)
         (work / name / "config.yaml").write_text(edit((run_dir / "config.yaml").read_text()))
+
+
+def make_issue_60_cli_inputs(work: Path, run_dir: Path) -> None:
+    """Issue 60: links to a user's folder holding maps.npz and to a user's predictions, an empty and a comment-only
+    config, brackets nested 2,000 deep, a live export's lock, a run whose last.ckpt is a link to a user's file."""
+    (work / "mine" / "maps").mkdir()
+    (work / "mine" / "maps" / "maps.npz").write_bytes(b"the user's maps")
+    (work / "maps_link").symlink_to(work / "mine" / "maps")
+    (work / "predictions_link.csv").symlink_to(work / "mine" / "predictions.csv")
+    (work / "empty.yaml").write_text("# settings to come\n")
+    (work / "deep.yaml").write_text("model: " + "[" * 2000 + "]" * 2000 + "\n")
+    (work / ".busy_export.export.lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")  # this process: alive
+    linked = work / "linked_last"
+    (linked / "checkpoints").mkdir(parents=True)
+    for name in (".vitlab-manifest.jsonl", "config.yaml"):
+        (linked / name).write_bytes((run_dir / name).read_bytes())
+    (work / "mine" / "last.ckpt").write_bytes((run_dir / "checkpoints" / "last.ckpt").read_bytes())
+    (linked / "checkpoints" / "last.ckpt").symlink_to(work / "mine" / "last.ckpt")
 
 
 @contextlib.contextmanager
@@ -469,6 +488,42 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         ("--resume of a run whose config.yaml has another lr", ["fit", "--resume", str(work / "edited_lr")]),
         ("--resume of a run whose config.yaml was emptied", ["fit", "--resume", str(work / "emptied")]),
         ("--resume that adds a dynamics section", ["fit", "--resume", str(run_dir), "dynamics.mode=fixed"]),
+        *issue_60_cli_cases(work, run_dir),
+    ]
+
+
+def issue_60_cli_cases(work: Path, run_dir: Path) -> list[tuple]:
+    """Issue 60 (round 5): links under --force, names the file system refuses, configs without settings or too deep
+    to read, stray arguments, a second export at once, list-configs without a match, a resume through a link."""
+    explain = ["explain", str(run_dir), str(work / "pets" / "a"), "--method", "attention", "--out"]
+    return [
+        ("explain --force through a link", [*explain, str(work / "maps_link"), "--force"]),
+        (
+            "predict --force onto a link",
+            ["predict", str(run_dir), str(work / "pets" / "a"), "--out", str(work / "predictions_link.csv"), "--force"],
+        ),
+        ("a run.dir folder name over 255 bytes", [*FIT, f"run.dir={work / ('x' * 300)}"]),
+        ("a run.dir path over 4,096 bytes", [*FIT, f"run.dir={work / (('y' * 250 + '/') * 17)}"]),
+        ("a YAML with 2,000 nested brackets", ["fit", "--config", str(work / "deep.yaml")]),
+        ("a comment-only (or empty, or ---) config", ["fit", "--config", str(work / "empty.yaml")]),
+        ("a stray positional argument", ["test", str(run_dir), str(run_dir)]),
+        (
+            "explain a run with --model",
+            [
+                "explain",
+                str(run_dir),
+                "--model",
+                "timm:deit_tiny_patch16_224",
+                str(work / "pets" / "a"),
+                "--method",
+                "lrp",
+                "--out",
+                str(work / "o"),
+            ],
+        ),
+        ("a second export into the same --out at once", ["export", str(run_dir), "--out", str(work / "busy_export")]),
+        ("list-configs with a pattern nothing matches", ["list-configs", "foo"]),
+        ("--resume of a run whose last.ckpt is a link", ["fit", "--resume", str(work / "linked_last")]),
     ]
 
 

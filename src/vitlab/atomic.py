@@ -38,16 +38,23 @@ def umask_mode(directory: bool = False) -> int:
 
 
 def check_not_foreign(path: str | Path) -> None:
-    """Refuse to replace a file that lies behind a symbolic link out of a folder vitlab owns and that vitlab did not
-    write (:func:`vitlab.manifest.foreign_behind_link`): a :class:`OutputError` naming the link."""
+    """The one rule of every file vitlab writes or removes, a file a user names with ``--out`` and ``--force``
+    included: nothing is replaced or removed through a symbolic link out of what vitlab wrote
+    (:func:`vitlab.manifest.foreign_behind_link`); a :class:`OutputError` naming the link."""
     found = foreign_behind_link(path)
-    if found is not None:
-        folder, link = found
+    if found is None:
+        return
+    folder, link = found
+    if folder is None:
         raise OutputError(
-            f"cannot replace {path}: it lies behind {describe_link(link)}, a symbolic link out of {folder}, and "
-            "vitlab did not write it; move the file, or replace the link by a folder (vitlab replaces nothing through "
-            "a link out of a folder it owns)"
+            f"cannot replace {path}: it lies behind {describe_link(link)}, a symbolic link, and vitlab did not write "
+            "it; --force replaces nothing through a link: pass the path it points to as --out, or another --out"
         )
+    raise OutputError(
+        f"cannot replace {path}: it lies behind {describe_link(link)}, a symbolic link out of {folder}, and vitlab "
+        "did not write it; move the file, or replace the link by a folder (vitlab replaces nothing through a link "
+        "out of a folder it owns)"
+    )
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -108,13 +115,15 @@ def check_outputs(paths: Sequence[str | Path], *, force: bool, flag: str = "--fo
     """Refuse before any work is done when a file a command would write exists (unless ``force``) or is a folder.
 
     The one output rule of every command that writes a file a user names: ``report``, ``predict``, ``compare``,
-    ``generate``, ``evaluate``, ``probe``, ``bench``.
+    ``generate``, ``evaluate``, ``probe``, ``bench``, ``explain`` (``export`` checks its files the same way): with
+    ``force`` too, nothing is replaced through a symbolic link (:func:`check_not_foreign`).
     """
     for path in map(Path, paths):
         if path.is_dir():
             raise OutputError(f"{path} is a folder; name a file to write (or another folder with --out)")
         if path.exists() and not force:
             raise OutputError(f"{path} exists; pass {flag} to replace it, or choose another --out")
+        check_not_foreign(path)
 
 
 def write_output(path: str | Path, data: str | bytes, *, force: bool = False) -> Path:

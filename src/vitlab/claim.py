@@ -1,5 +1,6 @@
-"""One writer per folder: the claim of a run directory by ``vitlab fit`` (``<run>/.lock``) and of an ``--out``
-folder by ``vitlab explain`` (``<out>/.explain.lock``).
+"""One writer per folder: the claim of a run directory by ``vitlab fit`` (``<run>/.lock``), of an ``--out``
+folder by ``vitlab explain`` (``<out>/.explain.lock``) and by ``vitlab export`` (``.<out>.export.lock`` beside it:
+an export appears in one rename of a staged folder onto ``<out>``, which must be empty).
 
 A lock file created with ``O_EXCL`` (atomic on every local file system: of two processes, exactly one creates it)
 holds ``<pid> <host>``; a lock whose process is gone is taken over, a live one refused in one line naming the pid
@@ -49,30 +50,45 @@ class RunClaim:
         self, path: str | Path, *, lock: str = LOCK_FILE, what: str = "run directory", other: str = "run.dir"
     ) -> None:
         self.path = Path(path)
-        self.lock = self.path / lock
+        self.lock = self.path / lock  # an absolute ``lock`` lies elsewhere (:meth:`beside`)
         self.what, self.other = what, other
         self.created = False
         self._made: list[Path] = []
         self._held = False
 
+    @classmethod
+    def beside(cls, path: str | Path, *, what: str, other: str) -> RunClaim:
+        """The claim of ``path`` by a lock beside it (``.<name>.<what's first word>.lock`` in its parent), for a
+        folder that must stay empty until its files appear together (``vitlab export``'s staged rename)."""
+        path = Path(path).absolute()
+        return cls(path, lock=str(path.parent / f".{path.name}.{what.split()[0]}.lock"), what=what, other=other)
+
     def acquire(self) -> RunClaim:
         self._made = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]  # deepest first
         self.created = bool(self._made)
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(
+                f"{self.what} {self.path} is a file, not a folder; pass {self.other} a new or empty folder"
+            )
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunDirError(f"cannot create {self.what} {self.path} ({e.strerror}); {self._writable_advice()}") from e
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise RunDirError(f"{self.what} {self.path} is not writable; {self._writable_advice()}")
-        for _ in range(3):
-            try:
-                self._create_lock()
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            self._held = True
-            return self
-        self._refuse()
+        try:
+            for _ in range(3):
+                try:
+                    self._create_lock()
+                except FileExistsError:
+                    self._take_over_if_stale()
+                    continue
+                self._held = True
+                return self
+            self._refuse()
+        except BaseException:  # refused: the folders made for this claim go again
+            self._remove_made()
+            raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _writable_advice(self) -> str:
@@ -84,7 +100,7 @@ class RunClaim:
         to ``.lock`` (atomic, and fails if the lock exists), so a second process never reads a lock without its
         pid. A filesystem without hard links falls back to ``O_EXCL`` with the line written just after."""
         line = f"{os.getpid()} {socket.gethostname()}\n"
-        private = self.path / f"{self.lock.name}.{os.getpid()}.new"
+        private = self.lock.with_name(f"{self.lock.name}.{os.getpid()}.new")
         fd = os.open(private, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, umask_mode())
         with os.fdopen(fd, "w") as f:
             f.write(line)
@@ -127,7 +143,7 @@ class RunClaim:
                 self._refuse()
         elif owner[1] != socket.gethostname() or _pid_alive(owner[0]):
             self._refuse()
-        aside = self.path / f"{self.lock.name}.stale-{os.getpid()}"
+        aside = self.lock.with_name(f"{self.lock.name}.stale-{os.getpid()}")
         try:
             os.rename(self.lock, aside)
         except FileNotFoundError:
@@ -149,11 +165,14 @@ class RunClaim:
             with contextlib.suppress(OSError):
                 if os.listdir(self.path) == [manifest.MANIFEST_FILE] and not manifest.entries(self.path):
                     (self.path / manifest.MANIFEST_FILE).unlink()
-            for folder in self._made:  # this folder, and the parents made for it (`runs/`), while they are empty
-                try:
-                    folder.rmdir()
-                except OSError:  # not empty: the run wrote something, keep it
-                    break
+            self._remove_made()
+
+    def _remove_made(self) -> None:
+        for folder in self._made:  # this folder, and the parents made for it (`runs/`), while they are empty
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the run wrote something, keep it
+                break
 
     def __enter__(self) -> RunClaim:
         return self.acquire()

@@ -23,7 +23,7 @@ from safetensors.torch import save_model as st_save_model
 from torch import nn
 
 from vitlab import manifest
-from vitlab.atomic import atomic_write_text, publish_files, staging_folder
+from vitlab.atomic import atomic_write_text, check_not_foreign, publish_files, staging_folder
 from vitlab.errors import CheckpointError, ConfigError, VitlabError
 from vitlab.layers.heads import state_in_original_order
 from vitlab.models.builder import create_model
@@ -196,15 +196,14 @@ def default_export_dir(checkpoint: str | Path) -> Path:
 def _check_force(out_dir: Path, formats: Sequence[str]) -> list[Path]:
     """What ``--force`` may do in ``out_dir``, which holds files: refused, naming them, when a file at a name the
     export writes (:data:`EXPORT_FILES`, and the deployment file of each of ``formats``) is not one an export wrote
-    there (the folder's manifest does not name it: a folder without one is the user's), or when ``out_dir`` is a
-    symbolic link. Returns the deployment files (``model.onnx``, ``model.pt2``) an earlier export wrote, which hold
-    the earlier weights and go."""
-    if out_dir.is_symlink():
-        raise ExportError(
-            f"export folder {out_dir} is a symbolic link ({manifest.describe_link(out_dir)}); --force replaces "
-            "nothing through a link: pass the folder it points to as --out, or another --out"
-        )
+    there (the folder's manifest does not name it: a folder without one is the user's), or when one would be
+    replaced through a symbolic link (the output rule of every command, :func:`vitlab.atomic.check_not_foreign`).
+    Returns the deployment files (``model.onnx``, ``model.pt2``) an earlier export wrote, which hold the earlier
+    weights and go."""
     names = (*EXPORT_FILES, *(name for fmt, name in EXPORT_FORMAT_FILES.items() if fmt in formats))
+    earlier = [out_dir / n for n in EXPORT_FORMAT_FILES.values() if manifest.is_recorded(out_dir / n)]
+    for path in [*(out_dir / n for n in names), *earlier]:
+        check_not_foreign(path)
     theirs = [n for n in names if (out_dir / n).exists() and not manifest.is_recorded(out_dir / n)]
     if theirs:
         why = f"its {manifest.MANIFEST_FILE} does not name them" if manifest.has_manifest(out_dir) else "no manifest"
@@ -213,7 +212,7 @@ def _check_force(out_dir: Path, formats: Sequence[str]) -> list[Path]:
             f"{'them' if len(theirs) > 1 else 'it'} elsewhere or pass another --out (--force replaces only the files "
             "an export wrote there)"
         )
-    return [out_dir / n for n in EXPORT_FORMAT_FILES.values() if manifest.is_recorded(out_dir / n)]
+    return earlier
 
 
 def export_model(
@@ -231,16 +230,14 @@ def export_model(
     own files (:data:`EXPORT_FILES`) are replaced, each atomically, and the ``model.onnx`` / ``model.pt2`` an
     earlier export wrote (named in the folder's manifest) are removed, being another model's; the folder's other
     files stay. A file at one of the export's names that no export wrote (a folder without a manifest is the
-    user's), or a ``force`` through a symbolic link, is refused before anything is written (:func:`_check_force`).
+    user's), or a file replaced through a symbolic link, is refused before anything is written (:func:`_check_force`).
     ``formats``: the deployment formats written next (``vitlab export --format``), whose files are checked too.
     """
     out_dir = Path(out_dir).expanduser().absolute()
-    if out_dir.is_symlink() and not force:  # a link to a new or empty folder: written there (nothing is replaced)
-        out_dir = out_dir.resolve()
     if not hasattr(model, "preset"):
         raise ValueError("only models built with vitlab.create_model can be exported (they record their preset)")
     if out_dir.exists() and not out_dir.is_dir():
-        raise ExportError(f"export target {out_dir} is a file, not a folder; pass --out a new or empty folder")
+        raise ExportError(f"export folder {out_dir} is a file, not a folder; pass --out a new or empty folder")
     existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     if existing and not force:
         shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
@@ -249,6 +246,8 @@ def export_model(
             f"replace only the export's own files ({', '.join(EXPORT_FILES)})"
         )
     earlier = _check_force(out_dir, formats) if existing else []
+    if out_dir.is_symlink():  # checked: nothing is replaced through it; staged beside the folder it points to
+        out_dir = out_dir.resolve()
     meta = {
         "format": EXPORT_FORMAT,
         "model": model.preset,

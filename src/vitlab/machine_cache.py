@@ -7,8 +7,8 @@ metrics. Here the first measurement of a case on a machine is written to the use
 (``$VITLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/vitlab``, else ``~/.cache/vitlab``; ``VITLAB_CACHE_DIR=off``
 measures in every process, as before) under a key of the machine (CPU model, GPU, torch version, threads) and the
 case, and every later process on that machine reads it back. Two processes that measure one case at once both
-keep the value written first (a lock around the read-and-write). A cache that cannot be read or written is
-reported once and the process measures on its own.
+keep the value written first (a lock on the cache folder around the read-and-write). A cache that cannot be read
+or written is reported once and the process measures on its own.
 """
 
 from __future__ import annotations
@@ -74,11 +74,14 @@ def remembered(section: str, case: str, measure: Callable[[], Any]) -> Any:
     value = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        folder = os.open(path.parent, os.O_RDONLY)  # the folder is the lock: no lock file is left (a full disk)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
             entries = _read(path)
             value = entries.setdefault(key, value)
             atomic_write_text(path, json.dumps(entries, indent=1, sort_keys=True) + "\n")
+        finally:
+            os.close(folder)
     except (OSError, ValueError) as e:
         _warn(path, e)
     return value

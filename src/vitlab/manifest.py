@@ -164,18 +164,36 @@ def reached_through_link(folder: str | Path, *, links_too: bool = False) -> tupl
     return None
 
 
-def foreign_behind_link(path: str | Path) -> tuple[Path, Path] | None:
-    """``(folder, link)`` when ``path`` exists, lies behind a symbolic link below the nearest folder with a manifest
-    (``<run>/evaluation`` a link to a folder of the user's) and that manifest does not name it: a file vitlab would
-    replace out of the folder it owns. None otherwise (a new file, a file vitlab wrote, no link, no manifest)."""
+def _owner(folder: Path) -> Path | None:
+    """The nearest folder with a manifest among ``folder`` and the folders above it: the folder vitlab owns that
+    ``folder`` is part of, or None (a user's folder)."""
+    return next((f for f in [folder, *folder.parents][:SEARCH_DEPTH] if has_manifest(f)), None)
+
+
+def foreign_behind_link(path: str | Path) -> tuple[Path | None, Path] | None:
+    """``(folder, link)`` when replacing or removing ``path`` would follow a symbolic link out of what vitlab wrote;
+    ``folder`` is the folder vitlab owns that the link leads out of (None: a user's folder). The one rule of every
+    write and of every ``--force``: ``path`` exists and
+
+    - lies behind a link below the nearest folder with a manifest (``<run>/evaluation`` a link to a user's folder),
+      and that manifest does not name it;
+    - or is itself a link, or its folder is one (``--out LINK`` a link to a user's folder), and the manifest of the
+      folder that holds the link does not name it (``runs/latest``, a user's link to a run, leads into a folder
+      vitlab owns: a file it wrote there is rewritten; ``<run>/export`` a link to another folder is refused).
+
+    None otherwise (a new file, a file vitlab wrote, no link)."""
     path = Path(path).absolute()
     if not (path.exists() or path.is_symlink()):
         return None
-    for folder in list(path.parents)[:SEARCH_DEPTH]:
-        if has_manifest(folder):
-            link = link_on_the_way(folder, path)
-            return (folder, link) if link is not None and not is_recorded(path) else None
-    return None
+    owner = _owner(path.parent)
+    link = link_on_the_way(owner, path) if owner is not None else None
+    if link is None:
+        link = next((candidate for candidate in (path, path.parent) if candidate.is_symlink()), None)
+        if link is None:
+            return None
+        owner = _owner(link.parent)
+    recorded = is_recorded(path) if owner is None else path in {p.absolute() for p in recorded_paths(owner)}
+    return None if recorded else (owner, link)
 
 
 def describe_link(link: Path) -> str:

@@ -157,7 +157,9 @@ def test_export_force_refuses_a_linked_out_folder_and_writes_an_empty_one_throug
     mine, link = tmp_path / "mine", tmp_path / "link"
     before = _users_folder(mine)
     link.symlink_to(mine)
-    with pytest.raises(ExportError, match=rf"export folder {link} is a symbolic link \(link -> {mine}\)"):
+    with pytest.raises(
+        OutputError, match=rf"cannot replace {link}/model.safetensors: it lies behind link -> {mine}, a"
+    ):
         export_model(model, link, force=True)
     assert _files(mine) == before
     empty, empty_link = tmp_path / "empty", tmp_path / "empty_link"
@@ -177,6 +179,7 @@ def test_export_force_replaces_what_an_export_wrote_and_keeps_the_rest(tmp_path,
 def test_export_force_into_a_runs_linked_export_folder_is_refused_on_the_command_line(tmp_path, capsys):
     run = make_run(tmp_path)
     write_checkpoint(run)
+    manifest.start(run, note=False)  # as `vitlab fit` leaves it: the run is vitlab's, the link leads out of it
     mine = tmp_path / "mine"
     (run / "export").rename(mine)
     (run / "export").symlink_to(mine)
@@ -184,8 +187,9 @@ def test_export_force_into_a_runs_linked_export_folder_is_refused_on_the_command
     assert main(["export", str(run), "--force"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        f"vitlab export: error: export folder {run / 'export'} is a symbolic link (export -> {mine}); "
-        "--force replaces nothing through a link: pass the folder it points to as --out, or another --out"
+        f"vitlab export: error: cannot replace {run / 'export' / 'model.safetensors'}: it lies behind "
+        f"export -> {mine}, a symbolic link out of {run}, and vitlab did not write it; move the file, or replace the "
+        "link by a folder (vitlab replaces nothing through a link out of a folder it owns)"
     ]
     assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
 

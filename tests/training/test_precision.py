@@ -79,7 +79,9 @@ def test_a_warning_reaches_the_terminal_of_a_command_as_one_line(monkeypatch, ca
     assert cli.main() == 0
     assert warnings.showwarning is cli.one_line_warning
     cli.one_line_warning(UserWarning("a thing happened\nsecond line"), UserWarning, "/x/lib.py", 3)
-    assert capsys.readouterr().err == "vitlab: warning: a thing happened (UserWarning)\n"
+    assert capsys.readouterr().err == "vitlab: warning: a thing happened\n"
+    cli.one_line_warning(FutureWarning("old name"), FutureWarning, "/x/lib.py", 3)  # a name going away says so
+    assert capsys.readouterr().err == "vitlab: warning: old name (FutureWarning)\n"
 
 
 def test_the_config_accepts_auto_and_names_the_choices_for_a_typo():

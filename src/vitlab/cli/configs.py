@@ -20,12 +20,17 @@ def _list_configs(p: argparse.ArgumentParser) -> Runner:
         import fnmatch
 
         from vitlab.config import CONFIG_ROOT
+        from vitlab.errors import ConfigError
 
+        found = 0
         for path in sorted(CONFIG_ROOT.rglob("*.yaml")):
             name = str(path.relative_to(CONFIG_ROOT).with_suffix(""))
             if not (fnmatch.fnmatch(name, args.pattern) or fnmatch.fnmatch(name, f"*{args.pattern}*")):
                 continue
             print(f"{name:32s} {config_summary(path.read_text())}")
+            found += 1
+        if not found:
+            raise ConfigError(f"no packaged config matches {args.pattern!r}; `vitlab list-configs` lists them all")
         return 0
 
     return run

@@ -33,6 +33,11 @@ def _check_target(args: argparse.Namespace) -> None:
             raise ConfigError(f"--model takes timm:NAME, got {args.model!r}; pass a run directory as RUN_OR_EXPORT")
         if args.evaluate:
             raise ConfigError("--evaluate reads a run's test set; pass a run directory instead of --model")
+        if args.target and _holds_a_model(Path(args.target)):
+            raise ConfigError(
+                f"{args.target} holds a model of its own and --model {args.model} names another; pass the run alone "
+                "(vitlab explain RUN IMAGES ...) or --model alone (vitlab explain --model timm:NAME IMAGES ...)"
+            )
         args.images = [args.target, *args.images] if args.target else args.images
         args.target = args.model
     elif args.weights or args.img_size is not None:
@@ -44,6 +49,14 @@ def _check_target(args: argparse.Namespace) -> None:
             raise ConfigError("--evaluate reads the run's test set; drop IMAGES and --method (use --methods)")
         if args.num_images < 1:
             raise ConfigError(f"--num-images must be at least 1, got {args.num_images}")
+
+
+def _holds_a_model(path: Path) -> bool:
+    """A run directory, an export folder or a checkpoint, not an image or a folder of images."""
+    from vitlab.rundir import CHECKPOINTS_DIR, CONFIG_FILE, EXPORT_CONFIG_FILE
+
+    markers = (CONFIG_FILE, EXPORT_CONFIG_FILE, CHECKPOINTS_DIR)
+    return path.suffix == ".ckpt" or (path.is_dir() and any((path / marker).exists() for marker in markers))
 
 
 @command("explain", "explanation maps (attention, rollout, LRP, Grad-CAM, integrated gradients) and their faithfulness")

@@ -63,6 +63,12 @@ def _fit(p: argparse.ArgumentParser) -> Runner:
                 cfg = config_with_overrides(checkpoint_hparams(read_checkpoint(ckpt))["config"], overrides)
         else:
             cfg = build_config(args.config, overrides)  # every section checked: a typo costs no torch, no folder
+            if not args.config:
+                print(
+                    f"vitlab fit: no --config: the defaults ({cfg.model['name']} on {cfg.data.name}, "
+                    f"{cfg.trainer.max_epochs} epochs) where no override is given; `vitlab list-configs` lists recipes",
+                    file=sys.stderr,
+                )
         from vitlab.training.run import fit, resolved_config
 
         if args.print_config:
@@ -140,15 +146,17 @@ def _export(p: argparse.ArgumentParser) -> Runner:
     add_format_option(p)
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.claim import RunClaim
         from vitlab.export import default_export_dir, export_model, model_from_checkpoint
         from vitlab.rundir import BEST_CHECKPOINT, locate_checkpoint
 
         ckpt = locate_checkpoint(args.checkpoint, prefer=(BEST_CHECKPOINT,))
         model, hp = model_from_checkpoint(ckpt)
         out = Path(args.out) if args.out else default_export_dir(ckpt)
-        out = export_model(model, out, {"data": hp["data_info"]}, force=args.force, formats=(args.format,))
-        print(f"exported {hp['config']['model']['name']} to {out}")
-        write_extra_format(model, out, args.format)
+        with RunClaim.beside(out, what="export folder", other="--out"):  # a second export at once is refused
+            out = export_model(model, out, {"data": hp["data_info"]}, force=args.force, formats=(args.format,))
+            print(f"exported {hp['config']['model']['name']} to {out}")
+            write_extra_format(model, out, args.format)
         return 0
 
     return run
@@ -225,16 +233,39 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     runners = {}
     for name, (setup, help_) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_, description=help_)
+        command_parser.set_defaults(command_parser=command_parser)
         if selected is None or name == selected:
             runners[name] = setup(command_parser)
     return parser, runners
 
 
 def one_line_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
-    """A Python warning on a user's terminal as one line, ``vitlab: warning: MESSAGE (Category)``, without the
-    library's file, line and source line (``warnings.showwarning``'s signature)."""
+    """A Python warning on a user's terminal as one line, ``vitlab: warning: MESSAGE``, without the library's file,
+    line and source line (``warnings.showwarning``'s signature); a category other than a plain ``UserWarning``
+    (``FutureWarning``: a name going away) is named after the message."""
     text = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
-    print(f"vitlab: warning: {text} ({category.__name__})", file=sys.stderr)
+    kind = "" if category is UserWarning else f" ({category.__name__})"
+    print(f"vitlab: warning: {text}{kind}", file=sys.stderr)
+
+
+def _place_strays(args: argparse.Namespace, argv: list[str], rest: list[str]) -> list[str]:
+    """The overrides of ``rest``, once each positional word after the options has its place: a command that takes
+    a list (``vitlab explain RUN --method lrp img.png``) gets it as ``parse_intermixed_args`` places it; any
+    other is refused in one line, never read as an override (``vitlab test RUN RUN``)."""
+    from vitlab.cli.options import seed_overrides, stray_arguments
+    from vitlab.errors import ConfigError
+
+    if not stray_arguments(rest):
+        return rest
+    command_parser = args.command_parser
+    mixed, rest = command_parser.parse_known_intermixed_args(argv[argv.index(args.command) + 1 :])
+    vars(args).update(vars(mixed))
+    rest = seed_overrides(args.global_seed, rest)
+    strays = stray_arguments(rest)
+    if strays:
+        usage = command_parser.format_usage().strip()
+        raise ConfigError(f"unexpected argument {strays[0]!r} ({usage}); a config override looks like key.sub=value")
+    return rest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like --section.key value)")
     try:
-        return runners[args.command](args, rest)
+        return runners[args.command](args, _place_strays(args, argv, rest))
     except (VitlabError, OSError, KeyboardInterrupt) as e:
         from vitlab.rundir import environment_error
 

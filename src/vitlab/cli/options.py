@@ -1,4 +1,5 @@
-"""Options the ``vitlab`` command reads itself, for every sub-command: ``--seed``.
+"""Options the ``vitlab`` command reads itself, for every sub-command: ``--seed``, and the words left after a
+command's own arguments (config overrides, or a stray argument that is none).
 
 Examples::
 
@@ -22,3 +23,18 @@ def seed_overrides(seed: int | None, rest: list[str]) -> list[str]:
             out.append(arg)
         i += 1
     return out if seed is None else [*out, f"run.seed={seed}"]
+
+
+def stray_arguments(rest: list[str]) -> list[str]:
+    """The words of ``rest`` (what a command's parser left) that are neither an option nor a config override
+    (``key.sub=value``, ``--key.sub value``): a second run directory, an image after the options."""
+    strays, i = [], 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg.startswith("-") and "=" not in arg:
+            i += 2  # --key.sub value
+            continue
+        if not arg.startswith("-") and "=" not in arg:
+            strays.append(arg)
+        i += 1
+    return strays

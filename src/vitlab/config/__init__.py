@@ -20,6 +20,7 @@ from vitlab.config.coerce import from_dict, to_dict
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.config.loss import ClassificationLossConfig, check_loss_section, loss_config_type
 from vitlab.config.model import ModelConfig, catalogue, model_class_name, model_section
+from vitlab.config.paths import check_path_length
 from vitlab.data.config import DataConfig, check_dataset_name
 from vitlab.errors import ConfigError
 
@@ -190,6 +191,11 @@ class RunSection:
                 f"run.name={self.name!r} must be one folder name (no '/' or '\\', not '.' or '..'): the run goes to "
                 "<run.root>/<run.name>-<time>; set run.root= to choose the folder it goes in"
             )
+        if self.dir:
+            check_path_length(self.dir, "run.dir")
+        else:
+            check_path_length(self.root, "run.root")
+            check_path_length(str(Path(self.root) / self.name), "run.name", "-YYYYmmdd-HHMMSS-N")
         if self.part_stats_every < 0:
             raise ConfigError(
                 f"run.part_stats_every must be 0 (off) or a number of optimisation steps, got {self.part_stats_every}"
@@ -313,6 +319,8 @@ def read_yaml(path: str | Path) -> Any:
             f"{path} is not a UTF-8 text file (byte {e.start} is {e.object[e.start : e.start + 1]!r}); pass a YAML "
             "config file, or save this one as UTF-8"
         ) from None
+    except RecursionError:  # PyYAML's composer recurses once per level of brackets
+        raise ConfigError(f"{path} nests its brackets too deep to read; a config is a few levels of sections") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -327,7 +335,11 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in _seen:
         chain = " -> ".join(p.name for p in (*_seen, path.resolve()))
         raise ConfigError(f"{path}: its defaults include themselves ({chain}); remove the entry that closes the circle")
-    data = read_yaml(path) or {}
+    data = read_yaml(path)
+    if data is None:  # an empty file, comments only, or a lone `---`: no settings at all
+        raise ConfigError(
+            f"config {path} is empty (no settings); write its settings, or leave out --config to train the defaults"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level")
     for key, value in data.items():  # an override of the section would silently replace a list or a number
@@ -397,6 +409,8 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             raise ConfigError(f"malformed override key {key!r}")
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
+        except RecursionError:
+            raise ConfigError(f"override {key}= nests its brackets too deep to read; give a flat value") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"override {key}={raw!r} is not a valid YAML value: {e}") from e
         if isinstance(value, str) and any(c in value for c in ".eE"):

@@ -101,6 +101,12 @@ def resolve_resume(target: str | Path) -> tuple[Path, Path]:
         raise RunDirError(
             f"--resume {target}: no such run directory or checkpoint; pass the folder `vitlab fit` printed"
         )
+    if ckpt.is_symlink():  # read before the run's links are checked: said as a link, not as a corrupt file
+        raise RunDirError(
+            f"--resume {target}: {ckpt} is a symbolic link ({manifest.describe_link(ckpt)}), and a resume rewrites it "
+            "in place; vitlab acts on nothing outside the folder it owns: put the checkpoint itself there in place "
+            f"of the link, or start a new run from its weights with model.pretrained={ckpt.resolve()}"
+        )
     run = RunDir(run_dir)
     lost = "lost its" if manifest.has_manifest(run_dir) and not run.is_run() else None
     if lost or (run.is_run() and not run.config_dict()):
