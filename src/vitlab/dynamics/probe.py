@@ -94,7 +94,7 @@ def observed_modules(
             f"dynamics.mode={config.mode} sets a per-head temperature, but {what}, whose heads vitlab cannot scale "
             "(only vitlab's and timm's plain Attention); use dynamics.mode=fixed"
         )
-    if config.freeze:
+    if config.freezes_heads:
         raise ConfigError(
             f"dynamics.freeze=true freezes heads whose parameters vitlab knows (vitlab's and timm's plain Attention), "
             f"but {what}; set dynamics.freeze=false to observe its heads"
