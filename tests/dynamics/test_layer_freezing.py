@@ -1,11 +1,16 @@
 """Layer freezing (``dynamics.freeze: layers``): a frozen encoder prefix, the signals that grow it, and short fits."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import vitlab
 from vitlab.config import build_config, from_dict
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.dynamics.layer_cache import PrefixCache, image_keys
@@ -240,3 +245,44 @@ def test_the_cache_is_refused_where_something_random_reaches_the_prefix(tmp_path
     with pytest.raises(ConfigError, match=message):
         fit(build_config("vit/digits", [*settings, f"run.dir={tmp_path / 'run'}", override]))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_ddp_ranks_freeze_the_same_blocks_and_keep_the_same_weights(tmp_path):
+    """Two CPU processes (gloo): DDP must find the frozen blocks' missing gradients, else its buckets wait for them
+    and the replicas part."""
+    run_dir = tmp_path / "ddp"
+    source = str(Path(vitlab.__file__).parents[1])  # the processes run this code, not another install
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": source}
+    env.pop("VITLAB_RUN_DIR", None)
+    overrides = [o for o in FIT if not o.startswith("trainer.limit_train_batches")]
+    cmd = [sys.executable, "-m", "vitlab.cli.main", "fit", "--config", "vit/digits", f"run.dir={run_dir}"]
+    cmd += [*overrides, "trainer.max_epochs=3", "trainer.strategy=ddp", "trainer.devices=2", "data.limit_train=256"]
+    cmd += ["dynamics.layer_signal=gradnorm", "dynamics.gradnorm_rate=1e9"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["frozen_layers"] for r in layer_records(run_dir)] == [0, 0, 1, 2]
+    check = json.loads((run_dir / "ddp_check.json").read_text())
+    assert check["world_size"] == 2 and check["in_sync"] is True
+
+
+def test_heads_signal_freezes_blocks_whose_heads_converged_and_no_single_head(tmp_path):
+    settings = [*FIT, f"run.dir={tmp_path}", "trainer.max_epochs=2", "dynamics.mode=schedule"]
+    settings += ["model.temperature=true", "dynamics.probe_size=16", "dynamics.kappa_images=4"]
+    settings += ["dynamics.convergence=absolute", "dynamics.eps_d=1e9", "dynamics.burn_in=0", "dynamics.patience=1"]
+    fit(build_config("vit/digits", settings))
+    records = layer_records(tmp_path)
+    assert [r["frozen_layers"] for r in records] == [0, 2, 2]  # every head converged at epoch 1; the last block trains
+    assert records[1]["layer_converged"] == [True, True, True]
+    dynamics = [json.loads(line) for line in (tmp_path / "dynamics.jsonl").read_text().splitlines()]
+    assert [r["frozen_layers"] for r in dynamics] == [0, 2, 2]
+    assert not any(any(row) for r in dynamics for row in r["frozen"])  # heads are not frozen one by one
+
+
+@pytest.mark.parametrize(
+    "model", [["model.name=vitcae_pico"], ["model.name=timm:deit_tiny_patch16_224", "model.img_size=8"]]
+)
+def test_vitcae_and_a_timm_vit_by_name_train_with_a_static_prefix(tmp_path, model):
+    settings = [*FIT, f"run.dir={tmp_path}", "trainer.max_epochs=1", "dynamics.layer_signal=static"]
+    fit(build_config("vit/digits", [*settings, "dynamics.freeze_layers=2", *model]))
+    assert [r["frozen_layers"] for r in layer_records(tmp_path)] == [2, 2]
