@@ -243,6 +243,15 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
             "freezing the heads of a model whose attention is only observed",
             [*FIT, "model.name=timm:eva02_tiny_patch14_224", "model.img_size=8", "dynamics.mode=fixed"],
         ),
+        ("a layer-freezing option without `dynamics.freeze=layers`", [*FIT, "dynamics.layer_signal=gradnorm"]),
+        (
+            "static layer freezing without a count",
+            [*FIT, "dynamics.freeze=layers", "dynamics.layer_signal=static"],
+        ),
+        (
+            "caching a frozen prefix that random augmentation reaches",
+            [*FIT, "dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.cache_frozen=true"],
+        ),
         ("patch size does not divide the image", [*FIT, "model.patch_size=3", f"run.dir={work / 'p3'}"]),
         ("unknown dataset", [*FIT, "data.name=imagenet-1k"]),
         ("dataset files missing", [*FIT, "data.name=mnist", f"data.root={work / 'nothing'}"]),

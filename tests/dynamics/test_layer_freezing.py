@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
+from vitlab.cli.main import main
 from vitlab.config import build_config, from_dict
 from vitlab.config.dynamics import DynamicsConfig
+from vitlab.diagnostics.frozen_layers import layer_summary
 from vitlab.dynamics.layer_cache import PrefixCache, image_keys
 from vitlab.dynamics.layer_freezing import (
     LayerFreezer,
@@ -183,7 +185,7 @@ def layer_records(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "layers.jsonl").read_text().splitlines()]
 
 
-def test_gradnorm_fit_reads_the_norms_once_an_epoch_without_a_probe(tmp_path):
+def test_gradnorm_fit_reads_the_norms_once_an_epoch_without_a_probe(tmp_path, capsys):
     settings = [*FIT, f"run.dir={tmp_path}", "trainer.max_epochs=3", "dynamics.layer_signal=gradnorm"]
     fit(build_config("vit/digits", [*settings, "dynamics.gradnorm_rate=1e9"]))  # any change rate freezes
     records = layer_records(tmp_path)
@@ -191,6 +193,14 @@ def test_gradnorm_fit_reads_the_norms_once_an_epoch_without_a_probe(tmp_path):
     assert [r["frozen_layers"] for r in records] == [0, 0, 1, 2]  # rates from epoch 2 on, one block each
     assert [len(r["gradient_norms"]) for r in records[1:]] == [3, 3, 3]
     assert records[-1]["freeze_epochs"] == [2, 3, None]
+    summary = layer_summary(tmp_path)  # the command's table and the report's section
+    assert [r["frozen_at"] for r in summary["rows"]] == [2, 3, None]
+    assert set(summary["step_seconds"]) == {0, 1}  # epoch 1 (k = 0, the warm-up) left out; epoch 3 trained with 1
+    capsys.readouterr()
+    assert main(["dynamics", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "frozen encoder blocks (gradnorm signal): 2/3 (67% of the blocks' FLOPs)" in out
+    assert "    1         3" in out and "    2         -" in out
 
 
 def test_a_resumed_run_keeps_its_frozen_prefix_and_weights(tmp_path):

@@ -157,7 +157,10 @@ class DynamicsConfig:
             return problems
         layered = self.freezes_layers
         if not layered and (self.layer_signal != "heads" or self.freeze_layers is not None or self.cache_frozen):
-            problems.append("dynamics.layer_signal, freeze_layers and cache_frozen act under dynamics.freeze=layers")
+            problems.append(
+                "dynamics.layer_signal, freeze_layers and cache_frozen act under dynamics.freeze=layers; set it or "
+                "leave them out"
+            )
         if self.layer_signal == "static" and not _is_count(self.freeze_layers):
             problems.append(f"dynamics.layer_signal=static needs dynamics.freeze_layers >= 1, got {self.freeze_layers}")
         if self.layer_signal != "static" and self.freeze_layers is not None:
