@@ -117,7 +117,7 @@ class PrefixCache:
 
 class CachedPrefix:
     """Runs a model's training steps from the cache: for a batch whose images are all stored, the frozen blocks
-    become identities and block ``k``'s input is replaced by the stored outputs; for any other batch the blocks run
+    become identities and block ``k-1``'s output is replaced by the stored outputs; for any other batch the blocks run
     and block ``k-1``'s outputs are stored. ``blocks``: the encoder's block modules in forward order."""
 
     def __init__(self, blocks: list[nn.Module], cache: PrefixCache) -> None:
@@ -140,7 +140,7 @@ class CachedPrefix:
             return False
         for block in self.blocks[:k]:
             block.forward = _identity  # an instance attribute: deleted again in end_batch
-        self._hooks.append(self.blocks[k].register_forward_pre_hook(self._replace, with_kwargs=True))
+        self._hooks.append(self.blocks[k - 1].register_forward_hook(self._replace))
         return True
 
     def end_batch(self) -> None:
@@ -154,8 +154,8 @@ class CachedPrefix:
     def _store(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
         self.cache.put(self._keys, output)
 
-    def _replace(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        return (self._stored, *args[1:]), kwargs
+    def _replace(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return self._stored
 
 
 def _identity(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
