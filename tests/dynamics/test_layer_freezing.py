@@ -287,6 +287,8 @@ def test_heads_signal_freezes_blocks_whose_heads_converged_and_no_single_head(tm
     dynamics = [json.loads(line) for line in (tmp_path / "dynamics.jsonl").read_text().splitlines()]
     assert [r["frozen_layers"] for r in dynamics] == [0, 2, 2]
     assert not any(any(row) for r in dynamics for row in r["frozen"])  # heads are not frozen one by one
+    assert dynamics[2]["tau"][:2] == dynamics[1]["tau"][:2]  # eq. 20 leaves the frozen blocks' tau alone
+    assert dynamics[2]["tau"][2] != dynamics[1]["tau"][2]
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,12 @@ class LayerFreezer:
         layers = [layer for n, layer in self.layer_of.items() if n.startswith(f"{name}.")]
         return min(layers) - 1 if layers else -1
 
+    def frozen_heads(self, like: torch.Tensor) -> torch.Tensor:
+        """``[L, H]`` bool (shaped ``like``): the heads of the controlled modules in frozen blocks, whose tau the
+        schedule must leave alone."""
+        in_prefix = torch.tensor([0 <= block < self.frozen for block in self.module_blocks], dtype=torch.bool)
+        return in_prefix[:, None].expand_as(like)
+
     def frozen_parameters(self) -> list[nn.Parameter]:
         return [p for layer in self.parameters[: self.frozen + 1] for p in layer] if self.frozen else []
 

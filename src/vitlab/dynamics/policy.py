@@ -313,7 +313,8 @@ class DynamicsPolicy(PolicyState):
             score = score_drift(current[:, :, :common], self.previous[:, :, :common]).mean(dim=-1)
             self.tracker.observe(drift, rate, score)  # every epoch: the relative rule's peak, the decay rules' history
             if cfg.mode == "schedule":
-                self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
+                fixed = self.frozen if self.layers is None else self.frozen | self.layers.frozen_heads(self.frozen)
+                self.set_temperatures(temperature_update(drift, cfg.alpha), ~fixed)
         if extend is not None and current.shape[2] == cfg.probe_min and epoch in self._before_first_decision():
             current = torch.cat([current, extend().float()], dim=2)
         tau = self.temperatures()
