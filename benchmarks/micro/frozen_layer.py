@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import sys
 import time
@@ -47,7 +48,7 @@ from vitlab.models import create_model
 if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.naming import results_path
+from benchmarks.naming import cpu_model, results_path
 
 SIZES = ((1, 5), (8, 65), (32, 65), (8, 257))
 
@@ -123,6 +124,7 @@ def layer_step_times(rounds: int, steps: int, batches: int = 8) -> dict[str, lis
 
 def main_layers(args: argparse.Namespace) -> None:
     """``--layers``: :func:`layer_step_times`, printed and written with the per-round ratios to the unfrozen model."""
+    load_before = os.getloadavg()
     times = layer_step_times(args.rounds, args.steps)
     ratios = {name: [t / b for t, b in zip(v, times["0"], strict=True)] for name, v in times.items()}
     for name, values in times.items():
@@ -138,6 +140,8 @@ def main_layers(args: argparse.Namespace) -> None:
             "compare the per-round ratios, not the absolute times"
         ),
         "setup": "vit_pico, 32x32x3, patch 4 (64 tokens), batch 64, 8 fixed batches, AdamW, k of 4 blocks frozen",
+        "cpu": cpu_model(),
+        "load_average_before_after": [load_before, os.getloadavg()],
         "torch": torch.__version__,
         "environment": environment(),
         "processor": platform.processor(),
