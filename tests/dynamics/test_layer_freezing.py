@@ -15,6 +15,7 @@ from vitlab.cli.main import main
 from vitlab.config import build_config, from_dict
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.frozen_layers import layer_summary
+from vitlab.dynamics import DynamicsController
 from vitlab.dynamics.layer_cache import PrefixCache, image_keys
 from vitlab.dynamics.layer_freezing import (
     LayerFreezer,
@@ -30,7 +31,7 @@ from vitlab.models import create_model
 from vitlab.training.run import fit
 
 MODELS = {
-    "vit": ("vit_pico", dict(depth=3)),
+    "vit": ("vit_pico", dict(depth=3, temperature=True)),
     "vitcae": ("vitcae_pico", dict(depth=3)),
     "timm": ("timm:deit_tiny_patch16_224", dict(depth=3, num_heads=2, embed_dim=32)),
 }
@@ -97,6 +98,16 @@ def test_freezing_changes_no_output_and_thawing_gives_back_only_what_trained():
         and model.blocks[0].attn.qkv.weight.requires_grad
     )
     assert freezer.freeze_epochs == [None, None, None]
+
+
+def test_thawing_under_mode_fixed_leaves_tau_out_of_training(tmp_path):
+    model = build("vit")
+    controller = DynamicsController(DynamicsConfig(mode="fixed", freeze="layers"), tmp_path)
+    controller.attach(model)
+    controller.layers.freeze(2)
+    controller.layers.freeze(0)
+    assert not any(block.attn.log_tau.requires_grad for block in model.blocks)
+    assert all(block.attn.qkv.weight.requires_grad for block in model.blocks)
 
 
 def test_the_freezer_caps_the_prefix_below_the_last_block():

@@ -180,6 +180,8 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
                 self._load_pending_state()
         if self.layers is not None:
             self.layers.module_blocks = [self.layers.layer_of_module(name) for name in self.module_names]
+            # what thawing gives back: the parameters that train once the policy has set up (mode fixed: no tau)
+            self.layers.trainable = {id(p) for p in model.parameters() if p.requires_grad}
         if cfg.cache_frozen:
             cache = PrefixCache(int(cfg.cache_memory_mb * 2**20), self.run_dir / CACHE_FILE, capacity=0)
             self.cached = CachedPrefix(self.layers.block_modules(model), cache)
