@@ -314,6 +314,15 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
                 "dynamics.target=blocks_token_only",
             ],
         ),
+        ("a layer-freezing option without `dynamics.freeze=layers`", [*FIT, "dynamics.layer_signal=gradnorm"]),
+        (
+            "static layer freezing without a count",
+            [*FIT, "dynamics.freeze=layers", "dynamics.layer_signal=static"],
+        ),
+        (
+            "caching a frozen prefix that random augmentation reaches",
+            [*FIT, "dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.cache_frozen=true"],
+        ),
         ("patch size does not divide the image", [*FIT, "model.patch_size=3", f"run.dir={work / 'p3'}"]),
         ("unknown dataset", [*FIT, "data.name=imagenet-1k"]),
         ("dataset files missing", [*FIT, "data.name=mnist", f"data.root={work / 'nothing'}"]),

@@ -50,6 +50,7 @@ TEST_METRICS_FILE = "test_metrics.json"
 DDP_CHECK_FILE = "ddp_check.json"
 DYNAMICS_FILE = "dynamics.jsonl"
 DYNAMICS_DIR = "dynamics"
+LAYERS_FILE = "layers.jsonl"  # the frozen encoder prefix per epoch (dynamics.freeze=layers)
 REPORT_FILE = "report.html"
 TENSORBOARD_DIR = "tb"
 CHECKPOINTS_DIR = "checkpoints"
@@ -79,6 +80,7 @@ RUN_FILES = (
     TEST_METRICS_FILE,
     DDP_CHECK_FILE,
     DYNAMICS_FILE,
+    LAYERS_FILE,
     RESUMES_FILE,
     REPORT_FILE,
     f"{CHECKPOINTS_DIR}/{BEST_CHECKPOINT}",

@@ -1,4 +1,5 @@
-"""``vitlab dynamics``: redraw a run's attention-dynamics figures and print its per-head table.
+"""``vitlab dynamics``: redraw a run's attention-dynamics figures and print its per-head table (and, for a run that
+froze layers, its per-block table).
 
 Examples::
 
@@ -21,11 +22,18 @@ def _dynamics(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--out", help="folder for the figures (default: <run_dir>/dynamics)")
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
+        from vitlab.diagnostics.frozen_layers import format_layer_table, layer_summary
         from vitlab.diagnostics.plots import draw_run, head_table, read_dynamics
+        from vitlab.rundir import DYNAMICS_FILE
 
         source = Path(args.run_dir)
         run_dir = source if source.is_dir() else source.parent
         out = Path(args.out) if args.out else run_dir / "dynamics"
+        layers = layer_summary(run_dir)
+        if layers is not None:
+            print(format_layer_table(layers))
+            if not (run_dir / DYNAMICS_FILE).exists():  # frozen by a signal that reads no attention: nothing to draw
+                return 0
         records = read_dynamics(source)
         print(format_table(head_table(records), records[-1]["epoch"]))
         for path in draw_run(source, out, baseline=args.compare):

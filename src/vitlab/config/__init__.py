@@ -267,6 +267,7 @@ class RunConfig:
         self.loss = check_loss_section(class_name, self.loss)
         if self.dynamics is not None:
             self.dynamics.check_model(self.model)
+            self.dynamics.check_data(self.data)
 
 
 # -------------------------------------------------------------------------------------------------------------------

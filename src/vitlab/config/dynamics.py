@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from vitlab.config.model import has_temperature
+from vitlab.data.config import AugmentConfig, DataConfig
 from vitlab.errors import ConfigError
 
 DRIFT_UNITS = ("image", "patch")
@@ -16,6 +17,10 @@ MODES = ("schedule", "learn", "fixed")
 PROBE_TAUS = ("model", "unit")
 KAPPA_DTYPES = ("float64", "float32")
 FREEZE_SCOPES = ("qkv", "pattern")
+#: what ``dynamics.freeze`` takes: false, true (= heads, eq. 26), heads, or layers (a frozen prefix of the encoder)
+FREEZE_MODES = (False, True, "heads", "layers")
+#: what freezes the lowest trainable layer under ``freeze: layers`` (:mod:`vitlab.dynamics.layer_freezing`)
+LAYER_SIGNALS = ("heads", "gradnorm", "schedule", "static")
 #: the modes that change tau, so need a temperature in every controlled module
 TAU_MODES = ("schedule", "learn")
 #: the remedy when they find none (here before torch, in ``DynamicsPolicy.check`` on the built model)
@@ -29,11 +34,29 @@ _CHOICES = {
     "convergence": CONVERGENCE_RULES,
     "tau_clause": TAU_CLAUSES,
     "kappa_dtype": KAPPA_DTYPES,
+    "freeze": FREEZE_MODES,
+    "layer_signal": LAYER_SIGNALS,
 }
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def random_augmentations(augment: AugmentConfig) -> list[str]:
+    """The random training augmentations ``augment`` turns on (``data.augment.*`` names)."""
+    names = ["random_crop", "hflip", "autoaugment", "random_erasing", "mixup_alpha", "cutmix_alpha"]
+    return [f"data.augment.{n}" for n in names if getattr(augment, n)]
+
+
+CACHE_REFUSAL = (
+    "dynamics.cache_frozen reuses the frozen blocks' outputs, exact only when nothing random reaches them, but {} "
+    "draw at random; turn them off or set dynamics.cache_frozen=false"
+)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 @dataclass
@@ -67,8 +90,15 @@ class DynamicsConfig:
     eps_tau: float = 0.05
     patience: int = 3
     burn_in: int = 5
-    freeze: bool = True
+    freeze: bool | str = True
     freeze_scope: str = "qkv"
+    layer_signal: str = "heads"
+    freeze_layers: int | None = None
+    freezeout_t0: float = 0.5
+    gradnorm_rate: float = 0.1
+    max_frozen_layers: int | None = None
+    cache_frozen: bool = False
+    cache_memory_mb: float = 1024.0
     target: str | None = None
     kappa_images: int = 32
     kappa_every: int = 1
@@ -100,6 +130,7 @@ class DynamicsConfig:
             *self._not_one_of("mode", "freeze_scope", "probe_tau", "drift_units", "convergence"),
             *self._rule_problems(),
             *self._probe_problems(),
+            *self._layer_problems(),
         ]
         if not 0 < self.eps < 1:
             problems.append(f"dynamics.eps must be in (0, 1), got {self.eps}")
@@ -113,12 +144,60 @@ class DynamicsConfig:
             raise ConfigError("; ".join(problems))
 
     def _not_one_of(self, *names: str) -> list[str]:
-        """The named options whose value is not one of their :data:`_CHOICES`."""
+        """The named options whose value is not one of their :data:`_CHOICES` (``true`` is not ``1``)."""
         return [
-            f"dynamics.{name} must be one of {', '.join(_CHOICES[name])}, got {getattr(self, name)!r}"
+            f"dynamics.{name} must be one of {', '.join(str(c).lower() for c in _CHOICES[name])}, "
+            f"got {getattr(self, name)!r}"
             for name in names
-            if getattr(self, name) not in _CHOICES[name]
+            if not any(
+                getattr(self, name) is c if isinstance(c, bool) else getattr(self, name) == c for c in _CHOICES[name]
+            )
         ]
+
+    @property
+    def freezes_heads(self) -> bool:
+        """Eq. 26: converged heads freeze (``freeze: true`` or ``heads``)."""
+        return self.freeze is True or self.freeze == "heads"
+
+    @property
+    def freezes_layers(self) -> bool:
+        """A prefix of the encoder freezes whole (``freeze: layers``, :mod:`vitlab.dynamics.layer_freezing`)."""
+        return self.freeze == "layers"
+
+    @property
+    def measures(self) -> bool:
+        """Whether the controller probes the attention: always, except when nothing reads it (``mode: fixed``,
+        layers frozen by a signal other than the heads')."""
+        return not (self.freezes_layers and self.layer_signal != "heads" and self.mode == "fixed")
+
+    def _layer_problems(self) -> list[str]:
+        """What is wrong with the layer-freezing options (``freeze: layers``)."""
+        problems = self._not_one_of("freeze", "layer_signal")
+        if problems:
+            return problems
+        layered = self.freezes_layers
+        if not layered and (self.layer_signal != "heads" or self.freeze_layers is not None or self.cache_frozen):
+            problems.append(
+                "dynamics.layer_signal, freeze_layers and cache_frozen act under dynamics.freeze=layers; set it or "
+                "leave them out"
+            )
+        if self.layer_signal == "static" and not _is_count(self.freeze_layers):
+            problems.append(f"dynamics.layer_signal=static needs dynamics.freeze_layers >= 1, got {self.freeze_layers}")
+        if self.layer_signal != "static" and self.freeze_layers is not None:
+            problems.append("dynamics.freeze_layers is the static signal's count; set dynamics.layer_signal=static")
+        if self.max_frozen_layers is not None and not _is_count(self.max_frozen_layers):
+            problems.append(f"dynamics.max_frozen_layers must be >= 1 or null, got {self.max_frozen_layers!r}")
+        if not _is_number(self.freezeout_t0) or not 0 < self.freezeout_t0 < 1:
+            problems.append(
+                f"dynamics.freezeout_t0 must be in (0, 1) (a fraction of training), got {self.freezeout_t0}"
+            )
+        if not _is_number(self.gradnorm_rate) or not self.gradnorm_rate > 0:
+            problems.append(f"dynamics.gradnorm_rate must be > 0, got {self.gradnorm_rate!r}")
+        if not _is_number(self.cache_memory_mb) or self.cache_memory_mb < 0:
+            problems.append(f"dynamics.cache_memory_mb must be >= 0 (MiB), got {self.cache_memory_mb!r}")
+        if layered and self.thaw and self.layer_signal != "heads":
+            problems.append("dynamics.thaw releases on renewed drift, which only dynamics.layer_signal=heads measures")
+        return problems
 
     def _rule_problems(self) -> list[str]:
         """What is wrong with the convergence rule's and the schedule's options."""
@@ -192,3 +271,9 @@ class DynamicsConfig:
                 f"dynamics.mode={self.mode!r} needs a temperature in every controlled module, but model "
                 f"{model['name']!r} is built without one; {TEMPERATURE_FIX}"
             )
+
+    def check_data(self, data: DataConfig) -> None:
+        """Refuse, before the run folder exists, the cache of a frozen prefix that random augmentation reaches."""
+        random = random_augmentations(data.augment)
+        if self.cache_frozen and random:
+            raise ConfigError(CACHE_REFUSAL.format(", ".join(random)))

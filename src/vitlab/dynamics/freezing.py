@@ -8,12 +8,38 @@ included).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from vitlab.dynamics.frozen_heads import FrozenHeadAttention
 from vitlab.layers.attention import Attention
+
+
+def dropping_gradients(drop: Callable[[], None]) -> Callable[..., tuple[tuple, dict] | None]:
+    """An optimizer step pre-hook that calls ``drop`` (which sets the gradients of frozen parameters to None, so
+    that the update skips them) now, or, when the step gets a closure (Lightning runs the backward, gradient
+    clipping included, inside ``optimizer.step(closure)``), right after the closure, so that the clipping norm is
+    the one every other run computes and the update is the only thing skipped."""
+
+    def before_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        # args: what step() was called with, the optimizer itself first
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            drop()
+            return None
+
+        def then_drop() -> Any:
+            loss = closure()
+            drop()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": then_drop}
+        return (args[0], then_drop, *args[2:]), kwargs
+
+    return before_step
 
 
 class FrozenHeadGuard:
@@ -107,30 +133,11 @@ class FrozenHeadGuard:
         for parameter in self._frozen_whole:
             parameter.grad = None
 
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        """The step pre-hook: drop the frozen-whole gradients now, or, when the step gets a closure (Lightning runs
-        the backward, gradient clipping included, inside ``optimizer.step(closure)``), right after the closure, so
-        that the clipping norm is the one every other run computes and the update is the only thing skipped."""
-        # args: what step() was called with, the optimizer itself first
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        if closure is None:
-            self.drop_frozen_gradients()
-            return None
-
-        def then_drop() -> Any:
-            loss = closure()
-            self.drop_frozen_gradients()
-            return loss
-
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": then_drop}
-        return (args[0], then_drop, *args[2:]), kwargs
-
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Restore the frozen heads after every ``optimizer.step()`` (and let it skip the parameters frozen whole);
         permute its state when heads move."""
         self._optimizers.append(optimizer)
-        self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
+        self._hooks.append(optimizer.register_step_pre_hook(dropping_gradients(self.drop_frozen_gradients)))
         self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.restore()))
 
     def detach(self) -> None:

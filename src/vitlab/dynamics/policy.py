@@ -32,6 +32,8 @@ from vitlab.diagnostics.dynamics import (
     temperature_update,
 )
 from vitlab.dynamics.freezing import FrozenHeadGuard
+from vitlab.dynamics.layer_cache import CachedPrefix
+from vitlab.dynamics.layer_freezing import LayerFreezer
 from vitlab.dynamics.policy_state import PolicyState
 from vitlab.dynamics.probe import (
     ObservedAttention,
@@ -77,9 +79,12 @@ class DynamicsPolicy(PolicyState):
         self.kappa: torch.Tensor | None = None  # [L, H] float64, the last count
         self.kappa_epoch: int | None = None  # the epoch it was counted at
         self.frozen: torch.Tensor | None = None  # [L, H] bool
+        self.layers: LayerFreezer | None = None  # freeze: layers (the callback makes it)
         self._pending_state: dict[str, Any] | None = None
         self._epoch_started: float | None = None
         self._rate_sum, self._rate_steps = 0.0, 0  # the learning rates of this epoch's steps (the callback)
+        self._epoch_steps = self._cached_steps = 0
+        self.cached: CachedPrefix | None = None  # cache_frozen (the callback makes it)
 
     @classmethod
     def from_config(cls, values: dict[str, Any] | DynamicsConfig | None, run_dir: str | Path) -> Self:
@@ -308,7 +313,8 @@ class DynamicsPolicy(PolicyState):
             score = score_drift(current[:, :, :common], self.previous[:, :, :common]).mean(dim=-1)
             self.tracker.observe(drift, rate, score)  # every epoch: the relative rule's peak, the decay rules' history
             if cfg.mode == "schedule":
-                self.set_temperatures(temperature_update(drift, cfg.alpha), ~self.frozen)
+                fixed = self.frozen if self.layers is None else self.frozen | self.layers.frozen_heads(self.frozen)
+                self.set_temperatures(temperature_update(drift, cfg.alpha), ~fixed)
         if extend is not None and current.shape[2] == cfg.probe_min and epoch in self._before_first_decision():
             current = torch.cat([current, extend().float()], dim=2)
         tau = self.temperatures()
@@ -346,7 +352,11 @@ class DynamicsPolicy(PolicyState):
             converged = self.tracker.decide(torch.zeros_like(tau) if drift is None else drift, tau, directed)
         else:
             converged = self.tracker.converged.clone()
-        if cfg.freeze and not torch.equal(converged, self.frozen) and (cfg.thaw or (converged & ~self.frozen).any()):
+        if (
+            cfg.freezes_heads
+            and not torch.equal(converged, self.frozen)
+            and (cfg.thaw or (converged & ~self.frozen).any())
+        ):
             self.frozen = converged.clone() if cfg.thaw else self.frozen | converged
             self.guard.freeze(self.frozen)  # freeze=true is refused where there is no guard
         return converged

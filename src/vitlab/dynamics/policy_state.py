@@ -32,6 +32,7 @@ class PolicyState:
             "frozen": self.frozen,
             "kappa": self.kappa,
             "kappa_epoch": self.kappa_epoch,
+            "layers": None if self.layers is None else self.layers.state_dict(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -51,6 +52,8 @@ class PolicyState:
         self.kappa, self.kappa_epoch = state.get("kappa"), state.get("kappa_epoch")  # absent before kappa_every
         self.previous_model_tau = state.get("previous_model_tau")  # absent before log_model_tau
         self.before_previous, self.last_drift = state.get("before_previous"), state.get("last_drift")
+        if self.layers is not None and state.get("layers") is not None:
+            self.layers.load_state_dict(state["layers"])
         if state["tracker"] is None:
             self.tracker = None
             return

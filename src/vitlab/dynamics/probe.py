@@ -131,7 +131,7 @@ def observed_modules(
             f"dynamics.mode={config.mode} sets a per-head temperature, but {attention_kinds(model)}, whose heads "
             "vitlab cannot scale (only vitlab's and timm's plain Attention); use dynamics.mode=fixed"
         )
-    if config.freeze:
+    if config.freezes_heads:
         problems.append(
             f"dynamics.freeze=true freezes heads whose parameters vitlab knows (vitlab's and timm's plain Attention), "
             f"but {attention_kinds(model)}; set dynamics.freeze=false to observe its heads"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from timm.models import group_parameters
 from torch import nn
 
 
@@ -51,6 +52,13 @@ class LayerGrouped(Protocol):
     ordinal)]}`` (``timm.models.group_parameters``), what layer-wise learning-rate decay builds on."""
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]: ...
+
+
+def parameter_layers(model: LayerGrouped) -> dict[str, int]:
+    """Layer of every parameter name: timm's ``group_parameters`` over ``model.group_matcher()``, 0 the embeddings,
+    then the blocks in forward order (block ``i`` is layer ``i + 1``); what no group names (the head) is the last
+    layer. Layer-wise learning-rate decay and layer freezing read the model's depth from it."""
+    return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
 
 
 @runtime_checkable

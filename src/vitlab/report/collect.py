@@ -48,6 +48,7 @@ from vitlab.rundir import (
     EVALUATION_DIR,
     EVALUATION_FILE,
     EXPORT_CONFIG_FILE,
+    LAYERS_FILE,
     locate_model,
     read_json,
 )
@@ -226,6 +227,25 @@ def dynamics_section(run: RunRecord) -> Section | None:
     )
 
 
+def frozen_layers_section(run: RunRecord) -> Section | None:
+    """``layers.jsonl`` (``dynamics.freeze: layers``): the epoch each encoder block froze at and the saving."""
+    from vitlab.diagnostics.frozen_layers import layer_summary
+
+    summary = layer_summary(run.path)
+    if summary is None:
+        return None
+    run.use(LAYERS_FILE)
+    text = (
+        f"Signal {summary['signal']}: {summary['frozen_layers']}/{summary['blocks']} encoder blocks frozen at the "
+        f"last epoch, {100 * summary['frozen_share']:.0f}% of the blocks' FLOPs."
+    )
+    steps = [(k, round(1e3 * s, 2)) for k, s in summary["step_seconds"].items()]
+    blocks = [Text(text), Table(["block", "frozen at epoch"], [(r["block"], r["frozen_at"]) for r in summary["rows"]])]
+    if steps:
+        blocks.append(Table(["blocks frozen", "ms per training step"], steps))
+    return Section("frozen_layers", "Frozen encoder blocks", blocks)
+
+
 def other_outputs_section(run: RunRecord) -> Section | None:
     """PNG and JSON files of the run directory that no other section showed (probe outputs, for instance)."""
     found = []
@@ -327,6 +347,7 @@ def collect_run(run_dir: str | Path | RunRecord, attention_images: int = ATTENTI
         evaluation_section(run),
         *family_sections(run),
         dynamics_section(run),
+        frozen_layers_section(run),
         attention,
         explanations,
         segments,
@@ -375,6 +396,7 @@ __all__ = [
     "evaluation_section",
     "family_sections",
     "fmt",
+    "frozen_layers_section",
     "image_sections",
     "other_outputs_section",
     "run_cards",

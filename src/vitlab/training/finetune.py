@@ -15,14 +15,13 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities import rank_zero_info
-from timm.models import group_parameters
 from torch import nn
 
 from vitlab.config import FinetuneConfig, RunConfig
 from vitlab.data import VisionDataModule
 from vitlab.errors import ConfigError
 from vitlab.models.pretrained import PretrainedWeightsError, backbone_of, source_pretrained_cfg
-from vitlab.models.protocols import LayerGrouped
+from vitlab.models.protocols import LayerGrouped, parameter_layers
 
 
 def _backbone(model: nn.Module, option: str) -> tuple[nn.Module, str]:
@@ -56,7 +55,7 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
             f"finetune.layer_decay needs a model with timm's group_matcher (its layers in forward order); "
             f"{type(model).__name__} has none: unset finetune.layer_decay or give the model a group_matcher"
         )
-    return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
+    return parameter_layers(model)
 
 
 def layer_decay_groups(model: nn.Module, groups: list[dict[str, Any]], lr: float, decay: float) -> list[dict[str, Any]]:

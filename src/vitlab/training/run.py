@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vitlab import manifest
@@ -194,6 +195,11 @@ def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback], va
         plugins=[AtomicCheckpointIO()],
     )
     share_cpu_threads(trainer)
+    if cfg.dynamics is not None and cfg.dynamics.freezes_layers and isinstance(trainer.strategy, DDPStrategy):
+        # Frozen blocks stop producing gradients mid-run: DDP must look for unused parameters at every step, else
+        # its buckets wait for gradients that never come and the replicas part (Lightning's
+        # ddp_find_unused_parameters_true, whatever strategy name chose DDP).
+        trainer.strategy._ddp_kwargs["find_unused_parameters"] = True
     return trainer
 
 
