@@ -230,10 +230,13 @@ def _flat_and_blocky(chans=3, size=16):
     return torch.cat([flat, 2 * blocks.repeat_interleave(size // 2, -1).repeat_interleave(size // 2, -2)])
 
 
-def test_the_classifier_graph_of_predict_and_export_is_the_models_forward_when_slots_are_empty():
+@pytest.mark.parametrize("inputs", ["flat and blocky", "the export check's"])
+def test_the_classifier_graph_of_predict_and_export_is_the_models_forward_when_slots_are_empty(inputs):
+    from vitlab.export_formats import check_inputs
+
     torch.manual_seed(0)
     model = vitlab.create_model("cet_vit_nano_global", **KWARGS).eval()
-    x = _flat_and_blocky()
+    x = _flat_and_blocky() if inputs == "flat and blocky" else check_inputs(model)
     with torch.no_grad():
         _, aux = model.forward_with_aux(x, compute_ei=False)
         assert (~aux.occupied).any(), "the inputs must reach the path under test: slots no token picks"
