@@ -364,7 +364,6 @@ def load_model(
         get_preset(meta["model"])
         check_export_config(meta, None, cfg_file)  # before the numbers build anything
         model = create_model(meta["model"], **_rebuild_kwargs(meta["model"], meta["kwargs"], overrides))
-        check_export_config(meta, model, cfg_file)
         weights = path / EXPORT_WEIGHTS_FILE
         _check_weights(weights, meta.get("weights_sha256"))  # an export older than the checksum has none
         try:
@@ -385,6 +384,7 @@ def load_model(
                 f"{weights} does not fit the model {cfg_file.name} describes ({detail}); "
                 f"{cfg_file.name} was edited, or the two files come from different exports: export the model again"
             ) from e
+        check_export_config(meta, model, cfg_file)  # the data section against the model the weights fit
         _record_normalisation(model, meta.get("data"))
         return model.eval()
     model, _ = model_from_checkpoint(path, overrides)
