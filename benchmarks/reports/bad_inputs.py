@@ -105,6 +105,7 @@ def make_inputs(work: Path) -> dict[str, Path]:
     make_round_4_inputs(work)
     make_round_5_inputs(work, run_dir)
     make_issue_60_cli_inputs(work, run_dir)
+    make_export_number_files(work, run_dir)
     return {"run": run_dir}
 
 
@@ -227,6 +228,31 @@ def make_issue_60_cli_inputs(work: Path, run_dir: Path) -> None:
         (linked / name).write_bytes((run_dir / name).read_bytes())
     (work / "mine" / "last.ckpt").write_bytes((run_dir / "checkpoints" / "last.ckpt").read_bytes())
     (linked / "checkpoints" / "last.ckpt").symlink_to(work / "mine" / "last.ckpt")
+
+
+def make_export_number_files(work: Path, run_dir: Path) -> None:
+    """Exports whose config.json normalisation is NaN, or a std of 0 (every prediction would be NaN)."""
+    for name, key, value in (("nan_mean_export", "mean", [float("nan")]), ("zero_std_export", "std", [0.0])):
+        for file in ("model.safetensors", "config.json"):
+            (work / name / file).parent.mkdir(parents=True, exist_ok=True)
+            (work / name / file).write_bytes((run_dir / "export" / file).read_bytes())
+        config = json.loads((work / name / "config.json").read_text())
+        config["data"][key] = value
+        (work / name / "config.json").write_text(json.dumps(config))
+
+
+@contextlib.contextmanager
+def without_onnxscript():
+    """``import onnxscript`` fails, as where the onnx extra is not installed."""
+    saved = sys.modules.get("onnxscript")
+    sys.modules["onnxscript"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if saved is None:
+            del sys.modules["onnxscript"]
+        else:
+            sys.modules["onnxscript"] = saved
 
 
 @contextlib.contextmanager
@@ -497,6 +523,13 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         ("--resume of a run whose config.yaml has another lr", ["fit", "--resume", str(work / "edited_lr")]),
         ("--resume of a run whose config.yaml was emptied", ["fit", "--resume", str(work / "emptied")]),
         ("--resume that adds a dynamics section", ["fit", "--resume", str(run_dir), "dynamics.mode=fixed"]),
+        ("an export whose config.json mean is NaN", ["predict", str(work / "nan_mean_export"), str(work / "pets")]),
+        ("an export whose config.json std is 0", ["predict", str(work / "zero_std_export"), str(work / "pets")]),
+        (
+            "export --format onnx without onnxscript",
+            ["export", str(run_dir), "--out", str(work / "no_onnxscript"), "--format", "onnx"],
+            without_onnxscript,
+        ),
         *issue_60_cli_cases(work, run_dir),
     ]
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +292,53 @@ def _check_weights(weights: Path, sha256: str | None) -> None:
         raise CheckpointError(f"{weights} is corrupt (checksum mismatch): export the model again")
 
 
+def _numbers(value: Any, key: str) -> Iterator[tuple[str, float]]:
+    """Every number in a JSON value, with its dotted key (``data.mean[0]``)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _numbers(v, f"{key}[{i}]")
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        yield key, value
+
+
+def _config_problem(meta: dict[str, Any], model: nn.Module | None) -> str | None:
+    """What is wrong with the numbers of an export's ``config.json``, naming the key, or None."""
+    for key, number in _numbers(meta, ""):
+        if not math.isfinite(number):
+            return f"has {key} = {number}, not a finite number"
+    data = meta.get("data") or {}
+    known = {"num_classes": getattr(model, "num_classes", None), **getattr(model, "init_kwargs", {})}
+    for key in ("num_classes", "in_chans", "img_size"):
+        if key in data and known.get(key) is not None and data[key] != known[key]:
+            return f"has data.{key} = {data[key]}, but the model has {known[key]}"
+    chans = known.get("in_chans", data.get("in_chans"))
+    for key in ("mean", "std"):
+        values = data.get(key)
+        if values is not None and (
+            not isinstance(values, list)
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+            or (chans is not None and len(values) != chans)
+        ):
+            return f"has data.{key} = {values}, not one number per input channel ({chans})"
+    if any(s <= 0 for s in data.get("std") or []):
+        return f"has data.std = {data['std']}, which must be > 0 for every channel"
+    return None
+
+
+def check_export_config(meta: dict[str, Any], model: nn.Module | None, cfg_file: Path) -> None:
+    """Every number of an export's ``config.json`` is finite; its ``data`` section (the normalisation and the
+    geometry that ``vitlab predict`` and ``evaluate`` read) fits the model: one mean and one std > 0 per input
+    channel, and the model's ``num_classes``, ``in_chans`` and ``img_size``. A :class:`CheckpointError` names the
+    key (a NaN mean or a zero std makes every prediction NaN). ``model`` None: the numbers and the ``data``
+    section alone, before the model is built from them."""
+    problem = _config_problem(meta, model)
+    if problem:
+        raise CheckpointError(f"{cfg_file} {problem}; it was edited or damaged: export the model again")
+
+
 def load_model(
     path: str | Path, map_location: str | torch.device = "cpu", overrides: dict[str, Any] | None = None
 ) -> nn.Module:
@@ -313,6 +361,7 @@ def load_model(
         if meta.get("format") != EXPORT_FORMAT:
             raise CheckpointError(f"{cfg_file} is not a vitlab export (format {meta.get('format')!r})")
         get_preset(meta["model"])
+        check_export_config(meta, None, cfg_file)  # before the numbers build anything
         model = create_model(meta["model"], **_rebuild_kwargs(meta["model"], meta["kwargs"], overrides))
         weights = path / EXPORT_WEIGHTS_FILE
         _check_weights(weights, meta.get("weights_sha256"))  # an export older than the checksum has none
@@ -334,6 +383,7 @@ def load_model(
                 f"{weights} does not fit the model {cfg_file.name} describes ({detail}); "
                 f"{cfg_file.name} was edited, or the two files come from different exports: export the model again"
             ) from e
+        check_export_config(meta, model, cfg_file)  # the data section against the model the weights fit
         _record_normalisation(model, meta.get("data"))
         return model.eval()
     model, _ = model_from_checkpoint(path, overrides)

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -220,3 +221,105 @@ def test_predict_reads_16_bit_images_as_their_8_bit_levels_and_names_a_float_ima
     assert main(["predict", str(run), str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "skipped" in err and "float.tiff" in err and "(PIL mode F) has no agreed range" in err
+
+
+def _flat_and_blocky(chans=3, size=16):
+    """Images of one colour or of four large blocks: many patches alike, so CET-ViT leaves slots empty."""
+    flat = torch.tensor([0.0, 2.0, -2.0]).view(3, 1, 1, 1).expand(3, chans, size, size)
+    blocks = torch.randn(2, chans, 2, 2, generator=torch.Generator().manual_seed(1))
+    return torch.cat([flat, 2 * blocks.repeat_interleave(size // 2, -1).repeat_interleave(size // 2, -2)])
+
+
+@pytest.mark.parametrize("inputs", ["flat and blocky", "the export check's"])
+def test_the_classifier_graph_of_predict_and_export_is_the_models_forward_when_slots_are_empty(inputs):
+    from vitlab.export_formats import check_inputs
+
+    torch.manual_seed(0)
+    model = vitlab.create_model("cet_vit_nano_global", **KWARGS).eval()
+    x = _flat_and_blocky() if inputs == "flat and blocky" else check_inputs(model)
+    with torch.no_grad():
+        _, aux = model.forward_with_aux(x, compute_ei=False)
+        assert (~aux.occupied).any(), "the inputs must reach the path under test: slots no token picks"
+        torch.testing.assert_close(ClassifierGraph(model)(x), model(x), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_onnx_of_a_cet_vit_that_masks_empty_slots_gives_its_forward_on_images_that_empty_slots(tmp_path):
+    torch.manual_seed(0)
+    model = vitlab.create_model("cet_vit_nano_global", **KWARGS).eval()
+    x = _flat_and_blocky()
+    with torch.no_grad():
+        want = model(x)
+        _, aux = model.forward_with_aux(x, compute_ei=False)
+    assert (~aux.occupied).any(), "the inputs must reach the path under test: slots no token picks"
+    path, _ = write_format(model, tmp_path, "onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(["logits"], {"images": x.numpy()})[0])
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_export_check_refuses_a_graph_that_differs_only_where_random_images_do_not_reach(tmp_path, monkeypatch):
+    import vitlab.export_formats as formats
+
+    model = vitlab.create_model("vit_pico", **KWARGS).eval()
+    real = formats.ClassifierGraph.forward
+
+    def wrong_on_flat_images(self, images):  # a branch only images with flat regions reach
+        flat = (images.flatten(1).std(1) < 0.5).to(images.dtype)[:, None]
+        return real(self, images) + flat
+
+    monkeypatch.setattr(formats.ClassifierGraph, "forward", wrong_on_flat_images)
+    with pytest.raises(ExportFormatError, match="differs from the model by 1.00e"):
+        write_format(model, tmp_path, "torch-export")
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_export_checks_the_file_on_the_runs_validation_images(checkpoint, tmp_path, capsys):
+    run, _ = checkpoint
+    data = tmp_path / "data.npz"
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, (40, 16, 16, 3), dtype=np.uint8), np.arange(40) % 3
+    np.savez(data, x_train=x, y_train=y, x_test=x[:10], y_test=y[:10])
+    ckpt = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)
+    ckpt["hyper_parameters"]["config"]["data"] = {"name": "npz", "path": str(data), "val_fraction": 0.25}
+    torch.save(ckpt, run / "checkpoints" / "best.ckpt")
+    assert main(["export", str(run), "--format", "torch-export"]) == 0
+    assert "on 10 of the run's validation images and 9 built inputs" in capsys.readouterr().out
+    (run / "export").rename(tmp_path / "first")
+    data.unlink()  # the data moved away: the built inputs alone
+    assert main(["export", str(run), "--format", "torch-export"]) == 0
+    assert "on 9 built inputs (no run data)" in capsys.readouterr().out
+
+
+def test_export_onnx_without_onnxscript_names_the_library_before_writing(checkpoint, monkeypatch, capsys):
+    run, _ = checkpoint
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # import onnxscript raises ImportError
+    assert main(["export", str(run), "--format", "onnx"]) == 2
+    err = capsys.readouterr().err
+    assert "onnxscript is not installed: pip install 'vitlab[onnx]'" in err and "could not capture" not in err
+    assert len(err.strip().splitlines()) == 1 and not (run / "export").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("mean", [float("nan"), 0.4, 0.3], "data.mean[0] = nan, not a finite number"),
+        ("std", [0.0, 0.25, 0.25], "data.std = [0.0, 0.25, 0.25], which must be > 0"),
+        ("std", [0.25], "data.std = [0.25], not one number per input channel (3)"),
+        ("num_classes", 5, "data.num_classes = 5, but the model has 3"),
+    ],
+)
+def test_an_export_whose_config_numbers_are_wrong_is_refused_naming_the_key(
+    checkpoint, tmp_path, capsys, key, value, message
+):
+    run, _ = checkpoint
+    assert main(["export", str(run)]) == 0
+    config = run / "export" / "config.json"
+    meta = json.loads(config.read_text())
+    meta["data"][key] = value
+    config.write_text(json.dumps(meta))  # json writes NaN as the bare token NaN, which it reads back
+    _write_images(tmp_path / "one", 1)
+    capsys.readouterr()
+    assert main(["predict", str(run / "export"), str(tmp_path / "one")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "export the model again" in err and len(err.splitlines()) == 1

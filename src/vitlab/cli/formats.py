@@ -23,11 +23,22 @@ def add_format_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def write_extra_format(model, out: Path, fmt: str) -> None:
-    """After the safetensors export: the ``--format`` file, with a line saying what was written."""
-    from vitlab.export_formats import CHECK_BATCH, write_format
+def check_format(fmt: str) -> None:
+    """Before anything is written: the libraries ``fmt`` needs are installed."""
+    from vitlab.export_formats import require_libraries
 
-    written = write_format(model, out, fmt)
-    if written is not None:
-        path, diff = written
-        print(f"wrote {path} (dynamic batch; on a batch of {CHECK_BATCH}, max |logits - model's| = {diff:.1e})")
+    require_libraries(fmt)
+
+
+def write_extra_format(model, out: Path, fmt: str, hparams: dict) -> None:
+    """After the safetensors export: the ``--format`` file, checked on a batch of the run's validation images when
+    its data is at hand (and on built inputs), with a line saying what was written and what it was checked on."""
+    from vitlab.export_formats import check_inputs, validation_images, write_format
+
+    if fmt == "safetensors":
+        return
+    images = validation_images(model, hparams["config"].get("data") or {}, hparams.get("data_info") or {})
+    path, diff = write_format(model, out, fmt, images)
+    on = f"{len(check_inputs(model))} built inputs"
+    on = f"{len(images)} of the run's validation images and {on}" if images is not None else f"{on} (no run data)"
+    print(f"wrote {path} (dynamic batch; on {on}, max |logits - model's| = {diff:.1e})")

@@ -141,7 +141,7 @@ def _export(p: argparse.ArgumentParser) -> Runner:
         action="store_true",
         help="write into a folder that holds files: replace only the files an export wrote there",
     )
-    from vitlab.cli.formats import add_format_option, write_extra_format
+    from vitlab.cli.formats import add_format_option, check_format, write_extra_format
 
     add_format_option(p)
 
@@ -150,13 +150,14 @@ def _export(p: argparse.ArgumentParser) -> Runner:
         from vitlab.export import default_export_dir, export_model, model_from_checkpoint
         from vitlab.rundir import BEST_CHECKPOINT, locate_checkpoint
 
+        check_format(args.format)
         ckpt = locate_checkpoint(args.checkpoint, prefer=(BEST_CHECKPOINT,))
         model, hp = model_from_checkpoint(ckpt)
         out = Path(args.out) if args.out else default_export_dir(ckpt)
         with RunClaim.beside(out, what="export folder", other="--out"):  # a second export at once is refused
             out = export_model(model, out, {"data": hp["data_info"]}, force=args.force, formats=(args.format,))
             print(f"exported {hp['config']['model']['name']} to {out}")
-            write_extra_format(model, out, args.format)
+            write_extra_format(model, out, args.format, hp)
         return 0
 
     return run
