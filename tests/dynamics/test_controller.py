@@ -814,3 +814,16 @@ def test_a_saturated_head_whose_scores_keep_moving_is_not_settled():
     assert records[-1]["response_level"][0][0] < records[-1]["threshold"][0][0]  # the drift alone would freeze it
     assert records[-1]["score_level"][0][0] >= records[-1]["score_threshold"][0][0]
     assert not any(any(row) for row in records[-1]["frozen"])
+
+
+def test_the_lag_clause_is_fed_by_the_controller():
+    """dynamics.lag set in a run reaches the tracker: the controller keeps the last ``lag`` measurements and passes
+    their score MSDs every epoch (without it the clause passed every head, and the option changed nothing)."""
+    controller = scheduled_controller(convergence="response", lag=2, freeze=False)
+    for patches in (EPOCH0, EPOCH1, EPOCH2, EPOCH1):
+        controller.advance(point_masses(patches))
+    tracker = controller.tracker
+    assert tracker.lag == 2 and tracker.lag_seen
+    assert torch.isfinite(tracker.lagged[-1]).all()  # over one epoch and over two, once two lie behind
+    assert torch.isnan(tracker.lagged[0, 1]).all()
+    assert scheduled_controller(convergence="response", freeze=False).lag_window is None

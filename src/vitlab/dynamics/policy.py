@@ -31,6 +31,7 @@ from vitlab.diagnostics.dynamics import (
     score_drift,
     temperature_update,
 )
+from vitlab.diagnostics.trend import LagWindow
 from vitlab.dynamics.freezing import FrozenHeadGuard
 from vitlab.dynamics.layer_cache import CachedPrefix
 from vitlab.dynamics.layer_freezing import LayerFreezer
@@ -71,6 +72,7 @@ class DynamicsPolicy(PolicyState):
         self.epoch: int | None = None  # the last epoch measured; 0 = before training
         self.tracker: ConvergenceTracker | None = None
         self.previous: torch.Tensor | None = None  # [L, H, P, N] float32 (P = probe_min when not extended)
+        self.lag_window = LagWindow(self.config.lag) if self.config.lag else None  # not saved: refilled on resume
         self.previous_model_tau: torch.Tensor | None = None  # the same at the model's own tau (log_model_tau)
         # seconds of this epoch's parts (probe passes, kappa, each drift), written as the record's seconds_parts
         self.timings: dict[str, float] = {}
@@ -262,6 +264,8 @@ class DynamicsPolicy(PolicyState):
             response_ratio=cfg.response_ratio,
             score_ratio=cfg.score_ratio,
             thaw=cfg.thaw,
+            lag=cfg.lag,
+            lag_ratio=cfg.lag_ratio,
         )
 
     @property
@@ -305,13 +309,15 @@ class DynamicsPolicy(PolicyState):
         if measurement.kappa is not None:
             self.kappa, self.kappa_epoch = measurement.kappa, epoch
         current = measurement.distributions.float()
-        drift = drift_images = two_epoch_mean = None
+        drift = drift_images = two_epoch_mean = lagged = None
+        if self.lag_window is not None:  # the same probe images every epoch, as the score drift
+            lagged = self.lag_window.push(current[:, :, : cfg.probe_min or current.shape[2]])
         if self.previous is not None:
             drift, drift_images, current, two_epoch_mean = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
             # on the same images every epoch (the adaptive probe's first probe_min, else the whole probe)
             common = min(current.shape[2], self.previous.shape[2], cfg.probe_min or current.shape[2])
             score = score_drift(current[:, :, :common], self.previous[:, :, :common]).mean(dim=-1)
-            self.tracker.observe(drift, rate, score)  # every epoch: the relative rule's peak, the decay rules' history
+            self.tracker.observe(drift, rate, score, lagged)  # every epoch: the peak, the decay rules' history
             if cfg.mode == "schedule":
                 fixed = self.frozen if self.layers is None else self.frozen | self.layers.frozen_heads(self.frozen)
                 self.set_temperatures(temperature_update(drift, cfg.alpha), ~fixed)
