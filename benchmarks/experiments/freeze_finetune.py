@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,7 @@ if __package__ in (None, ""):  # run as a file: the suite is imported from the r
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.experiments.run_result import run_result
+from vitlab.rundir import LAYERS_FILE, RunDir
 
 #: transfer -> (pretraining data file, fine-tuning data file, fine-tuning overrides)
 TRANSFERS = {
@@ -112,6 +114,63 @@ def fit(vitlab: str, run: Path, args: list[str]) -> float:
     return wall
 
 
+def clause_pass_epochs(records: list[dict[str, Any]]) -> dict[str, list[int | None]]:
+    """Per encoder layer, the first epoch at which every head of the layer passes each clause of the response rule
+    (``drift``: drift per unit rate below its threshold; ``score``: score drift per unit rate below its own;
+    ``directed``: directedness below rho; ``converged``: the rule's verdict), None where never: what the heads'
+    signal saw, whether or not the arm froze on it."""
+    clauses: dict[str, Any] = {
+        "drift": lambda r: _below(r.get("response_level"), r.get("threshold")),
+        "score": lambda r: _below(r.get("score_level"), r.get("score_threshold")),
+        "directed": lambda r: _below(r.get("directedness"), _like(r.get("directedness"), r.get("rho"))),
+        "converged": lambda r: r.get("converged"),
+    }  # fmt: skip
+    out: dict[str, list[int | None]] = {}
+    for name, passes in clauses.items():
+        first: dict[int, int] = {}
+        for record in records:
+            for layer, row in enumerate(passes(record) or []):
+                if row and all(row):
+                    first.setdefault(layer, record["epoch"])
+        layers = len(records[-1].get("tau", [])) if records else 0
+        out[name] = [first.get(layer) for layer in range(layers)]
+    return out
+
+
+def _like(grid: list | None, value: float | None) -> list | None:
+    return None if grid is None or value is None else [[value] * len(row) for row in grid]
+
+
+def _below(levels: list | None, limits: list | None) -> list[list[bool]] | None:
+    if levels is None or limits is None:
+        return None
+    return [
+        [v is not None and t is not None and v < t for v, t in zip(lv, lt, strict=True)]
+        for lv, lt in zip(levels, limits, strict=True)
+    ]
+
+
+def run_record(run: Path, arm: str, seed: int, setting: str, depth: int, pretrain: Path) -> dict[str, Any]:
+    """The results file of one finished fine-tuning run."""
+    walls = [float(w) for w in Path(f"{run}.wall").read_text().split()]
+    rundir = RunDir(run)
+    layers = [json.loads(line) for line in (run / LAYERS_FILE).read_text().splitlines()] if (
+        run / LAYERS_FILE
+    ).is_file() else []  # fmt: skip
+    return {
+        "experiment": f"freeze_finetune-{setting}",
+        "arm": arm,
+        "seed": seed,
+        "overrides": arm_overrides(arm, depth),
+        "pretrained": {"run": pretrain.name, "sha256": sha256(pretrain / "export" / "model.safetensors")},
+        "fit_wall_s": sum(walls),
+        "fit_calls": len(walls),
+        **run_result(run),
+        "clause_pass_epochs": clause_pass_epochs(rundir.dynamics()),
+        "layer_freezing": layers,
+    }
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -126,6 +185,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/datasets"), help="the folder of cifar10.npz ...")
     parser.add_argument("--epochs", type=int, default=30, help="fine-tuning epochs")
     parser.add_argument("--vitlab", default=str(Path(sys.executable).with_name("vitlab")))
+    parser.add_argument("--refresh", action="store_true", help="rewrite the results files of finished runs")
     args = parser.parse_args()
     transfer, patch, depth = SETTINGS[args.setting]
     args.runs.mkdir(parents=True, exist_ok=True)
@@ -149,11 +209,10 @@ def main() -> None:
                 *common,
             ],
         )
-        weights = pretrain / "export" / "model.safetensors"
         arms = args.arms[seed % len(args.arms) :] + args.arms[: seed % len(args.arms)]  # rotate the order per seed
         for arm in arms:
             out = args.results / f"{arm}-seed{seed}.json"
-            if out.exists():
+            if out.exists() and not args.refresh:
                 continue
             run = args.runs / f"ft-{args.setting}-{arm}-s{seed}"
             fit(args.vitlab, run, [
@@ -161,21 +220,14 @@ def main() -> None:
                 f"model.pretrained={pretrain}", f"run.seed={seed}", f"trainer.max_epochs={args.epochs}",
                 *FINETUNE, *arm_overrides(arm, depth), *common,
             ])  # fmt: skip
-            walls = [float(w) for w in Path(f"{run}.wall").read_text().split()]
-            result = {
-                "experiment": f"freeze_finetune-{args.setting}",
-                "arm": arm,
-                "seed": seed,
-                "overrides": arm_overrides(arm, depth),
-                "pretrained": {"run": pretrain.name, "sha256": sha256(weights)},
-                "fit_wall_s": sum(walls),
-                "fit_calls": len(walls),
-                **run_result(run),
-            }
+            result = run_record(run, arm, seed, args.setting, depth, pretrain)
             tmp = out.with_suffix(".tmp")
             tmp.write_text(json.dumps(result, indent=1) + "\n")
             tmp.replace(out)
-            print(f"{arm} seed {seed}: test/acc {result['test'].get('test/acc'):.4f}, {sum(walls):.0f} s", flush=True)
+            print(
+                f"{arm} seed {seed}: test/acc {result['test']['test/acc']:.4f}, {result['fit_wall_s']:.0f} s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
