@@ -48,7 +48,7 @@ from vitlab.models import create_model
 if __package__ in (None, ""):  # run as a file: the suite is imported from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.naming import cpu_model, results_path
+from benchmarks.naming import cpu_model, repo_relative, results_path
 
 SIZES = ((1, 5), (8, 65), (32, 65), (8, 257))
 
@@ -143,7 +143,7 @@ def main_layers(args: argparse.Namespace) -> None:
         "cpu": cpu_model(),
         "load_average_before_after": [load_before, os.getloadavg()],
         "torch": torch.__version__,
-        "environment": environment(),
+        "environment": {**environment(), "command": ["python", *repo_relative(sys.argv)]},
         "processor": platform.processor(),
         "seconds_per_step": times,
         "ratio_to_unfrozen": ratios,
@@ -182,7 +182,7 @@ def main() -> None:
     results = {
         "benchmark": "frozen_layer",
         "torch": torch.__version__,
-        "environment": environment(),
+        "environment": {**environment(), "command": ["python", *repo_relative(sys.argv)]},
         "processor": platform.processor(),
         "rows": rows,
     }
