@@ -286,6 +286,9 @@ def logits_plus_their_sign():
 def cases(work: Path, run_dir: Path) -> list[tuple]:
     """``(name, argv)`` or ``(name, argv, context)``: ``context()`` is entered around the command (a full disk)."""
 
+    cait = [*FIT, "model.name=timm:cait_xxs24_224", "model.img_size=8", "model.patch_size=2", "model.depth=2"]
+    cait += ["dynamics.mode=fixed", "dynamics.freeze=false"]
+
     def mine(name: str) -> str:
         return str(work / "mine" / name)
 
@@ -315,31 +318,8 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
             [*FIT, "model.name=timm:eva02_tiny_patch14_224", "model.img_size=8", "dynamics.mode=fixed"],
         ),
         *timm_cases(work),
-        (
-            "observing a model whose attention vitlab cannot read (CaiT's talking heads)",
-            [
-                *FIT,
-                "model.name=timm:cait_xxs24_224",
-                "model.img_size=8",
-                "model.patch_size=2",
-                "model.depth=2",
-                "dynamics.mode=fixed",
-                "dynamics.freeze=false",
-            ],
-        ),
-        (
-            "observing only CaiT's class attention (one CLS query)",
-            [
-                *FIT,
-                "model.name=timm:cait_xxs24_224",
-                "model.img_size=8",
-                "model.patch_size=2",
-                "model.depth=2",
-                "dynamics.mode=fixed",
-                "dynamics.freeze=false",
-                "dynamics.target=blocks_token_only",
-            ],
-        ),
+        ("observing a model whose attention vitlab cannot read (CaiT's talking heads)", cait),
+        ("observing only CaiT's class attention (one CLS query)", [*cait, "dynamics.target=blocks_token_only"]),
         ("a layer-freezing option without `dynamics.freeze=layers`", [*FIT, "dynamics.layer_signal=gradnorm"]),
         (
             "static layer freezing without a count",

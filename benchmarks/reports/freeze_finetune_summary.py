@@ -19,19 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
+
+from benchmarks.reports.claims import Difference
 
 MARGIN = 1.0  # points: the registered equivalence margin of the goal
 GOAL_RATIO = 0.75
 
 
 def paired(a: list[float], b: list[float]) -> dict[str, Any]:
-    """Mean of a - b and its 95% paired t interval (None with fewer than 2 pairs)."""
-    diffs = np.subtract(a, b)
-    out: dict[str, Any] = {"diff": float(diffs.mean()), "n": len(diffs)}
-    if len(diffs) > 1:
-        half = stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / math.sqrt(len(diffs))
-        out["ci95"] = [float(diffs.mean() - half), float(diffs.mean() + half)]
+    """Mean of a - b and its 95% paired t interval (:class:`benchmarks.reports.claims.Difference`; none with fewer
+    than 2 pairs)."""
+    difference = Difference(list(a), list(b), paired=True)
+    out: dict[str, Any] = {"diff": difference.diff, "n": len(a)}
+    if difference.resolved:
+        out["ci95"] = list(difference.interval())
     return out
 
 
