@@ -340,6 +340,42 @@ def _response_claims(dataset: str, scale: str, command: str, planned: int) -> li
     return claims
 
 
+#: the fine-tuning protocol of issue 61 (docs/experiments/freezing_finetune.md), one folder per setting
+FREEZE_FINETUNE = {
+    "cross_p4_d4": (
+        "experiments/freeze_finetune_cross_p4_d4_epyc_2026-12-07",
+        "vit_pico (4 blocks, 64 tokens) pretrained on the CIFAR-10 subset, fine-tuned on 576 CelebA-32 faces",
+    ),
+    "within_p4_d4": (
+        "experiments/freeze_finetune_within_p4_d4_epyc_2026-12-07",
+        "vit_pico (4 blocks, 64 tokens) pretrained on CIFAR-10's classes 0-4, fine-tuned on 1,000 images of 5-9",
+    ),
+}
+
+
+def _freeze_finetune_claim(setting: str, arm: str) -> Claim:
+    """A freezing arm keeps the no-freezing arm's final accuracy (the issue's registered rule: the paired interval
+    inside [-1, +1] points; the time half of the goal is in the experiment's summary)."""
+    folder, scale = FREEZE_FINETUNE[setting]
+    return Claim(
+        f"freeze-finetune-{setting}-{arm}",
+        "issue 61 (AutoFreeze, FreezeOut, Egeria: freezing layers in fine-tuning keeps accuracy)",
+        f"freezing by {arm} keeps fine-tuning accuracy ({setting}, last epoch)",
+        "the frozen arm within 1 point of no freezing",
+        "keeps",
+        f"{scale}, 30 epochs, 5 seeds, the same seeds paired, last epoch's test accuracy",
+        f"python -m benchmarks.experiments.freeze_finetune --setting {setting} --runs RUNS --results "
+        f"benchmarks/results/{folder}",
+        lambda: Difference(
+            per_seed(f"{folder}/{arm}-seed*.json", "test_last:test/acc"),
+            per_seed(f"{folder}/none-seed*.json", "test_last:test/acc"),
+            paired=True,
+        ),
+        required=False,
+        planned=5,
+    )
+
+
 def _part(arm: str) -> Callable[[], Difference]:
     return lambda: Difference(
         per_seed(f"{CONTROL_PARTS}/{arm}-seed*.json"), per_seed(f"{TABLE1['digits']}/uncontrolled-seed*.json")
@@ -579,6 +615,11 @@ CLAIMS = [
         "bash benchmarks/experiments/table1_response.sh celeba32",
         planned=3,
     ),
+    *[
+        _freeze_finetune_claim(setting, arm)
+        for setting in FREEZE_FINETUNE
+        for arm in ("layers", "layers_cache", "autofreeze", "freezeout", "static", "heads")
+    ],
 ]
 
 
