@@ -70,4 +70,6 @@ def list_models(
     return theirs + [n for n in ours if _listed(n, filter, module, exclude_filters)]
 
 
-timm.list_models = list_models
+def pytest_configure(config) -> None:
+    """Before timm's test module is collected (it calls ``list_models`` at import to parametrize its tests)."""
+    timm.list_models = list_models
