@@ -11,6 +11,7 @@ feature maps: docs/timm.md.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc, resize_rel_pos_bias_table
@@ -46,16 +47,22 @@ def _default_cfg() -> dict[str, Any]:
     )
 
 
-def _preset_model(name: str, generative: bool, **kwargs: Any) -> nn.Module:
-    """The preset through :func:`vitlab.create_model`; a generative preset's encoder, with its own head."""
+def _preset_model(name: str, generative: bool, device: Any = None, dtype: Any = None, **kwargs: Any) -> nn.Module:
+    """The preset through :func:`vitlab.create_model`; a generative preset's encoder, with its own head. ``device``
+    and ``dtype`` are timm's factory arguments (every timm model takes them): the model is built on ``device``
+    (``meta`` included) and cast to ``dtype``."""
+    import torch
+
     from vitlab.models.builder import create_model
 
-    if not generative:
-        return create_model(name, **kwargs)
-    num_classes = kwargs.pop("num_classes", 10)
-    encoder = create_model(name, **kwargs).encoder
-    encoder.reset_classifier(num_classes)
-    return encoder
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        if generative:
+            num_classes = kwargs.pop("num_classes", 10)
+            model = create_model(name, **kwargs).encoder
+            model.reset_classifier(num_classes)
+        else:
+            model = create_model(name, **kwargs)
+    return model.to(dtype=dtype) if dtype is not None else model
 
 
 def _fit_weights(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 from timm.layers import get_channel_dim, get_notrace_functions, get_notrace_modules, get_spatial_dim
 from timm.models import FeatureInfo
+from timm.models._manipulate import group_parameters
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
 import vitlab
@@ -125,6 +126,27 @@ def test_model_default_cfgs_non_std(name):
     assert model.num_classes == 0 and out.shape[feat_dim] == model.head_hidden_size and out.shape == pre.shape
     assert timm.create_model(name, pretrained=False, num_classes=0).eval()(x).shape[feat_dim] == model.num_features
     _check_cfg_names(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_timms_factory_arguments_and_frozen_parameters(name):
+    """timm 1.0.31's additions to its cfg tests: ``device`` and ``dtype`` (the meta device too), ``in_chans``, an
+    unknown option a TypeError, layer groups, and frozen parameters kept frozen by ``reset_classifier`` and
+    ``set_input_size``; a classifier reset on a float64 model is float64, on its device."""
+    model = timm.create_model(name, pretrained=False, device="meta", dtype=torch.float64)
+    assert {p.device.type for p in model.parameters()} == {"meta"} and {p.dtype for p in model.parameters()} == {
+        torch.float64
+    }
+    assert model.in_chans == model.default_cfg["input_size"][0]
+    assert len(set(group_parameters(model, model.group_matcher(), reverse=True).values())) > 1
+    with pytest.raises(TypeError):
+        timm.create_model(name, pretrained=False, device="meta", not_a_model_arg=1)
+    model.reset_classifier(2)
+    assert {(p.device.type, p.dtype) for p in model.get_classifier().parameters()} == {("meta", torch.float64)}
+    model.requires_grad_(False)
+    model.reset_classifier(0)
+    model.set_input_size(img_size=tuple(2 * s for s in model.default_cfg["input_size"][-2:]))
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == []
 
 
 @pytest.mark.parametrize("name", NAMES)

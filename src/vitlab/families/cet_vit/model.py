@@ -84,6 +84,7 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
         super().__init__()
         o = CETViTOptions(**options)
         self.grouping, self.num_classes, self.num_slots, self.pool = o.grouping, o.num_classes, o.slots, o.pool
+        self.in_chans = o.in_chans
         self.ei_variant, self.ei_degen_slots, self.ei_svd = o.ei, o.ei_degen_slots, o.ei_svd
         self.mask_empty_slots, self.dynamic_k = o.mask_empty_slots, o.dynamic_k
         self.assignment_ablation = "none"
