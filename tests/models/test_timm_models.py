@@ -67,6 +67,15 @@ def test_timms_own_test_file_lists_each_preset_where_timm_lists_a_model_of_its_k
     assert "vit_tiny_patch16_224" not in suite.list_models(exclude_filters="vit_*")
 
 
+def test_the_registered_cfg_gives_each_presets_input_size_and_classes():
+    """timm's tests size their inputs by the registered cfg (``get_pretrained_cfg_value``) before building; it is
+    the cfg of the model built (vitcae_pico: one 8x8 channel)."""
+    for name in timm.list_models(f"{PREFIX}*"):
+        built = timm.create_model(name, device="meta").default_cfg
+        for key in ("input_size", "num_classes", "mean"):
+            assert timm.get_pretrained_cfg_value(name, key) == built[key], (name, key)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_model_forward(name):
     model = timm.create_model(name, pretrained=False).eval()
