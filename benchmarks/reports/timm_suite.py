@@ -5,10 +5,12 @@ timm's test file picks the models of each test from timm's registry by name patt
 and its ``FEAT_INTER_FILTERS`` the modules whose models have ``forward_intermediates``. A ``vitlab_*`` name matches
 neither, so this plug-in lists each vitlab preset where timm lists a model of its kind: a Swin preset as timm's
 ``swin_transformer`` models, every other preset (ViT, ToMe, CET-ViT, ViTCAE's encoder) as a ``vit_*`` model of
-``vision_transformer``. TorchScript is not supported (docs/timm.md), so its two tests are deselected. With timm's
-file at ``TIMM/tests/test_models.py`` (the source of the installed timm version):
+``vision_transformer``. TorchScript is not supported (docs/timm.md), so its tests are deselected. timm's file
+comes with the source distribution of the installed version (counts: docs/timm.md, "timm's own tests"):
 
-    OMP_NUM_THREADS=1 python -m pytest -p benchmarks.reports.timm_suite TIMM/tests/test_models.py \\
+    pip download timm==1.0.31 --no-deps --no-binary :all: -d /tmp/timm
+    tar xzf /tmp/timm/timm-1.0.31.tar.gz -C /tmp/timm
+    OMP_NUM_THREADS=1 python -m pytest -p benchmarks.reports.timm_suite /tmp/timm/timm-1.0.31/tests/test_models.py \\
         -k "vitlab_cet_vit and not torchscript"
 """
 
