@@ -11,6 +11,8 @@ feature maps: docs/timm.md.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from typing import Any
 
 from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc, resize_rel_pos_bias_table
@@ -19,7 +21,9 @@ from timm.models._manipulate import adapt_input_conv
 from timm.models._registry import generate_default_cfgs, register_model
 from torch import nn
 
-from vitlab.config.model import catalogue
+from vitlab.config.model import catalogue, model_options_type
+from vitlab.errors import FamilyError
+from vitlab.family import presets as preset_rows
 
 #: the prefix of vitlab's names in timm's registry
 PREFIX = "vitlab_"
@@ -27,35 +31,59 @@ PREFIX = "vitlab_"
 DEFAULT_OUT_INDICES = 3
 
 
-def _default_cfg() -> dict[str, Any]:
-    """The registered cfg (timm's ``_cfg`` of a model file); the model's own ``pretrained_cfg`` gives the input
-    size, classifier and first convolution of the preset as built (:func:`create` overlays them)."""
+def _default_cfg(preset: str) -> dict[str, Any]:
+    """The registered cfg (timm's ``_cfg`` of a model file): the preset's input size and class count as its table
+    row and its options' defaults give them, without building it (``timm.get_pretrained_cfg_value`` reads them, as
+    timm's tests do to size their inputs); the model's own ``pretrained_cfg`` also gives the classifier and first
+    convolution of the preset as built (:func:`create` overlays them)."""
+    own = _table_options(preset)
+    chans, size = own.get("in_chans", 3), own.get("img_size", 32)
     return dict(
         url="",
-        input_size=(3, 32, 32),
+        input_size=(chans, size, size),
         fixed_input_size=False,
         interpolation="bicubic",
         crop_pct=1.0,
         crop_mode="center",
-        mean=(0.5, 0.5, 0.5),
-        std=(0.5, 0.5, 0.5),
-        num_classes=10,
+        mean=(0.5,) * chans,
+        std=(0.5,) * chans,
+        num_classes=own.get("num_classes", 10),
         first_conv="patch_embed.proj",
         classifier="head",
         license="mit",
     )
 
 
-def _preset_model(name: str, generative: bool, **kwargs: Any) -> nn.Module:
-    """The preset through :func:`vitlab.create_model`; a generative preset's encoder, with its own head."""
+def _table_options(preset: str) -> dict[str, Any]:
+    """The options of ``preset`` that its table row and its options' defaults give; none where the row's family
+    cannot load its options (building the model then says why)."""
+    if preset not in preset_rows():
+        return {}
+    row = preset_rows()[preset][1]
+    try:
+        options = model_options_type(row.model)
+    except (ImportError, FamilyError):
+        options = None
+    fields = dataclasses.fields(options) if options is not None else ()
+    return {**{f.name: f.default for f in fields if f.default is not dataclasses.MISSING}, **row.kwargs}
+
+
+def _preset_model(name: str, generative: bool, device: Any = None, dtype: Any = None, **kwargs: Any) -> nn.Module:
+    """The preset through :func:`vitlab.create_model`; a generative preset's encoder, with its own head. ``device``
+    and ``dtype`` are timm's factory arguments (every timm model takes them): the model is built on ``device``
+    (``meta`` included) and cast to ``dtype``."""
+    import torch
+
     from vitlab.models.builder import create_model
 
-    if not generative:
-        return create_model(name, **kwargs)
-    num_classes = kwargs.pop("num_classes", 10)
-    encoder = create_model(name, **kwargs).encoder
-    encoder.reset_classifier(num_classes)
-    return encoder
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        if generative:
+            num_classes = kwargs.pop("num_classes", 10)
+            model = create_model(name, **kwargs).encoder
+            model.reset_classifier(num_classes)
+        else:
+            model = create_model(name, **kwargs)
+    return model.to(dtype=dtype) if dtype is not None else model
 
 
 def _fit_weights(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
@@ -132,7 +160,7 @@ default_cfgs: dict[str, Any] = {}
 def register(presets: list[str] | None = None) -> list[str]:
     """Register ``presets`` (all of the catalogue's by default) in timm's registry; returns their timm names."""
     names = [PREFIX + p for p in (presets if presets is not None else sorted(catalogue()))]
-    default_cfgs.update(generate_default_cfgs({n: _default_cfg() for n in names}))
+    default_cfgs.update(generate_default_cfgs({n: _default_cfg(n.removeprefix(PREFIX)) for n in names}))
     for name in names:
         register_model(_entrypoint(name.removeprefix(PREFIX)))
     return names

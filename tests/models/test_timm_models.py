@@ -14,11 +14,13 @@ import torch
 from safetensors.torch import save_file
 from timm.layers import get_channel_dim, get_notrace_functions, get_notrace_modules, get_spatial_dim
 from timm.models import FeatureInfo
+from timm.models._manipulate import group_parameters
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
 import vitlab
+from benchmarks.reports import timm_suite as suite
 from vitlab.models.contract import feature_extractor
-from vitlab.models.registry import constructor_args
+from vitlab.models.registry import constructor_args, get_preset
 from vitlab.timm_registry import PREFIX
 
 #: one small preset per family: ViT, ToMe, Swin, CET-ViT hierarchical and global, ViTCAE's encoder
@@ -44,6 +46,34 @@ def test_import_vitlab_registers_with_timm_imported_after_it_and_loads_no_torch(
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert int(out) == len(vitlab.list_models())
+
+
+def test_the_timm_checks_take_a_preset_of_every_family():
+    """``FAMILIES`` holds a preset of every model class of the catalogue, so a new family joins the checks."""
+    assert {get_preset(p).cls for p in vitlab.list_models()} == {get_preset(p).cls for p in FAMILIES}
+
+
+def test_timms_own_test_file_lists_each_preset_where_timm_lists_a_model_of_its_kind():
+    """``benchmarks.reports.timm_suite`` (timm's unmodified ``tests/test_models.py`` on vitlab's presets): the token
+    models with timm's ``vit_*`` (``NON_STD_FILTERS``), every preset with ``forward_intermediates``, Swin with
+    timm's spatial models, and timm's own models as timm lists them."""
+    non_std = suite.list_models(filter=["vit_*", "crossvit_*"], exclude_filters=["*_7b_*"], include_tags=True)
+    inter = suite.list_models(module=["vision_transformer", "swin_transformer", "resnet"])
+    spatial = suite.list_models(exclude_filters=["vit_*", "crossvit_*"], include_tags=True)
+    ours = [PREFIX + name for name in vitlab.list_models()]
+    assert {n for n in non_std if n.startswith(PREFIX)} == {n for n in ours if "swin" not in n}
+    assert {n for n in spatial if n.startswith(PREFIX)} == {n for n in ours if n.startswith(PREFIX + "swin")}
+    assert set(ours) <= set(inter) and "resnet18" in inter and "vit_tiny_patch16_224.augreg_in21k" in non_std
+    assert "vit_tiny_patch16_224" not in suite.list_models(exclude_filters="vit_*")
+
+
+def test_the_registered_cfg_gives_each_presets_input_size_and_classes():
+    """timm's tests size their inputs by the registered cfg (``get_pretrained_cfg_value``) before building; it is
+    the cfg of the model built (vitcae_pico: one 8x8 channel)."""
+    for name in timm.list_models(f"{PREFIX}*"):
+        built = timm.create_model(name, device="meta").default_cfg
+        for key in ("input_size", "num_classes", "mean"):
+            assert timm.get_pretrained_cfg_value(name, key) == built[key], (name, key)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -91,19 +121,41 @@ def test_model_default_cfgs_swin():
 
 @pytest.mark.parametrize("name", [n for n in NAMES if "swin" not in n])
 def test_model_default_cfgs_non_std(name):
-    """timm's test of the same name, unchanged in what it asks: a model of several streams (CET-ViT, as timm's
-    CrossViT) gives one tensor per stream from forward_features, which timm does not compare with num_features."""
+    """timm's test of the same name, its checks as timm makes them: every family's ``forward_features`` is one
+    tensor (CET-ViT's two streams each in its half of the ``2D`` channels), so its width is ``num_features``."""
     model = timm.create_model(name, pretrained=False).eval()
     assert model.num_classes >= 0 and model.num_features > 0 and model.head_hidden_size > 0
     x = _input(model)
     features = model.forward_features(x)
     pre = model.forward_head(features, pre_logits=True)
-    if not isinstance(features, tuple | list):
-        assert features.shape[-1] == model.num_features and pre.shape[1] == model.head_hidden_size
+    feat_dim = getattr(model, "feature_dim", None) or (-1 if features.ndim == 3 else 1)
+    assert features.shape[feat_dim] == model.num_features and pre.shape[1] == model.head_hidden_size
     model.reset_classifier(0)
-    assert model.num_classes == 0 and model(x).shape[-1] == model.head_hidden_size and model(x).shape == pre.shape
-    assert timm.create_model(name, pretrained=False, num_classes=0).eval()(x).shape[-1] == model.num_features
+    out = model(x)
+    assert model.num_classes == 0 and out.shape[feat_dim] == model.head_hidden_size and out.shape == pre.shape
+    assert timm.create_model(name, pretrained=False, num_classes=0).eval()(x).shape[feat_dim] == model.num_features
     _check_cfg_names(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_timms_factory_arguments_and_frozen_parameters(name):
+    """timm 1.0.31's additions to its cfg tests: ``device`` and ``dtype`` (the meta device too), ``in_chans``, an
+    unknown option a TypeError, layer groups, and frozen parameters kept frozen by ``reset_classifier`` and
+    ``set_input_size``; a classifier reset on a float64 model is float64, on its device."""
+    model = timm.create_model(name, pretrained=False, device="meta", dtype=torch.float64)
+    assert {p.device.type for p in model.parameters()} == {"meta"} and {p.dtype for p in model.parameters()} == {
+        torch.float64
+    }
+    assert model.in_chans == model.default_cfg["input_size"][0]
+    assert len(set(group_parameters(model, model.group_matcher(), reverse=True).values())) > 1
+    with pytest.raises(TypeError):
+        timm.create_model(name, pretrained=False, device="meta", not_a_model_arg=1)
+    model.reset_classifier(2)
+    assert {(p.device.type, p.dtype) for p in model.get_classifier().parameters()} == {("meta", torch.float64)}
+    model.requires_grad_(False)
+    model.reset_classifier(0)
+    model.set_input_size(img_size=tuple(2 * s for s in model.default_cfg["input_size"][-2:]))
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == []
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -141,16 +193,17 @@ def test_features_only_takes_out_indices(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_model_forward_intermediates(name):
+    """timm's test of the same name, its checks as timm makes them."""
     model = timm.create_model(name, pretrained=False).eval()
-    info = FeatureInfo(model.feature_info, list(range(len(model.feature_info))))
+    info = FeatureInfo(model.feature_info, len(model.feature_info))
     x = _input(model)
     output, intermediates = model.forward_intermediates(x, output_fmt="NCHW")
     assert len(intermediates) == len(info.channels()) >= 3
     for c, r, o in zip(info.channels(), info.reduction(), intermediates, strict=True):
         assert o.shape[1] == c and o.shape[2] <= math.ceil(x.shape[2] / r) + 1 and not o.isnan().any()
-    torch.testing.assert_close(output, model.forward_features(x))  # a tensor, or one per stream (CET-ViT)
+    assert torch.allclose(output, model.forward_features(x))  # timm's comparison: one tensor
     model.set_grad_checkpointing()
-    torch.testing.assert_close(output, model.forward_intermediates(x)[0], rtol=1e-4, atol=1e-5)
+    assert torch.allclose(output, model.forward_intermediates(x)[0], rtol=1e-4, atol=1e-5)
 
 
 def _fx_model(model: torch.nn.Module, train: bool = False) -> torch.nn.Module:

@@ -48,7 +48,7 @@ class VisionTransformer(ModelContract, nn.Module):
         super().__init__()
         o = VisionTransformerOptions(**options)
         self.dynamic_img_size = o.dynamic_img_size
-        self.num_classes = o.num_classes
+        self.num_classes, self.in_chans = o.num_classes, o.in_chans
         self.global_pool = o.global_pool
         self.embed_dim = self.num_features = self.head_hidden_size = o.embed_dim
         self.tome_r = o.tome_r
@@ -123,7 +123,8 @@ class VisionTransformer(ModelContract, nn.Module):
         old_grid = self.grid_size
         self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
         if self.grid_size != old_grid:
-            self.pos_embed = nn.Parameter(self._pos_embed_for(self.grid_size, old_grid))
+            grad = self.pos_embed.requires_grad  # a frozen embedding stays frozen (timm's test_models)
+            self.pos_embed = nn.Parameter(self._pos_embed_for(self.grid_size, old_grid), grad)
         self.feature_info = [{**info, "reduction": self.patch_embed.feat_ratio()} for info in self.feature_info]
 
     def _pos_embed_for(self, grid: Sequence[int], old_grid: Sequence[int] | None = None) -> torch.Tensor:

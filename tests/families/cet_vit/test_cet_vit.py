@@ -85,12 +85,13 @@ def test_output_shapes(name):
     B, N, K = 2, 16, model.num_slots
     x = torch.randn(B, 3, 8, 8)
     logits, aux = model.forward_with_aux(x)
-    micro, macro = model.forward_features(x)  # one tensor per stream
+    tokens = model.forward_features(x)  # both streams, each in its half of the 2D channels
     D = model.embed_dim
     assert logits.shape == (B, 5)
     torch.testing.assert_close(model(x), logits)
-    assert micro.shape == (B, N, D) and macro.shape == (B, K, D) and model.num_features == 2 * D
-    assert model.forward_head((micro, macro), pre_logits=True).shape == (B, 2 * D)
+    assert tokens.shape == (B, N + K, 2 * D) and model.num_features == 2 * D
+    assert not tokens[:, :N, D:].any() and not tokens[:, N:, :D].any()
+    assert model.forward_head(tokens, pre_logits=True).shape == (B, 2 * D)
     assert aux.S.shape == (B, N, K) and aux.h_macro.shape == (B, K, D)
     assert aux.slot_usage_k.shape == (B,) and aux.k_chosen.shape == (B,) and aux.k_expected.shape == (B,)
     assert all(aux.ei[t].shape == (B,) for t in ("norm_entropy", "reversibility", "degen"))

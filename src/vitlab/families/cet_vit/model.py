@@ -59,11 +59,12 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
     """CET-ViT classifier (CET-ViT v4 model card: "Architecture"). ``x: [B, C, H, W] -> logits [B, num_classes]``.
 
     timm's model contract (:mod:`vitlab.models.contract`): ``forward_features`` -> ``forward_head``;
-    ``forward_features`` gives one tensor per stream, as timm's CrossViT does for its branches (Chen et al. 2021;
-    ``timm.models.crossvit``): the fused micro tokens ``[B, N, D]`` and the macro tokens ``[B, K_max, D]`` (with
-    ``grouping: none`` the micro tokens alone, ``[B, N, C]``); ``embed_dim`` is their width ``D``; ``num_features`` and
-    ``head_hidden_size`` the pooled width ``2D`` (``D`` with ``grouping: none``) that ``forward_head(pre_logits=True)``
-    and the forward with ``num_classes=0`` give. ``forward_intermediates`` taps the three token streams, in forward
+    ``forward_features`` gives both streams in one token sequence ``[B, N + K_max, 2D]`` (:func:`stream_tokens`):
+    the fused micro tokens in the first ``D`` channels, the macro tokens in the last ``D``, zeros in the other half,
+    so its channels are the ``2D`` that the head pools and normalises (``grouping: none``: the micro tokens
+    ``[B, N, C]``). ``embed_dim`` is the stream width ``D``; ``num_features`` and ``head_hidden_size`` are ``2D``
+    (``C`` with ``grouping: none``): the width of those channels, of ``forward_head(pre_logits=True)`` and of the
+    forward with ``num_classes=0``. ``forward_intermediates`` taps the three token streams, in forward
     order (``feature_info``, each entry with its ``stream``): ``micro`` (each MicroEncoder stage, ``[B, C_i, G, G]``),
     ``macro`` (each MacroEncoder block's slots ``[B, K_max, D]``; as a map, each patch's mixture of its slots ``S
     h_macro``, the rows of S summing to one) and ``fused`` (the micro stream after the CrossScaleAttention and after
@@ -83,6 +84,7 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
         super().__init__()
         o = CETViTOptions(**options)
         self.grouping, self.num_classes, self.num_slots, self.pool = o.grouping, o.num_classes, o.slots, o.pool
+        self.in_chans = o.in_chans
         self.ei_variant, self.ei_degen_slots, self.ei_svd = o.ei, o.ei_degen_slots, o.ei_svd
         self.mask_empty_slots, self.dynamic_k = o.mask_empty_slots, o.dynamic_k
         self.assignment_ablation = "none"
@@ -229,9 +231,8 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
 
     def _after_vceo(
         self, micro: torch.Tensor, S: torch.Tensor, taps: list[torch.Tensor] | None = None
-    ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor | None]:
-        """The part after the V-CEO: ``micro [B, N, D]``, ``S`` -> (the streams ``([B, N, D], [B, K, D])``, h_macro,
-        occupied).
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The part after the V-CEO: ``micro [B, N, D]``, ``S`` -> (tokens ``[B, N + K, 2D]``, h_macro, occupied).
         ``taps`` receives the macro blocks' outputs and the fused micro stream (``forward_intermediates``)."""
         occupied = occupied_slots(S) if self.mask_empty_slots else None
         h_macro = pool_slots(S, micro, self.pool)  # [B, K, D]
@@ -244,7 +245,7 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
             micro = self.checkpointed(block, micro)
             if taps is not None:
                 taps.append(micro)
-        return (micro, macro), h_macro, occupied
+        return stream_tokens(micro, macro), h_macro, occupied
 
     def _encode(
         self, x: torch.Tensor, force_choice: torch.Tensor | None = None, taps: list[torch.Tensor] | None = None
@@ -289,19 +290,16 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
                 out.append(self.forward_head(tokens, occupied=occupied))
             return torch.stack(out)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``[B, C, H, W] ->`` the streams: the fused micro tokens ``[B, N, D]`` and the macro tokens ``[B, K_max, D]``
-        (``grouping: none``: the micro tokens ``[B, N, C]``)."""
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W] -> [B, N + K_max, 2D]``: the fused micro tokens and the macro tokens, each in its stream's
+        half of the channels (:func:`stream_tokens`; ``grouping: none``: the micro tokens ``[B, N, C]``)."""
         return self._encode(x).tokens
 
     def forward_head(
-        self,
-        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-        pre_logits: bool = False,
-        occupied: torch.Tensor | None = None,
+        self, x: torch.Tensor, pre_logits: bool = False, occupied: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The streams ``([B, N, D], [B, K_max, D]) -> [B, num_classes]`` (or the normalised ``[B, 2D]`` with
-        ``pre_logits``; with ``global_pool=""`` the streams themselves).
+        """``[B, N + K_max, 2D] -> [B, num_classes]``: LN(mean(micro) ++ mean(macro)) and the classifier (or the
+        normalised ``[B, 2D]`` with ``pre_logits``; with ``global_pool=""`` the tokens themselves).
 
         ``occupied: [B, K_max]`` bool restricts mean(macro) to the occupied slots (``mask_empty_slots``).
         ``grouping: none``: ``[B, N, C] -> fc(LN(mean(micro)))``.
@@ -310,7 +308,8 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
             return x
         if self.grouping == "none":
             return self.head(x.mean(1), pre_logits=pre_logits)
-        micro, macro = x
+        D, K = self.embed_dim, self.num_slots
+        micro, macro = x[:, :-K, :D], x[:, -K:, D:]
         if occupied is None:
             macro_mean = macro.mean(1)
         else:
@@ -359,6 +358,16 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
             elif self.training and torch.is_grad_enabled():
                 aux.candidate_logits = self.candidate_logits(enc)
         return logits, aux
+
+
+def stream_tokens(micro: torch.Tensor, macro: torch.Tensor) -> torch.Tensor:
+    """The two streams in one token sequence: ``micro [B, N, D]``, ``macro [B, K, D] -> [B, N + K, 2D]``, each
+    token in its stream's half of the channels (micro the first ``D``, macro the last) and zeros in the other.
+
+    The channels are those of the head's pooled vector (CET-ViT v4 model card, "Architecture": LN over the
+    concatenated stream means), so timm's width checks read ``num_features`` from them, and one tensor is what
+    timm's ``forward_intermediates`` and feature wrappers compare and pass on."""
+    return torch.cat([F.pad(micro, (0, macro.shape[-1])), F.pad(macro, (micro.shape[-1], 0))], dim=1)
 
 
 def param_breakdown(model: CETViT) -> dict[str, int]:

@@ -61,7 +61,7 @@ class CETViTAux:
 class Encoded:
     """Intermediate results of one CET-ViT pass (``CETViT._encode``; :meth:`CETViT.candidate_logits` reads it again)."""
 
-    tokens: torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # forward_features: ([B, N, D], [B, K, D])
+    tokens: torch.Tensor  # forward_features: [B, N + K, 2D]
     S: torch.Tensor
     h_macro: torch.Tensor
     occupied: torch.Tensor | None

@@ -112,7 +112,8 @@ class MicroInputSize:
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
         self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
         if self.pos_embed is not None:
-            self.pos_embed = nn.Parameter(resample_abs_pos_embed_nhwc(self.pos_embed, self.grid_size))
+            grad = self.pos_embed.requires_grad  # a frozen embedding stays frozen (timm's test_models)
+            self.pos_embed = nn.Parameter(resample_abs_pos_embed_nhwc(self.pos_embed, self.grid_size), grad)
         for stage in self.micro_encoder.stages:
             stage.set_input_size(feat_size=self.grid_size, window_size=self.window_size)
 
