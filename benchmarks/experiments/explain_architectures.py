@@ -1,12 +1,8 @@
-"""Every explanation method on every architecture: tiny models of vitlab's five families, eleven timm families whose
-operators differ (a distillation token, class attention with LayerScale, spatial-reduction, cross-covariance,
-locally-grouped and sub-sampled, multi-axis (block and grid), convolutional with attention biases, linear attention,
-shifted windows, rotary embeddings, relative-position MLP), torchvision's ViT (``nn.MultiheadAttention``) and Swin,
-and seven HF transformers models (ViT, DeiT, BEiT, Swin, Dinov2, CLIP's vision tower, SigLIP's with its
-attention-pool head) built from configurations, random weights, nothing downloaded; briefly trained, in float64. Per
-architecture and method: applied or refused (with the reason), the conservation error of the LRP variants and the
-completeness error of integrated gradients, the input's own share of the logit, seconds per image. The tests build
-the same models (``tests/explain``).
+"""Every explanation method on every architecture: the tiny models of ``vitlab.testing_models`` (vitlab's five
+families, eleven of timm's, torchvision's ViT and Swin, seven of HF transformers'; the tests of ``tests/explain``
+build the same), briefly trained, in float64. Per architecture and method: applied or refused (with the reason), the
+conservation error of the LRP variants and the completeness error of integrated gradients, the input's own share of
+the logit, seconds per image.
 
     python -m benchmarks.experiments.explain_architectures \
         --out benchmarks/results/experiments/explain_architectures_<cpu>_<date>.json
@@ -19,188 +15,17 @@ import argparse
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from benchmarks.naming import repo_relative
 from vitlab.atomic import atomic_write_text
 from vitlab.explain import METHODS, MethodRefused, explain
 from vitlab.jsonio import strict_dumps
-from vitlab.models import create_model
 from vitlab.rundir import environment
-
-
-def _timm(name: str, **kw) -> nn.Module:
-    import timm
-
-    return timm.create_model(name, pretrained=False, num_classes=5, **kw)
-
-
-def _maxvit() -> nn.Module:
-    """MaxViT (block and grid attention, MBConv) from timm's pico configuration, shrunk to two one-block stages."""
-    import dataclasses
-
-    from timm.models.maxxvit import MaxxVit, model_cfgs
-
-    cfg = model_cfgs["maxvit_pico_rw"]
-    attention = dataclasses.replace(cfg.transformer_cfg, dim_head=8)
-    cfg = dataclasses.replace(
-        cfg, embed_dim=(16, 32), depths=(1, 1), block_type=("M", "M"), stem_width=(8, 16), transformer_cfg=attention
-    )
-    return MaxxVit(cfg, img_size=32, num_classes=5)
-
-
-def _torchvision_vit() -> nn.Module:
-    """torchvision's ViT (``nn.MultiheadAttention`` in every block); its head starts at zero, drawn here instead."""
-    from torchvision.models import VisionTransformer
-
-    model = VisionTransformer(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32)
-    model.heads.head = nn.Linear(16, 5)
-    return model
-
-
-def _torchvision_swin() -> nn.Module:
-    from torchvision.models import SwinTransformer
-
-    return SwinTransformer(
-        patch_size=[2, 2], embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=[2, 2], num_classes=5
-    )
-
-
-#: one tiny encoder for the HF ViT-like configurations
-HF_TINY = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32}
-HF_TINY |= {"image_size": 16, "patch_size": 4}
-
-
-class PooledClassifier(nn.Module):
-    """A linear classifier on a backbone's ``pooler_output`` (HF SigLIP's vision model ends in its attention-pool
-    head and has no classifier of its own)."""
-
-    def __init__(self, backbone: nn.Module, width: int, num_classes: int = 5) -> None:
-        super().__init__()
-        self.backbone, self.head = backbone, nn.Linear(width, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(x).pooler_output)
-
-
-def hf_model(name: str, **kw) -> nn.Module:
-    """An HF transformers image classifier from a tiny configuration, random weights (nothing downloaded)."""
-    import transformers
-
-    if name == "Siglip":
-        vision = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**HF_TINY))
-        return PooledClassifier(vision, HF_TINY["hidden_size"])
-    if name == "CLIP":
-        config = transformers.CLIPConfig(vision_config=HF_TINY, num_labels=5)
-        return transformers.CLIPForImageClassification(config)
-    config = getattr(transformers, f"{name}Config")(**kw, num_labels=5)
-    return getattr(transformers, f"{name}ForImageClassification")(config)
-
-
-#: name -> (builder, image side)
-ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], int]] = {
-    "vit": (lambda: create_model("vit_pico", num_classes=5, img_size=16, patch_size=4, depth=2), 16),
-    "tome": (lambda: create_model("tome_pico", num_classes=5, img_size=16, patch_size=4, depth=2, tome_r=3), 16),
-    "swin": (
-        lambda: create_model(
-            "swin_pico", num_classes=5, img_size=16, patch_size=2, window_size=2, depths=(1, 1), num_heads=(1, 2)
-        ),
-        16,
-    ),
-    "cet_vit": (lambda: create_model("cet_vit_pico", num_classes=5, img_size=16, patch_size=2), 16),
-    "vitcae": (lambda: create_model("vitcae_pico", num_classes=5, img_size=16, patch_size=4, depth=2, in_chans=3), 16),
-    "deit": (
-        lambda: _timm("deit_tiny_distilled_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
-        16,
-    ),
-    "cait": (
-        lambda: _timm(
-            "cait_xxs24_224", img_size=16, patch_size=4, embed_dim=16, depth=2, depth_token_only=1, num_heads=2
-        ),
-        16,
-    ),
-    "pvt_v2": (
-        lambda: _timm("pvt_v2_b0", embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)),
-        32,
-    ),
-    "xcit": (
-        lambda: _timm(
-            "xcit_nano_12_p8_224", img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, cls_attn_layers=1
-        ),
-        16,
-    ),
-    "twins": (
-        lambda: _timm(
-            "twins_svt_small", img_size=32, embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)
-        ),
-        32,
-    ),
-    "maxvit": (_maxvit, 32),
-    "levit": (lambda: _timm("levit_128s", img_size=32), 32),
-    "efficientvit": (
-        lambda: _timm("efficientvit_b0", widths=(8, 16, 16, 32), depths=(1, 1, 1, 1), head_dim=8, head_widths=(32, 32)),
-        32,
-    ),
-    "timm_swin": (
-        lambda: _timm(
-            "swin_tiny_patch4_window7_224",
-            img_size=16,
-            patch_size=2,
-            window_size=2,
-            embed_dim=8,
-            depths=(1, 1),
-            num_heads=(1, 2),
-        ),
-        16,
-    ),
-    "eva02": (
-        lambda: _timm("eva02_tiny_patch14_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
-        16,
-    ),
-    "vit_relpos": (
-        lambda: _timm("vit_relpos_small_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
-        16,
-    ),
-    "torchvision_vit": (_torchvision_vit, 16),
-    "torchvision_swin": (_torchvision_swin, 16),
-    "hf_vit": (lambda: hf_model("ViT", **HF_TINY), 16),
-    "hf_deit": (lambda: hf_model("DeiT", **HF_TINY), 16),
-    "hf_beit": (lambda: hf_model("Beit", **HF_TINY, use_relative_position_bias=True), 16),
-    "hf_swin": (
-        lambda: hf_model(
-            "Swin", image_size=16, patch_size=2, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=2
-        ),
-        16,
-    ),
-    "hf_dinov2": (lambda: hf_model("Dinov2", **HF_TINY), 16),
-    "hf_clip": (lambda: hf_model("CLIP"), 16),
-    "hf_siglip": (lambda: hf_model("Siglip"), 16),
-}
-
-
-def tiny_model(name: str, *, trained: bool = False) -> tuple[nn.Module, torch.Tensor]:
-    """The architecture in float64, eval mode, and three images for it; ``trained``: after three Adam steps on
-    random labels (the rules are checked away from the initial weights, where some heads start at zero)."""
-    build, side = ARCHITECTURES[name]
-    torch.manual_seed(0)
-    model = build().double()
-    x = torch.randn(3, 3, side, side, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    if trained:
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        model.train()
-        for _ in range(3):
-            out = model(x)
-            logits = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
-            logits = out[0] if logits is None else logits
-            nn.functional.cross_entropy(logits, torch.arange(3) % 5).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    return model.eval(), x
+from vitlab.testing_models import ARCHITECTURES, tiny_model
 
 
 def method_results(name: str) -> dict[str, Any]:

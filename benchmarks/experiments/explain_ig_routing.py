@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
-from benchmarks.experiments.explain_architectures import tiny_model, write_record
+from benchmarks.experiments.explain_architectures import write_record
 from vitlab.explain import explain
+from vitlab.testing_models import tiny_model
 
 STEPS = (32, 128, 512)
 

@@ -3,7 +3,7 @@
 Why by hand: on the CPU, SDPA runs PyTorch's flash kernel, whose backward ``torch.utils.flop_counter`` does not
 count, and whose backward does more than the math path's (it recomputes ``Q K^T`` from the saved log-sum-exps
 instead of keeping the attention matrix). The count here is tested against ``FlopCounterMode`` on the math path,
-where every product is counted (``tests/bench/test_freezing_flops.py``).
+where every product is counted (``benchmarks/tests/test_freezing_flops.py``).
 
 Conventions (those of ``FlopCounterMode``): a multiply-add is 2 FLOPs; only matrix products count (no norms,
 activations, softmax, bias sums, optimizer); a linear map ``[n, i] -> [n, o]`` costs ``2 n i o`` forward and twice

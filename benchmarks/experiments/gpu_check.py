@@ -24,7 +24,7 @@ It writes ``DIR/gpu_check.json`` (everything, with each bench record) and ``DIR/
 Without CUDA it says so and runs a **dry run** of the same code paths on the CPU (tiny presets, two rounds, a few
 steps; ``torch.compile`` only in the ``vit_pico`` bench, with the ``aot_eager`` backend, so that nothing waits on
 code generation; the compiled recipe is ``tests/export/test_acceleration.py``'s) and exits 0 (1 if an item failed);
-``tests/device/test_gpu_check.py`` runs that dry run.
+``benchmarks/tests/test_gpu_check.py`` runs that dry run.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ record in ``bench/``) and ``gpu_speed.md`` (the tables). DIR defaults to ``bench
 
 Without CUDA (or with ``--dry-run``) it says so and runs a **dry run** of the same code paths on the CPU (``vit_pico``
 on 16x16 images, two rounds, a few steps, ``torch.compile`` with the ``aot_eager`` backend), into
-``gpu_speed_dryrun_<cpu>_<date>/``, and exits 0 (1 if an item failed); ``tests/device/test_gpu_check.py`` runs it.
+``gpu_speed_dryrun_<cpu>_<date>/``, and exits 0 (1 if an item failed); ``benchmarks/tests/test_gpu_check.py`` runs it.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import vitlab
-from benchmarks.experiments.explain_architectures import ARCHITECTURES, HF_TINY, hf_model, tiny_model
 from vitlab.explain import MethodRefused, hilrp
+from vitlab.testing_models import ARCHITECTURES, HF_TINY, hf_model, tiny_model
 
 LRP_METHODS = ("lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma")
 #: timm's EfficientViT runs its linear attention in float32 whatever the model's dtype (``LiteMla`` casts q, k, v)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import vitlab
-from benchmarks.experiments.explain_architectures import ARCHITECTURES, tiny_model
 from vitlab.explain import METHODS, MethodRefused
+from vitlab.testing_models import ARCHITECTURES, tiny_model
 
 
 def _every_method_applies_or_is_refused(name: str) -> None:

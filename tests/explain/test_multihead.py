@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import vitlab
-from benchmarks.experiments.explain_architectures import tiny_model
 from vitlab.explain import hilrp, multihead
+from vitlab.testing_models import tiny_model
 
 LRP_METHODS = ("lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma")
 
