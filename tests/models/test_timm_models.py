@@ -18,7 +18,6 @@ from timm.models._manipulate import group_parameters
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
 import vitlab
-from benchmarks.reports import timm_suite as suite
 from vitlab.models.contract import feature_extractor
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.timm_registry import PREFIX
@@ -51,20 +50,6 @@ def test_import_vitlab_registers_with_timm_imported_after_it_and_loads_no_torch(
 def test_the_timm_checks_take_a_preset_of_every_family():
     """``FAMILIES`` holds a preset of every model class of the catalogue, so a new family joins the checks."""
     assert {get_preset(p).cls for p in vitlab.list_models()} == {get_preset(p).cls for p in FAMILIES}
-
-
-def test_timms_own_test_file_lists_each_preset_where_timm_lists_a_model_of_its_kind():
-    """``benchmarks.reports.timm_suite`` (timm's unmodified ``tests/test_models.py`` on vitlab's presets): the token
-    models with timm's ``vit_*`` (``NON_STD_FILTERS``), every preset with ``forward_intermediates``, Swin with
-    timm's spatial models, and timm's own models as timm lists them."""
-    non_std = suite.list_models(filter=["vit_*", "crossvit_*"], exclude_filters=["*_7b_*"], include_tags=True)
-    inter = suite.list_models(module=["vision_transformer", "swin_transformer", "resnet"])
-    spatial = suite.list_models(exclude_filters=["vit_*", "crossvit_*"], include_tags=True)
-    ours = [PREFIX + name for name in vitlab.list_models()]
-    assert {n for n in non_std if n.startswith(PREFIX)} == {n for n in ours if "swin" not in n}
-    assert {n for n in spatial if n.startswith(PREFIX)} == {n for n in ours if n.startswith(PREFIX + "swin")}
-    assert set(ours) <= set(inter) and "resnet18" in inter and "vit_tiny_patch16_224.augreg_in21k" in non_std
-    assert "vit_tiny_patch16_224" not in suite.list_models(exclude_filters="vit_*")
 
 
 def test_the_registered_cfg_gives_each_presets_input_size_and_classes():

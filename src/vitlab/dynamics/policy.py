@@ -309,9 +309,8 @@ class DynamicsPolicy(PolicyState):
         if measurement.kappa is not None:
             self.kappa, self.kappa_epoch = measurement.kappa, epoch
         current = measurement.distributions.float()
-        drift = drift_images = two_epoch_mean = lagged = None
-        if self.lag_window is not None:  # the same probe images every epoch, as the score drift
-            lagged = self.lag_window.push(current[:, :, : cfg.probe_min or current.shape[2]])
+        drift = drift_images = two_epoch_mean = None
+        lagged = None if self.lag_window is None else self.lag_window.push(current[:, :, : cfg.probe_min or None])
         if self.previous is not None:
             drift, drift_images, current, two_epoch_mean = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
             # on the same images every epoch (the adaptive probe's first probe_min, else the whole probe)
@@ -330,25 +329,19 @@ class DynamicsPolicy(PolicyState):
         if self._reads_directedness:
             self.before_previous, self.last_drift = self.previous, drift
         self.previous, self.epoch = current, epoch
-        record = self._record(epoch, drift, directed, tau, converged)
+        record = self._record(epoch, drift, directed, tau, converged) | self._extra_record(drift_images)
         if model_tau is not None:
             record["drift_model_tau"] = None if drift_model_tau is None else drift_model_tau.tolist()
             record["mean_drift_model_tau"] = None if drift_model_tau is None else float(drift_model_tau.mean())
-        if cfg.kappa_every > 1:
-            record["kappa_epoch"] = self.kappa_epoch
-        if cfg.probe_min is not None:
-            record["drift_images"] = None if drift_images is None else drift_images.tolist()
         return record
 
     def _before_first_decision(self) -> set[int]:
         """The epochs whose probe pass takes the whole probe, so that the first decision can use it: the one before
         it and, under the noise rule (``d(t-2, t)``), the one before that too."""
-        cfg = self.config
-        return {max(cfg.burn_in - 1, 0)} | ({max(cfg.burn_in - 2, 0)} if self._reads_directedness else set())
+        burn_in = self.config.burn_in
+        return {max(burn_in - 1, 0)} | ({max(burn_in - 2, 0)} if self._reads_directedness else set())
 
-    def _decide(
-        self, epoch: int, drift: torch.Tensor | None, tau: torch.Tensor, directed: torch.Tensor | None
-    ) -> torch.Tensor:
+    def _decide(self, epoch: int, drift: torch.Tensor | None, tau: torch.Tensor, directed: torch.Tensor | None):
         """Convergence from epoch ``burn_in`` on, and the heads that converge frozen with their tau (eq. 26);
         returns ``converged: [L, H]`` bool."""
         cfg = self.config
@@ -428,6 +421,12 @@ class DynamicsPolicy(PolicyState):
             "non_converged": int((~converged).sum()),
             "mean_drift": None if drift is None else float(drift.mean()),
         }
+
+    def _extra_record(self, drift_images: torch.Tensor | None) -> dict[str, Any]:
+        """The keys of options that are not at their default: the clusters' epoch, the adaptive probe's images."""
+        extra = {"kappa_epoch": self.kappa_epoch} if self.config.kappa_every > 1 else {}
+        images = None if drift_images is None else drift_images.tolist()
+        return extra | ({"drift_images": images} if self.config.probe_min is not None else {})
 
     def _score_level(self) -> tuple[list | None, list | None]:
         """The response rule's score level and threshold per head (None under the other rules)."""
