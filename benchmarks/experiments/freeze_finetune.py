@@ -150,13 +150,18 @@ def _below(levels: list | None, limits: list | None) -> list[list[bool]] | None:
     ]
 
 
+def freezing_record(run: Path) -> dict[str, Any]:
+    """What the run's freezing saw: the per-layer clause pass epochs and the layer-freezing records."""
+    layers = run / LAYERS_FILE
+    return {
+        "clause_pass_epochs": clause_pass_epochs(RunDir(run).dynamics()),
+        "layer_freezing": [json.loads(line) for line in layers.read_text().splitlines()] if layers.is_file() else [],
+    }
+
+
 def run_record(run: Path, arm: str, seed: int, setting: str, depth: int, pretrain: Path) -> dict[str, Any]:
     """The results file of one finished fine-tuning run."""
     walls = [float(w) for w in Path(f"{run}.wall").read_text().split()]
-    rundir = RunDir(run)
-    layers = [json.loads(line) for line in (run / LAYERS_FILE).read_text().splitlines()] if (
-        run / LAYERS_FILE
-    ).is_file() else []  # fmt: skip
     return {
         "experiment": f"freeze_finetune-{setting}",
         "arm": arm,
@@ -166,8 +171,7 @@ def run_record(run: Path, arm: str, seed: int, setting: str, depth: int, pretrai
         "fit_wall_s": sum(walls),
         "fit_calls": len(walls),
         **run_result(run),
-        "clause_pass_epochs": clause_pass_epochs(rundir.dynamics()),
-        "layer_freezing": layers,
+        **freezing_record(run),
     }
 
 
@@ -185,7 +189,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/datasets"), help="the folder of cifar10.npz ...")
     parser.add_argument("--epochs", type=int, default=30, help="fine-tuning epochs")
     parser.add_argument("--vitlab", default=str(Path(sys.executable).with_name("vitlab")))
-    parser.add_argument("--refresh", action="store_true", help="rewrite the results files of finished runs")
+    parser.add_argument("--refresh", action="store_true", help="add the freezing records to the files of finished runs")
     args = parser.parse_args()
     transfer, patch, depth = SETTINGS[args.setting]
     args.runs.mkdir(parents=True, exist_ok=True)
@@ -197,24 +201,17 @@ def main() -> None:
     common = ["trainer.enable_progress_bar=false", "run.report=false"]
     for seed in args.seeds:
         pretrain = args.runs / pretrain_name(transfer, patch, depth, seed)
-        fit(
-            args.vitlab,
-            pretrain,
-            [
-                "--config",
-                "finetune/cifar10_pretrain",
-                f"data.path={locate[source]}",
-                f"run.seed={seed}",
-                *model,
-                *common,
-            ],
-        )
+        pretraining = ["--config", "finetune/cifar10_pretrain", f"data.path={locate[source]}", f"run.seed={seed}"]
+        if not args.refresh:
+            fit(args.vitlab, pretrain, [*pretraining, *model, *common])
         arms = args.arms[seed % len(args.arms) :] + args.arms[: seed % len(args.arms)]  # rotate the order per seed
         for arm in arms:
             out = args.results / f"{arm}-seed{seed}.json"
-            if out.exists() and not args.refresh:
-                continue
             run = args.runs / f"ft-{args.setting}-{arm}-s{seed}"
+            if out.exists() or args.refresh:  # --refresh trains nothing
+                if out.exists() and args.refresh:  # files written before these records existed
+                    out.write_text(json.dumps(json.loads(out.read_text()) | freezing_record(run), indent=1) + "\n")
+                continue
             fit(args.vitlab, run, [
                 "--config", "finetune/celeba32_male", f"data.path={locate[target]}", *target_args, *model,
                 f"model.pretrained={pretrain}", f"run.seed={seed}", f"trainer.max_epochs={args.epochs}",
