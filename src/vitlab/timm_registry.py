@@ -47,13 +47,15 @@ def _default_cfg() -> dict[str, Any]:
 
 
 def _preset_model(name: str, generative: bool, **kwargs: Any) -> nn.Module:
-    """The preset through :func:`vitlab.create_model`; a generative preset's encoder, with its own head."""
+    """The preset through :func:`vitlab.create_model`; a generative preset's encoder (``classifier_backbone``), with its
+    own head."""
     from vitlab.models.builder import create_model
+    from vitlab.models.protocols import classifier_backbone
 
     if not generative:
         return create_model(name, **kwargs)
     num_classes = kwargs.pop("num_classes", 10)
-    encoder = create_model(name, **kwargs).encoder
+    encoder = classifier_backbone(create_model(name, **kwargs))
     encoder.reset_classifier(num_classes)
     return encoder
 
