@@ -16,7 +16,7 @@ config section, a training step of the family's task, the export, what the model
 :data:`TIMM_CONTRACT` is timm's model contract (``forward_features`` -> ``forward_head``, ``reset_classifier``,
 ``forward_intermediates`` with ``feature_info``, ``features_only``), which the commands that treat a model as timm's
 need (docs/writing_a_family.md, "What each command needs"). A generative model (``GenerativeModel``) is checked
-against timm's contract by its ``encoder`` (``Encoded``).
+against timm's contract by its ``encoder`` (``EncoderBacked``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from vitlab.family import ENTRY_POINT_GROUP, NO_PLUGINS_ENV, builtin, families, 
 from vitlab.layers.capture import attention_modules, is_attention
 from vitlab.models.builder import create_model
 from vitlab.models.contract import feature_extractor
-from vitlab.models.protocols import AttentionBlocks, DynamicsTarget, Encoded, GenerativeModel, classifier_backbone
+from vitlab.models.protocols import AttentionBlocks, DynamicsTarget, EncoderBacked, GenerativeModel, classifier_backbone
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.training.run import build_task
 
@@ -164,13 +164,15 @@ def check_export(preset: str, **overrides: Any) -> None:
 
 def check_capabilities(preset: str, **overrides: Any) -> None:
     """What the model claims through a protocol of :mod:`vitlab.models.protocols` holds: a ``GenerativeModel`` is
-    ``Encoded``, its ``encoder`` one of its modules; a ``DynamicsTarget`` names a prefix of its shared ``Attention``
-    modules; ``AttentionBlocks`` names its own modules, each holding an attention, none inside another."""
+    ``EncoderBacked``, its ``encoder`` one of its modules; a ``DynamicsTarget`` names a prefix of its shared
+    ``Attention`` modules; ``AttentionBlocks`` names its own modules, each holding an attention, none inside another."""
     model = build(preset, **overrides)
     name = type(model).__name__
     if isinstance(model, GenerativeModel):
-        assert isinstance(model, Encoded), f"{name} is a GenerativeModel without an encoder (protocol Encoded)"
-    if isinstance(model, Encoded):
+        assert isinstance(model, EncoderBacked), (
+            f"{name} is a GenerativeModel without an encoder (protocol EncoderBacked)"
+        )
+    if isinstance(model, EncoderBacked):
         assert any(m is model.encoder for m in model.children()), f"{name}.encoder is not one of its modules"
     if isinstance(model, DynamicsTarget):
         attention = [n for n, _ in attention_modules(model)]

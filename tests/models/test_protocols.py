@@ -1,4 +1,4 @@
-"""What a family's model claims through ``vitlab.models.protocols`` (``Encoded``, ``DynamicsTarget``,
+"""What a family's model claims through ``vitlab.models.protocols`` (``EncoderBacked``, ``DynamicsTarget``,
 ``AttentionBlocks``): the built-in families claim it, and the test kit's ``check_capabilities`` fails a model whose
 claim does not hold."""
 
@@ -9,7 +9,7 @@ from torch import nn
 from vitlab.family import Family, register_family, unregister_family
 from vitlab.layers import Block
 from vitlab.models import create_model
-from vitlab.models.protocols import AttentionBlocks, DynamicsTarget, Encoded, classifier_backbone
+from vitlab.models.protocols import AttentionBlocks, DynamicsTarget, EncoderBacked, classifier_backbone
 from vitlab.models.registry import _REGISTRY
 from vitlab.testing import check_capabilities
 from vitlab.training.tasks import ClassificationTask
@@ -17,9 +17,11 @@ from vitlab.training.tasks import ClassificationTask
 
 def test_the_built_in_families_implement_the_protocols():
     vitcae, cet_vit = create_model("vitcae_pico"), create_model("cet_vit_pico")
-    assert isinstance(vitcae, Encoded) and isinstance(vitcae, DynamicsTarget) and isinstance(vitcae, AttentionBlocks)
+    assert (
+        isinstance(vitcae, EncoderBacked) and isinstance(vitcae, DynamicsTarget) and isinstance(vitcae, AttentionBlocks)
+    )
     assert classifier_backbone(vitcae) is vitcae.encoder and vitcae.dynamics_target == "encoder."
-    assert isinstance(cet_vit, AttentionBlocks) and not isinstance(cet_vit, Encoded | DynamicsTarget)
+    assert isinstance(cet_vit, AttentionBlocks) and not isinstance(cet_vit, EncoderBacked | DynamicsTarget)
     assert [n for n, _ in cet_vit.attention_blocks()][-2:] == ["macro_encoder.blocks.0", "deep_encoder.0"]
 
 

@@ -25,8 +25,8 @@ class SlotAssigner(Protocol):
 class GenerativeModel(Protocol):
     """A conditional generative model over images (ViTCAE): a posterior from ``encode(x: [B, C, H, W])``, the
     conditional ``prior(z_cls)`` of the patch latents, ``decode(z_cls, z_pt) -> x_hat: [B, C, H, W]``. The protocol
-    names methods only, so a preset's class can be tested with ``issubclass``; its ``encoder`` is :class:`Encoded`'s.
-    """
+    names methods only, so a preset's class can be tested with ``issubclass``; its ``encoder`` is
+    :class:`EncoderBacked`'s."""
 
     def encode(self, x: torch.Tensor) -> Any: ...
 
@@ -36,7 +36,7 @@ class GenerativeModel(Protocol):
 
 
 @runtime_checkable
-class Encoded(Protocol):
+class EncoderBacked(Protocol):
     """A model whose classifier is one image encoder with its own head, held as ``encoder`` (ViTCAE: the ViT whose
     features the classifier reads, wrapped by a prior and a decoder). Pretrained ViT weights initialise it, a benchmark
     times it and timm's contract is asked of it (``vitlab_<preset>``); a ``GenerativeModel`` is one (the test kit's
@@ -106,5 +106,5 @@ class PretrainedConfigured(Protocol):
 
 
 def classifier_backbone(model: nn.Module) -> nn.Module:
-    """The image encoder a benchmark times: an :class:`Encoded` model's ``encoder``, any other model itself."""
-    return model.encoder if isinstance(model, Encoded) else model
+    """The image encoder a benchmark times: an :class:`EncoderBacked` model's ``encoder``, any other model itself."""
+    return model.encoder if isinstance(model, EncoderBacked) else model
