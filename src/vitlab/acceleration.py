@@ -32,8 +32,9 @@ from torch import nn
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 from vitlab.layers.attention_path import cpu_clock
+from vitlab.layers.capture import is_attention
 from vitlab.machine_cache import remembered
-from vitlab.models.protocols import HeadFreezing, SlotAssigner
+from vitlab.models.protocols import AttentionBlocks, HeadFreezing, SlotAssigner
 from vitlab.models.sizing import input_shape_of, parameter_count
 
 log = logging.getLogger(__name__)
@@ -45,19 +46,18 @@ COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", 
 # -------------------------------------------------------------------------------------------------------------------
 # torch.compile: the network whole, with its loss, and block by block
 def compiled_blocks(network: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The blocks :func:`compile_network` compiles: innermost elements of an ``nn.ModuleList`` or ``nn.Sequential``
-    that hold an attention (a module whose class name ends in ``Attention``: vitlab's, timm's ``WindowAttention``,
-    the cross attentions), with their qualified names."""
-
-    def holds_attention(module: nn.Module) -> bool:
-        return any(type(m).__name__.endswith("Attention") for m in module.modules())
-
+    """The blocks :func:`compile_network` compiles, with their qualified names: those an
+    :class:`~vitlab.models.protocols.AttentionBlocks` model names, else the innermost elements of an ``nn.ModuleList``
+    or ``nn.Sequential`` that hold an attention (:func:`~vitlab.layers.capture.is_attention`: vitlab's, timm's
+    ``WindowAttention``, the cross attentions)."""
+    if isinstance(network, AttentionBlocks):
+        return network.attention_blocks()
     candidates = {
         f"{name}.{child_name}" if name else child_name: child
         for name, container in network.named_modules()
         if isinstance(container, nn.ModuleList | nn.Sequential)
         for child_name, child in container.named_children()
-        if holds_attention(child)
+        if any(is_attention(m) for m in child.modules())
     }
     ids = {id(m) for m in candidates.values()}
     return [

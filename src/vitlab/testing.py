@@ -12,10 +12,11 @@ registry. vitlab's own suite runs the same checks over its built-in families (:f
 
 Each check takes a preset name and the constructor overrides to build it with (a small input for a quick test),
 and raises ``AssertionError`` naming what is broken. :data:`CONTRACT` is what every command needs (the ``model``
-config section, a training step of the family's task, the export); :data:`TIMM_CONTRACT` is timm's model contract
-(``forward_features`` -> ``forward_head``, ``reset_classifier``, ``forward_intermediates`` with ``feature_info``,
-``features_only``), which the commands that treat a model as timm's need (docs/writing_a_family.md, "What each
-command needs"). A generative model (``GenerativeModel``) is checked against timm's contract by its ``encoder``.
+config section, a training step of the family's task, the export, what the model claims through a protocol);
+:data:`TIMM_CONTRACT` is timm's model contract (``forward_features`` -> ``forward_head``, ``reset_classifier``,
+``forward_intermediates`` with ``feature_info``, ``features_only``), which the commands that treat a model as timm's
+need (docs/writing_a_family.md, "What each command needs"). A generative model (``GenerativeModel``) is checked
+against timm's contract by its ``encoder`` (``EncoderBacked``).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from vitlab.config.model import model_options
 from vitlab.errors import ModelOptionError
 from vitlab.export import export_model, load_model
 from vitlab.family import ENTRY_POINT_GROUP, NO_PLUGINS_ENV, builtin, families, presets
+from vitlab.layers.capture import attention_modules, is_attention
 from vitlab.models.builder import create_model
 from vitlab.models.contract import feature_extractor
-from vitlab.models.protocols import GenerativeModel
+from vitlab.models.protocols import AttentionBlocks, DynamicsTarget, EncoderBacked, GenerativeModel, classifier_backbone
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.training.run import build_task
 
@@ -103,7 +105,7 @@ def timm_model(preset: str, **overrides: Any) -> nn.Module:
         return build(preset, **overrides)
     num_classes = overrides.get("num_classes")
     model = build(preset, **{**overrides, "num_classes": num_classes or 1})  # class-conditioned: one class at least
-    encoder = model.encoder
+    encoder = classifier_backbone(model)
     encoder.reset_classifier(encoder.num_classes if num_classes is None else num_classes)
     encoder.init_kwargs = options(model)  # the input it takes
     return encoder
@@ -158,6 +160,38 @@ def check_export(preset: str, **overrides: Any) -> None:
         again = load_model(folder)
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x))
+
+
+def check_capabilities(preset: str, **overrides: Any) -> None:
+    """What the model claims through a protocol of :mod:`vitlab.models.protocols` holds: a ``GenerativeModel`` is
+    ``EncoderBacked``, its ``encoder`` one of its modules; a ``DynamicsTarget`` names a prefix of its shared
+    ``Attention`` modules; ``AttentionBlocks`` names its own modules, each holding an attention, none inside another."""
+    model = build(preset, **overrides)
+    name = type(model).__name__
+    if isinstance(model, GenerativeModel):
+        assert isinstance(model, EncoderBacked), (
+            f"{name} is a GenerativeModel without an encoder (protocol EncoderBacked)"
+        )
+    if isinstance(model, EncoderBacked):
+        assert any(m is model.encoder for m in model.children()), f"{name}.encoder is not one of its modules"
+    if isinstance(model, DynamicsTarget):
+        attention = [n for n, _ in attention_modules(model)]
+        assert any(n.startswith(model.dynamics_target) for n in attention), (
+            f"{name}.dynamics_target={model.dynamics_target!r} is the prefix of no shared Attention in {attention}"
+        )
+    if isinstance(model, AttentionBlocks):
+        _check_attention_blocks(model)
+
+
+def _check_attention_blocks(model: AttentionBlocks) -> None:
+    blocks, name = model.attention_blocks(), type(model).__name__
+    assert blocks, f"{name}.attention_blocks() names no block"
+    for where, block in blocks:
+        assert model.get_submodule(where) is block, f"{name}.attention_blocks(): {where!r} is not that module"
+        assert any(is_attention(m) for m in block.modules()), f"{name}.attention_blocks(): {where} holds no attention"
+    ids = {id(block) for _, block in blocks}
+    nested = [where for where, block in blocks if any(id(m) in ids for m in block.modules() if m is not block)]
+    assert not nested, f"{name}.attention_blocks(): {nested} hold other blocks of the list"
 
 
 # -- timm's model contract -------------------------------------------------------------------------------------------
@@ -216,6 +250,6 @@ def check_features_only(preset: str, **overrides: Any) -> None:
 
 Check = Callable[..., None]
 #: what every command needs of a model and its config section
-CONTRACT: tuple[Check, ...] = (check_config, check_training_step, check_export)
+CONTRACT: tuple[Check, ...] = (check_config, check_training_step, check_export, check_capabilities)
 #: timm's model contract, for the commands that treat a model as timm's
 TIMM_CONTRACT: tuple[Check, ...] = (check_classifier, check_intermediates, check_features_only)

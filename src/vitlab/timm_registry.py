@@ -75,11 +75,12 @@ def _preset_model(name: str, generative: bool, device: Any = None, dtype: Any = 
     import torch
 
     from vitlab.models.builder import create_model
+    from vitlab.models.protocols import classifier_backbone
 
     with torch.device(device) if device is not None else contextlib.nullcontext():
         if generative:
             num_classes = kwargs.pop("num_classes", 10)
-            model = create_model(name, **kwargs).encoder
+            model = classifier_backbone(create_model(name, **kwargs))
             model.reset_classifier(num_classes)
         else:
             model = create_model(name, **kwargs)

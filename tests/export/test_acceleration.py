@@ -12,6 +12,7 @@ import logging
 
 import pytest
 import torch
+from torch import nn
 
 from vitlab.acceleration import adamw, adamw_implementation, compile_network, compiled_blocks, is_compiled
 from vitlab.config import OptimConfig, build_config
@@ -19,6 +20,7 @@ from vitlab.diagnostics.capture import capture_attention
 from vitlab.dynamics import FrozenHeadAttention
 from vitlab.errors import ConfigError
 from vitlab.models import create_model
+from vitlab.models.protocols import AttentionBlocks
 from vitlab.rundir import RunDir
 from vitlab.training.run import fit
 from vitlab.training.tasks import _fused_for_precision
@@ -72,6 +74,36 @@ def test_the_blocks_of_each_family_are_found():
     assert any(".blocks." in n and n.startswith("micro_encoder.stages.") for n in names["cet_vit_pico"])
     assert not any(n.endswith(tuple(f"stages.{i}" for i in range(9))) for n in names["cet_vit_pico"])
     assert any(n.startswith("macro_encoder.blocks.") for n in names["cet_vit_pico"])
+
+
+class TalkingHeadAttn(nn.Module):
+    """An attention whose class name does not end in ``Attention`` (timm's CaiT names it so)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.softmax(-1)
+
+
+class TalkingBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.attn = nn.Linear(4, 4), TalkingHeadAttn()
+
+
+class Named(nn.Module):
+    """A network whose blocks the attention vocabulary finds, and, with ``own``, one that names its own."""
+
+    def __init__(self, own: bool) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(TalkingBlock() for _ in range(2))
+        self.mixer = nn.Linear(4, 4)
+        if own:
+            self.attention_blocks = lambda: [("mixer", self.mixer)]
+
+
+def test_the_blocks_are_those_a_model_names_else_those_the_attention_vocabulary_finds():
+    assert [n for n, _ in compiled_blocks(Named(own=False))] == ["blocks.0", "blocks.1"]
+    named = Named(own=True)
+    assert isinstance(named, AttentionBlocks) and compiled_blocks(named) == [("mixer", named.mixer)]
 
 
 @pytest.mark.parametrize("name", ["vit_pico", "vitcae_pico"])

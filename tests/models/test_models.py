@@ -1,5 +1,6 @@
 """Every built-in preset: vitlab.testing's CONTRACT (the config section, a training step of its family's task in
-which every parameter gets a finite nonzero gradient, the export round trip), and SDPA equals eager attention."""
+which every parameter gets a finite nonzero gradient, the export round trip, what it claims through a protocol), and
+SDPA equals eager attention."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 from vitlab.family import family_of_class
 from vitlab.layers import Attention
 from vitlab.models.registry import get_preset
-from vitlab.testing import build, builtin_presets, check_config, check_export, check_training_step
+from vitlab.testing import build, builtin_presets, check_capabilities, check_config, check_export, check_training_step
 
 NUM_CLASSES = 5
 
@@ -43,9 +44,10 @@ def test_every_parameter_gets_a_gradient(name, extra):
 
 
 @pytest.mark.parametrize("name", [_param(name) for name in builtin_presets()])
-def test_the_config_section_and_the_export_keep_the_contract(name):
+def test_the_config_section_the_export_and_the_protocols_keep_the_contract(name):
     check_config(name, **_small(name))
     check_export(name, **_small(name))
+    check_capabilities(name, **_small(name))
 
 
 @pytest.mark.parametrize("name", [_param(name) for name in builtin_presets()])

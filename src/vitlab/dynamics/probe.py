@@ -15,8 +15,9 @@ from vitlab.config.dynamics import TAU_MODES, DynamicsConfig
 from vitlab.diagnostics.capture import attention_recording, unread_attention
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
-from vitlab.layers.capture import attention_capture, attention_modules
+from vitlab.layers.capture import attention_capture, attention_modules, is_attention
 from vitlab.models.contract import module_mode
+from vitlab.models.protocols import DynamicsTarget
 
 
 @dataclass
@@ -57,8 +58,8 @@ def controlled_modules(model: nn.Module, target: str | None) -> list[tuple[str, 
             f"{type(model).__name__} has no vitlab.layers.Attention module; the dynamics controller needs a model "
             "built from vitlab's shared layers"
         )
-    if target is None:
-        target = getattr(model, "dynamics_target", None)
+    if target is None and isinstance(model, DynamicsTarget):
+        target = model.dynamics_target
     if target is None:
         with_temperature = [(n, m) for n, m in modules if m.log_tau is not None]
         return with_temperature or modules
@@ -82,7 +83,7 @@ class ObservedAttention:
 
 def attention_classes(model: nn.Module) -> list[str]:
     """The class names of the model's attention modules (``["EvaAttention"]``; none in a CNN), for messages."""
-    return sorted({type(m).__name__ for m in model.modules() if _attention_class(type(m).__name__)})
+    return sorted({type(m).__name__ for m in model.modules() if is_attention(m)})
 
 
 def attention_kinds(model: nn.Module) -> str:
@@ -179,11 +180,6 @@ def _observable(
         for n, p in record.maps.items()
     )
     return chosen, found
-
-
-def _attention_class(name: str) -> bool:
-    """Whether a module class name says attention (``EvaAttention``, CaiT's ``TalkingHeadAttn``), not a block."""
-    return any(word in name.lower() for word in ("attention", "attn")) and "block" not in name.lower()
 
 
 def modules_to_control(

@@ -10,11 +10,22 @@ import torch
 from torch import nn
 
 from vitlab.layers.attention import Attention
+from vitlab.layers.cross_attention import CrossAttention
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, Attention]]:
     """All shared ``Attention`` modules of ``model`` with their qualified names, in forward-definition order."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, Attention)]
+
+
+def is_attention(module: nn.Module) -> bool:
+    """Whether ``module`` is an attention: vitlab's ``Attention`` or ``CrossAttention``, or a class whose name says
+    attention (timm's ``WindowAttention``, ``EvaAttention``, CaiT's ``TalkingHeadAttn``), not a block that holds one.
+    The one vocabulary of the dynamics controller's messages and of the blocks ``trainer.compile`` finds."""
+    name = type(module).__name__.lower()
+    return isinstance(module, Attention | CrossAttention) or (
+        any(word in name for word in ("attention", "attn")) and "block" not in name
+    )
 
 
 class AttentionCapture:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from vitlab.layers.heads import state_in_original_order
-from vitlab.models.protocols import GenerativeModel, PretrainedConfigured
+from vitlab.models.protocols import EncoderBacked, PretrainedConfigured
 from vitlab.models.registry import constructor_args, get_preset, list_models
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.weight_sources import (
@@ -124,8 +124,9 @@ def compress_keys(keys: list[str], limit: int = 6) -> str:
 
 def backbone_of(model: nn.Module) -> tuple[nn.Module, str]:
     """The ViT that pretrained weights initialise and its name in ``model``: the model itself for a
-    :class:`VisionTransformer` (the ViT and ToMe presets), the ``encoder`` of a ``GenerativeModel``."""
-    backbone, where = (model.encoder, "encoder") if isinstance(model, GenerativeModel) else (model, "")
+    :class:`VisionTransformer` (the ViT and ToMe presets), the ``encoder`` of an :class:`EncoderBacked` model
+    (ViTCAE)."""
+    backbone, where = (model.encoder, "encoder") if isinstance(model, EncoderBacked) else (model, "")
     if isinstance(backbone, VisionTransformer):
         return backbone, where
     raise PretrainedWeightsError(

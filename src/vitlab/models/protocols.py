@@ -24,15 +24,43 @@ class SlotAssigner(Protocol):
 @runtime_checkable
 class GenerativeModel(Protocol):
     """A conditional generative model over images (ViTCAE): a posterior from ``encode(x: [B, C, H, W])``, the
-    conditional ``prior(z_cls)`` of the patch latents, ``decode(z_cls, z_pt) -> x_hat: [B, C, H, W]``. It also has
-    the ``encoder`` (the ViT whose features the classifier reads) and the classification ``head``; the protocol
-    names methods only, so a preset's class can be tested with ``issubclass``."""
+    conditional ``prior(z_cls)`` of the patch latents, ``decode(z_cls, z_pt) -> x_hat: [B, C, H, W]``. The protocol
+    names methods only, so a preset's class can be tested with ``issubclass``; its ``encoder`` is
+    :class:`EncoderBacked`'s."""
 
     def encode(self, x: torch.Tensor) -> Any: ...
 
     def prior(self, z_cls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def decode(self, z_cls: torch.Tensor, z_pt: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class EncoderBacked(Protocol):
+    """A model whose classifier is one image encoder with its own head, held as ``encoder`` (ViTCAE: the ViT whose
+    features the classifier reads, wrapped by a prior and a decoder). Pretrained ViT weights initialise it, a benchmark
+    times it and timm's contract is asked of it (``vitlab_<preset>``); a ``GenerativeModel`` is one (the test kit's
+    ``check_capabilities``)."""
+
+    encoder: nn.Module
+
+
+@runtime_checkable
+class DynamicsTarget(Protocol):
+    """A model that names the attention the dynamics controller steers when ``dynamics.target`` is unset:
+    ``dynamics_target``, a prefix of the qualified names of its shared ``Attention`` modules (ViTCAE eq. 20, 26:
+    ``"encoder."``, the encoder's attention, never the decoder's)."""
+
+    dynamics_target: str
+
+
+@runtime_checkable
+class AttentionBlocks(Protocol):
+    """A model that names its attention blocks, the units ``trainer.compile`` compiles one by one (PyTorch's regional
+    compilation): ``attention_blocks() -> [(qualified name, block)]``, in forward order, none inside another. Without
+    it the blocks are found by :func:`vitlab.acceleration.compiled_blocks`."""
+
+    def attention_blocks(self) -> list[tuple[str, nn.Module]]: ...
 
 
 @runtime_checkable
@@ -78,5 +106,5 @@ class PretrainedConfigured(Protocol):
 
 
 def classifier_backbone(model: nn.Module) -> nn.Module:
-    """The image encoder a benchmark times: a generative model's ``encoder``, any other model itself."""
-    return model.encoder if isinstance(model, GenerativeModel) else model
+    """The image encoder a benchmark times: an :class:`EncoderBacked` model's ``encoder``, any other model itself."""
+    return model.encoder if isinstance(model, EncoderBacked) else model

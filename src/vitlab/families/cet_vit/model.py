@@ -206,6 +206,17 @@ class CETViT(MicroInputSize, FeatureTaps, ModelContract, nn.Module):
         if self.grouping != "none":
             self.macro_encoder.grad_checkpointing = enable
 
+    def attention_blocks(self) -> list[tuple[str, nn.Module]]:
+        """The Swin blocks of each micro stage, the macro encoder's blocks, the deep encoder's (``AttentionBlocks``:
+        what ``trainer.compile`` compiles); the cross-scale attention runs inside the network's graph."""
+        micro = [
+            (f"micro_encoder.stages.{i}.blocks.{j}", block)
+            for i, stage in enumerate(self.micro_encoder.stages)
+            for j, block in enumerate(stage.blocks)
+        ]
+        macro = [(f"macro_encoder.blocks.{i}", block) for i, block in enumerate(self.macro_encoder.blocks)]
+        return micro + macro + [(f"deep_encoder.{i}", block) for i, block in enumerate(self.deep_encoder)]
+
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
         return self.head.fc

@@ -275,6 +275,11 @@ class ViTCAE(ModelContract, nn.Module):
         self.grad_checkpointing = enable
         self.encoder.set_grad_checkpointing(enable)
 
+    def attention_blocks(self) -> list[tuple[str, nn.Module]]:
+        """The encoder's blocks, then the decoder's (``AttentionBlocks``: what ``trainer.compile`` compiles)."""
+        encoder = [(f"encoder.blocks.{i}", block) for i, block in enumerate(self.encoder.blocks)]
+        return encoder + [(f"decoder_blocks.{i}", block) for i, block in enumerate(self.decoder_blocks)]
+
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
         return self.head
