@@ -89,6 +89,24 @@ def hf_model(name: str, **kw) -> nn.Module:
     return getattr(transformers, f"{name}ForImageClassification")(config)
 
 
+def _family_presets() -> dict[str, str]:
+    """Each built-in family's smallest preset (``*_pico``), by the family's name: the core names no family."""
+    from vitlab.family import builtin, families
+
+    smallest = {f.name: sorted(p for p in f.preset_names() if p.endswith("_pico")) for f in families() if builtin(f)}
+    return {name: presets[0] for name, presets in smallest.items() if presets}
+
+
+def _family_model(preset: str) -> nn.Module:
+    """``preset`` for 16x16 RGB images, 5 classes, patch 2, the options its class takes (two blocks where it has a
+    depth)."""
+    from vitlab.models.registry import constructor_args, get_preset
+
+    wanted = dict(num_classes=5, img_size=16, patch_size=2, in_chans=3, depth=2)
+    accepted = constructor_args(get_preset(preset).cls)
+    return create_model(preset, **{k: v for k, v in wanted.items() if k in accepted})
+
+
 #: name -> (builder, image side)
 ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], int]] = {
     "vit": (lambda: create_model("vit_pico", num_classes=5, img_size=16, patch_size=4, depth=2), 16),
@@ -99,8 +117,7 @@ ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], int]] = {
         ),
         16,
     ),
-    "cet_vit": (lambda: create_model("cet_vit_pico", num_classes=5, img_size=16, patch_size=2), 16),
-    "vitcae": (lambda: create_model("vitcae_pico", num_classes=5, img_size=16, patch_size=4, depth=2, in_chans=3), 16),
+    **{family: (lambda preset=preset: _family_model(preset), 16) for family, preset in _family_presets().items()},
     "deit": (
         lambda: _timm("deit_tiny_distilled_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
         16,
