@@ -92,7 +92,8 @@ def test_the_config_check_stays_strict_with_a_plugin_family(plugin_env, tmp_path
 
 def test_list_models_lists_the_plugin_familys_presets_without_torch(plugin_env, tmp_path):
     code = (
-        "import sys; from vitlab.cli.main import main; main(['list-models', 'toy_mixer_*']); print('torch' in sys.modules)"
+        "import sys; from vitlab.cli.main import main; main(['list-models', 'toy_mixer_*']); "
+        "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=plugin_env, cwd=tmp_path)
     assert out.stdout.splitlines() == [
