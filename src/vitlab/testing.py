@@ -48,7 +48,7 @@ BATCH = 2
 
 class FamilyNotLoadedError(LookupError):
     """The kit was asked for a family that is not loaded, or for presets it does not have: a test parametrized over
-    nothing would pass while checking nothing, so the kit fails closed (issue 62)."""
+    nothing would pass while checking nothing, so the kit fails closed."""
 
 
 def family_presets(family: str, pattern: str = "*") -> list[str]:
