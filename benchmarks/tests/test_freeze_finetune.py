@@ -9,7 +9,7 @@ from benchmarks.experiments.freeze_finetune import arm_overrides, clause_pass_ep
 from benchmarks.reports.freeze_finetune_summary import summarize, time_to_reach
 
 
-def _record(arm, seed, final, best, wall, val):
+def _record(arm, seed, final, best, wall, val, cpu=None):
     curve = {"val/acc": val, "time/epoch_s": [10.0] * len(val), "time/step_s": [9.0] * len(val), "step": [8, 17]}
     return {
         "arm": arm,
@@ -17,6 +17,7 @@ def _record(arm, seed, final, best, wall, val):
         "test": {"test/acc": best},
         "test_last": {"test/acc": final},
         "fit_wall_s": wall,
+        "fit_cpu_s": cpu,
         "val_curve": curve,
     }
 
@@ -34,10 +35,11 @@ def test_the_summary_pairs_by_seed_and_applies_the_goal(tmp_path):
         (tmp_path / f"{arm}-seed{seed}.json").write_text(json.dumps(_record(arm, seed, *values)))
     arms = summarize(tmp_path)["arms"]
     fast, slow = arms["fast"], arms["slow"]
-    assert fast["final"]["diff"] == pytest.approx(0.15) and fast["meets_goal"]
+    assert fast["final"]["diff"] == pytest.approx(0.15) and fast["meets_goal_wall"]
     assert fast["wall_ratio"]["geomean"] == pytest.approx(0.6)
+    assert fast["cpu_ratio"] == {} and not fast["meets_goal_cpu"]  # no CPU seconds recorded
     assert fast["time_to_none_final_val_s"] == [10.0, 20.0]
-    assert not slow["meets_goal"] and slow["time_to_none_final_val_s"] == [None, None]
+    assert not slow["meets_goal_wall"] and slow["time_to_none_final_val_s"] == [None, None]
     assert arms["none"]["step_s"] == [1.0, 1.0]  # 18 s of steps over 18 steps
 
 
@@ -60,3 +62,19 @@ def test_clause_pass_epochs_name_the_first_epoch_every_head_of_a_layer_passes():
 def test_the_static_arm_freezes_half_the_blocks():
     assert arm_overrides("static", 12)[-1] == "dynamics.freeze_layers=6"
     assert arm_overrides("none", 4) == ["dynamics=null"]
+
+
+def test_the_cpu_ratio_pairs_only_the_seeds_that_recorded_cpu_seconds(tmp_path):
+    rows = [
+        ("none", 0, 0.80, 0.80, 100.0, [0.8], None),
+        ("none", 1, 0.80, 0.80, 100.0, [0.8], 90.0),
+        ("none", 2, 0.80, 0.80, 100.0, [0.8], 100.0),
+        ("fast", 0, 0.80, 0.80, 100.0, [0.8], None),
+        ("fast", 1, 0.80, 0.80, 100.0, [0.8], 45.0),
+        ("fast", 2, 0.80, 0.80, 100.0, [0.8], 52.0),
+    ]
+    for arm, seed, *values in rows:
+        (tmp_path / f"{arm}-seed{seed}.json").write_text(json.dumps(_record(arm, seed, *values)))
+    fast = summarize(tmp_path)["arms"]["fast"]
+    assert fast["cpu_ratio"]["seeds"] == [1, 2] and fast["cpu_ratio"]["values"] == pytest.approx([0.5, 0.52])
+    assert fast["meets_goal_cpu"] and not fast["meets_goal_wall"]  # level at 0.51 of the CPU time, 1.0 of the wall
