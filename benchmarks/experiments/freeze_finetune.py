@@ -12,6 +12,8 @@ freezing under the response rule; layer freezing on the heads' signal, with and 
 style arm (Liu et al. 2021: a layer's gradient-norm change rate); a FreezeOut-style arm (Brock et al. 2017: a fixed
 schedule by fraction of training); the first k layers frozen from the start. Each arm is one ``vitlab fit`` with
 overrides; the run order rotates with the seed so that a slow spell of a shared machine does not fall on one arm.
+``--pretrain vitcae`` pretrains ViTCAE (``vitcae_pico``, the same encoder shape as ``vit_pico``) instead of the ViT and
+fine-tunes ``vit_pico`` from its encoder, with the per-head temperatures it learnt (``model.temperature=true``).
 
 Resumable: a finished run (``test_metrics.json``) is skipped, an interrupted one continues from ``last.ckpt``
 (``vitlab fit --resume``), and its results file is written as soon as it ends (the pretraining's export hash in it).
@@ -76,9 +78,16 @@ def arm_overrides(arm: str, depth: int) -> list[str]:
     return ARMS[arm] + ([f"dynamics.freeze_layers={depth // 2}"] if arm == "static" else [])
 
 
-def pretrain_name(transfer: str, patch: int, depth: int, seed: int) -> str:
+#: the pretrained model -> (the pretraining's overrides, the fine-tuning's overrides)
+PRETRAIN = {
+    "vit": ([], []),
+    "vitcae": (["model.name=vitcae_pico", "run.generate=false"], ["model.temperature=true"]),
+}
+
+
+def pretrain_name(transfer: str, patch: int, depth: int, seed: int, model: str = "vit") -> str:
     source = "cifar10" if transfer == "cross" else "cifar10a"
-    return f"pre-{source}-p{patch}-d{depth}-s{seed}"
+    return f"pre-{source}{'' if model == 'vit' else '-' + model}-p{patch}-d{depth}-s{seed}"
 
 
 def split_cifar10(data: Path, out: Path) -> None:
@@ -202,6 +211,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, required=True, help="one <arm>-seed<k>.json per finished run")
     parser.add_argument("--data", type=Path, default=Path("../shared/datasets"), help="the folder of cifar10.npz ...")
     parser.add_argument("--epochs", type=int, default=30, help="fine-tuning epochs")
+    parser.add_argument("--pretrain", choices=list(PRETRAIN), default="vit", help="the pretrained model")
     parser.add_argument("--vitlab", default=str(Path(sys.executable).with_name("vitlab")))
     parser.add_argument("--refresh", action="store_true", help="add the freezing records to the files of finished runs")
     args = parser.parse_args()
@@ -214,14 +224,15 @@ def main() -> None:
     model = [f"model.patch_size={patch}", f"model.depth={depth}"]
     common = ["trainer.enable_progress_bar=false", "run.report=false"]
     for seed in args.seeds:
-        pretrain = args.runs / pretrain_name(transfer, patch, depth, seed)
+        pretrain = args.runs / pretrain_name(transfer, patch, depth, seed, args.pretrain)
         pretraining = ["--config", "finetune/cifar10_pretrain", f"data.path={locate[source]}", f"run.seed={seed}"]
+        pretraining += PRETRAIN[args.pretrain][0]
         if not args.refresh:
             fit(args.vitlab, pretrain, [*pretraining, *model, *common])
         arms = args.arms[seed % len(args.arms) :] + args.arms[: seed % len(args.arms)]  # rotate the order per seed
         for arm in arms:
             out = args.results / f"{arm}-seed{seed}.json"
-            run = args.runs / f"ft-{args.setting}-{arm}-s{seed}"
+            run = args.runs / f"ft-{args.setting}{'' if args.pretrain == 'vit' else '-' + args.pretrain}-{arm}-s{seed}"
             if out.exists() or args.refresh:  # --refresh trains nothing
                 if out.exists() and args.refresh:  # files written before these records existed
                     out.write_text(json.dumps(json.loads(out.read_text()) | freezing_record(run), indent=1) + "\n")
@@ -229,7 +240,7 @@ def main() -> None:
             fit(args.vitlab, run, [
                 "--config", "finetune/celeba32_male", f"data.path={locate[target]}", *target_args, *model,
                 f"model.pretrained={pretrain}", f"run.seed={seed}", f"trainer.max_epochs={args.epochs}",
-                *FINETUNE, *arm_overrides(arm, depth), *common,
+                *FINETUNE, *PRETRAIN[args.pretrain][1], *arm_overrides(arm, depth), *common,
             ])  # fmt: skip
             result = run_record(run, arm, seed, args.setting, depth, pretrain)
             tmp = out.with_suffix(".tmp")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks.experiments.freeze_finetune import arm_overrides, clause_pass_epochs
+from benchmarks.experiments.freeze_finetune import PRETRAIN, arm_overrides, clause_pass_epochs, pretrain_name
 from benchmarks.reports.freeze_finetune_summary import summarize, time_to_reach
 
 
@@ -62,6 +62,12 @@ def test_clause_pass_epochs_name_the_first_epoch_every_head_of_a_layer_passes():
 def test_the_static_arm_freezes_half_the_blocks():
     assert arm_overrides("static", 12)[-1] == "dynamics.freeze_layers=6"
     assert arm_overrides("none", 4) == ["dynamics=null"]
+
+
+def test_a_vitcae_pretraining_has_its_own_runs_and_loads_its_temperatures():
+    assert pretrain_name("cross", 4, 4, 0) == "pre-cifar10-p4-d4-s0"  # the ViT runs of 2026-12-07 keep their names
+    assert pretrain_name("within", 2, 12, 3, "vitcae") == "pre-cifar10a-vitcae-p2-d12-s3"
+    assert "model.name=vitcae_pico" in PRETRAIN["vitcae"][0] and PRETRAIN["vitcae"][1] == ["model.temperature=true"]
 
 
 def test_the_cpu_ratio_pairs_only_the_seeds_that_recorded_cpu_seconds(tmp_path):
