@@ -18,6 +18,7 @@ DATASETS = [
     "tiny-imagenet",
     "imagefolder",
     "npz",
+    "hf",
 ]
 
 
@@ -69,7 +70,9 @@ class DataConfig:
     target: str | int | None = None  # class column for multi-label y (celeba/npz): name or index; celeba default "Male"
     img_size: int | None = None  # resize to this square size; None = native size
     in_chans: int | None = None  # imagefolder: 1 (gray) or 3 (RGB), every image converted; None = most images' own
-    strict_images: bool = False  # imagefolder: an unreadable image is an error (naming it) instead of skipped
+    strict_images: bool = False  # imagefolder, hf: an unreadable image is an error (naming it) instead of skipped
+    image_column: str | None = None  # hf: the column of images; None = the Image feature, else image/img/pixel_values
+    label_column: str | None = None  # hf: the column of labels; None = the ClassLabel feature, else label/labels/...
     batch_size: int = 64
     eval_batch_size: int | None = None
     num_workers: int = 0
@@ -78,3 +81,15 @@ class DataConfig:
     download: bool = False
     limit_train: int | None = None  # keep only the first n (after the seeded split) - for quick runs
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+
+    def __post_init__(self) -> None:
+        """``name: hf:PATH`` is ``name: hf`` with ``path: PATH``, so the run's config names its files in one place."""
+        if isinstance(self.name, str) and self.name.lower().startswith("hf:"):
+            given = self.name[3:]
+            if not given or (self.path is not None and self.path != given):
+                raise DataError(
+                    f"data.name={self.name!r} names the dataset's files"
+                    + (f" and data.path={self.path!r} other ones; give one of them" if given else ", but is empty")
+                    + ": data.name=hf:PATH, or data.name=hf with data.path=PATH"
+                )
+            self.name, self.path = "hf", given

@@ -24,6 +24,7 @@ from torchvision.datasets.utils import download_and_extract_archive, extract_arc
 
 from vitlab.atomic import publish_files, staging_folder
 from vitlab.data.config import DataConfig, DataError, check_dataset_name
+from vitlab.data.hf_datasets import load_hf_dataset
 from vitlab.data.imagefolder import load_imagefolder
 from vitlab.data.sources import (
     _KNOWN_INFO,
@@ -375,4 +376,5 @@ _LOADERS = {
     "tiny-imagenet": _load_tiny_imagenet,
     "imagefolder": load_imagefolder,
     "npz": _load_npz,
+    "hf": load_hf_dataset,
 }
