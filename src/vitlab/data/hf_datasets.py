@@ -137,19 +137,38 @@ def _leaf_dtype(feature: Any) -> str | None:
     return getattr(feature, "dtype", None)
 
 
-@contextlib.contextmanager
-def _cell_image(value: Any) -> Iterator[Image.Image]:
-    """The PIL image of one cell: an ``Image`` cell (``{"bytes", "path"}``) as a viewer shows it (:func:`open_image`),
-    or a uint8 array ``[H, W]``, ``[H, W, 1]`` or ``[H, W, 3]``."""
-    if isinstance(value, dict):
-        with open_image(io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]) as image:
-            yield image
-        return
+def _encoded(value: dict) -> io.BytesIO | str:
+    """The file of an ``Image`` cell (``{"bytes", "path"}``): its bytes, else the path it names."""
+    return io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
+
+
+def _array(value: Any) -> np.ndarray:
+    """A uint8 array cell ``[H, W]``, ``[H, W, 1]`` or ``[H, W, 3]`` as ``[H, W]`` or ``[H, W, 3]``."""
     array = np.asarray(value, dtype=np.uint8)
     array = array[..., 0] if array.ndim == 3 and array.shape[2] == 1 else array
     if not (array.ndim == 2 or (array.ndim == 3 and array.shape[2] == 3)):
         raise DataError(f"an image array of shape {list(array.shape)}; vitlab reads HW (gray) or HWC with C=3 (RGB)")
-    yield Image.fromarray(array)
+    return array
+
+
+def _mode_and_size(value: Any) -> tuple[str, int]:
+    """``(PIL mode, shorter side)`` of a cell from its header alone (no EXIF: PIL decodes a PNG to find it, and a
+    rotation keeps the shorter side)."""
+    if not isinstance(value, dict):
+        array = _array(value)
+        return ("L" if array.ndim == 2 else "RGB"), min(array.shape[:2])
+    with Image.open(_encoded(value)) as image:
+        return image.mode, min(image.size)
+
+
+@contextlib.contextmanager
+def _cell_image(value: Any) -> Iterator[Image.Image]:
+    """The PIL image of a cell: an ``Image`` cell as a viewer shows it (:func:`open_image`), or a uint8 array."""
+    if not isinstance(value, dict):
+        yield Image.fromarray(_array(value))
+        return
+    with open_image(_encoded(value)) as image:
+        yield image
 
 
 def _image_cells(split: Any, column: str, where: str) -> Any:
@@ -176,8 +195,7 @@ def _scan(cells: Any, column: str, strict: bool, where: str) -> tuple[list[int],
     for batch in cells.iter(batch_size=1024):
         for value in batch[column]:
             try:
-                with _cell_image(value) as image:
-                    shapes.append((image.mode, min(image.size)))
+                shapes.append(_mode_and_size(value))
                 kept.append(row)
             except Exception as e:  # PIL's many error types on broken bytes; the row is what the user needs
                 reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
