@@ -58,10 +58,11 @@ class DataConfig:
     """Which dataset, where its files are, and how it is split and batched.
 
     Splits: the test set is the dataset's official test split (``tiny-imagenet``: its labelled ``val``); where there
-    is none (``digits``, an ``imagefolder`` or ``npz`` without one) a fixed 20% stratified test split is carved
+    is none (``digits``, an ``imagefolder``, ``npz`` or ``hf`` without one) a fixed 20% stratified test split is carved
     off the training set with seed 0, whatever ``seed`` says, so every run is tested on the same images. The
     validation set is a seeded ``val_fraction`` split of the (remaining) training set, except where the dataset
-    ships a validation split (``celeba``'s official partition, ``imagefolder``'s ``val/`` folder).
+    ships a validation split (``celeba``'s official partition, ``imagefolder``'s ``val/`` folder, ``hf``'s
+    ``validation``).
     """
 
     name: str = "digits"

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -186,6 +186,13 @@ def _image_cells(split: Any, column: str, where: str) -> Any:
     return cells
 
 
+def _reason(error: Exception) -> str:
+    """Why a cell's image cannot be read, in a few words (PIL names a bytes buffer by its address)."""
+    if isinstance(error, UnidentifiedImageError):
+        return "UnidentifiedImageError: bytes of no image format PIL knows"
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'unreadable'}"
+
+
 def _scan(cells: Any, column: str, strict: bool, where: str) -> tuple[list[int], list[tuple[str, int]]]:
     """The rows whose image PIL can open (its header: the pixels are decoded per item), and ``(mode, shorter side)``
     of each. An unreadable one is named and skipped (one line with the count), or is a :class:`DataError` when
@@ -198,7 +205,7 @@ def _scan(cells: Any, column: str, strict: bool, where: str) -> tuple[list[int],
                 shapes.append(_mode_and_size(value))
                 kept.append(row)
             except Exception as e:  # PIL's many error types on broken bytes; the row is what the user needs
-                reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+                reason = _reason(e)
                 if strict:
                     raise DataError(
                         f"{where}: cannot read the image of row {row} ({reason}); fix or drop the row (ds.filter), "
@@ -236,7 +243,7 @@ def _labels(splits: dict[str, Any], column: str, where: str) -> tuple[dict[str, 
             if (labels == -1).any():
                 raise DataError(
                     f"{where}: the {role} split has {(labels == -1).sum()} rows labelled -1 (ClassLabel's 'no label'); "
-                    "vitlab trains and tests on labelled images: drop them (ds.filter(lambda r: r['label'] >= 0))"
+                    f"vitlab trains and tests on labelled images: drop them (ds.filter(lambda r: r[{column!r}] >= 0))"
                 )
         names = list(feature.names)
     elif raw["train"].dtype == object or raw["train"].dtype.kind == "U":
@@ -309,7 +316,7 @@ class HFImagePool(Dataset):
             with _cell_image(self.cells[row][self.column]) as image:
                 pixels = image_pixels(image, self.mode)
         except Exception as e:  # a file whose header reads but whose pixels do not (a truncated PNG)
-            raise DataError(f"cannot read the image of row {row} ({type(e).__name__}: {e}); fix or drop it") from e
+            raise DataError(f"cannot read the image of row {row} ({_reason(e)}); fix or drop it") from e
         return resize_to_square(pixels, self.size), int(self.labels[index])
 
 
