@@ -142,6 +142,12 @@ def test_bad_hf_data_is_one_line_before_the_run_folder(tmp_path, capsys):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "a.txt").write_text("text")
     assert "is neither a save_to_disk folder" in _refused(capsys, tmp_path, f"data.name=hf:{tmp_path / 'notes'}")
+    (tmp_path / "text.parquet").write_text("not parquet")
+    assert "cannot read" in _refused(capsys, tmp_path, f"data.name=hf:{tmp_path / 'text.parquet'}")
+    edited = _save(tmp_path, "edited", _dataset())
+    (tmp_path / "edited" / "state.json").write_text("{")
+    line = _refused(capsys, tmp_path, edited)
+    assert "cannot read" in line and "as a save_to_disk folder" in line
     line = _refused(capsys, tmp_path, f"data.name=hf:{tmp_path}/x", f"data.path={tmp_path}/y")
     assert "give one of them: data.name=hf:PATH, or data.name=hf with data.path=PATH" in line
     pets = _save(tmp_path, "pets", _dataset())

@@ -71,7 +71,10 @@ def _read_splits(path: Path) -> dict[str, Any]:
     columns read into memory, the images still encoded)."""
     datasets = _datasets()
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
-        loaded = datasets.load_from_disk(str(path))
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except Exception as e:  # a missing or truncated Arrow file, a hand-edited state.json: the folder, in one line
+            raise DataError(f"hf: cannot read {path} as a save_to_disk folder ({type(e).__name__}: {e})") from e
         return {"train": loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
     if path.is_file() and path.suffix == ".parquet":
         files = {"train": [str(path)]}
