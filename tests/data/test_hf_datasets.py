@@ -85,6 +85,8 @@ def test_a_parquet_folder_in_the_hub_layout_gives_its_splits(tmp_path):
     image, label = source.test[3]
     expected = np.asarray(_pngs(12, seed=1)[3])
     assert label == 3 and (image[0].numpy() == expected).all()
+    as_rgb = load_dataset(DataConfig(name="hf", path=str(tmp_path), in_chans=3))
+    assert as_rgb.train.in_chans == 3 and as_rgb.train[0][0].shape == (3, 8, 8), "data.in_chans converts them"
 
 
 def test_columns_are_found_by_name_or_chosen(tmp_path):

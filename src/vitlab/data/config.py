@@ -70,7 +70,7 @@ class DataConfig:
     path: str | None = None  # for npz: the file; for imagefolder/tiny-imagenet: the folder (falls back to root)
     target: str | int | None = None  # class column for multi-label y (celeba/npz): name or index; celeba default "Male"
     img_size: int | None = None  # resize to this square size; None = native size
-    in_chans: int | None = None  # imagefolder: 1 (gray) or 3 (RGB), every image converted; None = most images' own
+    in_chans: int | None = None  # imagefolder, hf: 1 (gray) or 3 (RGB), every image converted; None = most images' own
     strict_images: bool = False  # imagefolder, hf: an unreadable image is an error (naming it) instead of skipped
     image_column: str | None = None  # hf: the column of images; None = the Image feature, else image/img/pixel_values
     label_column: str | None = None  # hf: the column of labels; None = the ClassLabel feature, else label/labels/...

@@ -64,7 +64,7 @@ def dataset_info(cfg: DataConfig) -> DatasetInfo:
     if cfg.in_chans is not None and cfg.in_chans != info.in_chans:
         raise DataError(
             f"data.in_chans={cfg.in_chans} but {name} images have {info.in_chans} channel(s); data.in_chans converts "
-            "imagefolder images only: unset it"
+            "imagefolder and hf images only: unset it"
         )
     return info
 
