@@ -236,37 +236,41 @@ def _raw_labels(split: Any, column: str, where: str) -> np.ndarray:
     return labels
 
 
+def _named_by_strings(raw: dict[str, np.ndarray], where: str) -> tuple[dict[str, Tensor], list[str]]:
+    """Labels given as class names: the sorted names of the training labels, and each split's indices into them."""
+    names = sorted({str(name) for name in raw["train"]})
+    index = {name: i for i, name in enumerate(names)}
+    for role, labels in raw.items():
+        unseen = sorted({str(name) for name in labels} - set(names))
+        if unseen:
+            raise DataError(
+                f"{where}: the {role} split has the label {unseen[0]!r}, which no training image has; the model "
+                "cannot predict a class it never saw: make its labels training classes"
+            )
+    return {
+        role: torch.tensor([index[str(n)] for n in labels], dtype=torch.int64) for role, labels in raw.items()
+    }, names
+
+
 def _labels(splits: dict[str, Any], column: str, where: str) -> tuple[dict[str, Tensor], list[str], bool]:
     """Each split's labels as class indices ``int64 [N]``, the class names and whether the data names them: a
     ``ClassLabel``'s names, the sorted names of a column of strings, else ``0..K-1`` for integer labels."""
     feature = splits["train"].features[column]
     raw = {role: _raw_labels(split, column, f"{where} {role} split") for role, split in splits.items()}
-    if type(feature).__name__ == "ClassLabel":
-        for role, labels in raw.items():
-            if (labels == -1).any():
-                raise DataError(
-                    f"{where}: the {role} split has {(labels == -1).sum()} rows labelled -1 (ClassLabel's 'no label'); "
-                    f"vitlab trains and tests on labelled images: drop them (ds.filter(lambda r: r[{column!r}] >= 0))"
-                )
-        names = list(feature.names)
-    elif raw["train"].dtype == object or raw["train"].dtype.kind == "U":
-        names = sorted({str(name) for name in raw["train"]})
-        index = {name: i for i, name in enumerate(names)}
-        for role, labels in raw.items():
-            unseen = sorted({str(name) for name in labels} - set(names))
-            if unseen:
-                raise DataError(
-                    f"{where}: the {role} split has the label {unseen[0]!r}, which no training image has; the model "
-                    "cannot predict a class it never saw: make its labels training classes"
-                )
-            raw[role] = np.array([index[str(name)] for name in labels], dtype=np.int64)
-        return {role: torch.from_numpy(labels) for role, labels in raw.items()}, names, True
-    else:
-        names = None
+    if raw["train"].dtype == object or raw["train"].dtype.kind == "U":
+        return (*_named_by_strings(raw, where), True)
+    named = type(feature).__name__ == "ClassLabel"
+    for role, labels in raw.items():
+        if named and (labels == -1).any():
+            raise DataError(
+                f"{where}: the {role} split has {(labels == -1).sum()} rows labelled -1 (ClassLabel's 'no label'); "
+                f"vitlab trains and tests on labelled images: drop them (ds.filter(lambda r: r[{column!r}] >= 0))"
+            )
     indices = {role: _class_indices(labels, f"{where} {role} split") for role, labels in raw.items()}
-    if names is None:
-        names = [str(label) for label in range(int(indices["train"].max()) + 1 if len(indices["train"]) else 0)]
-    return indices, names, feature.__class__.__name__ == "ClassLabel"
+    if named:
+        return indices, list(feature.names), True
+    count = int(indices["train"].max()) + 1 if len(indices["train"]) else 0
+    return indices, [str(label) for label in range(count)], False
 
 
 def _check_labels(labels: dict[str, Tensor], names: list[str], named: bool, where: str) -> None:
