@@ -106,6 +106,7 @@ def make_inputs(work: Path) -> dict[str, Path]:
     make_round_5_inputs(work, run_dir)
     make_issue_60_cli_inputs(work, run_dir)
     make_export_number_files(work, run_dir)
+    make_hf_inputs(work)
     return {"run": run_dir}
 
 
@@ -318,6 +319,7 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
             [*FIT, "model.name=timm:eva02_tiny_patch14_224", "model.img_size=8", "dynamics.mode=fixed"],
         ),
         *timm_cases(work),
+        *hf_cases(work),
         ("observing a model whose attention vitlab cannot read (CaiT's talking heads)", cait),
         ("observing only CaiT's class attention (one CLS query)", [*cait, "dynamics.target=blocks_token_only"]),
         ("a layer-freezing option without `dynamics.freeze=layers`", [*FIT, "dynamics.layer_signal=gradnorm"]),
@@ -546,6 +548,42 @@ def issue_60_cli_cases(work: Path, run_dir: Path) -> list[tuple]:
         ("a second export into the same --out at once", ["export", str(run_dir), "--out", str(work / "busy_export")]),
         ("list-configs with a pattern nothing matches", ["list-configs", "foo"]),
         ("--resume of a run whose last.ckpt is a link", ["fit", "--resume", str(work / "linked_last")]),
+    ]
+
+
+def make_hf_inputs(work: Path) -> None:
+    """Hugging Face datasets (save_to_disk folders): one whose image column has another name, one with an unreadable
+    image, one with unlabelled test rows, one without a train split, one of float arrays."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    images = [Image.fromarray(x) for x in np.random.default_rng(0).integers(0, 256, (40, 8, 8), dtype=np.uint8)]
+    pets = datasets.Dataset.from_dict({"photo": images, "label": [i % 4 for i in range(40)]})
+    pets = pets.cast_column("label", datasets.ClassLabel(names=["cat", "dog", "fox", "owl"]))
+    pets.save_to_disk(str(work / "hf_pets"))
+    rows = pets.cast_column("photo", datasets.Image(decode=False)).to_list()
+    rows[3]["photo"] = {"bytes": b"not an image", "path": None}
+    datasets.Dataset.from_list(rows, features=pets.features).save_to_disk(str(work / "hf_broken"))
+    unlabelled = pets.select(range(8)).map(lambda row: {"label": -1})
+    datasets.DatasetDict(train=pets, test=unlabelled).save_to_disk(str(work / "hf_unlabelled"))
+    datasets.DatasetDict(everything=pets).save_to_disk(str(work / "hf_unsplit"))
+    floats = {"pixel_values": list(np.zeros((40, 8, 8))), "label": [i % 2 for i in range(40)]}
+    datasets.Dataset.from_dict(floats).save_to_disk(str(work / "hf_floats"))
+
+
+def hf_cases(work: Path) -> list[tuple]:
+    """Hugging Face datasets as data (``data.name=hf``): what each bad folder gets, before the run folder."""
+    return [
+        ("hf dataset not given", [*FIT, "data.name=hf"]),
+        ("hf: a folder that is no dataset", [*FIT, f"data.name=hf:{work / 'pets'}"]),
+        ("hf: an image column misspelt", [*FIT, f"data.name=hf:{work / 'hf_pets'}", "data.image_column=foto"]),
+        (
+            "hf: an unreadable image, data.strict_images=true",
+            [*FIT, f"data.name=hf:{work / 'hf_broken'}", "data.strict_images=true"],
+        ),
+        ("hf: test rows labelled -1", [*FIT, f"data.name=hf:{work / 'hf_unlabelled'}"]),
+        ("hf: no train split", [*FIT, f"data.name=hf:{work / 'hf_unsplit'}"]),
+        ("hf: float arrays as images", [*FIT, f"data.name=hf:{work / 'hf_floats'}"]),
     ]
 
 

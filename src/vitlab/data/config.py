@@ -18,6 +18,7 @@ DATASETS = [
     "tiny-imagenet",
     "imagefolder",
     "npz",
+    "hf",
 ]
 
 
@@ -57,10 +58,11 @@ class DataConfig:
     """Which dataset, where its files are, and how it is split and batched.
 
     Splits: the test set is the dataset's official test split (``tiny-imagenet``: its labelled ``val``); where there
-    is none (``digits``, an ``imagefolder`` or ``npz`` without one) a fixed 20% stratified test split is carved
+    is none (``digits``, an ``imagefolder``, ``npz`` or ``hf`` without one) a fixed 20% stratified test split is carved
     off the training set with seed 0, whatever ``seed`` says, so every run is tested on the same images. The
     validation set is a seeded ``val_fraction`` split of the (remaining) training set, except where the dataset
-    ships a validation split (``celeba``'s official partition, ``imagefolder``'s ``val/`` folder).
+    ships a validation split (``celeba``'s official partition, ``imagefolder``'s ``val/`` folder, ``hf``'s
+    ``validation``).
     """
 
     name: str = "digits"
@@ -68,8 +70,10 @@ class DataConfig:
     path: str | None = None  # for npz: the file; for imagefolder/tiny-imagenet: the folder (falls back to root)
     target: str | int | None = None  # class column for multi-label y (celeba/npz): name or index; celeba default "Male"
     img_size: int | None = None  # resize to this square size; None = native size
-    in_chans: int | None = None  # imagefolder: 1 (gray) or 3 (RGB), every image converted; None = most images' own
-    strict_images: bool = False  # imagefolder: an unreadable image is an error (naming it) instead of skipped
+    in_chans: int | None = None  # imagefolder, hf: 1 (gray) or 3 (RGB), every image converted; None = most images' own
+    strict_images: bool = False  # imagefolder, hf: an unreadable image is an error (naming it) instead of skipped
+    image_column: str | None = None  # hf: the column of images; None = the Image feature, else image/img/pixel_values
+    label_column: str | None = None  # hf: the column of labels; None = the ClassLabel feature, else label/labels/...
     batch_size: int = 64
     eval_batch_size: int | None = None
     num_workers: int = 0
@@ -78,3 +82,15 @@ class DataConfig:
     download: bool = False
     limit_train: int | None = None  # keep only the first n (after the seeded split) - for quick runs
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+
+    def __post_init__(self) -> None:
+        """``name: hf:PATH`` is ``name: hf`` with ``path: PATH``, so the run's config names its files in one place."""
+        if isinstance(self.name, str) and self.name.lower().startswith("hf:"):
+            given = self.name[3:]
+            if not given or (self.path is not None and self.path != given):
+                raise DataError(
+                    f"data.name={self.name!r} names the dataset's files"
+                    + (f" and data.path={self.path!r} other ones; give one of them" if given else ", but is empty")
+                    + ": data.name=hf:PATH, or data.name=hf with data.path=PATH"
+                )
+            self.name, self.path = "hf", given

@@ -24,6 +24,7 @@ from torchvision.datasets.utils import download_and_extract_archive, extract_arc
 
 from vitlab.atomic import publish_files, staging_folder
 from vitlab.data.config import DataConfig, DataError, check_dataset_name
+from vitlab.data.hf_datasets import load_hf_dataset
 from vitlab.data.imagefolder import load_imagefolder
 from vitlab.data.sources import (
     _KNOWN_INFO,
@@ -63,7 +64,7 @@ def dataset_info(cfg: DataConfig) -> DatasetInfo:
     if cfg.in_chans is not None and cfg.in_chans != info.in_chans:
         raise DataError(
             f"data.in_chans={cfg.in_chans} but {name} images have {info.in_chans} channel(s); data.in_chans converts "
-            "imagefolder images only: unset it"
+            "imagefolder and hf images only: unset it"
         )
     return info
 
@@ -375,4 +376,5 @@ _LOADERS = {
     "tiny-imagenet": _load_tiny_imagenet,
     "imagefolder": load_imagefolder,
     "npz": _load_npz,
+    "hf": load_hf_dataset,
 }

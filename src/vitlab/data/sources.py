@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import torch
@@ -97,7 +98,7 @@ def image_pixels(image: Image.Image, mode: str) -> Tensor:
 
 
 @contextlib.contextmanager
-def open_image(path: str | Path) -> Iterator[Image.Image]:
+def open_image(path: str | Path | IO[bytes]) -> Iterator[Image.Image]:
     """An image file as a viewer shows it: its EXIF ``Orientation`` applied (``PIL.ImageOps.exif_transpose``; a
     camera stores a portrait photo as landscape pixels with Orientation=6, "rotate 90 degrees clockwise to show").
     PIL's guard against decompression bombs (an image of more than twice ``PIL.Image.MAX_IMAGE_PIXELS`` pixels: a
