@@ -29,9 +29,9 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from vitlab.explain import multihead
 from vitlab.explain.adapters import MethodRefused
-from vitlab.explain.operations import CONSTANT, CONSTRUCTORS, ELEMENTWISE, PASS, op_name
+from vitlab.layers import operations
+from vitlab.layers.operations import CONSTANT, CONSTRUCTORS, ELEMENTWISE, PASS, op_name
 
 
 class UnsupportedOperation(MethodRefused):
@@ -404,30 +404,16 @@ def _pad(mode: RelevanceMode, name: str, args, kwargs):
     return F.pad(x, pad) + mode.constant(F.pad(torch.zeros_like(x.detach()), pad, value=value), x)
 
 
-def _sdpa(mode: RelevanceMode, name: str, args, kwargs):
-    """``softmax(q k^T * scale + mask) v`` decomposed into the bilinear and softmax rules."""
-    names = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-    q, k, v = args[:3]
-    p = dict(zip(names, args[3:], strict=False)) | kwargs
-    if p.get("enable_gqa"):
-        raise UnsupportedOperation("no relevance rule for grouped-query attention; repeat the keys and values")
-    scale = p.get("scale") or q.shape[-1] ** -0.5
-    logits = mode.bilinear(torch.matmul, q * scale, k.transpose(-2, -1))
-    mask = p.get("attn_mask")
-    if p.get("is_causal"):
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-    if mask is not None and mask.dtype == torch.bool:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    elif mask is not None:
-        logits = logits + mode.constant(mask, logits)
-    return mode.bilinear(torch.matmul, mode.softmax(logits, -1), v)
-
-
-def _multi_head_attention(mode: RelevanceMode, name: str, args, kwargs):
-    """``nn.MultiheadAttention``: its function re-expressed in linear maps, the two bilinear products and a softmax
-    (:mod:`vitlab.explain.multihead`), run under the mode so that each part takes its rule."""
+def _attention(mode: RelevanceMode, name: str, args, kwargs):
+    """SDPA and ``nn.MultiheadAttention``: their plain forms (:data:`vitlab.layers.operations.PLAIN_FORMS`) run under
+    the mode, so that each part takes its rule: the products bilinear, the softmax its own, masks and biases absorbed.
+    SDPA runs without dropout; its grouped-query heads are refused."""
+    if name == operations.SDPA:
+        args, kwargs = (), operations.sdpa_arguments(args, kwargs) | {"dropout_p": 0.0}
+        if kwargs.pop("enable_gqa", False):
+            raise UnsupportedOperation("no relevance rule for grouped-query attention; repeat the keys and values")
     with mode:
-        return multihead.multi_head_attention_forward(*args, **kwargs)
+        return operations.PLAIN_FORMS[name](*args, **kwargs)
 
 
 _RULES = {
@@ -447,8 +433,7 @@ _RULES = {
     "batch_norm": _batch_norm,
     "normalize": _normalize,
     "pad": _pad,
-    "scaled_dot_product_attention": _sdpa,
-    "multi_head_attention_forward": _multi_head_attention,
+    **dict.fromkeys(operations.PLAIN_FORMS, _attention),
 }
 
 
