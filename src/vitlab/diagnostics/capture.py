@@ -7,14 +7,13 @@ LRP engine attaches its rules (a ``TorchFunctionMode`` and the vocabulary of :mo
 
 - ``F.scaled_dot_product_attention``: its probabilities ``softmax(q k^T * scale + mask)`` are computed beside the
   call (the mask, ``is_causal`` and grouped-query heads as SDPA reads them); the call itself runs unchanged.
-- a softmax over the last axis of a query-key product: a ``matmul``, ``bmm``, ``einsum`` or ``baddbmm`` of two
-  batches of token sequences (each operand at least ``[B, N, d]``, heads optional, neither a parameter), followed by
-  any scaling, bias, mask, cast, element-wise map or reshape that keeps its last two axes (timm's and HF's eager
-  attention, torchvision's Swin). Its output is the attention. A softmax of anything else is not attention (a
-  prototype classifier's ``softmax(z @ protos.T)``, ``[B, P]``, relates no two token sequences). A query-key product
+- a softmax over the last axis of a query-key product (:func:`~vitlab.layers.operations.is_query_key_product`: two
+  batches of token sequences, so not a prototype classifier's ``softmax(z @ protos.T)``) carried only by operations
+  of :data:`~vitlab.layers.operations.CARRY` (scaling, bias, mask, cast, element-wise map, reshape) that keep its last
+  two axes: timm's and HF's eager attention, torchvision's Swin. Its output is the attention. A query-key product
   that reaches a softmax through any other operation (talking heads' learned mix across heads, Shazeer et al.,
-  "Talking-Heads Attention", 2020) is attention the capture cannot read: :attr:`AttentionRecord.unread`
-  names it, and :func:`capture_attention` refuses.
+  "Talking-Heads Attention", 2020) is attention the capture cannot read: :attr:`AttentionRecord.unread` names it,
+  and :func:`capture_attention` refuses.
 - ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``): run with ``need_weights=True,
   average_attn_weights=False`` for the per-head weights; the caller gets the output and the weights it asked for.
 

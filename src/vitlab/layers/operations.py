@@ -7,12 +7,14 @@ operation type"), and the operations that compute attention (Vaswani et al., "At
 reached through operations that keep it one (:data:`CARRY`). The two fused ones have plain forms (:data:`PLAIN_FORMS`),
 the same function in linear maps, the products ``q k^T`` and ``A v``, a softmax, additive constants and reindexing,
 which a ``TorchFunctionMode`` sees part by part (torch's ``multi_head_attention_forward`` hands itself back to the mode
-before any part runs); outside a mode each computes what torch's does (tests/layers/test_operations.py).
+before any part runs). Each reader adds only what it does with a match; outside a mode each plain form computes what
+torch's does (tests/layers/test_operations.py, tests/explain/test_multihead.py).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
@@ -95,11 +97,7 @@ def is_query_key_product(name: str, tensors: list[torch.Tensor]) -> bool:
 
 def keeps_axes(shape: torch.Size, axes: tuple[int, int]) -> bool:
     """Whether ``shape`` still has a query and a key axis of the sizes ``axes``."""
-    sizes = list(shape)
-    if axes[0] not in sizes:
-        return False
-    sizes.remove(axes[0])
-    return axes[1] in sizes
+    return not Counter(axes) - Counter(shape)
 
 
 def sdpa_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -139,7 +137,7 @@ def scaled_dot_product_attention(
     return attention @ value
 
 
-def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | float:
+def _as_bias(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | float:
     """A boolean mask (``True``: not attended, nn.MultiheadAttention's convention) as ``-inf``; a float one as is."""
     if mask is None:
         return 0.0
@@ -166,24 +164,8 @@ def _logit_mask(p: SimpleNamespace, shape: tuple[int, int, int, int], like: torc
         attn_mask = attn_mask.reshape(batch, heads, length, source)
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.reshape(batch, 1, 1, source)
-    mask = _additive(attn_mask, like.dtype) + _additive(key_padding_mask, like.dtype)
+    mask = _as_bias(attn_mask, like.dtype) + _as_bias(key_padding_mask, like.dtype)
     return mask if isinstance(mask, torch.Tensor) else None
-
-
-def _projected_heads(p: SimpleNamespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``q, k, v: [B, H, N, E / H]``: the input projections (packed or separate weights), ``bias_k``/``bias_v``
-    appended to the keys and values, static keys and values, ``add_zero_attn``'s zero column."""
-    batch = p.query.shape[1]
-    weights = (p.q_proj_weight, p.k_proj_weight, p.v_proj_weight)
-    weights = weights if p.use_separate_proj_weight else p.in_proj_weight.chunk(3)
-    biases = (None,) * 3 if p.in_proj_bias is None else p.in_proj_bias.chunk(3)
-    q, k, v = (F.linear(t, w, b) for t, w, b in zip((p.query, p.key, p.value), weights, biases, strict=True))
-    if p.bias_k is not None:
-        k, v = torch.cat([k, p.bias_k.repeat(1, batch, 1)]), torch.cat([v, p.bias_v.repeat(1, batch, 1)])
-    q, k, v = _heads(q, None, p.num_heads), _heads(k, p.static_k, p.num_heads), _heads(v, p.static_v, p.num_heads)
-    if p.add_zero_attn:
-        k, v = (torch.cat([t, t.new_zeros(*t.shape[:2], 1, t.shape[3])], 2) for t in (k, v))
-    return q, k, v
 
 
 def multi_head_attention_forward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -198,7 +180,15 @@ def multi_head_attention_forward(*args: Any, **kwargs: Any) -> tuple[torch.Tenso
         p.query, p.key, p.value = p.query.unsqueeze(1), p.key.unsqueeze(1), p.value.unsqueeze(1)
         p.key_padding_mask = None if p.key_padding_mask is None else p.key_padding_mask.unsqueeze(0)
     (length, batch, _), source = p.query.shape, p.key.shape[0]
-    q, k, v = _projected_heads(p)
+    weights = (p.q_proj_weight, p.k_proj_weight, p.v_proj_weight)
+    weights = weights if p.use_separate_proj_weight else p.in_proj_weight.chunk(3)
+    biases = (None,) * 3 if p.in_proj_bias is None else p.in_proj_bias.chunk(3)
+    q, k, v = (F.linear(t, w, b) for t, w, b in zip((p.query, p.key, p.value), weights, biases, strict=True))
+    if p.bias_k is not None:
+        k, v = torch.cat([k, p.bias_k.repeat(1, batch, 1)]), torch.cat([v, p.bias_v.repeat(1, batch, 1)])
+    q, k, v = _heads(q, None, p.num_heads), _heads(k, p.static_k, p.num_heads), _heads(v, p.static_v, p.num_heads)
+    if p.add_zero_attn:
+        k, v = (torch.cat([t, t.new_zeros(*t.shape[:2], 1, t.shape[3])], 2) for t in (k, v))
     logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
     mask = _logit_mask(p, (batch, p.num_heads, length, source), q)
     if mask is not None:  # the added key and zero columns are never masked
