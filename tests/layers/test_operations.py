@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.explain.hilrp import UnsupportedOperation, Variant, relevance
+from vitlab.explain.adapters import UnsupportedOperation
+from vitlab.explain.hilrp import Variant, relevance
 from vitlab.layers.operations import is_query_key_product, keeps_axes, scaled_dot_product_attention
 
 #: name -> the keywords of one call on ``[2, 2, 5, 4]`` queries and keys
