@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import vitlab
-from vitlab.explain import hilrp, multihead
+from vitlab.explain import hilrp
+from vitlab.layers import operations
 from vitlab.testing_models import tiny_model
 
 LRP_METHODS = ("lrp", "cp_lrp", "lrp_epsilon", "lrp_gamma")
@@ -97,7 +98,7 @@ def test_the_decomposition_computes_what_torch_does(name: str, monkeypatch) -> N
 
     def decomposed(*args, **kwargs):
         calls.append(kwargs)
-        return multihead.multi_head_attention_forward(*args, **kwargs)
+        return operations.multi_head_attention_forward(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "multi_head_attention_forward", decomposed)
     out, weights = model.attend(x)
@@ -115,7 +116,7 @@ def test_unbatched_inputs_and_static_keys_compute_what_torch_does() -> None:
     args = (8, 2, attention.in_proj_weight, attention.in_proj_bias, None, None, False, 0.0)
     args += (attention.out_proj.weight, attention.out_proj.bias)
     expected = torch.nn.functional.multi_head_attention_forward(query, source, source, *args, training=False)
-    got = multihead.multi_head_attention_forward(query, source, source, *args, training=False)
+    got = operations.multi_head_attention_forward(query, source, source, *args, training=False)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     static = {
         "static_k": torch.randn(2, 5, 4, dtype=torch.float64),
@@ -124,7 +125,7 @@ def test_unbatched_inputs_and_static_keys_compute_what_torch_does() -> None:
     batched = (query[:, None], source[:, None], source[:, None])
     expected = torch.nn.functional.multi_head_attention_forward(*batched, *args, training=False, **static)
     torch.testing.assert_close(
-        multihead.multi_head_attention_forward(*batched, *args, training=False, **static),
+        operations.multi_head_attention_forward(*batched, *args, training=False, **static),
         expected,
         rtol=1e-12,
         atol=1e-12,
@@ -146,7 +147,7 @@ def test_the_check_fails_when_the_decomposition_runs_outside_the_rules(monkeypat
     longer add up, so conservation through ``nn.MultiheadAttention`` is the rules' doing."""
     model, x = tiny_model("torchvision_vit", trained=True)
     rules = dict(hilrp._RULES)
-    rules["multi_head_attention_forward"] = lambda mode, name, args, kwargs: multihead.multi_head_attention_forward(
+    rules["multi_head_attention_forward"] = lambda mode, name, args, kwargs: operations.multi_head_attention_forward(
         *args, **kwargs
     )
     monkeypatch.setattr(hilrp, "_RULES", rules)

@@ -3,18 +3,17 @@ transformers', torchvision's), captured at run time.
 
 Inside :func:`attention_recording` every call of the three operations that compute attention (Vaswani et al.,
 "Attention Is All You Need", 2017, sec. 3.2.1, ``softmax(q k^T / sqrt(d)) v``) is intercepted by type, the way the
-LRP engine attaches its rules (a ``TorchFunctionMode`` and the operation names of :func:`vitlab.explain.hilrp.op_name`):
+LRP engine attaches its rules (a ``TorchFunctionMode`` and the vocabulary of :mod:`vitlab.layers.operations`):
 
 - ``F.scaled_dot_product_attention``: its probabilities ``softmax(q k^T * scale + mask)`` are computed beside the
   call (the mask, ``is_causal`` and grouped-query heads as SDPA reads them); the call itself runs unchanged.
-- a softmax over the last axis of a query-key product: a ``matmul``, ``bmm``, ``einsum`` or ``baddbmm`` of two
-  batches of token sequences (each operand at least ``[B, N, d]``, heads optional, neither a parameter), followed by
-  any scaling, bias, mask, cast, element-wise map or reshape that keeps its last two axes (timm's and HF's eager
-  attention, torchvision's Swin). Its output is the attention. A softmax of anything else is not attention (a
-  prototype classifier's ``softmax(z @ protos.T)``, ``[B, P]``, relates no two token sequences). A query-key product
+- a softmax over the last axis of a query-key product (:func:`~vitlab.layers.operations.is_query_key_product`: two
+  batches of token sequences, so not a prototype classifier's ``softmax(z @ protos.T)``) carried only by operations
+  of :data:`~vitlab.layers.operations.CARRY` (scaling, bias, mask, cast, element-wise map, reshape) that keep its last
+  two axes: timm's and HF's eager attention, torchvision's Swin. Its output is the attention. A query-key product
   that reaches a softmax through any other operation (talking heads' learned mix across heads, Shazeer et al.,
-  "Talking-Heads Attention", 2020) is attention the capture cannot read: :attr:`AttentionRecord.unread`
-  names it, and :func:`capture_attention` refuses.
+  "Talking-Heads Attention", 2020) is attention the capture cannot read: :attr:`AttentionRecord.unread` names it,
+  and :func:`capture_attention` refuses.
 - ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``): run with ``need_weights=True,
   average_attn_weights=False`` for the per-head weights; the caller gets the output and the weights it asked for.
 
@@ -30,32 +29,22 @@ cross-covariance softmax, ``[B, H, d, d]``) is captured but relates channels, no
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from vitlab.explain.operations import ELEMENTWISE, op_name
+from vitlab.layers import operations
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture
 
-#: the query-key products a softmax may normalise
-QUERY_KEY = frozenset({"matmul", "bmm", "einsum", "baddbmm"})
-#: operations that carry a query-key product on to its softmax: scale, bias, mask, cast, element-wise map, reshape
-CARRY = ELEMENTWISE | frozenset(
-    ["add", "sub", "mul", "div", "masked_fill", "where", "to", "float", "type_as", "view", "reshape", "contiguous"]
-)
 #: set while a recorder computes for itself (SDPA's probabilities again): a recorder around it reads none of that
 _OWN_WORK: ContextVar[bool] = ContextVar("attention_recorder_own_work", default=False)
-_SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-_MHA = inspect.signature(F.multi_head_attention_forward)
 
 
 @dataclass
@@ -96,7 +85,7 @@ def _sdpa_probs(func, args: tuple, kwargs: dict) -> torch.Tensor:
     """SDPA's probabilities ``softmax(q k^T * scale + mask)``, ``[..., Q, K]`` in float32: the same call, in float32,
     with the identity as values (so the mask, ``is_causal``, ``scale`` and grouped-query heads are read by SDPA
     itself) and no dropout."""
-    p = dict(zip(_SDPA, args, strict=False)) | kwargs
+    p = operations.sdpa_arguments(args, kwargs)
     q, k = p.pop("query").float(), p.pop("key").float()
     eye = torch.eye(k.shape[-2], dtype=q.dtype, device=q.device).expand(*k.shape[:-1], k.shape[-2])
     mask = p.pop("attn_mask", None)
@@ -126,22 +115,6 @@ class _Product:
     unfollowed: tuple[str, ...] = ()
 
 
-def _query_key_operands(name: str, tensors: list[torch.Tensor]) -> bool:
-    """Whether ``name`` of ``tensors`` is a query-key product: two batches of token sequences, each at least
-    ``[B, N, d]`` and neither a parameter (``baddbmm``'s first tensor is its bias)."""
-    operands = tensors[1:] if name == "baddbmm" else tensors
-    return len(operands) == 2 and all(t.ndim >= 3 and not isinstance(t, nn.Parameter) for t in operands)
-
-
-def _keeps(shape: torch.Size, axes: tuple[int, int]) -> bool:
-    """Whether ``shape`` still has a query and a key axis of the sizes ``axes``."""
-    sizes = list(shape)
-    if axes[0] not in sizes:
-        return False
-    sizes.remove(axes[0])
-    return axes[1] in sizes
-
-
 class AttentionRecorder(TorchFunctionMode):
     """The mode of :func:`attention_recording`: reads the attention operations (module doc) into ``record``;
     ``where`` is the stack of module paths the forward pass is in, ``own`` the paths of vitlab's ``Attention``
@@ -158,16 +131,16 @@ class AttentionRecorder(TorchFunctionMode):
         module = self.where[-1] if self.where else ""
         if module in self.own or _OWN_WORK.get():
             return func(*args, **kwargs)
-        name = op_name(func)[0]
-        if name == "scaled_dot_product_attention":
+        name = operations.op_name(func)[0]
+        if name == operations.SDPA:
             with _own_work():
                 self.record.add(module, _sdpa_probs(func, args, kwargs), "sdpa")
             return func(*args, **kwargs)
-        if name == "multi_head_attention_forward":
+        if name == operations.MULTI_HEAD:
             return self._multi_head(func, module, args, kwargs)
         out = func(*args, **kwargs)
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if name in QUERY_KEY and _query_key_operands(name, tensors):
+        if operations.is_query_key_product(name, tensors):
             self._products[id(out)] = out, _Product(tuple(out.shape[-2:]), len(self.where))
             return out
         carried = next((self._products[id(t)][1] for t in tensors if id(t) in self._products), None)
@@ -175,9 +148,9 @@ class AttentionRecorder(TorchFunctionMode):
             return out
         if name == "softmax":
             self._softmax(module, out, carried, args[1] if len(args) > 1 else kwargs.get("dim"))
-        elif name in CARRY:
+        elif name in operations.CARRY:
             self._products[id(out)] = out, carried
-        elif _keeps(out.shape, carried.axes):  # the product, transformed in a way the capture does not follow
+        elif operations.keeps_axes(out.shape, carried.axes):  # the product, transformed in a way not followed
             origin = self.where[carried.depth - 1] if carried.depth else ""
             inside = f" in {module.removeprefix(origin).lstrip('.')}" if module != origin else ""
             self._products[id(out)] = out, replace(carried, unfollowed=(*carried.unfollowed, f"{name}{inside}"))
@@ -198,10 +171,9 @@ class AttentionRecorder(TorchFunctionMode):
     def _multi_head(self, func, module: str, args: tuple, kwargs: dict):
         """``nn.MultiheadAttention``: the call with per-head weights ``[B, H, Q, K]`` recorded; returns what the
         caller asked for (the weights averaged over heads, or None)."""
-        bound = _MHA.bind(*args, **kwargs)
-        asked, average = bound.arguments.get("need_weights", True), bound.arguments.get("average_attn_weights", True)
-        bound.arguments.update(need_weights=True, average_attn_weights=False)
-        out, weights = func(*bound.args, **bound.kwargs)
+        p = operations.multi_head_arguments(args, kwargs)
+        asked, average = p["need_weights"], p["average_attn_weights"]
+        out, weights = func(**(p | {"need_weights": True, "average_attn_weights": False}))
         self.record.add(module, weights if weights.ndim == 4 else weights.unsqueeze(0), "multi_head_attention")
         return out, (weights.mean(-3) if average else weights) if asked else None
 

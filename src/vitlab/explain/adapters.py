@@ -36,6 +36,10 @@ class MethodRefused(VitlabError, ValueError):
     """The method does not apply to this model's structure (the message names the method and the reason)."""
 
 
+class UnsupportedOperation(MethodRefused):
+    """An operation with no relevance rule carries relevance (the message names it; :mod:`vitlab.explain.hilrp`)."""
+
+
 #: ``tokens -> [B, C, h, w]``: a layer's output as a channels-first grid for Grad-CAM
 GridReshape = Callable[[torch.Tensor], torch.Tensor]
 

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.errors import ConfigError
-from vitlab.explain.adapters import Explainer, explainer_for
-from vitlab.explain.hilrp import UnsupportedOperation, Variant, relevance
+from vitlab.explain.adapters import Explainer, UnsupportedOperation, explainer_for
+from vitlab.explain.hilrp import Variant, relevance
 from vitlab.explain.methods import attention_rollout, gradient_rollout, last_attention
 from vitlab.explain.recording import recorded_attention
 from vitlab.models.contract import module_mode

@@ -11,10 +11,12 @@ refused by name (:class:`UnsupportedOperation`).
 
 The rules (docs/explain.md, "HiLRP: relevance rules by operation type", has the table of operations): linear maps
 take the gradient (LRP-0); bilinear mixing splits it uniformly, half to each side (AttnLRP, prop. 3.2); normalizers
-and gates are held constant (CP-LRP, Ali et al., ICML 2022), softmax by AttnLRP's rule, activations by the identity
-rule ``(f(x) - f(0)) / x`` (AttnLRP, sec. 3.3); reindexing moves relevance with the values it indexes. Every
-constant that enters additively becomes a leaf of the graph whose share ``c * dlogit/dc`` is absorbed, so
-``sum(relevance of the input) + absorbed = logit`` holds to rounding (:func:`relevance`).
+and gates are held constant (CP-LRP, Ali et al., ICML 2022; :mod:`vitlab.explain.normalisation`), softmax by
+AttnLRP's rule, activations by the identity rule ``(f(x) - f(0)) / x`` (AttnLRP, sec. 3.3); reindexing moves
+relevance with the values it indexes; the fused attention operations run as their plain forms
+(:mod:`vitlab.layers.operations`). Every constant that enters additively becomes a leaf of the graph whose share
+``c * dlogit/dc`` is absorbed, so ``sum(relevance of the input) + absorbed = logit`` holds to rounding
+(:func:`relevance`).
 """
 
 from __future__ import annotations
@@ -29,13 +31,10 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from vitlab.explain import multihead
-from vitlab.explain.adapters import MethodRefused
-from vitlab.explain.operations import CONSTANT, CONSTRUCTORS, ELEMENTWISE, PASS, op_name
-
-
-class UnsupportedOperation(MethodRefused):
-    """An operation with no relevance rule carries relevance (the message names it)."""
+from vitlab.explain.adapters import UnsupportedOperation
+from vitlab.explain.normalisation import NORMALISATION_RULES
+from vitlab.layers import operations
+from vitlab.layers.operations import CONSTANT, CONSTRUCTORS, ELEMENTWISE, PASS, op_name
 
 
 @dataclass(frozen=True)
@@ -241,10 +240,8 @@ class RelevanceMode(TorchFunctionMode):
 
 def _binary(mode: RelevanceMode, name: str, args, kwargs):
     a, b = args[0], args[1]
-    if name == "mul":
-        return mode.bilinear(torch.mul, a, b)
-    if name == "matmul":
-        return mode.bilinear(torch.matmul, a, b)
+    if name in ("mul", "matmul", "mm", "bmm"):
+        return mode.bilinear(torch.mul if name == "mul" else torch.matmul, a, b)
     if name == "div":  # the denominator is a normaliser: held constant
         return torch.div(a, b.detach() if _live(b) else b, **kwargs)
     like = a if isinstance(a, torch.Tensor) else b
@@ -315,10 +312,6 @@ def _setitem(mode: RelevanceMode, name: str, args, kwargs):
     return torch.Tensor.__setitem__(x, index, mode.constant(value, x))
 
 
-def _mm(mode, name, args, kwargs):
-    return mode.bilinear(torch.matmul, args[0], args[1])
-
-
 def _softmax(mode: RelevanceMode, name: str, args, kwargs):
     x, dim = args[0], args[1] if len(args) > 1 else kwargs["dim"]
     dtype = kwargs.get("dtype") or (args[3] if len(args) > 3 else None)
@@ -336,64 +329,6 @@ def _linear(mode: RelevanceMode, name: str, args, kwargs):
     return mode.affine(getattr(F, name), x, weight, bias, **extra)
 
 
-def _params(args, kwargs, start: int, **defaults: Any) -> list[Any]:
-    """The arguments ``defaults`` names, from ``args[start:]`` by position or from ``kwargs``, else the default."""
-    given = dict(zip(defaults, args[start:], strict=False)) | kwargs
-    return [given.get(k, d) for k, d in defaults.items()]
-
-
-def _norm_stats(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    centred = x - x.mean(dims, keepdim=True)
-    return centred, (centred.pow(2).mean(dims, keepdim=True) + eps).sqrt().detach()
-
-
-def _affine_out(mode, y: torch.Tensor, weight, bias, shape: tuple[int, ...]) -> torch.Tensor:
-    if weight is not None:
-        y = y * weight.reshape(shape)
-    return y + mode.constant(bias.reshape(shape), y) if bias is not None else y
-
-
-def _layer_norm(mode: RelevanceMode, name: str, args, kwargs):
-    x, shape = args[0], args[1]
-    weight, bias, eps = _params(args, kwargs, 2, weight=None, bias=None, eps=1e-5)
-    centred, std = _norm_stats(x, tuple(range(-len(shape), 0)), eps)
-    return _affine_out(mode, centred / std, weight, bias, tuple(shape))
-
-
-def _rms_norm(mode: RelevanceMode, name: str, args, kwargs):
-    x, shape = args[0], args[1]
-    weight, eps = _params(args, kwargs, 2, weight=None, eps=None)
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
-    rms = (x.pow(2).mean(tuple(range(-len(shape), 0)), keepdim=True) + eps).sqrt().detach()
-    return _affine_out(mode, x / rms, weight, None, tuple(shape))
-
-
-def _group_norm(mode: RelevanceMode, name: str, args, kwargs):
-    x, groups = args[0], args[1] if len(args) > 1 else kwargs["num_groups"]
-    weight, bias, eps = _params(args, kwargs, 2, weight=None, bias=None, eps=1e-5)
-    centred, std = _norm_stats(x.reshape(x.shape[0], groups, -1), (-1,), eps)
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    return _affine_out(mode, (centred / std).reshape(x.shape), weight, bias, shape)
-
-
-def _batch_norm(mode: RelevanceMode, name: str, args, kwargs):
-    names = ("running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
-    p = dict(zip(names, args[1:], strict=False)) | kwargs
-    if p.get("training"):
-        raise UnsupportedOperation("BatchNorm needs eval mode (running statistics) for its rule; call model.eval()")
-    x, shape = args[0], (1, -1) + (1,) * (args[0].ndim - 2)
-    scale = (p["running_var"] + p.get("eps", 1e-5)).rsqrt()
-    weight = scale if p.get("weight") is None else scale * p["weight"]
-    shift = -p["running_mean"] * weight + (0 if p.get("bias") is None else p["bias"])
-    return x * weight.reshape(shape) + mode.constant(shift.reshape(shape), x)
-
-
-def _normalize(mode: RelevanceMode, name: str, args, kwargs):
-    x = args[0]
-    p, dim, eps = _params(args, kwargs, 1, p=2.0, dim=1, eps=1e-12)
-    return x / x.norm(p, dim, keepdim=True).clamp_min(eps).detach()
-
-
 def _pad(mode: RelevanceMode, name: str, args, kwargs):
     """Zero padding is re-indexing; a constant ``value`` beside it is absorbed (EfficientViT pads ``v`` with ones)."""
     x, pad = args[0], args[1]
@@ -404,51 +339,26 @@ def _pad(mode: RelevanceMode, name: str, args, kwargs):
     return F.pad(x, pad) + mode.constant(F.pad(torch.zeros_like(x.detach()), pad, value=value), x)
 
 
-def _sdpa(mode: RelevanceMode, name: str, args, kwargs):
-    """``softmax(q k^T * scale + mask) v`` decomposed into the bilinear and softmax rules."""
-    names = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-    q, k, v = args[:3]
-    p = dict(zip(names, args[3:], strict=False)) | kwargs
-    if p.get("enable_gqa"):
-        raise UnsupportedOperation("no relevance rule for grouped-query attention; repeat the keys and values")
-    scale = p.get("scale") or q.shape[-1] ** -0.5
-    logits = mode.bilinear(torch.matmul, q * scale, k.transpose(-2, -1))
-    mask = p.get("attn_mask")
-    if p.get("is_causal"):
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-    if mask is not None and mask.dtype == torch.bool:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    elif mask is not None:
-        logits = logits + mode.constant(mask, logits)
-    return mode.bilinear(torch.matmul, mode.softmax(logits, -1), v)
-
-
-def _multi_head_attention(mode: RelevanceMode, name: str, args, kwargs):
-    """``nn.MultiheadAttention``: its function re-expressed in linear maps, the two bilinear products and a softmax
-    (:mod:`vitlab.explain.multihead`), run under the mode so that each part takes its rule."""
+def _attention(mode: RelevanceMode, name: str, args, kwargs):
+    """SDPA and ``nn.MultiheadAttention``: their plain forms (:data:`vitlab.layers.operations.PLAIN_FORMS`) run under
+    the mode, so that each part takes its rule: the products bilinear, the softmax its own, masks and biases absorbed.
+    SDPA runs without dropout; its grouped-query heads are refused."""
+    if name == operations.SDPA:
+        args, kwargs = (), operations.sdpa_arguments(args, kwargs) | {"dropout_p": 0.0}
+        if kwargs.pop("enable_gqa", False):
+            raise UnsupportedOperation("no relevance rule for grouped-query attention; repeat the keys and values")
     with mode:
-        return multihead.multi_head_attention_forward(*args, **kwargs)
+        return operations.PLAIN_FORMS[name](*args, **kwargs)
 
 
 _RULES = {
-    **dict.fromkeys(("add", "sub", "mul", "div", "matmul"), _binary),
-    **dict.fromkeys(("mm", "bmm"), _mm),
+    **dict.fromkeys(("add", "sub", "mul", "div", "matmul", "mm", "bmm"), _binary),
     **dict.fromkeys(("cat", "stack", "hstack", "vstack", "where", "masked_fill", "scatter", "scatter_add"), _additive),
     **dict.fromkeys(("scatter_reduce", "index_add", "index_copy", "index_put"), _additive),
     **dict.fromkeys(("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d"), _linear),
-    "einsum": _einsum,
-    "pow": _pow,
-    "square": _square,
-    "setitem": _setitem,
-    "softmax": _softmax,
-    "layer_norm": _layer_norm,
-    "rms_norm": _rms_norm,
-    "group_norm": _group_norm,
-    "batch_norm": _batch_norm,
-    "normalize": _normalize,
-    "pad": _pad,
-    "scaled_dot_product_attention": _sdpa,
-    "multi_head_attention_forward": _multi_head_attention,
+    **dict(einsum=_einsum, pow=_pow, square=_square, setitem=_setitem, softmax=_softmax, pad=_pad),
+    **NORMALISATION_RULES,
+    **dict.fromkeys(operations.PLAIN_FORMS, _attention),
 }
 
 
