@@ -202,16 +202,8 @@ class DynamicsPolicy:
         if self.model is None:
             raise RuntimeError("attach a model before measuring")
         named = list(zip(self.module_names, self.modules, strict=True))
-        return measure_heads(
-            self.model,
-            named,
-            probe,
-            self.config,
-            self.num_prefix_tokens,
-            kappa=kappa,
-            probe_tau=probe_tau,
-            timed=self._timed,
-        )
+        options = dict(kappa=kappa, probe_tau=probe_tau, timed=self._timed)
+        return measure_heads(self.model, named, probe, self.config, self.num_prefix_tokens, **options)
 
     def temperatures(self) -> torch.Tensor:
         """Current ``tau: [L, H]`` float64 of the controlled heads (1 where a module has no temperature)."""
