@@ -7,7 +7,8 @@ import os
 import pytest
 
 from run_fixtures import TINY
-from vitlab import acceleration, machine_cache
+from vitlab import machine_cache
+from vitlab.acceleration import precision
 from vitlab.cli.main import main
 from vitlab.layers import attention_path
 
@@ -52,9 +53,9 @@ def _clock(faster_late: bool):
 
 def _fit(tmp_path, name, clock, monkeypatch):
     monkeypatch.setattr(attention_path, "cpu_clock", clock)
-    monkeypatch.setattr(acceleration, "cpu_clock", clock)
+    monkeypatch.setattr(precision, "cpu_clock", clock)
     attention_path.clear_decisions()  # as in a new process
-    acceleration.bf16_matmul_speedup.cache_clear()
+    precision.bf16_matmul_speedup.cache_clear()
     run = tmp_path / name
     assert main(["fit", "--config", "vit/digits", f"run.dir={run}", "trainer.max_epochs=1", *TINY]) == 0
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

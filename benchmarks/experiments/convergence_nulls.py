@@ -50,6 +50,7 @@ the floor to convergence.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -62,8 +63,9 @@ import torch
 from benchmarks.naming import repo_relative
 from vitlab.atomic import atomic_write_text
 from vitlab.config.dynamics import DynamicsConfig
-from vitlab.diagnostics.convergence import ConvergenceTracker, calibrate_rho, directedness
+from vitlab.diagnostics.convergence import ConvergenceTracker, directedness
 from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost, score_drift
+from vitlab.diagnostics.rho_calibration import calibrate_rho
 from vitlab.diagnostics.trend import LagWindow
 from vitlab.environment import environment
 
@@ -246,23 +248,9 @@ def decisions(
     cfg = DynamicsConfig(**options)
     drift, two, score, lagged = measured
     tracker_rule = "response" if rule == "response_update" or rule in ABLATIONS else rule
-    tracker = ConvergenceTracker(
-        1,
-        1,
-        cfg.eps_d,
-        cfg.eps_tau,
-        PATIENCE,
-        rule=tracker_rule,
-        rho=rho,
-        tau_clause="none",
-        thaw=thaw,
-        decay_ratio=cfg.decay_ratio,
-        decay_window=cfg.decay_window,
-        response_ratio=cfg.response_ratio,
-        score_ratio=cfg.score_ratio,
-        lag=LAG if rule == "response+lag" else cfg.lag,
-        lag_ratio=LAG_RATIO if rule == "response+lag" else cfg.lag_ratio,
-    )
+    lag = {"lag": LAG, "lag_ratio": LAG_RATIO} if rule == "response+lag" else {}
+    cfg = dataclasses.replace(cfg, patience=PATIENCE, convergence=tracker_rule, tau_clause="none", thaw=thaw, **lag)
+    tracker = ConvergenceTracker(1, 1, cfg, rho=rho)
     stable, deciding, converged_at, converged = 0, 0, None, torch.zeros(1, 1, dtype=torch.bool)
     ones = torch.ones(1, 1)
     for epoch in range(1, EPOCHS + 1):

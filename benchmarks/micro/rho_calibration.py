@@ -1,6 +1,6 @@
 """The noise rule's rho against simulated drifts (ViTCAE spec, "Convergence"): for each probe grid and image count,
-the calibrated rho (:func:`vitlab.diagnostics.convergence.calibrate_rho`) and, on fresh seeds and step sizes, the share
-of epochs in which directed motion, a random walk and jitter around a settled pattern are judged stable, under the
+the calibrated rho (:func:`vitlab.diagnostics.rho_calibration.calibrate_rho`) and, on fresh seeds and step sizes, the
+share of epochs in which directed motion, a random walk and jitter around a settled pattern are judged stable, under the
 calibrated rho and under the earlier default 0.75; with patience 3, the share of epochs at which a head would be
 declared converged.
 
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from vitlab.diagnostics.convergence import (
+from vitlab.diagnostics.dynamics import patch_grid_cost
+from vitlab.diagnostics.rho_calibration import (
     DRIFT_KINDS,
     calibrate_rho,
     directedness_series,
     simulate_attention_paths,
 )
-from vitlab.diagnostics.dynamics import patch_grid_cost
 from vitlab.rundir import environment
 
 # (grid side, probe images): digits and MNIST (4x4 patches), CelebA-32 (8x8), and smaller probes

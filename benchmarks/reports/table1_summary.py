@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.convergence import ConvergenceTracker
 from vitlab.evaluation.stats import summarize, welch_interval, welch_ttest
 from vitlab.rundir import RunDir
@@ -50,7 +51,8 @@ def paper_rule_replay(run: RunDir, records: list[dict], grid_side: int | None) -
     config = run.config_dict() if run.config_file.is_file() else {}
     burn_in = (config.get("dynamics") or {}).get("burn_in", 5)
     shape = torch.tensor(records[-1]["tau"]).shape
-    tracker = ConvergenceTracker(*shape, eps_d=0.05, eps_tau=0.05, patience=3, rule="absolute")
+    paper_rule = DynamicsConfig(eps_d=0.05, eps_tau=0.05, patience=3, convergence="absolute", tau_clause="own")
+    tracker = ConvergenceTracker(*shape, paper_rule)
     for record in records:
         if record["epoch"] < burn_in:
             continue

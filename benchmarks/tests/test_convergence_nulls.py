@@ -20,8 +20,8 @@ from benchmarks.experiments.convergence_nulls import (
     paths,
     schedule,
 )
-from vitlab.diagnostics.convergence import calibrate_rho
 from vitlab.diagnostics.dynamics import patch_grid_cost
+from vitlab.diagnostics.rho_calibration import calibrate_rho
 
 GRID, IMAGES = (4, 4), 16
 COST = patch_grid_cost(*GRID, "image")

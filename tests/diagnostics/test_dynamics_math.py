@@ -7,6 +7,7 @@ import ot
 import pytest
 import torch
 
+from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics import (
     ConvergenceTracker,
     attention_drift,
@@ -203,7 +204,7 @@ def test_temperature_update_is_eq_20():
 
 
 def test_convergence_tracker_needs_a_full_streak_and_resets_when_broken():
-    tracker = ConvergenceTracker(num_layers=1, num_heads=2, eps_d=0.1, eps_tau=0.01, patience=2)
+    tracker = ConvergenceTracker(1, 2, _paper_rule(patience=2))
     tau = torch.ones(1, 2)
     calm, agitated = torch.tensor([[0.05, 0.05]]), torch.tensor([[0.05, 0.5]])
     # first epoch: no previous tau, no streak yet
@@ -216,7 +217,7 @@ def test_convergence_tracker_needs_a_full_streak_and_resets_when_broken():
 
 
 def test_convergence_tracker_tau_jump_breaks_the_streak_and_converged_stays_converged():
-    tracker = ConvergenceTracker(num_layers=2, num_heads=1, eps_d=0.1, eps_tau=0.01, patience=1)
+    tracker = ConvergenceTracker(2, 1, _paper_rule(patience=1))
     drift = torch.zeros(2, 1)
     tracker.update(drift, torch.ones(2, 1))
     assert tracker.update(drift, torch.tensor([[1.0], [0.5]])).flatten().tolist() == [True, False]
@@ -224,21 +225,36 @@ def test_convergence_tracker_tau_jump_breaks_the_streak_and_converged_stays_conv
     assert tracker.update(torch.tensor([[5.0], [0.0]]), torch.tensor([[0.2], [0.5]])).flatten().tolist() == [True, True]
 
 
+def _paper_rule(**options) -> DynamicsConfig:
+    """The paper's rule: an absolute drift threshold and the tau clause."""
+    return DynamicsConfig(convergence="absolute", tau_clause="own", eps_d=0.1, eps_tau=0.01, **options)
+
+
 def test_convergence_tracker_state_dict_round_trip():
-    tracker = ConvergenceTracker(num_layers=1, num_heads=3, eps_d=0.1, eps_tau=0.01, patience=3)
+    tracker = ConvergenceTracker(1, 3, _paper_rule(patience=3))
     tracker.update(torch.zeros(1, 3), torch.ones(1, 3))
     tracker.update(torch.tensor([[0.0, 0.0, 1.0]]), torch.ones(1, 3))
-    restored = ConvergenceTracker(num_layers=1, num_heads=3, eps_d=0.5, eps_tau=0.5, patience=9)
+    restored = ConvergenceTracker(1, 3, _paper_rule(patience=3))
     restored.load_state_dict(tracker.state_dict())
-    assert restored.patience == 3 and restored.streak.tolist() == [[1, 1, 0]]
+    assert restored.streak.tolist() == [[1, 1, 0]]
     for _ in range(2):
         assert torch.equal(
             restored.update(torch.zeros(1, 3), torch.ones(1, 3)), tracker.update(torch.zeros(1, 3), torch.ones(1, 3))
         )
     assert restored.converged.tolist() == [[True, True, False]]
     with pytest.raises(ValueError, match="head grid"):
-        ConvergenceTracker(num_layers=2, num_heads=3, eps_d=0.1, eps_tau=0.01, patience=3).load_state_dict(
-            tracker.state_dict()
-        )
+        ConvergenceTracker(2, 3, _paper_rule(patience=3)).load_state_dict(tracker.state_dict())
+
+
+def test_a_restored_tracker_judges_by_its_own_config_and_the_saved_history():
+    """Resume restores state, not options: a history saved under patience 3 goes on under the new config's 9."""
+    tracker = ConvergenceTracker(1, 3, _paper_rule(patience=3))
+    for _ in range(3):
+        tracker.update(torch.zeros(1, 3), torch.ones(1, 3))
+    restored = ConvergenceTracker(1, 3, _paper_rule(patience=9))
+    restored.load_state_dict(tracker.state_dict())
+    assert restored.streak.tolist() == [[2, 2, 2]] and not restored.converged.any()
+    assert not restored.update(torch.zeros(1, 3), torch.ones(1, 3)).any()  # the saved tracker's patience would say yes
+    assert tracker.update(torch.zeros(1, 3), torch.ones(1, 3)).all()
     with pytest.raises(ValueError, match=r"\[L, H\]"):
         tracker.update(torch.zeros(3), torch.ones(3))

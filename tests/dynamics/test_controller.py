@@ -388,16 +388,16 @@ def test_state_round_trips_through_a_weights_only_checkpoint():
     stricter = DynamicsController(dataclasses.replace(original.config, score_ratio=0.2))
     stricter.attach(copy.deepcopy(original.model))
     stricter.load_state_dict(state)
-    assert (stricter.tracker.score_ratio, resumed.tracker.score_ratio) == (0.2, 0.5)
+    assert (stricter.tracker.config.score_ratio, resumed.tracker.config.score_ratio) == (0.2, 0.5)
 
     # every option of the tracker, the decay rule's ratio and window included, as the resumed config sets it
     changed = dataclasses.replace(original.config, convergence="decay", decay_ratio=0.3, decay_window=5, patience=7)
     other_rule = DynamicsController(changed)
     other_rule.attach(copy.deepcopy(original.model))
     other_rule.load_state_dict(state)
-    tracker = other_rule.tracker
-    assert (tracker.rule, tracker.decay_ratio, tracker.decay_window, tracker.patience) == ("decay", 0.3, 5, 7)
-    assert torch.equal(tracker.streak, state["tracker"]["streak"])  # the saved verdicts go on
+    tracker = other_rule.tracker.config
+    assert (tracker.convergence, tracker.decay_ratio, tracker.decay_window, tracker.patience) == ("decay", 0.3, 5, 7)
+    assert torch.equal(other_rule.tracker.streak, state["tracker"]["streak"])  # the saved verdicts go on
 
     other_target = DynamicsController(DynamicsConfig(target="blocks.1"))
     other_target.attach(tiny_vit())
@@ -823,7 +823,7 @@ def test_the_lag_clause_is_fed_by_the_controller():
     for patches in (EPOCH0, EPOCH1, EPOCH2, EPOCH1):
         controller.advance(point_masses(patches))
     tracker = controller.tracker
-    assert tracker.lag == 2 and tracker.lag_seen
+    assert tracker.config.lag == 2 and tracker.lag_seen
     assert torch.isfinite(tracker.lagged[-1]).all()  # over one epoch and over two, once two lie behind
     assert torch.isnan(tracker.lagged[0, 1]).all()
     assert scheduled_controller(convergence="response", freeze=False).lag_window is None

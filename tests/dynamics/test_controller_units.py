@@ -44,7 +44,8 @@ def test_image_units_scale_rows_and_columns_by_their_own_side():
 
 def decisions(drifts: list[float], rule: str, **kwargs) -> list[bool]:
     """Converged after each epoch of one head's drift curve (tau held at 1: the uncontrolled arm)."""
-    tracker = ConvergenceTracker(1, 1, eps_d=kwargs.pop("eps_d", 0.05), eps_tau=0.05, patience=2, rule=rule, **kwargs)
+    options = dict(eps_d=0.05, eps_tau=0.05, patience=2, convergence=rule, tau_clause="own") | kwargs
+    tracker = ConvergenceTracker(1, 1, DynamicsConfig(**options))
     tau = torch.ones(1, 1, dtype=torch.float64)
     return [bool(tracker.update(torch.full((1, 1), d, dtype=torch.float64), tau)) for d in drifts]
 
@@ -64,7 +65,7 @@ def test_relative_rule_gives_the_same_decisions_at_two_learning_rates():
 
 
 def noise_decisions(drifts: list[float], directed: list[float | None], rho: float = 0.75) -> list[bool]:
-    tracker = ConvergenceTracker(1, 1, eps_d=0.05, eps_tau=0.05, patience=2, rule="noise", rho=rho)
+    tracker = ConvergenceTracker(1, 1, DynamicsConfig(patience=2, convergence="noise", rho=rho, tau_clause="own"))
     tau = torch.ones(1, 1, dtype=torch.float64)
     out = []
     for d, r in zip(drifts, directed, strict=True):
@@ -111,15 +112,15 @@ def test_controller_directedness_tells_moving_attention_from_jitter():
 
 
 def test_relative_rule_peak_counts_drift_seen_before_the_decisions_start():
-    tracker = ConvergenceTracker(1, 1, eps_d=0.05, eps_tau=0.05, patience=1, rule="relative", rel_d=0.5)
+    tracker = ConvergenceTracker(1, 1, DynamicsConfig(patience=1, convergence="relative", rel_d=0.5, tau_clause="own"))
     tracker.observe(torch.full((1, 1), 2.0))  # a burn-in epoch
     tau = torch.ones(1, 1)
     tracker.update(torch.full((1, 1), 0.9), tau)  # only records tau
     assert tracker.threshold().item() == pytest.approx(1.0)
     assert bool(tracker.update(torch.full((1, 1), 0.9), tau))
-    restored = ConvergenceTracker(1, 1, eps_d=0.05, eps_tau=0.05, patience=1)
+    restored = ConvergenceTracker(1, 1, tracker.config)
     restored.load_state_dict(tracker.state_dict())
-    assert restored.rule == "relative" and restored.peak.item() == pytest.approx(2.0)
+    assert restored.peak.item() == pytest.approx(2.0) and restored.threshold().item() == pytest.approx(1.0)
 
 
 def test_probing_at_unit_tau_gives_the_same_drift_for_both_arms_on_identical_weights():

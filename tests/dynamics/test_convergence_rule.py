@@ -4,13 +4,9 @@ stable in at most ~5% of epochs and directed motion never is, and one rule for b
 import pytest
 import torch
 
-from vitlab.diagnostics.convergence import (
-    ConvergenceTracker,
-    calibrate_rho,
-    directedness_series,
-    simulate_attention_paths,
-)
+from vitlab.diagnostics.convergence import ConvergenceTracker
 from vitlab.diagnostics.dynamics import patch_grid_cost
+from vitlab.diagnostics.rho_calibration import calibrate_rho, directedness_series, simulate_attention_paths
 from vitlab.dynamics import DynamicsConfig, DynamicsController
 
 GRID, IMAGES, EPOCHS = (4, 4), 64, 40
@@ -25,7 +21,8 @@ def _stable_share(kind, rho, step, seed, patience=1):
     """Share of epochs in which a tracker under the noise rule calls the simulated head converged; patience 1
     counts each stable epoch (the per-epoch decision), the run's patience counts convergences."""
     ratios = _directedness(kind, step, seed)
-    tracker = ConvergenceTracker(1, 1, 0.01, 0.05, patience, rule="noise", rho=rho, tau_clause="none")
+    options = dict(eps_d=0.01, eps_tau=0.05, patience=patience, convergence="noise", rho=rho, tau_clause="none")
+    tracker = ConvergenceTracker(1, 1, DynamicsConfig(**options))
     tau = torch.ones(1, 1)
     tracker.update(torch.zeros(1, 1), tau)  # the first call only records tau
     calls = []
@@ -77,9 +74,9 @@ def _arm_tracker(mode):
 
 def test_both_arms_are_judged_by_the_same_function_with_the_same_arguments():
     controlled, uncontrolled = _arm_tracker("schedule"), _arm_tracker("fixed")
-    settings = ("eps_d", "eps_tau", "patience", "rule", "rel_d", "rho", "tau_clause", "decay_ratio", "decay_window")
-    assert [getattr(controlled, k) for k in settings] == [getattr(uncontrolled, k) for k in settings]
-    assert controlled.tau_clause == "none"
+    settings = ("eps_d", "eps_tau", "patience", "convergence", "rel_d", "tau_clause", "decay_ratio", "decay_window")
+    assert [getattr(controlled.config, k) for k in settings] == [getattr(uncontrolled.config, k) for k in settings]
+    assert controlled.rho == uncontrolled.rho and controlled.config.tau_clause == "none"
     g = torch.Generator().manual_seed(0)
     for epoch in range(12):  # the same decaying drift, but tau scheduled in one arm and held at 1 in the other
         shape = (controlled.num_layers, controlled.num_heads)
@@ -94,7 +91,8 @@ def test_both_arms_are_judged_by_the_same_function_with_the_same_arguments():
 
 def test_the_paper_tau_clause_judges_the_arms_differently():
     """With tau_clause own, the same drift converges in the fixed arm and not in the scheduled one."""
-    trackers = [ConvergenceTracker(1, 1, 0.01, 0.05, 2, rule="noise", rho=0.6, tau_clause="own") for _ in range(2)]
+    options = dict(eps_d=0.01, eps_tau=0.05, patience=2, convergence="noise", rho=0.6, tau_clause="own")
+    trackers = [ConvergenceTracker(1, 1, DynamicsConfig(**options)) for _ in range(2)]
     ratio = torch.full((1, 1), 0.5)
     for epoch in range(6):
         scheduled = torch.full((1, 1), 0.5 + 0.1 * (epoch % 2))  # the schedule moves tau by 0.1 each epoch

@@ -15,7 +15,8 @@ ONES = torch.ones(1, 1)
 
 
 def _tracker(**kwargs) -> ConvergenceTracker:
-    return ConvergenceTracker(1, 1, 0.01, 0.05, kwargs.pop("patience", 1), rule="decay", tau_clause="none", **kwargs)
+    options = dict(eps_d=0.01, eps_tau=0.05, patience=1, convergence="decay", tau_clause="none") | kwargs
+    return ConvergenceTracker(1, 1, DynamicsConfig(**options))
 
 
 def _feed(tracker: ConvergenceTracker, drifts: list[float]) -> list[bool]:
@@ -47,20 +48,19 @@ def test_one_spike_does_not_make_the_quiet_epochs_after_it_stable():
     """A single large jump inflates a peak (the relative rule's reference) but not a median."""
     drifts = [0.1] * 10 + [5.0] + [0.1] * 29
     assert not any(_feed(_tracker(patience=3), drifts))
-    relative = ConvergenceTracker(1, 1, 0.01, 0.05, 3, rule="relative", rel_d=0.2, tau_clause="none")
+    relative = _tracker(patience=3, convergence="relative", rel_d=0.2)
     assert any(bool(relative.update(torch.full((1, 1), d), ONES)) for d in drifts)
 
 
 def test_the_history_rides_in_the_state_and_an_old_state_starts_it_empty():
     tracker = _tracker(decay_ratio=0.4, decay_window=2)
     _feed(tracker, [3.0, 2.0, 1.0])
-    restored = _tracker()
+    restored = _tracker(decay_ratio=0.4, decay_window=2)
     restored.load_state_dict(tracker.state_dict())
-    assert torch.equal(restored.history, tracker.history) and (restored.decay_ratio, restored.decay_window) == (0.4, 2)
-    old = {k: v for k, v in tracker.state_dict().items() if k not in ("history", "decay_ratio", "decay_window")}
+    assert torch.equal(restored.history, tracker.history)
     fresh = _tracker()
-    fresh.load_state_dict(old)
-    assert fresh.history.shape == (0, 1, 1) and fresh.decay_window == 3
+    fresh.load_state_dict({k: v for k, v in tracker.state_dict().items() if k != "history"})
+    assert fresh.history.shape == (0, 1, 1)
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,8 @@ WALK = torch.full((1, 1), 0.71)  # ... of a random walk
 
 
 def _tracker(**kwargs) -> ConvergenceTracker:
-    options = dict(rule="response", tau_clause="none", rho=0.66, **kwargs)
-    return ConvergenceTracker(1, 1, 0.01, 0.05, options.pop("patience", 3), **options)
+    options = dict(eps_d=0.01, eps_tau=0.05, patience=3, convergence="response", tau_clause="none", rho=0.66) | kwargs
+    return ConvergenceTracker(1, 1, DynamicsConfig(**options))
 
 
 def _feed(tracker, drifts, rates, directed=JITTER) -> list[bool]:
@@ -38,7 +38,7 @@ def test_a_drift_that_only_follows_a_decaying_rate_never_settles_while_the_decay
     rates = cosine()
     drifts = [0.1 * r for r in rates]  # no settling at all: the head moves as far as the rate lets it
     assert not any(_feed(_tracker(), drifts, rates))
-    decay = ConvergenceTracker(1, 1, 0.01, 0.05, 3, rule="decay", tau_clause="none")
+    decay = _tracker(convergence="decay")
     assert any(bool(decay.update(torch.full((1, 1), d), ONES)) for d in drifts)  # the old default freezes it
 
 
@@ -73,8 +73,8 @@ def test_the_rate_history_rides_in_the_state_and_an_old_state_counts_rate_one():
     _feed(tracker, [0.3, 0.2, 0.1], [2.0, 1.0, 0.5])
     restored = _tracker()
     restored.load_state_dict(tracker.state_dict())
-    assert torch.equal(restored.rates, tracker.rates) and (restored.response_ratio, restored.thaw) == (0.3, True)
-    old = {k: v for k, v in tracker.state_dict().items() if k not in ("rates", "response_ratio", "thaw")}
+    assert torch.equal(restored.rates, tracker.rates)
+    old = {k: v for k, v in tracker.state_dict().items() if k != "rates"}
     restored = _tracker()
     restored.load_state_dict(old)
     assert torch.equal(restored.rates, torch.ones(3, 1, 1, dtype=torch.float64))
@@ -122,7 +122,7 @@ def test_the_score_history_rides_in_the_state_and_an_old_state_has_none():
         tracker.observe(torch.full((1, 1), d), 1.0, torch.full((1, 1), 2 * d))
     restored = _tracker()
     restored.load_state_dict(tracker.state_dict())
-    assert torch.equal(restored.scores, tracker.scores) and restored.score_ratio == 0.4
+    assert torch.equal(restored.scores, tracker.scores)
     restored.load_state_dict({k: v for k, v in tracker.state_dict().items() if k != "scores"})
     assert restored.scores.shape == (3, 1, 1) and restored.scores.isnan().all()
     for _ in range(5):  # resumed: the clause judges the score drifts measured since, once there are 2 x window

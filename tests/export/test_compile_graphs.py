@@ -110,12 +110,12 @@ def test_compile_mode_auto_is_default_on_a_cpu_and_explicit_modes_stay():
 def test_compile_modes_are_timed_once_per_machine_and_kept(tmp_path, monkeypatch):
     """What ``auto`` does on a CUDA device, run on the CPU: each candidate compiled and timed, the result kept and
     read back by the next call; a mode that fails is never chosen."""
-    import vitlab.acceleration as acceleration
+    import vitlab.acceleration.compile_mode as compile_mode
 
     monkeypatch.setenv("VITLAB_CACHE_DIR", str(tmp_path))
     model = create_model("vit_pico", img_size=8, patch_size=2, in_chans=1, num_classes=3)
     timings = []
-    monkeypatch.setattr(acceleration, "time_compile_modes", lambda *a: timings.append(a) or time_compile_modes(*a))
+    monkeypatch.setattr(compile_mode, "time_compile_modes", lambda *a: timings.append(a) or time_compile_modes(*a))
     how = dict(batch_size=2, precision="32-true", device=torch.device("cpu"), backend="aot_eager")
     choices = [timed_compile_mode(model, **how, candidates=("default", "no-such-mode")) for _ in range(2)]
     assert len(timings) == 1 and choices[0] == choices[1]

@@ -78,25 +78,10 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
     cost matrix, drops the zero-mass points itself, so the values are those of ``ot.emd2`` on the reduced problem
     (to rounding, ~1e-16).
     """
-    cost64 = _checked_drift_inputs(p, q, cost, workers)
+    cost_np = np.ascontiguousarray(_checked_drift_inputs(p, q, cost, workers).numpy())
     num_patches = p.shape[-1]
-    p64 = p.detach().to("cpu", torch.float64).reshape(-1, num_patches)
-    q64 = q.detach().to("cpu", torch.float64).reshape(-1, num_patches)
-    difference = (p64 / p64.sum(-1, keepdim=True) - q64 / q64.sum(-1, keepdim=True)).numpy()
-    cost_np = np.ascontiguousarray(cost64.numpy())
-    surplus, deficit = difference > 0, difference < 0
-    moved_mass = np.where(surplus, difference, 0).sum(-1)
-    drift = np.zeros(difference.shape[0])
-    # A row with surplus but no deficit differs only by rounding (both rows sum to 1; e.g. one ulp apart): its W1 is
-    # 0 to within moved_mass * max(cost), and the solver must not see an empty target (it crashes on one).
-    todo = np.flatnonzero((moved_mass > 0) & deficit.any(-1))
-    # (p - q)+ onto (p - q)-, both scaled to unit mass and the target rescaled to the source's mass as ot.emd2 does,
-    # every row at once; the solver gets the whole cost matrix and drops the zero-mass points itself (faster than
-    # cutting each problem to its support in Python: benchmarks/micro/drift_solver.py)
-    source = np.where(surplus[todo], difference[todo], 0.0) / moved_mass[todo, None]
-    target = np.where(deficit[todo], -difference[todo], 0.0)
-    target = target / target.sum(-1, keepdims=True)
-    target = target * (source.sum(-1, keepdims=True) / target.sum(-1, keepdims=True))
+    todo, moved_mass, source, target = _transport_problems(p.reshape(-1, num_patches), q.reshape(-1, num_patches))
+    drift = np.zeros(len(moved_mass))
 
     def solve(rows: np.ndarray) -> None:
         for row in rows.tolist():
@@ -112,6 +97,24 @@ def attention_drift(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, worker
     else:
         solve(rows)
     return torch.from_numpy(drift).reshape(p.shape[:-1]).to(p.device)
+
+
+def _transport_problems(p: torch.Tensor, q: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """The reduced problems of :func:`attention_drift` for ``p, q: [M, N]``: ``(todo, moved_mass [M], source,
+    target)``, ``(p - q)+`` onto ``(p - q)-`` for the rows ``todo`` that move mass, both of unit mass and the target
+    rescaled to the source's mass as ``ot.emd2`` does, every row at once (the solver drops the zero-mass points
+    itself, faster than cutting each problem to its support in Python: benchmarks/micro/drift_solver.py)."""
+    p64, q64 = p.detach().to("cpu", torch.float64), q.detach().to("cpu", torch.float64)
+    difference = (p64 / p64.sum(-1, keepdim=True) - q64 / q64.sum(-1, keepdim=True)).numpy()
+    surplus, deficit = difference > 0, difference < 0
+    moved_mass = np.where(surplus, difference, 0).sum(-1)
+    # A row with surplus but no deficit differs only by rounding (both rows sum to 1; e.g. one ulp apart): its W1 is
+    # 0 to within moved_mass * max(cost), and the solver must not see an empty target (it crashes on one).
+    todo = np.flatnonzero((moved_mass > 0) & deficit.any(-1))
+    source = np.where(surplus[todo], difference[todo], 0.0) / moved_mass[todo, None]
+    target = np.where(deficit[todo], -difference[todo], 0.0)
+    target = target / target.sum(-1, keepdims=True)
+    return todo, moved_mass, source, target * (source.sum(-1, keepdims=True) / target.sum(-1, keepdims=True))
 
 
 def _checked_drift_inputs(p: torch.Tensor, q: torch.Tensor, cost: torch.Tensor, workers: int) -> torch.Tensor:

@@ -136,35 +136,36 @@ def init_distance(
         raise ValueError(f"init_distance needs at least 2 fresh seeds to measure their spread, got n_seeds={n_seeds}")
     trained = dict(model.named_parameters())
     fresh_stats = _fresh_statistics(trained, make_fresh, n_seeds)
-    rows = []
-    for name, param in trained.items():
-        means = torch.tensor([m for m, _ in fresh_stats[name]], dtype=torch.float64)
-        stds = torch.tensor([s for _, s in fresh_stats[name]], dtype=torch.float64)
-        mean, std = _mean_std(param)
-        init_mean, init_std = means.mean().item(), stds.mean().item()
-        mean_spread, std_spread = means.std().item(), stds.std().item()
-        z_mean, z_std = _z(mean, init_mean, mean_spread), _z(std, init_std, std_spread)
-        rows.append(
-            {
-                "name": name,
-                "shape": list(param.shape),
-                "numel": param.numel(),
-                "mean": mean,
-                "std": std,
-                "init_mean": init_mean,
-                "init_mean_spread": mean_spread,
-                "init_std": init_std,
-                "init_std_spread": std_spread,
-                "z_mean": z_mean,
-                "z_std": z_std,
-                "indistinguishable": z_mean <= k and z_std <= k,
-            }
-        )
+    rows = [_distance_row(name, param, fresh_stats[name], k) for name, param in trained.items()]
     return {
         "n_seeds": n_seeds,
         "k": k,
         "tensors": rows,
         "indistinguishable": [row["name"] for row in rows if row["indistinguishable"]],
+    }
+
+
+def _distance_row(name: str, param: torch.Tensor, fresh: list[tuple[float, float]], k: float) -> dict[str, Any]:
+    """One tensor's row of :func:`init_distance`: its mean and std against the ``fresh`` seeds' ``(mean, std)``."""
+    means = torch.tensor([m for m, _ in fresh], dtype=torch.float64)
+    stds = torch.tensor([s for _, s in fresh], dtype=torch.float64)
+    mean, std = _mean_std(param)
+    init_mean, init_std = means.mean().item(), stds.mean().item()
+    mean_spread, std_spread = means.std().item(), stds.std().item()
+    z_mean, z_std = _z(mean, init_mean, mean_spread), _z(std, init_std, std_spread)
+    return {
+        "name": name,
+        "shape": list(param.shape),
+        "numel": param.numel(),
+        "mean": mean,
+        "std": std,
+        "init_mean": init_mean,
+        "init_mean_spread": mean_spread,
+        "init_std": init_std,
+        "init_std_spread": std_spread,
+        "z_mean": z_mean,
+        "z_std": z_std,
+        "indistinguishable": z_mean <= k and z_std <= k,
     }
 
 

@@ -118,26 +118,33 @@ def _qkv_backward(
     if active:
         parts += [(p, slice(split, width), flat(g, active)) for p, g in enumerate((grad_q_a, grad_k_a, grad_v_a))]
     trained = parts[1:] if frozen and not train_v else parts
-    cut = 2 if train_v else 3  # q, k (and v) rows of the frozen heads: no weight gradient
-    grad_x = grad_w = grad_b = None
+    zero = (slice(0, 2 if train_v else 3), slice(0, split))  # q, k (and v) rows of the frozen heads: no weight gradient
+    grad_x = None
     if needs[0]:
         for part, rows, grad in parts:
             grad_x = grad @ w[part, rows] if grad_x is None else torch.addmm(grad_x, grad, w[part, rows], out=grad_x)
         grad_x = grad_x.view(B, N, C).to(x.dtype)
-    if needs[1]:
-        x2 = x.reshape(B * N, C).to(dtype)
-        grad_w = weight.new_empty(3, width, C, dtype=dtype)
-        grad_w[:cut, :split] = 0  # the frozen rows: an exact zero, not a product
+    grad_w, grad_b = _qkv_parameter_grads(x, weight, (needs[1], has_bias and needs[2]), trained, zero, dtype)
+    return grad_x, grad_w, grad_b
+
+
+def _qkv_parameter_grads(x, weight, needs, trained, zero, dtype):
+    """The QKV weight and bias gradients (``needs``: of each) of the ``trained`` rows; the rows ``zero`` are 0."""
+    grad_w = grad_b = None
+    if needs[0]:
+        x2 = x.reshape(-1, weight.shape[1]).to(dtype)
+        grad_w = weight.new_empty(3, weight.shape[0] // 3, weight.shape[1], dtype=dtype)
+        grad_w[zero] = 0
         for part, rows, grad in trained:
             torch.mm(grad.T, x2, out=grad_w[part, rows])
         grad_w = grad_w.view(weight.shape).to(weight.dtype)
-    if has_bias and needs[2]:
-        grad_b = weight.new_empty(3, width, dtype=dtype)
-        grad_b[:cut, :split] = 0
+    if needs[1]:
+        grad_b = weight.new_empty(3, weight.shape[0] // 3, dtype=dtype)
+        grad_b[zero] = 0
         for part, rows, grad in trained:
             grad_b[part, rows] = grad.sum(0)
         grad_b = grad_b.view(-1).to(weight.dtype)
-    return grad_x, grad_w, grad_b
+    return grad_w, grad_b
 
 
 # PyTorch's CPU flash-attention kernel (what SDPA runs on the CPU), which also returns each row's log-sum-exp.
@@ -286,10 +293,9 @@ def frozen_heads_forward(
 
 
 def single_call_applies(module: FrozenHeadAttention, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the frozen heads attend in one flash call with the active ones (:class:`_FrozenHeadsInOneCall`):
-    the fused path without capture or attention dropout, on the CPU in float32/64 without autocast, and
-    ``split_frozen`` off. Otherwise the frozen and active heads attend in two calls
-    (:func:`attend_with_frozen`)."""
+    """Whether the frozen heads attend in one flash call with the active ones (:class:`_FrozenHeadsInOneCall`): the
+    fused path without capture or attention dropout, on the CPU in float32/64 without autocast, and ``split_frozen``
+    off. Otherwise the frozen and active heads attend in two calls (:func:`attend_with_frozen`)."""
     return (
         not module.split_frozen
         and module.fused

@@ -1,10 +1,10 @@
 """The controller's policy (ViTCAE paper, eq. 20 and 26): measure the heads on the probe, schedule their
-temperatures, track convergence under the configured rule, freeze the converged heads (its checkpoint state:
-:mod:`vitlab.dynamics.policy_state`)."""
+temperatures, track convergence under the configured rule, freeze the converged heads, and the checkpoint state that
+lets a resumed run go on with the same schedule, decisions and frozen heads (docs/dynamics.md, "Resume and several
+processes")."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -15,41 +15,38 @@ import torch
 from torch import nn
 
 from vitlab.config import from_dict
-from vitlab.config.dynamics import TAU_MODES, TEMPERATURE_FIX, DynamicsConfig
+from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.convergence import (
     CONVERGENCE_STRATEGIES,
     ConvergenceTracker,
-    calibrate_rho,
     directedness,
     directedness_standard_error,
 )
 from vitlab.diagnostics.dynamics import (
     attention_drift,
-    attention_to_cls_distribution,
-    consensus_clusters,
     patch_grid_cost,
     score_drift,
     temperature_update,
 )
+from vitlab.diagnostics.rho_calibration import calibrate_rho
 from vitlab.diagnostics.trend import LagWindow
 from vitlab.dynamics.freezing import FrozenHeadGuard
 from vitlab.dynamics.layer_cache import CachedPrefix
 from vitlab.dynamics.layer_freezing import LayerFreezer
-from vitlab.dynamics.policy_state import PolicyState
 from vitlab.dynamics.probe import (
     ObservedAttention,
     ProbeMeasurement,
     _model_attribute,
-    captured_attention,
+    head_temperatures,
+    measure_heads,
     modules_to_control,
-    unit_temperature,
+    set_head_temperatures,
 )
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
-from vitlab.models.contract import module_mode
 
 
-class DynamicsPolicy(PolicyState):
+class DynamicsPolicy:
     """The controller's decisions, without Lightning: attach a model, :meth:`measure` a probe, :meth:`advance` one
     epoch (temperature schedule, convergence, freezing), and the checkpoint state. :class:`DynamicsController` is
     this policy as a Lightning callback."""
@@ -111,23 +108,9 @@ class DynamicsPolicy(PolicyState):
         A model without vitlab's ``Attention`` (timm's EVA, HF transformers' ViT...) is observed only: its attention
         is found by running it on ``example: [1, C, H, W]`` (kept for :meth:`attach`), and the temperature modes
         and freezing are refused (:func:`~vitlab.dynamics.probe.observed_modules`)."""
-        cfg = self.config
         if example is not None:
             self.example = example[:1]
-        named, grid = modules_to_control(model, cfg, self.example if self.probe is None else self.probe[:1])
-        heads = {m.num_heads for _, m in named}
-        if len(heads) != 1:
-            raise ConfigError(
-                f"the controlled attention modules have different head counts {sorted(heads)}; choose modules of "
-                "one kind with dynamics.target"
-            )
-        has_temperature = [m.log_tau is not None for _, m in named]
-        if cfg.mode in TAU_MODES and not all(has_temperature):
-            raise ConfigError(
-                f"dynamics.mode={cfg.mode!r} needs a temperature in every controlled module, but "
-                f"{[n for (n, _), t in zip(named, has_temperature, strict=True) if not t]} have none; {TEMPERATURE_FIX}"
-            )
-        return named, grid
+        return modules_to_control(model, self.config, self.example if self.probe is None else self.probe[:1])
 
     def attach(self, model: nn.Module) -> None:
         """Resolve the controlled modules and the patch grid of ``model`` (:meth:`check`); in ``fixed`` mode set
@@ -135,10 +118,8 @@ class DynamicsPolicy(PolicyState):
         cfg = self.config
         named, grid = self.check(model)
         self.model = model
-        self.module_names = [n for n, _ in named]
-        self.modules = [m for _, m in named]
-        self.cost = patch_grid_cost(*grid, units=cfg.drift_units)
-        self.grid = (int(grid[0]), int(grid[1]))
+        self.module_names, self.modules = [n for n, _ in named], [m for _, m in named]
+        self.cost, self.grid = patch_grid_cost(*grid, units=cfg.drift_units), (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
         if not isinstance(self.modules[0], ObservedAttention):
@@ -153,6 +134,53 @@ class DynamicsPolicy(PolicyState):
                     module.log_tau.requires_grad_(False)
         if self._pending_state is not None:
             self._load_pending_state()
+
+    # --- checkpoint state (docs/dynamics.md, "Resume and several processes") ------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to go on, as plain python and CPU tensors (``torch.load(weights_only=True)``)."""
+        return {
+            "epoch": self.epoch,
+            "modules": list(self.module_names),
+            "tracker": None if self.tracker is None else self.tracker.state_dict(),
+            "previous": self.previous,
+            "previous_model_tau": self.previous_model_tau,
+            "before_previous": self.before_previous,
+            "last_drift": self.last_drift,
+            "frozen": self.frozen,
+            "kappa": self.kappa,
+            "kappa_epoch": self.kappa_epoch,
+            "layers": None if self.layers is None else self.layers.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`; applied once a model is attached (at once if one already is)."""
+        self._pending_state = state_dict
+        if self.model is not None:
+            self._load_pending_state()
+
+    def _load_pending_state(self) -> None:
+        """The saved state under this run's options: a resume may change those :class:`DynamicsConfig` does not fix
+        (``fixed_on_resume``), the tracker's rule and thresholds among them."""
+        state, self._pending_state = self._pending_state, None
+        if state["modules"] != self.module_names:
+            raise ConfigError(
+                f"the checkpoint's dynamics state controls {state['modules']}, this run controls "
+                f"{self.module_names}; resume with the same model and dynamics.target"
+            )
+        self.epoch, self.previous, self.frozen = state["epoch"], state["previous"], state["frozen"]
+        self.kappa, self.kappa_epoch = state.get("kappa"), state.get("kappa_epoch")  # absent before kappa_every
+        self.previous_model_tau = state.get("previous_model_tau")  # absent before log_model_tau
+        self.before_previous, self.last_drift = state.get("before_previous"), state.get("last_drift")
+        if self.layers is not None and state.get("layers") is not None:
+            self.layers.load_state_dict(state["layers"])
+        self.tracker = None
+        if state["tracker"] is not None:
+            # rho: auto keeps the value the run calibrated (the same grid and probe); a number set now wins
+            saved_rho = state["tracker"].get("rho") or 0.75  # none saved: the rule read no directedness
+            self.tracker = self._new_tracker(rho=saved_rho if self.config.rho == "auto" else None)
+            self.tracker.load_state_dict(state["tracker"])
+        if self.frozen is not None and self.guard is not None:
+            self.guard.freeze(self.frozen)
 
     # --- one epoch of control ---------------------------------------------------------------------------------------
     def _timed(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -169,68 +197,17 @@ class DynamicsPolicy(PolicyState):
         workers = self.config.drift_workers or torch.get_num_threads()
         return self._timed(part, attention_drift, p, q, self.cost, workers=workers)
 
-    @torch.no_grad()
     def measure(self, probe: torch.Tensor, kappa: bool = True, probe_tau: str | None = None) -> ProbeMeasurement:
-        """Push ``probe: [P, C, H, W]`` through the attached model (eval mode, attention captured, at the temperature
-        ``probe_tau`` says, default the config's) and measure the CLS-to-patch distributions and (with ``kappa``)
-        the consensus clusters of every head."""
-        model, cfg = self.model, self.config
-        if model is None:
+        """:func:`~vitlab.dynamics.probe.measure_heads` of the attached model's controlled heads on ``probe``."""
+        if self.model is None:
             raise RuntimeError("attach a model before measuring")
-        device = next(model.parameters()).device
-        forward = getattr(model, "forward_features", model)
-        distributions, kappa_sum = [], torch.zeros(self.shape, dtype=torch.float64)
-        kappa_images = min(cfg.kappa_images, len(probe)) if kappa else 0
-        kappa_dtype = getattr(torch, cfg.kappa_dtype)
-        probe_tau = cfg.probe_tau if probe_tau is None else probe_tau
-        temperature = unit_temperature(self.modules) if probe_tau == "unit" else contextlib.nullcontext()
-        with module_mode(model, training=False), temperature:
-            for start in range(0, len(probe), cfg.probe_batch_size):
-                images = probe[start : start + cfg.probe_batch_size].to(device)
-                maps = captured_attention(self.model, forward, images, self.module_names, self.guard is None)
-                chunk = []
-                for layer, name in enumerate(self.module_names):
-                    attn = self._checked_map(maps, name)  # [b, H, T, T]
-                    chunk.append(attention_to_cls_distribution(attn, self.num_prefix_tokens).cpu())
-                    if start < kappa_images:
-                        clusters = self._timed(
-                            "kappa", consensus_clusters, attn[: kappa_images - start], cfg.eps, dtype=kappa_dtype
-                        )
-                        kappa_sum[layer] += clusters.sum(0).cpu()
-                distributions.append(torch.stack(chunk).transpose(1, 2))  # [L, H, b, N]
-        return ProbeMeasurement(torch.cat(distributions, dim=2), kappa_sum / kappa_images if kappa else None)
-
-    def _checked_map(self, maps: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-        if name not in maps:
-            raise RuntimeError(
-                f"{name} captured no attention in {type(self.model).__name__}.forward_features; "
-                "choose modules on the encoder path with dynamics.target"
-            )
-        attn = maps[name].float()
-        num_patches = self.cost.shape[0]
-        if attn.shape[-1] != self.num_prefix_tokens + num_patches:
-            raise ConfigError(
-                f"{name} attends over {attn.shape[-1]} tokens, but the patch grid has {num_patches} patches and "
-                f"{self.num_prefix_tokens} prefix token(s); control the encoder's attention (dynamics.target)"
-            )
-        return attn
+        named = list(zip(self.module_names, self.modules, strict=True))
+        options = dict(kappa=kappa, probe_tau=probe_tau, timed=self._timed)
+        return measure_heads(self.model, named, probe, self.config, self.num_prefix_tokens, **options)
 
     def temperatures(self) -> torch.Tensor:
         """Current ``tau: [L, H]`` float64 of the controlled heads (1 where a module has no temperature)."""
-        return torch.stack(
-            [
-                torch.ones(m.num_heads, dtype=torch.float64) if m.tau is None else m.tau.detach().double().cpu()
-                for m in self.modules
-            ]
-        )
-
-    @torch.no_grad()
-    def set_temperatures(self, tau: torch.Tensor, heads: torch.Tensor) -> None:
-        """Write ``tau: [L, H]`` into the heads marked in ``heads: [L, H]`` bool, by original head (as ``log_tau``)."""
-        for module, values, mask in zip(self.modules, tau, heads, strict=True):
-            if mask.any():
-                slots = module.head_slots[mask.cpu()].to(module.log_tau.device)  # parameters are in slot order
-                module.log_tau[slots] = values[mask].log().to(module.log_tau)
+        return head_temperatures(self.modules)
 
     def resolved_rho(self, images: int | None = None) -> float:
         """``dynamics.rho``, with ``auto`` calibrated for this run's patch grid and probe image count
@@ -247,26 +224,11 @@ class DynamicsPolicy(PolicyState):
         return calibrate_rho(self.grid, min(count, cfg.probe_size), cfg.drift_units)
 
     def _new_tracker(self, images: int | None = None, rho: float | None = None) -> ConvergenceTracker:
-        cfg = self.config
-        if rho is None:  # rho plays no part in the other rules
-            rho = self.resolved_rho(images) if self._reads_directedness else 0.75
-        return ConvergenceTracker(
-            *self.shape,
-            cfg.eps_d,
-            cfg.eps_tau,
-            cfg.patience,
-            rule=cfg.convergence,
-            rel_d=cfg.rel_d,
-            rho=rho,
-            tau_clause=cfg.tau_clause,
-            decay_ratio=cfg.decay_ratio,
-            decay_window=cfg.decay_window,
-            response_ratio=cfg.response_ratio,
-            score_ratio=cfg.score_ratio,
-            thaw=cfg.thaw,
-            lag=cfg.lag,
-            lag_ratio=cfg.lag_ratio,
-        )
+        """A tracker under this run's config; ``rho``: the calibrated one a checkpoint kept, else :meth:`resolved_rho`
+        where the rule reads the directedness."""
+        if rho is None and self._reads_directedness:
+            rho = self.resolved_rho(images)
+        return ConvergenceTracker(*self.shape, self.config, rho=rho)
 
     @property
     def _reads_directedness(self) -> bool:
@@ -308,32 +270,37 @@ class DynamicsPolicy(PolicyState):
             self.frozen = torch.zeros(num_layers, num_heads, dtype=torch.bool)
         if measurement.kappa is not None:
             self.kappa, self.kappa_epoch = measurement.kappa, epoch
-        current = measurement.distributions.float()
-        drift = drift_images = two_epoch_mean = None
-        lagged = None if self.lag_window is None else self.lag_window.push(current[:, :, : cfg.probe_min or None])
-        if self.previous is not None:
-            drift, drift_images, current, two_epoch_mean = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
-            # on the same images every epoch (the adaptive probe's first probe_min, else the whole probe)
-            common = min(current.shape[2], self.previous.shape[2], cfg.probe_min or current.shape[2])
-            score = score_drift(current[:, :, :common], self.previous[:, :, :common]).mean(dim=-1)
-            self.tracker.observe(drift, rate, score, lagged)  # every epoch: the peak, the decay rules' history
-            if cfg.mode == "schedule":
-                fixed = self.frozen if self.layers is None else self.frozen | self.layers.frozen_heads(self.frozen)
-                self.set_temperatures(temperature_update(drift, cfg.alpha), ~fixed)
+        current, drift, drift_images, two_epoch_mean = self._observe(measurement, epoch, extend, rate)
         if extend is not None and current.shape[2] == cfg.probe_min and epoch in self._before_first_decision():
             current = torch.cat([current, extend().float()], dim=2)
         tau = self.temperatures()
         directed = self._directedness(current, drift, two_epoch_mean)
         converged = self._decide(epoch, drift, tau, directed)
-        drift_model_tau = None if model_tau is None else self._model_tau_drift(model_tau)
         if self._reads_directedness:
             self.before_previous, self.last_drift = self.previous, drift
         self.previous, self.epoch = current, epoch
-        record = self._record(epoch, drift, directed, tau, converged) | self._extra_record(drift_images)
-        if model_tau is not None:
-            record["drift_model_tau"] = None if drift_model_tau is None else drift_model_tau.tolist()
-            record["mean_drift_model_tau"] = None if drift_model_tau is None else float(drift_model_tau.mean())
-        return record
+        record = self._record(epoch, drift, directed, tau, converged, drift_images)
+        return record if model_tau is None else record | self._model_tau_record(model_tau)
+
+    def _observe(
+        self, measurement: ProbeMeasurement, epoch: int, extend: Callable[[], torch.Tensor] | None, rate: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """The epoch's drift against the previous one (:meth:`_drift`), shown to the tracker with the score drift and
+        the lag window, and in ``schedule`` mode eq. 20's tau written into the heads that are not frozen. Returns
+        ``(current, drift, drift_images, two_epoch_mean)``, only ``current`` at the first epoch."""
+        cfg, current = self.config, measurement.distributions.float()
+        lagged = None if self.lag_window is None else self.lag_window.push(current[:, :, : cfg.probe_min or None])
+        if self.previous is None:
+            return current, None, None, None
+        drift, drift_images, current, two_epoch_mean = self._drift(current, extend, deciding=epoch >= cfg.burn_in)
+        # on the same images every epoch (the adaptive probe's first probe_min, else the whole probe)
+        common = min(current.shape[2], self.previous.shape[2], cfg.probe_min or current.shape[2])
+        score = score_drift(current[:, :, :common], self.previous[:, :, :common]).mean(dim=-1)
+        self.tracker.observe(drift, rate, score, lagged)  # every epoch: the peak, the decay rules' history
+        if cfg.mode == "schedule":
+            fixed = self.frozen if self.layers is None else self.frozen | self.layers.frozen_heads(self.frozen)
+            set_head_temperatures(self.modules, temperature_update(drift, cfg.alpha), ~fixed)
+        return current, drift, drift_images, two_epoch_mean
 
     def _before_first_decision(self) -> set[int]:
         """The epochs whose probe pass takes the whole probe, so that the first decision can use it: the one before
@@ -373,21 +340,27 @@ class DynamicsPolicy(PolicyState):
             ).mean(dim=-1)
         return directedness(two_epoch_mean, self.last_drift, drift)
 
-    def _model_tau_drift(self, model_tau: torch.Tensor) -> torch.Tensor | None:
+    def _model_tau_record(self, model_tau: torch.Tensor) -> dict[str, Any]:
         """The drift of the probe at the model's own tau (``log_model_tau``; recorded, decides nothing)."""
-        model_tau = model_tau.float()
-        drift = None
+        model_tau, drift = model_tau.float(), None
         if self.previous_model_tau is not None:
             common = min(model_tau.shape[2], self.previous_model_tau.shape[2])
             drift = self._transport(
                 "drift_model_tau", model_tau[:, :, :common], self.previous_model_tau[:, :, :common]
             ).mean(dim=-1)
         self.previous_model_tau = model_tau
-        return drift
+        return {
+            "drift_model_tau": None if drift is None else drift.tolist(),
+            "mean_drift_model_tau": None if drift is None else float(drift.mean()),
+        }
 
-    def _record(self, epoch, drift, directed, tau, converged) -> dict[str, Any]:
-        """The epoch's ``dynamics.jsonl`` record (docs/dynamics.md, "dynamics.jsonl")."""
+    def _record(self, epoch, drift, directed, tau, converged, drift_images) -> dict[str, Any]:
+        """The epoch's ``dynamics.jsonl`` record (docs/dynamics.md, "dynamics.jsonl"); the keys of options not at
+        their default only under them: the clusters' epoch, the adaptive probe's images."""
         cfg = self.config
+        extra = {"kappa_epoch": self.kappa_epoch} if cfg.kappa_every > 1 else {}
+        if cfg.probe_min is not None:
+            extra["drift_images"] = None if drift_images is None else drift_images.tolist()
         return {
             "epoch": epoch,
             "mode": cfg.mode,
@@ -396,44 +369,18 @@ class DynamicsPolicy(PolicyState):
             "grid": None if self.grid is None else list(self.grid),
             "probe_tau": cfg.probe_tau,
             "convergence": cfg.convergence,
-            "rho": self.tracker.rho if self._reads_directedness else None,
             "tau_clause": cfg.tau_clause,
             "freeze_scope": cfg.freeze_scope,
             "drift": None if drift is None else drift.tolist(),
             "directedness": None if directed is None else directed.tolist(),
-            "threshold": None if cfg.convergence == "noise" else _nan_to_none(self.tracker.threshold()),
-            # the decay rule's statistic: the largest of the head's last decay_window drifts (None: too few yet)
-            "decay_level": _nan_to_none(self.tracker.decay_level()[0]) if cfg.convergence == "decay" else None,
-            # the response rule's: the drift per unit rate of this epoch, and the largest of the last decay_window
-            "rate": None if drift is None else float(self.tracker.rates[-1].mean()),
-            "drift_per_rate": None if drift is None else self.tracker.per_rate()[-1].tolist(),
-            "response_level": (
-                _nan_to_none(self.tracker.decay_level(per_rate=True)[0]) if cfg.convergence == "response" else None
-            ),
-            # and its scores' (docs/dynamics.md, "The response rule"): this epoch's score drift per unit rate, the
-            # largest of the last decay_window and the threshold it must be under
-            "score_per_rate": None if drift is None else _nan_to_none(self.tracker.per_rate(scores=True)[-1]),
-            **dict(zip(("score_level", "score_threshold"), self._score_level(), strict=True)),
+            **self.tracker.statistics(observed=drift is not None),
             "kappa": self.kappa.tolist(),
             "tau": tau.tolist(),
             "converged": converged.tolist(),
             "frozen": self.frozen.tolist(),
             "non_converged": int((~converged).sum()),
             "mean_drift": None if drift is None else float(drift.mean()),
-        }
-
-    def _extra_record(self, drift_images: torch.Tensor | None) -> dict[str, Any]:
-        """The keys of options that are not at their default: the clusters' epoch, the adaptive probe's images."""
-        extra = {"kappa_epoch": self.kappa_epoch} if self.config.kappa_every > 1 else {}
-        images = None if drift_images is None else drift_images.tolist()
-        return extra | ({"drift_images": images} if self.config.probe_min is not None else {})
-
-    def _score_level(self) -> tuple[list | None, list | None]:
-        """The response rule's score level and threshold per head (None under the other rules)."""
-        if self.config.convergence != "response":
-            return None, None
-        level, reference = self.tracker.decay_level(per_rate=True, scores=True)
-        return _nan_to_none(level), _nan_to_none(self.tracker.score_ratio * reference)
+        } | extra
 
     def _drift(
         self, current: torch.Tensor, extend: Callable[[], torch.Tensor] | None, deciding: bool
@@ -492,8 +439,3 @@ class DynamicsPolicy(PolicyState):
             return None
         rest = self._transport(part, current[uncertain][:, start:common], reference[uncertain][:, start:common])
         return (per_image[uncertain].sum(-1) + rest.sum(-1)) / common, common
-
-
-def _nan_to_none(values: torch.Tensor) -> list[list[float | None]]:
-    """``[L, H]`` as nested lists with ``None`` for NaN (JSON has no NaN)."""
-    return [[None if math.isnan(v) else v for v in row] for row in values.tolist()]

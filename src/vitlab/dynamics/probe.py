@@ -1,4 +1,6 @@
-"""What the controller measures its heads on: the probe images, the controlled modules, the measurement record."""
+"""What the controller measures its heads on and how: the probe images, the controlled modules, the probe pass
+(CLS-to-patch distributions and consensus clusters, ViTCAE eq. 19 and section "Consensus clusters") and its
+record."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from vitlab.config.dynamics import TAU_MODES, DynamicsConfig
+from vitlab.config.dynamics import TAU_MODES, TEMPERATURE_FIX, DynamicsConfig
 from vitlab.diagnostics.capture import attention_recording, unread_attention
+from vitlab.diagnostics.dynamics import attention_to_cls_distribution, consensus_clusters
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture, attention_modules, is_attention
@@ -48,6 +51,26 @@ def unit_temperature(modules: list[Attention]) -> Iterator[None]:
         with torch.no_grad():
             for module, log_tau in zip(with_tau, saved, strict=True):
                 module.log_tau.copy_(log_tau)
+
+
+def head_temperatures(modules: list[Attention | ObservedAttention]) -> torch.Tensor:
+    """``tau: [L, H]`` float64 of ``modules``' heads, by original head (1 where a module has no temperature)."""
+    return torch.stack(
+        [
+            torch.ones(m.num_heads, dtype=torch.float64) if m.tau is None else m.tau.detach().double().cpu()
+            for m in modules
+        ]
+    )
+
+
+@torch.no_grad()
+def set_head_temperatures(modules: list[Attention], tau: torch.Tensor, heads: torch.Tensor) -> None:
+    """Write ``tau: [L, H]`` into the heads of ``modules`` marked in ``heads: [L, H]`` bool, by original head (as
+    ``log_tau``)."""
+    for module, values, mask in zip(modules, tau, heads, strict=True):
+        if mask.any():
+            slots = module.head_slots[mask.cpu()].to(module.log_tau.device)  # parameters are in slot order
+            module.log_tau[slots] = values[mask].log().to(module.log_tau)
 
 
 def controlled_modules(model: nn.Module, target: str | None) -> list[tuple[str, Attention]]:
@@ -187,7 +210,8 @@ def modules_to_control(
 ) -> tuple[list[tuple[str, Attention | ObservedAttention]], Any]:
     """The attention the controller acts on (vitlab's ``Attention``: :func:`controlled_modules`) or observes (any
     other: :func:`observed_modules`, found by running ``example``), and the model's patch grid; a model without a CLS
-    token (:func:`has_class_token`) or a patch grid (a CNN) is refused."""
+    token (:func:`has_class_token`) or a patch grid (a CNN), modules of several head counts, and a mode that changes
+    tau for modules without a temperature are refused."""
     grid = _model_attribute(model, "grid_size")
     if grid is None:
         what = "no attention module and no patch grid" if not attention_classes(model) else "no patch grid (grid_size)"
@@ -198,9 +222,23 @@ def modules_to_control(
     if attention_modules(model):
         if not has_class_token(model):
             raise ConfigError(no_class_token(model))
-        return controlled_modules(model, config.target), grid
-    tokens = (_model_attribute(model, "num_prefix_tokens") or 1) + int(grid[0]) * int(grid[1])
-    return observed_modules(model, config, example, tokens), grid
+        named = controlled_modules(model, config.target)
+    else:
+        tokens = (_model_attribute(model, "num_prefix_tokens") or 1) + int(grid[0]) * int(grid[1])
+        named = observed_modules(model, config, example, tokens)
+    heads = {m.num_heads for _, m in named}
+    if len(heads) != 1:
+        raise ConfigError(
+            f"the controlled attention modules have different head counts {sorted(heads)}; choose modules of "
+            "one kind with dynamics.target"
+        )
+    without = [n for n, m in named if m.log_tau is None]
+    if config.mode in TAU_MODES and without:
+        raise ConfigError(
+            f"dynamics.mode={config.mode!r} needs a temperature in every controlled module, but {without} have "
+            f"none; {TEMPERATURE_FIX}"
+        )
+    return named, grid
 
 
 def captured_attention(
@@ -216,6 +254,64 @@ def captured_attention(
     with attention_capture(model, names) as capture:
         forward(images)
         return capture.collect()
+
+
+@torch.no_grad()
+def measure_heads(
+    model: nn.Module,
+    named: list[tuple[str, Attention | ObservedAttention]],
+    probe: torch.Tensor,
+    config: DynamicsConfig,
+    num_prefix_tokens: int,
+    *,
+    kappa: bool = True,
+    probe_tau: str | None = None,
+    timed: Callable[..., Any] = lambda part, fn, *args, **kwargs: fn(*args, **kwargs),
+) -> ProbeMeasurement:
+    """Push ``probe: [P, C, H, W]`` through ``model`` (eval mode, the ``named`` modules' attention captured, at the
+    temperature ``probe_tau`` says, default the config's) and measure the CLS-to-patch distributions of every head
+    and (with ``kappa``) its consensus clusters (``timed("kappa", ...)``)."""
+    names, modules = [n for n, _ in named], [m for _, m in named]
+    forward = getattr(model, "forward_features", model)
+    distributions, kappa_sum = [], torch.zeros(len(modules), modules[0].num_heads, dtype=torch.float64)
+    kappa_images, kappa_dtype = min(config.kappa_images, len(probe)) if kappa else 0, getattr(torch, config.kappa_dtype)
+    grid = _model_attribute(model, "grid_size")
+    tokens = num_prefix_tokens + int(grid[0]) * int(grid[1])
+    probe_tau = config.probe_tau if probe_tau is None else probe_tau
+    temperature = unit_temperature(modules) if probe_tau == "unit" else contextlib.nullcontext()
+    observed = isinstance(modules[0], ObservedAttention)
+    with module_mode(model, training=False), temperature:
+        for start in range(0, len(probe), config.probe_batch_size):
+            images = probe[start : start + config.probe_batch_size].to(next(model.parameters()).device)
+            maps = captured_attention(model, forward, images, names, observed)
+            chunk = []
+            for layer, name in enumerate(names):
+                attn = _checked_map(model, maps, name, tokens, num_prefix_tokens)  # [b, H, T, T]
+                chunk.append(attention_to_cls_distribution(attn, num_prefix_tokens).cpu())
+                if start < kappa_images:
+                    clusters = timed(
+                        "kappa", consensus_clusters, attn[: kappa_images - start], config.eps, dtype=kappa_dtype
+                    )
+                    kappa_sum[layer] += clusters.sum(0).cpu()
+            distributions.append(torch.stack(chunk).transpose(1, 2))  # [L, H, b, N]
+    return ProbeMeasurement(torch.cat(distributions, dim=2), kappa_sum / kappa_images if kappa else None)
+
+
+def _checked_map(model: nn.Module, maps: dict[str, torch.Tensor], name: str, tokens: int, prefix: int) -> torch.Tensor:
+    """``name``'s captured attention ``[b, H, T, T]`` float32, refused unless over the ``tokens`` of the patch grid
+    and its ``prefix`` tokens."""
+    if name not in maps:
+        raise RuntimeError(
+            f"{name} captured no attention in {type(model).__name__}.forward_features; "
+            "choose modules on the encoder path with dynamics.target"
+        )
+    attn = maps[name].float()
+    if attn.shape[-1] != tokens:
+        raise ConfigError(
+            f"{name} attends over {attn.shape[-1]} tokens, but the patch grid has {tokens - prefix} patches and "
+            f"{prefix} prefix token(s); control the encoder's attention (dynamics.target)"
+        )
+    return attn
 
 
 def _model_attribute(model: nn.Module, name: str) -> Any:
