@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import signal
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vitlab import manifest
-from vitlab.acceleration import PrecisionChoice, choose_precision
 from vitlab.atomic import environment_error
 from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.config.loss import build_loss
@@ -37,25 +30,13 @@ from vitlab.models.registry import constructor_args, get_preset
 from vitlab.models.sizing import parameter_count
 from vitlab.rundir import (
     ATTENTION_PATHS_FILE,
-    METRICS_FILE,
     TENSORBOARD_DIR,
     TEST_METRICS_FILE,
     RunDir,
     config_with_overrides,
     locate_checkpoint,
 )
-from vitlab.training.callbacks import (
-    AtomicCheckpointIO,
-    DDPConsistencyCheck,
-    EpochLines,
-    EpochSeed,
-    FlushMetrics,
-    JSONLinesLogger,
-    PartStats,
-    ProgressBar,
-    StepTimer,
-    quiet_lightning,
-)
+from vitlab.training.console import console_progress_bar, quiet_lightning, quiet_warnings
 from vitlab.training.finetune import pretrained_normalisation, setup_finetuning
 from vitlab.training.preflight import (
     absolute_data_paths,
@@ -69,6 +50,7 @@ from vitlab.training.preflight import (
 from vitlab.training.resume import Resume, read_resume, record_resume
 from vitlab.training.run_folder import claim_run_dir, is_launching_process, recovery_hint, run_dir_path
 from vitlab.training.tasks import BaseTask, ClassificationTask
+from vitlab.training.trainer import make_trainer, run_callbacks, run_precision
 
 #: the files TensorBoard writes into ``tb/`` (a user's file beside them stays)
 TENSORBOARD_FILES = ("events.out.tfevents.*", "hparams.yaml")
@@ -137,83 +119,6 @@ def task_class_for(model_class: type) -> type[BaseTask]:
     return ClassificationTask if family is None else family.task_class()
 
 
-def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask, validate: bool = True) -> list[pl.Callback]:
-    """The run's callbacks; without a validation set (``validate=False``) ``best.ckpt`` is the last epoch's."""
-    monitor, mode = task.monitor if validate else ("step", "max")
-    ckpt_dir = RunDir(run_dir).checkpoints_dir
-    callbacks: list[pl.Callback] = [
-        ModelCheckpoint(
-            dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1, enable_version_counter=False
-        ),
-        # Lightning's save_last only copies when a monitored checkpoint is written; resuming needs every epoch.
-        ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False),
-        EpochSeed(cfg.run.seed),
-        FlushMetrics(),
-        DDPConsistencyCheck(run_dir),
-        *task.extra_callbacks(run_dir),
-    ]
-    if cfg.dynamics is not None:
-        callbacks.append(DynamicsController.from_config(cfg.dynamics, run_dir))
-    if cfg.run.part_stats_every:
-        callbacks.append(PartStats(cfg.run.part_stats_every))
-    callbacks.append(StepTimer(run_dir))  # after the controller, so the epoch time includes its measurement
-    if console_progress_bar(cfg):
-        callbacks.append(ProgressBar(refresh_rate=max(1, min(20, cfg.trainer.log_every_n_steps))))
-    else:
-        callbacks.append(EpochLines())
-    return callbacks
-
-
-def console_progress_bar(cfg: RunConfig) -> bool:
-    """A progress bar only on a terminal: a log file gets one line per epoch (:class:`EpochLines`) instead."""
-    return cfg.trainer.enable_progress_bar and sys.stdout.isatty() and sys.stderr.isatty()
-
-
-def run_precision(cfg: RunConfig) -> PrecisionChoice:
-    """The precision of ``cfg``'s trainer, ``auto`` resolved for its accelerator (:func:`choose_precision`)."""
-    return choose_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator))
-
-
-def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback], validate: bool = True) -> pl.Trainer:
-    kwargs = cfg.trainer.lightning_kwargs()
-    kwargs["precision"] = run_precision(cfg).precision
-    kwargs["enable_progress_bar"] = console_progress_bar(cfg)
-    if not validate:
-        kwargs["limit_val_batches"] = 0
-    quiet_lightning()
-    trainer = pl.Trainer(
-        **kwargs,
-        enable_model_summary=False,  # fit prints one line instead (Lightning's table has a FLOPs column of zeros)
-        default_root_dir=str(run_dir),
-        gradient_clip_val=cfg.optim.grad_clip,
-        gradient_clip_algorithm="norm",
-        callbacks=callbacks,
-        logger=[
-            TensorBoardLogger(str(run_dir), name=TENSORBOARD_DIR, version=""),
-            JSONLinesLogger(run_dir / METRICS_FILE),
-        ],
-        plugins=[AtomicCheckpointIO()],
-    )
-    share_cpu_threads(trainer)
-    if cfg.dynamics is not None and cfg.dynamics.freezes_layers and isinstance(trainer.strategy, DDPStrategy):
-        # Frozen blocks stop producing gradients mid-run: DDP must look for unused parameters at every step, else
-        # its buckets wait for gradients that never come and the replicas part (Lightning's
-        # ddp_find_unused_parameters_true, whatever strategy name chose DDP).
-        trainer.strategy._ddp_kwargs["find_unused_parameters"] = True
-    return trainer
-
-
-def share_cpu_threads(trainer: pl.Trainer) -> None:
-    """Several CPU processes on one machine: give each ``cores / processes`` threads.
-
-    Oversubscribed OpenMP threads wait for each other at every barrier; on a 2-core machine two DDP processes
-    with two threads each run small ops tens of times slower than with one thread each.
-    """
-    if trainer.world_size > 1 and isinstance(trainer.accelerator, pl.accelerators.CPUAccelerator):
-        local = max(1, trainer.world_size // max(1, trainer.num_nodes))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-
-
 def _checked_data(cfg: RunConfig, stored: dict[str, Any] | None) -> tuple[VisionDataModule, dict[str, Any]]:
     """The data module, set up and checked (a first batch fits, the data trains), and its description."""
     dm = build_datamodule(cfg.data)
@@ -266,7 +171,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     task = build_task(cfg, model, hparams)
     validate = len(dm.val_set) > 0  # data.val_fraction=0: no validation loop, best.ckpt is the last epoch's
     check_schedule(cfg, validate=validate)
-    all_callbacks = _callbacks(cfg, run_dir, task, validate)
+    all_callbacks = run_callbacks(cfg, run_dir, task, validate)
     example = torch.zeros(1, info["in_chans"], info["img_size"], info["img_size"])
     for callback in all_callbacks:  # the controller's model check, before the run folder exists
         if isinstance(callback, DynamicsController):
@@ -276,14 +181,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         print(run_precision(cfg).line(), flush=True)  # the run's first line, before Lightning's own
         for line in resumed.lines() if resumed else filter(None, [warmup_warning(cfg)]):
             print(line, file=sys.stderr if line.startswith("warning") else sys.stdout, flush=True)
-    with quiet_warnings():
-        try:
-            trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
-        except (ValueError, TypeError, MisconfigurationException) as e:  # Lightning's answer to a bad trainer.* value
-            if isinstance(e, VitlabError):
-                raise
-            first = str(e).split(". ")[0].rstrip(".")
-            raise ConfigError(f"the trainer.* settings are not valid for Lightning: {first}; fix that setting") from e
+    trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
     claim = claim_run_dir(cfg, run_dir, resuming=ckpt_path is not None) if is_launching_process() else None
     try:
         _fit_claimed(cfg, run_dir, trainer, task, dm, info, resumed)
@@ -326,16 +224,7 @@ def _fit_claimed(
         attention_path.load_decisions(run.json(ATTENTION_PATHS_FILE).get("decisions", []))
     forced = None if cfg.trainer.attention_path == "auto" else cfg.trainer.attention_path
     with quiet_warnings(), attention_path.forcing(forced):
-        try:
-            trainer.fit(task, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
-        except SystemExit:  # Lightning's answer to Ctrl+C: shut down cleanly, then sys.exit(1)
-            if not trainer.interrupted:
-                raise
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT from then on
-            raise RunInterrupted(
-                f"interrupted during epoch {trainer.current_epoch + 1}; nothing was tested or exported. To go on, "
-                f"{recovery_hint(run_dir)}"
-            ) from None
+        _train(trainer, task, dm, ckpt_path, run_dir)
         if cfg.run.test:
             results = test_once(cfg, trainer, task, dm, run.best_checkpoint)
             if trainer.is_global_zero and results:
@@ -351,33 +240,24 @@ def _fit_claimed(
             write_report([run_dir])
 
 
-@contextlib.contextmanager
-def quiet_warnings() -> Iterator[None]:
-    """Lightning's warnings that say nothing about this run (:data:`QUIET_WARNINGS`), silenced for the block."""
-    with warnings.catch_warnings():
-        for message in QUIET_WARNINGS:
-            warnings.filterwarnings("ignore", message=message)
-        yield
-
-
-#: Lightning's and torch's warnings that say nothing a user can act on in a vitlab run
-QUIET_WARNINGS = (
-    ".*does not have many workers.*",
-    ".*number of training batches.*",
-    ".*LeafSpec.*is deprecated.*",  # Lightning's use of torch's pytree
-    ".*Checkpoint directory .* exists and is not empty.*",  # a resume
-    ".*The dirpath has changed from.*",  # a resumed copy of a run, or a checkpoint tested outside its run
-    ".*callbacks used to create the checkpoint need to be provided.*",  # vitlab test: a checkpoint's own callbacks
-    ".*all_gather.*deprecated.*",  # Lightning's all_gather under DDP (torch.distributed's old API)
-    ".*_all_gather_base.*",
-    ".*recommended to use `Trainer\\(devices=1, num_nodes=1\\)`.*",  # vitlab tests on one process (test_once)
-    ".*`self.log\\(.*sync_dist=True.*",
-)
-
-
 #: the precision every test loop runs in: the exported model's (float32 weights, no autocast), so ``test_metrics.json``,
 #: ``vitlab test`` and the exported model or ONNX file agree whatever ``trainer.precision`` the run trained in
 TEST_PRECISION = "32-true"
+
+
+def _train(trainer: pl.Trainer, task: BaseTask, dm: VisionDataModule, ckpt_path: Path | None, run_dir: Path) -> None:
+    """``trainer.fit``; Ctrl+C (Lightning shuts down cleanly, then calls ``sys.exit(1)``) is :class:`RunInterrupted`,
+    whose message says how to go on."""
+    try:
+        trainer.fit(task, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT from then on
+        raise RunInterrupted(
+            f"interrupted during epoch {trainer.current_epoch + 1}; nothing was tested or exported. To go on, "
+            f"{recovery_hint(run_dir)}"
+        ) from None
 
 
 @contextlib.contextmanager
