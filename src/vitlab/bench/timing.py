@@ -257,20 +257,15 @@ def measure_networks(
 
 
 def _timing_tasks(
-    networks: dict[str, nn.Module],
-    runners: dict[str, Runner],
-    matmuls: dict[str, _Matmul],
-    *,
-    batch_size: int,
-    precision: str,
-    device: torch.device,
+    networks: dict[str, nn.Module], runners: dict[str, Runner], matmuls: dict[str, _Matmul], **subject: Any
 ) -> dict[str, _Task]:
-    """What :func:`measure_networks` times in turn: each matmul peak, each network's training step and inference."""
+    """What :func:`measure_networks` times in turn: each matmul peak, each network's training step and inference
+    (``subject``: the :class:`Subject` keywords ``batch_size``, ``precision``, ``device``)."""
     tasks = {f"matmul {p}": _Task(matmul) for p, matmul in matmuls.items()}
     for name, network in networks.items():
-        subject = Subject(network, batch_size=batch_size, precision=precision, device=device, runner=runners[name])
-        tasks[f"{name} train"] = _Task(subject.train_step)
-        tasks[f"{name} inference"] = _Task(subject.inference)
+        timed = Subject(network, **subject, runner=runners[name])
+        tasks[f"{name} train"] = _Task(timed.train_step)
+        tasks[f"{name} inference"] = _Task(timed.inference)
     return tasks
 
 

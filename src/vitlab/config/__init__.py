@@ -140,19 +140,8 @@ class TrainerConfig:
 
 #: values of ``trainer.precision``: ``auto`` and Lightning's names (with their short forms)
 PRECISIONS: tuple[str, ...] = (
-    "auto",
-    "32-true",
-    "bf16-mixed",
-    "16-mixed",
-    "bf16-true",
-    "16-true",
-    "64-true",
-    "transformer-engine",
-    "transformer-engine-float16",
-    "32",
-    "16",
-    "bf16",
-    "64",
+    *("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "transformer-engine"),
+    *("transformer-engine-float16", "32", "16", "bf16", "64"),
 )
 
 #: keys of :class:`TrainerConfig` that vitlab uses itself, not passed to Lightning

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -13,8 +14,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vitlab import manifest
+from vitlab.acceleration import PrecisionChoice, choose_precision
 from vitlab.atomic import environment_error
 from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.config.loss import build_loss
@@ -30,13 +36,23 @@ from vitlab.models.registry import constructor_args, get_preset
 from vitlab.models.sizing import parameter_count
 from vitlab.rundir import (
     ATTENTION_PATHS_FILE,
+    METRICS_FILE,
     TENSORBOARD_DIR,
     TEST_METRICS_FILE,
     RunDir,
     config_with_overrides,
     locate_checkpoint,
 )
-from vitlab.training.console import console_progress_bar, quiet_lightning, quiet_warnings
+from vitlab.training.callbacks import (
+    AtomicCheckpointIO,
+    DDPConsistencyCheck,
+    EpochSeed,
+    FlushMetrics,
+    JSONLinesLogger,
+    PartStats,
+    StepTimer,
+)
+from vitlab.training.console import EpochLines, ProgressBar, console_progress_bar, quiet_lightning, quiet_warnings
 from vitlab.training.finetune import pretrained_normalisation, setup_finetuning
 from vitlab.training.preflight import (
     absolute_data_paths,
@@ -50,7 +66,6 @@ from vitlab.training.preflight import (
 from vitlab.training.resume import Resume, read_resume, record_resume
 from vitlab.training.run_folder import claim_run_dir, is_launching_process, recovery_hint, run_dir_path
 from vitlab.training.tasks import BaseTask, ClassificationTask
-from vitlab.training.trainer import make_trainer, run_callbacks, run_precision
 
 #: the files TensorBoard writes into ``tb/`` (a user's file beside them stays)
 TENSORBOARD_FILES = ("events.out.tfevents.*", "hparams.yaml")
@@ -119,6 +134,87 @@ def task_class_for(model_class: type) -> type[BaseTask]:
     return ClassificationTask if family is None else family.task_class()
 
 
+def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask, validate: bool = True) -> list[pl.Callback]:
+    """The run's callbacks; without a validation set (``validate=False``) ``best.ckpt`` is the last epoch's."""
+    monitor, mode = task.monitor if validate else ("step", "max")
+    ckpt_dir = RunDir(run_dir).checkpoints_dir
+    callbacks: list[pl.Callback] = [
+        ModelCheckpoint(
+            dirpath=ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1, enable_version_counter=False
+        ),
+        # Lightning's save_last only copies when a monitored checkpoint is written; resuming needs every epoch.
+        ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False),
+        EpochSeed(cfg.run.seed),
+        FlushMetrics(),
+        DDPConsistencyCheck(run_dir),
+        *task.extra_callbacks(run_dir),
+    ]
+    if cfg.dynamics is not None:
+        callbacks.append(DynamicsController.from_config(cfg.dynamics, run_dir))
+    if cfg.run.part_stats_every:
+        callbacks.append(PartStats(cfg.run.part_stats_every))
+    callbacks.append(StepTimer(run_dir))  # after the controller, so the epoch time includes its measurement
+    if console_progress_bar(cfg):
+        callbacks.append(ProgressBar(refresh_rate=max(1, min(20, cfg.trainer.log_every_n_steps))))
+    else:
+        callbacks.append(EpochLines())
+    return callbacks
+
+
+def run_precision(cfg: RunConfig) -> PrecisionChoice:
+    """The precision of ``cfg``'s trainer, ``auto`` resolved for its accelerator (:func:`choose_precision`)."""
+    return choose_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator))
+
+
+def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback], validate: bool = True) -> pl.Trainer:
+    """The run's trainer; a ``trainer.*`` value Lightning refuses is a :class:`ConfigError` naming it."""
+    kwargs = cfg.trainer.lightning_kwargs()
+    kwargs["precision"] = run_precision(cfg).precision
+    kwargs["enable_progress_bar"] = console_progress_bar(cfg)
+    if not validate:
+        kwargs["limit_val_batches"] = 0
+    quiet_lightning()
+    loggers = [
+        TensorBoardLogger(str(run_dir), name=TENSORBOARD_DIR, version=""),
+        JSONLinesLogger(run_dir / METRICS_FILE),
+    ]
+    with quiet_warnings():
+        try:
+            trainer = pl.Trainer(
+                **kwargs,
+                enable_model_summary=False,  # fit prints one line instead (Lightning's table: a FLOPs column of zeros)
+                default_root_dir=str(run_dir),
+                gradient_clip_val=cfg.optim.grad_clip,
+                gradient_clip_algorithm="norm",
+                callbacks=callbacks,
+                logger=loggers,
+                plugins=[AtomicCheckpointIO()],
+            )
+        except (ValueError, TypeError, MisconfigurationException) as e:  # Lightning's answer to a bad trainer.* value
+            if isinstance(e, VitlabError):
+                raise
+            first = str(e).split(". ")[0].rstrip(".")
+            raise ConfigError(f"the trainer.* settings are not valid for Lightning: {first}; fix that setting") from e
+    share_cpu_threads(trainer)
+    if cfg.dynamics is not None and cfg.dynamics.freezes_layers and isinstance(trainer.strategy, DDPStrategy):
+        # Frozen blocks stop producing gradients mid-run: DDP must look for unused parameters at every step, else
+        # its buckets wait for gradients that never come and the replicas part (Lightning's
+        # ddp_find_unused_parameters_true, whatever strategy name chose DDP).
+        trainer.strategy._ddp_kwargs["find_unused_parameters"] = True
+    return trainer
+
+
+def share_cpu_threads(trainer: pl.Trainer) -> None:
+    """Several CPU processes on one machine: give each ``cores / processes`` threads.
+
+    Oversubscribed OpenMP threads wait for each other at every barrier; on a 2-core machine two DDP processes
+    with two threads each run small ops tens of times slower than with one thread each.
+    """
+    if trainer.world_size > 1 and isinstance(trainer.accelerator, pl.accelerators.CPUAccelerator):
+        local = max(1, trainer.world_size // max(1, trainer.num_nodes))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+
+
 def _checked_data(cfg: RunConfig, stored: dict[str, Any] | None) -> tuple[VisionDataModule, dict[str, Any]]:
     """The data module, set up and checked (a first batch fits, the data trains), and its description."""
     dm = build_datamodule(cfg.data)
@@ -171,7 +267,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
     task = build_task(cfg, model, hparams)
     validate = len(dm.val_set) > 0  # data.val_fraction=0: no validation loop, best.ckpt is the last epoch's
     check_schedule(cfg, validate=validate)
-    all_callbacks = run_callbacks(cfg, run_dir, task, validate)
+    all_callbacks = _callbacks(cfg, run_dir, task, validate)
     example = torch.zeros(1, info["in_chans"], info["img_size"], info["img_size"])
     for callback in all_callbacks:  # the controller's model check, before the run folder exists
         if isinstance(callback, DynamicsController):
@@ -295,18 +391,23 @@ def test_once(
         torch.distributed.destroy_process_group()  # rank 0's metrics must not wait for the other ranks to sync
     if not trainer.is_global_zero:
         return {}
-    single = pl.Trainer(
-        accelerator=trainer.accelerator,
-        devices=1,
-        enable_checkpointing=False,
-        precision=TEST_PRECISION,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_test_batches=cfg.trainer.limit_test_batches,
-    )
+    single = _test_trainer(trainer.accelerator, progress_bar=False, limit_test_batches=cfg.trainer.limit_test_batches)
     results = single.test(task, datamodule=dm, ckpt_path=ckpt, verbose=False, weights_only=True)
     return results[0] if results else {}
+
+
+def _test_trainer(accelerator: Any, *, progress_bar: bool, limit_test_batches: float | int | None = None) -> pl.Trainer:
+    """A one-device trainer in :data:`TEST_PRECISION` that logs and saves nothing."""
+    return pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        precision=TEST_PRECISION,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=progress_bar,
+        limit_test_batches=limit_test_batches,
+    )
 
 
 def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | None = None) -> dict[str, float]:
@@ -322,15 +423,7 @@ def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | Non
     task = build_task(cfg, model, hp)
     quiet_lightning()
     with quiet_warnings():
-        trainer = pl.Trainer(
-            accelerator=cfg.trainer.accelerator,
-            devices=1,
-            precision=TEST_PRECISION,
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=console_progress_bar(cfg),
-        )
+        trainer = _test_trainer(cfg.trainer.accelerator, progress_bar=console_progress_bar(cfg))
         run = trainer.validate if stage == "validate" else trainer.test
         results = run(task, datamodule=dm, ckpt_path=str(ckpt), verbose=False, weights_only=True)
     return results[0] if results else {}
