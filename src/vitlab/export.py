@@ -237,15 +237,7 @@ def export_model(
     out_dir = Path(out_dir).expanduser().absolute()
     if not hasattr(model, "preset"):
         raise ValueError("only models built with vitlab.create_model can be exported (they record their preset)")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ExportError(f"export folder {out_dir} is a file, not a folder; pass --out a new or empty folder")
-    existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
-    if existing and not force:
-        shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
-        raise ExportError(
-            f"export folder {out_dir} is not empty ({shown}); pass a new or empty folder to --out, or --force to "
-            f"replace only the export's own files ({', '.join(EXPORT_FILES)})"
-        )
+    existing = _existing_files(out_dir, force)
     earlier = _check_force(out_dir, formats) if existing else []
     if out_dir.is_symlink():  # checked: nothing is replaced through it; staged beside the folder it points to
         out_dir = out_dir.resolve()
@@ -272,6 +264,21 @@ def export_model(
             raise
         raise OSError(e.errno, e.strerror, str(out_dir)) from e
     return out_dir
+
+
+def _existing_files(out_dir: Path, force: bool) -> list[str]:
+    """The names in ``out_dir`` (``[]`` for a new folder); a file there, or a folder with files and no ``force``, is
+    an :class:`ExportError`."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"export folder {out_dir} is a file, not a folder; pass --out a new or empty folder")
+    existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if existing and not force:
+        shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
+        raise ExportError(
+            f"export folder {out_dir} is not empty ({shown}); pass a new or empty folder to --out, or --force to "
+            f"replace only the export's own files ({', '.join(EXPORT_FILES)})"
+        )
+    return existing
 
 
 def _save_weights(model: nn.Module, path: Path) -> None:

@@ -2,12 +2,13 @@
 
 Every command reads or writes the folder ``vitlab fit`` makes; this module owns it. It holds the file names
 (constants), the rule that finds the model in a run directory, an export folder or a checkpoint
-(:func:`locate_model`), the one JSON-lines reader (:func:`read_jsonl`), atomic writes, the final metrics of a run in
-one schema (:meth:`RunDir.final_metrics`), the resolved config with overrides (:meth:`RunDir.config`) and the
-``env.json`` it writes (the probing itself is :mod:`vitlab.environment`), and whether a folder may take a new run
-(:meth:`RunDir.take_for_new_run`, by the folder's manifest). It sits near the bottom of the package: it imports
-only ``atomic``, ``manifest``, ``environment``, ``config`` and ``errors``; training writes through it, evaluation,
-compare, the report and the plots read through it.
+(:func:`locate_model`), the final metrics of a run in one schema (:meth:`RunDir.final_metrics`), the resolved config
+with overrides (:meth:`RunDir.config`) and the ``env.json`` it writes (the probing itself is
+:mod:`vitlab.environment`), and whether a folder may take a new run (:meth:`RunDir.take_for_new_run`, by the folder's
+manifest). The JSON readers are :mod:`vitlab.jsonio`'s and the atomic writes :mod:`vitlab.atomic`'s (their names are
+also this module's). It sits near the bottom of the package: it imports only ``atomic``, ``manifest``,
+``environment``, ``config``, ``jsonio`` and ``errors``; training writes through it, evaluation, compare, the report
+and the plots read through it.
 
 The layout, file by file: docs/rundir.md.
 
@@ -36,6 +37,8 @@ from vitlab.atomic import write_output as write_output
 from vitlab.environment import environment as environment
 from vitlab.errors import CheckpointError, ConfigError, RunDirError
 from vitlab.jsonio import flatten
+from vitlab.jsonio import read_json as read_json
+from vitlab.jsonio import read_jsonl as read_jsonl
 
 if TYPE_CHECKING:
     from vitlab.config import RunConfig
@@ -90,47 +93,6 @@ RUN_FILES = (
 )
 #: sections of evaluation.json that hold per-run metrics (``run`` is provenance, ``per_class`` a table)
 EVALUATION_SECTIONS = ("test", "calibration", "test_calibrated", "tta", "corruptions", "mean_corrupted", "assignment")
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Writing and reading files
-# -------------------------------------------------------------------------------------------------------------------
-
-
-def read_json(path: str | Path) -> Any:
-    """A JSON file; invalid JSON is a :class:`ConfigError` that names the file."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e}); delete it or write it again") from e
-
-
-def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]:
-    """The records of a JSON-lines file (``[]`` when it does not exist).
-
-    With ``key`` (``"epoch"``, ``"step"``), lines with the same value of ``key`` (an epoch written again after a
-    resume, or in two halves) are merged, later values winning, and the records come back sorted by ``key``.
-    A last line cut off by a writer still at work is skipped; a broken line before it is a :class:`ConfigError`.
-    """
-    path = Path(path)
-    if not path.exists():
-        return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if number == len(lines):
-                break
-            raise ConfigError(f"{path}, line {number}, is not valid JSON ({e}); delete the line or the file") from e
-    if key is None:
-        return records
-    merged: dict[Any, dict[str, Any]] = {}
-    for record in records:
-        merged.setdefault(record[key], {}).update(record)
-    return [merged[k] for k in sorted(merged)]
 
 
 # -------------------------------------------------------------------------------------------------------------------

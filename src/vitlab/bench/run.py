@@ -63,6 +63,8 @@ def bench(
     :mod:`vitlab.layers.attention_path` in this process), each network's ``description``, ``spec``, ``runner`` and
     ``peak_memory`` (with ``memory``), and the per-round throughput ratios ``ours_over_<other>`` for the networks of
     :data:`COMPARED` that ran, ``{clock: {phase: summary}}``.
+
+    Long because its body records each of its eighteen options by name in ``settings``.
     """
     choice = _check_options(precision, device, vs, compile_mode, batch_size=batch_size, repeats=repeats, warmup=warmup)
     settings = dict(

@@ -240,35 +240,54 @@ def measure_networks(
     flops = {name: training_flops_per_image(network.to(device)) for name, network in networks.items()}
     peak_precisions = [precision] if precision == "32-true" else [precision, "32-true"]
     matmuls = {p: _Matmul(matmul_size, p, device) for p in peak_precisions}
-    tasks = {f"matmul {p}": _Task(matmul) for p, matmul in matmuls.items()}
     default = Runner(compile="model") if compile else Runner()
     runners = {name: (runners or {}).get(name, default) for name in networks}
-    for name, network in networks.items():
-        subject = Subject(network, batch_size=batch_size, precision=precision, device=device, runner=runners[name])
-        tasks[f"{name} train"] = _Task(subject.train_step)
-        tasks[f"{name} inference"] = _Task(subject.inference)
+    tasks = _timing_tasks(networks, runners, matmuls, batch_size=batch_size, precision=precision, device=device)
     _measure_alternating(tasks, repeats=repeats, warmup=warmup, sample_seconds=sample_seconds, device=device)
+    peak_flops, peaks = _matmul_peaks(tasks, matmuls, precision, clocks, matmul_size)
+    seconds = {
+        name: {phase: {clock: tasks[f"{name} {phase}"].seconds[clock] for clock in clocks} for phase in PHASES}
+        for name in networks
+    }
+    networks_record = {
+        name: _network_record(network, runners[name], flops[name], seconds[name], batch_size, precision, peak_flops)
+        for name, network in networks.items()
+    }
+    return {"clocks": list(clocks), **peaks, "networks": networks_record}
+
+
+def _timing_tasks(
+    networks: dict[str, nn.Module], runners: dict[str, Runner], matmuls: dict[str, _Matmul], **subject: Any
+) -> dict[str, _Task]:
+    """What :func:`measure_networks` times in turn: each matmul peak, each network's training step and inference
+    (``subject``: the :class:`Subject` keywords ``batch_size``, ``precision``, ``device``)."""
+    tasks = {f"matmul {p}": _Task(matmul) for p, matmul in matmuls.items()}
+    for name, network in networks.items():
+        timed = Subject(network, **subject, runner=runners[name])
+        tasks[f"{name} train"] = _Task(timed.train_step)
+        tasks[f"{name} inference"] = _Task(timed.inference)
+    return tasks
+
+
+def _matmul_peaks(
+    tasks: dict[str, _Task], matmuls: dict[str, _Matmul], precision: str, clocks: tuple[str, ...], size: int
+) -> tuple[dict[tuple[str, str], list[float]], dict[str, Any]]:
+    """The matmul peak per round, ``{(precision, clock): [flops/s]}``, and its records: ``matmul_peak`` (the run's
+    precision) and, for a bf16 run, ``matmul_peak_fp32``, each summarised per clock."""
     peak_flops = {
         (p, clock): [matmul.flops / s for s in tasks[f"matmul {p}"].seconds[clock]]
         for p, matmul in matmuls.items()
         for clock in clocks
     }
-    result: dict[str, Any] = {"clocks": list(clocks)}
-    for p in peak_precisions:
-        result["matmul_peak" if p == precision else "matmul_peak_fp32"] = {
-            "size": matmul_size,
+    records = {
+        "matmul_peak" if p == precision else "matmul_peak_fp32": {
+            "size": size,
             "precision": p,
             "flops_per_s": {clock: quartile_summary(peak_flops[p, clock]) for clock in clocks},
         }
-    seconds = {
-        name: {phase: {clock: tasks[f"{name} {phase}"].seconds[clock] for clock in clocks} for phase in PHASES}
-        for name in networks
+        for p in matmuls
     }
-    result["networks"] = {
-        name: _network_record(network, runners[name], flops[name], seconds[name], batch_size, precision, peak_flops)
-        for name, network in networks.items()
-    }
-    return result
+    return peak_flops, records
 
 
 def _network_record(

@@ -63,40 +63,41 @@ def _evaluate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     p.add_argument("--out", help="output folder (default: <run>/evaluation)")
     p.add_argument("--force", action="store_true", help="replace the evaluation files in an --out folder that has them")
+    return _run_evaluate
 
-    def run(args: argparse.Namespace, overrides: list[str]) -> int:
-        from vitlab.config import parse_overrides
-        from vitlab.errors import ConfigError
-        from vitlab.evaluation.evaluate import EVALUATION_FILE, RELIABILITY_FILE, evaluate_run, format_evaluation
-        from vitlab.rundir import check_outputs
 
-        bad = [s for s in args.severities if not 1 <= s <= 5]
-        if bad:
-            raise ConfigError(f"--severities takes corruption severities 1..5, got {' '.join(map(str, bad))}")
-        if args.out and not _holds_an_evaluation(Path(args.out)):  # an earlier `vitlab evaluate --out` is replaced
-            check_outputs([Path(args.out) / EVALUATION_FILE, Path(args.out) / RELIABILITY_FILE], force=args.force)
+def _run_evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
+    """``vitlab evaluate``: check the options and the ``--out`` folder, run the suite, print its summary."""
+    from vitlab.config import parse_overrides
+    from vitlab.errors import ConfigError
+    from vitlab.evaluation.evaluate import EVALUATION_FILE, RELIABILITY_FILE, evaluate_run, format_evaluation
+    from vitlab.rundir import check_outputs
 
-        model_overrides = parse_overrides([item for group in args.model or [] for item in group])
-        results = evaluate_run(
-            args.target,
-            data_overrides=data_overrides(args, overrides),
-            tta_views=args.tta_views,
-            hflip=args.hflip,
-            tta_shift=args.tta_shift,
-            corruptions=not args.no_corruptions,
-            severities=tuple(args.severities),
-            seed=args.seed,
-            device=args.device,
-            max_batches=args.max_batches,
-            out_dir=args.out,
-            model_overrides=model_overrides,
-        )
-        print(format_evaluation(results))
-        out = Path(results["run"]["out_dir"])
-        print(f"written: {out / EVALUATION_FILE}, {out / results['files']['reliability']}")
-        return 0
+    bad = [s for s in args.severities if not 1 <= s <= 5]
+    if bad:
+        raise ConfigError(f"--severities takes corruption severities 1..5, got {' '.join(map(str, bad))}")
+    if args.out and not _holds_an_evaluation(Path(args.out)):  # an earlier `vitlab evaluate --out` is replaced
+        check_outputs([Path(args.out) / EVALUATION_FILE, Path(args.out) / RELIABILITY_FILE], force=args.force)
 
-    return run
+    model_overrides = parse_overrides([item for group in args.model or [] for item in group])
+    results = evaluate_run(
+        args.target,
+        data_overrides=data_overrides(args, overrides),
+        tta_views=args.tta_views,
+        hflip=args.hflip,
+        tta_shift=args.tta_shift,
+        corruptions=not args.no_corruptions,
+        severities=tuple(args.severities),
+        seed=args.seed,
+        device=args.device,
+        max_batches=args.max_batches,
+        out_dir=args.out,
+        model_overrides=model_overrides,
+    )
+    print(format_evaluation(results))
+    out = Path(results["run"]["out_dir"])
+    print(f"written: {out / EVALUATION_FILE}, {out / results['files']['reliability']}")
+    return 0
 
 
 def _holds_an_evaluation(folder: Path) -> bool:

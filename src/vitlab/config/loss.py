@@ -4,7 +4,7 @@
 The section holds the keys the config sets (the task builds its dataclass from them, the defaults filling the rest),
 each checked and typed by that dataclass, its own checks included. A key the task does not use is refused, another
 task's key as well (it would train silently without effect); a config file that changes the model to one of another
-task starts the ``loss`` section from a clean slate (``vitlab.config.deep_merge``).
+task starts the ``loss`` section from a clean slate (``vitlab.config.files.deep_merge``).
 """
 
 from __future__ import annotations

@@ -308,6 +308,29 @@ def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
     """A ``.npz`` file with ``x_train, y_train, x_test, y_test`` (uint8 images NHW or NHWC; int labels ``[N]``, or
     a 0/1 attribute matrix ``[N, K]`` whose class column ``cfg.target`` names via ``attr_names`` or indexes).
     Optional ``class_names`` names the classes of single-label files."""
+    path, arrays = _read_npz(cfg)
+    images = {key: _images_nchw(arrays[key], f"npz {key}") for key in ("x_train", "x_test")}
+    check_split_channels(images, f"npz {path}")
+    for split in ("train", "test"):
+        if len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
+            raise DataError(
+                f"npz: {path} has {len(arrays[f'x_{split}'])} images in x_{split} but {len(arrays[f'y_{split}'])} "
+                f"labels in y_{split}; they must match one to one"
+            )
+        if len(arrays[f"x_{split}"]) == 0:
+            raise DataError(f"npz: x_{split} of {path} holds no image; a run needs training and test images")
+    y_train, y_test, class_names = _npz_labels(cfg, arrays, path)
+    size = cfg.img_size or min(images["x_train"].shape[-2:])
+    return DatasetSource(
+        train=TensorImagePool(images["x_train"], y_train, size=size),
+        val=None,
+        test=TensorImagePool(images["x_test"], y_test, size=size),
+        class_names=class_names,
+    )
+
+
+def _read_npz(cfg: DataConfig) -> tuple[Path, dict[str, np.ndarray]]:
+    """The file ``data.path`` names and its arrays, every one :data:`NPZ_KEYS` names there."""
     fix = "Set data.path= to the .npz file (absolute, or relative to data.root)."
     if cfg.path is None:
         raise DataError(f"npz: no file given. {fix}")
@@ -328,41 +351,33 @@ def _load_npz(cfg: DataConfig, download: bool) -> DatasetSource:
                 f"npz: {path} lacks {', '.join(missing)} (has: {', '.join(file.files)}). It needs x_train, y_train, "
                 "x_test, y_test: uint8 images NHW or NHWC, labels [N] or a 0/1 attribute matrix [N, K]."
             )
-        arrays = {key: _npz_array(file, key, path) for key in (*NPZ_KEYS, "attr_names", "class_names") if key in file}
-    attr_names = [str(name) for name in arrays["attr_names"]] if "attr_names" in arrays else None
-    stored_names = [str(name) for name in arrays["class_names"]] if "class_names" in arrays else None
-    images = {key: _images_nchw(arrays[key], f"npz {key}") for key in ("x_train", "x_test")}
-    check_split_channels(images, f"npz {path}")
-    for split in ("train", "test"):
-        if len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
-            raise DataError(
-                f"npz: {path} has {len(arrays[f'x_{split}'])} images in x_{split} but {len(arrays[f'y_{split}'])} "
-                f"labels in y_{split}; they must match one to one"
-            )
-        if len(arrays[f"x_{split}"]) == 0:
-            raise DataError(f"npz: x_{split} of {path} holds no image; a run needs training and test images")
+        return path, {
+            key: _npz_array(file, key, path) for key in (*NPZ_KEYS, "attr_names", "class_names") if key in file
+        }
+
+
+def _npz_labels(
+    cfg: DataConfig, arrays: dict[str, np.ndarray], path: Path
+) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """``y_train, y_test`` as class indices and the class names: one attribute's column of a 0/1 matrix
+    (``data.target``), or single labels named by the file's ``class_names`` or by their numbers."""
     if arrays["y_train"].ndim == 2:
+        attr_names = [str(name) for name in arrays["attr_names"]] if "attr_names" in arrays else None
         y_train, class_names = _binary_attribute(arrays["y_train"], attr_names, cfg.target, f"npz {path}")
         y_test, _ = _binary_attribute(arrays["y_test"], attr_names, cfg.target, f"npz {path}")
-    else:
-        if cfg.target is not None:
-            raise DataError(
-                f"npz: data.target={cfg.target!r} given but y_train of {path} is single-label [N]; unset data.target"
-            )
-        y_train, y_test = (_class_indices(arrays[key], f"npz {key} of {path}") for key in ("y_train", "y_test"))
-        num_classes = len(stored_names) if stored_names else int(y_train.max()) + 1
-        problem = class_names_problem(stored_names, num_classes) if stored_names else None
-        if problem:
-            raise DataError(f"npz: the class_names of {path} {problem}; give each class its own name")
-        _check_label_range(y_train, y_test, num_classes, stored_names is not None, f"npz {path}")
-        class_names = stored_names or [str(label) for label in range(num_classes)]
-    size = cfg.img_size or min(images["x_train"].shape[-2:])
-    return DatasetSource(
-        train=TensorImagePool(images["x_train"], y_train, size=size),
-        val=None,
-        test=TensorImagePool(images["x_test"], y_test, size=size),
-        class_names=class_names,
-    )
+        return y_train, y_test, class_names
+    if cfg.target is not None:
+        raise DataError(
+            f"npz: data.target={cfg.target!r} given but y_train of {path} is single-label [N]; unset data.target"
+        )
+    stored_names = [str(name) for name in arrays["class_names"]] if "class_names" in arrays else None
+    y_train, y_test = (_class_indices(arrays[key], f"npz {key} of {path}") for key in ("y_train", "y_test"))
+    num_classes = len(stored_names) if stored_names else int(y_train.max()) + 1
+    problem = class_names_problem(stored_names, num_classes) if stored_names else None
+    if problem:
+        raise DataError(f"npz: the class_names of {path} {problem}; give each class its own name")
+    _check_label_range(y_train, y_test, num_classes, stored_names is not None, f"npz {path}")
+    return y_train, y_test, stored_names or [str(label) for label in range(num_classes)]
 
 
 _LOADERS = {

@@ -111,19 +111,7 @@ def load_imagefolder(cfg: DataConfig, download: bool) -> DatasetSource:
             f"imagefolder: no readable image ({', '.join(IMG_EXTENSIONS)}) in the class folders of {train_dir}. "
             f"{layout}"
         )
-    counts = Counter(label for _, label in train_samples)
-    empty = [name for label, name in enumerate(class_names) if counts[label] == 0]
-    if empty:
-        raise DataError(
-            f"imagefolder: class folder{'s' * (len(empty) > 1)} {', '.join(str(train_dir / n) for n in empty)} "
-            f"{'hold' if len(empty) > 1 else 'holds'} no readable image; add images, or remove the folder (every "
-            "class folder is a class)"
-        )
-    if len(class_names) < 2:
-        raise DataError(
-            f"imagefolder: {train_dir} has one class folder ({class_names[0]}); a classifier needs at least two: "
-            f"put each class's images in its own folder under {train_dir}"
-        )
+    _check_classes(train_dir, class_names, train_samples)
     if cfg.in_chans is not None:
         mode = "L" if cfg.in_chans == 1 else "RGB"
     else:
@@ -142,3 +130,20 @@ def load_imagefolder(cfg: DataConfig, download: bool) -> DatasetSource:
         return pool(samples)
 
     return DatasetSource(pool(train_samples), optional_pool("val"), optional_pool("test"), class_names)
+
+
+def _check_classes(train_dir: Path, class_names: list[str], train_samples: list[tuple[Path, int]]) -> None:
+    """Every class folder holds a readable training image, and there are at least two classes."""
+    counts = Counter(label for _, label in train_samples)
+    empty = [name for label, name in enumerate(class_names) if counts[label] == 0]
+    if empty:
+        raise DataError(
+            f"imagefolder: class folder{'s' * (len(empty) > 1)} {', '.join(str(train_dir / n) for n in empty)} "
+            f"{'hold' if len(empty) > 1 else 'holds'} no readable image; add images, or remove the folder (every "
+            "class folder is a class)"
+        )
+    if len(class_names) < 2:
+        raise DataError(
+            f"imagefolder: {train_dir} has one class folder ({class_names[0]}); a classifier needs at least two: "
+            f"put each class's images in its own folder under {train_dir}"
+        )

@@ -17,9 +17,10 @@ from vitlab.evaluation.corruptions import (
     scale_contrast,
     shift_brightness,
 )
-from vitlab.evaluation.evaluate import evaluate_run, format_evaluation, load_evaluation_target
+from vitlab.evaluation.evaluate import evaluate_run, format_evaluation
 from vitlab.evaluation.outputs import build_tta_views, classifier_logits, logits_and_assignment, translate
 from vitlab.evaluation.stats import correlation_report, summarize, welch_ttest
+from vitlab.evaluation.target import load_evaluation_target
 
 __all__ = [
     "CORRUPTIONS",

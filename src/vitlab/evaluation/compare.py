@@ -93,18 +93,7 @@ def compare_runs(
         if first is not run_dir:
             spelled = f" (as {first} and {run_dir})" if str(first) != str(run_dir) else ""
             raise ConfigError(f"run {run_dir} is given twice{spelled}; each run is one seed: pass every run once")
-    groups: dict[str, dict[str, Any]] = {}
-    datasets: dict[str, list[str]] = {}
-    for run_dir in map(Path, run_dirs):
-        config = RunDir(run_dir).config_dict()
-        datasets.setdefault(dataset_label(config.get("data") or {}), []).append(str(run_dir))
-        group = groups.setdefault(_group_label(config, group_by, run_dir), {"runs": [], "seeds": [], "values": {}})
-        group["runs"].append(str(run_dir))
-        group["seeds"].append((config.get("run") or {}).get("seed"))
-        for key, value in run_metrics(run_dir).items():
-            group["values"].setdefault(key, []).append(value)
-    for group in groups.values():
-        group["metrics"] = {key: summarize(values) for key, values in group["values"].items()}
+    groups, datasets = _group_runs(run_dirs, group_by)
     if not any(metric in group["values"] for group in groups.values()):
         available = sorted(set().union(*(group["values"] for group in groups.values())))
         raise ConfigError(f"no run has the metric {metric!r}; available: {', '.join(available)}")
@@ -124,6 +113,25 @@ def compare_runs(
         "groups": groups,
         "tests": [_welch(groups, a, b, metric) for a, b in pairings],
     }
+
+
+def _group_runs(
+    run_dirs: Sequence[str | Path], group_by: str
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """The runs by group (``runs``, ``seeds``, per-run ``values`` and their ``metrics`` summaries) and by dataset."""
+    groups: dict[str, dict[str, Any]] = {}
+    datasets: dict[str, list[str]] = {}
+    for run_dir in map(Path, run_dirs):
+        config = RunDir(run_dir).config_dict()
+        datasets.setdefault(dataset_label(config.get("data") or {}), []).append(str(run_dir))
+        group = groups.setdefault(_group_label(config, group_by, run_dir), {"runs": [], "seeds": [], "values": {}})
+        group["runs"].append(str(run_dir))
+        group["seeds"].append((config.get("run") or {}).get("seed"))
+        for key, value in run_metrics(run_dir).items():
+            group["values"].setdefault(key, []).append(value)
+    for group in groups.values():
+        group["metrics"] = {key: summarize(values) for key, values in group["values"].items()}
+    return groups, datasets
 
 
 def dataset_label(data: Mapping[str, Any]) -> str:

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vitlab.config import DataConfig, check_seed, deep_merge, from_dict, parse_overrides, to_dict
-from vitlab.data import VisionDataModule, build_datamodule, denormalize
+from vitlab.config import check_seed
+from vitlab.data import VisionDataModule, denormalize
 from vitlab.data import normalize as normalize_pixels
 from vitlab.errors import ConfigError
 from vitlab.evaluation.calibration import calibration_split_eval, reliability_diagram
@@ -41,117 +41,20 @@ from vitlab.evaluation.outputs import (
     logits_and_assignment,
 )
 from vitlab.evaluation.stats import per_class_mean
+from vitlab.evaluation.target import EvaluationTarget, load_evaluation_target
 from vitlab.evaluation.terminal import format_evaluation
-from vitlab.export import load_model, model_from_checkpoint
 from vitlab.family import family_of, resolve
 from vitlab.jsonio import finite_or_none
 from vitlab.progress import progress
 from vitlab.rundir import (
-    EVALUATION_DIR,
     EVALUATION_FILE,
-    EXPORT_CONFIG_FILE,
-    RunDir,
     atomic_write_json,
-    locate_model,
-    read_json,
 )
 
 SEVERITIES = (1, 2, 3, 4, 5)
 #: datasets whose classes survive a horizontal flip (natural images); digits, MNIST and SVHN do not
 FLIP_INVARIANT_DATASETS = frozenset({"cifar10", "cifar100", "celeba", "tiny-imagenet"})
 RELIABILITY_FILE = "reliability.png"
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# Loading a run
-# -------------------------------------------------------------------------------------------------------------------
-@dataclass
-class EvaluationTarget:
-    """A model ready to evaluate with its data: what :func:`load_evaluation_target` finds at a path.
-
-    ``mean`` / ``std`` are the normalisation the model was trained with; ``out_dir`` the default output folder;
-    ``run_model`` the run's :meth:`~vitlab.rundir.RunDir.model_state` when it was loaded (None without a run).
-    """
-
-    model: nn.Module
-    datamodule: VisionDataModule
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    out_dir: Path
-    source: Path
-    train_hflip: bool
-    run_model: str | None = None
-
-
-def _data_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
-    """``["batch_size=32", "augment.hflip=true"]`` or ``{"batch_size": 32, "augment.hflip": True}`` -> nested."""
-    if overrides is None:
-        return {}
-    if isinstance(overrides, Mapping):
-        nested: dict[str, Any] = {}
-        for key, value in overrides.items():
-            *parents, leaf = key.split(".")
-            node = nested
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
-        return nested
-    return parse_overrides([overrides] if isinstance(overrides, str) else list(overrides))
-
-
-def load_evaluation_target(
-    path: str | Path,
-    data_overrides: Mapping[str, Any] | Sequence[str] | None = None,
-    device: str | torch.device = "cpu",
-    model_overrides: Mapping[str, Any] | None = None,
-) -> EvaluationTarget:
-    """Load the model at ``path`` (run directory, export folder or ``.ckpt``) and the data module it was trained on.
-
-    The data config comes from the run's ``config.yaml`` (or the checkpoint's stored config, or, for a lone export,
-    ``DataConfig(name=<dataset in config.json>)``), with ``data_overrides`` (keys of the ``data`` section) applied.
-    The output folder defaults to ``<run>/evaluation`` (``<export>/evaluation`` for a lone export).
-    ``model_overrides``: constructor options that leave the weights alone (``{"tome_r": 8}``); see
-    :func:`vitlab.export.load_model`.
-    """
-    location = locate_model(path)
-    run_dir, source = location.run_dir, location.source
-    stored_data: dict[str, Any] | None = None
-    if source.is_dir():
-        model = load_model(source, map_location=device, overrides=dict(model_overrides or {}))
-        info = read_json(source / EXPORT_CONFIG_FILE).get("data") or {}
-    else:
-        model, hparams = model_from_checkpoint(source, dict(model_overrides or {}))
-        model = model.to(device).eval()
-        info, stored_data = hparams["data_info"], hparams["config"].get("data")
-    if run_dir is not None:
-        data_cfg = to_dict(RunDir(run_dir).config().data)
-    elif stored_data is not None:
-        data_cfg = stored_data
-    elif "dataset" in info:
-        data_cfg = {"name": info["dataset"]}
-    else:
-        raise ConfigError(
-            f"{source} does not say which dataset it was trained on; pass the run directory, or name the data "
-            "with --data name=<dataset>"
-        )
-    data_cfg = from_dict(DataConfig, deep_merge(data_cfg, _data_overrides(data_overrides)), "data")
-    datamodule = build_datamodule(data_cfg)
-    for key, data_value in (
-        ("num_classes", datamodule.num_classes),
-        ("in_chans", datamodule.in_chans),
-        ("img_size", datamodule.img_size),
-    ):
-        if key in info and info[key] != data_value:
-            fix = f"img_size={info[key]}" if key == "img_size" else f"name={info.get('dataset', '<dataset>')}"
-            raise ConfigError(
-                f"the model was trained with {key}={info[key]} but the data gives {key}={data_value}; evaluate on "
-                f"the data it was trained on (--data {fix})"
-            )
-    mean = tuple(info["mean"]) if "mean" in info else datamodule.mean
-    std = tuple(info["std"]) if "std" in info else datamodule.std
-    out_dir = (run_dir if run_dir is not None else source if source.is_dir() else source.parent) / EVALUATION_DIR
-    run_model = RunDir(run_dir).model_state() if run_dir is not None else None
-    return EvaluationTarget(model, datamodule, mean, std, out_dir, source, data_cfg.augment.hflip, run_model)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -351,25 +254,16 @@ def evaluate_run(
     """
     _check_options(tta_views, severities, max_batches, tta_shift, seed)
     target = load_evaluation_target(run_dir_or_export, data_overrides, device, model_overrides)
-    model, dm = target.model.eval(), target.datamodule
+    target.model.eval()
+    dm = target.datamodule
     dm.setup()
-    flip_allowed = (target.train_hflip or dm.cfg.name in FLIP_INVARIANT_DATASETS) if hflip is None else hflip
-    shift = default_tta_shift(dm.img_size) if tta_shift is None else tta_shift
-    views = build_tta_views(tta_views, hflip=flip_allowed, shift=shift)
+    views = _tta_views(target, tta_views, hflip, tta_shift)
     corrupted = [(name, severity) for name in (CORRUPTIONS if corruptions else []) for severity in severities]
     val_logits, val_labels, test, evaluation = _predict(target, views, corrupted, seed, device, max_batches)
     calibration = calibration_split_eval(val_logits, val_labels, seed=seed, n_bins=N_BINS)
     suffix = "".join(f"-{key}={value}" for key, value in sorted((model_overrides or {}).items()))
     out = Path(out_dir) if out_dir is not None else target.out_dir.with_name(target.out_dir.name + suffix)
-    temperature = calibration["temperature"]
-    reliability_diagram(
-        test.logits,
-        test.labels,
-        out / RELIABILITY_FILE,
-        title=f"{getattr(model, 'preset', type(model).__name__)} on {dm.cfg.name} test: T = {temperature:.3f}",
-        after=test.logits / temperature,
-        n_bins=N_BINS,
-    )
+    _write_reliability(target, test, calibration["temperature"], out / RELIABILITY_FILE)
     settings = dict(max_batches=max_batches, model_overrides=dict(model_overrides or {}), seed=seed)
     results: dict[str, Any] = {
         "run": _run_section(target, test, len(val_labels), settings, views, severities, out),
@@ -378,6 +272,20 @@ def evaluate_run(
     }
     atomic_write_json(out / EVALUATION_FILE, results)
     return results
+
+
+def _tta_views(target: EvaluationTarget, count: int, hflip: bool | None, shift: int | None) -> list[View]:
+    """:func:`evaluate_run`'s test-time views, its ``None`` options resolved for the target's model and data."""
+    dm = target.datamodule
+    flip_allowed = (target.train_hflip or dm.cfg.name in FLIP_INVARIANT_DATASETS) if hflip is None else hflip
+    return build_tta_views(count, hflip=flip_allowed, shift=default_tta_shift(dm.img_size) if shift is None else shift)
+
+
+def _write_reliability(target: EvaluationTarget, test: _TestPredictions, temperature: float, path: Path) -> None:
+    """The test set's reliability diagram, before and after dividing the logits by ``temperature``."""
+    name = getattr(target.model, "preset", type(target.model).__name__)
+    title = f"{name} on {target.datamodule.cfg.name} test: T = {temperature:.3f}"
+    reliability_diagram(test.logits, test.labels, path, title=title, after=test.logits / temperature, n_bins=N_BINS)
 
 
 def _predict(

@@ -283,7 +283,7 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
         return None, [], None, None
     if count < 1:
         return None, [], None, None
-    from vitlab.diagnostics.images import attention_maps, load_test_images, slot_assignment
+    from vitlab.diagnostics.images import load_test_images
     from vitlab.export import load_model
     from vitlab.models.sizing import parameter_count
 
@@ -294,36 +294,46 @@ def image_sections(run: RunRecord, count: int) -> tuple[Section | None, list[Any
     except (VitlabError, OSError) as e:
         warnings.warn(f"report: attention and segment maps of {run.path} left out: {e}", stacklevel=2)
         return None, [], None, None
-    parameters = parameter_count(model)
-    pixels = images.pixels.numpy()
-    attention = None
-    layer_maps = attention_maps(model, images.inputs)
-    if layer_maps:
-        grid = next(iter(layer_maps.values())).shape[1:]
-        caption = (
-            f"Attention of the CLS token to each patch, per layer, averaged over the heads, on the {grid[0]}x{grid[1]} "
-            "patch grid over the image; each map is scaled to its own minimum and maximum (bright: high)."
-        )
-        maps = {name: value.numpy() for name, value in layer_maps.items()}
-        plot = Plot("attention", {"pixels": pixels, "labels": images.labels, "layer_maps": maps})
-        attention = Section("attention", "Attention maps", [Text(caption), Figures([Figure(plot=plot)])])
-    blocks: list[Any] = []
-    assignment = slot_assignment(model, images.inputs)
-    if assignment is not None:
-        text = (
-            f"Each patch coloured by the slot it is assigned to most (argmax over the {assignment.S.shape[-1]} slots "
-            "of S), with the colours of vitlab probe slot-k; K is the slot-usage K of the image: the slots holding "
-            "more than 5% of the assignment mass."
-        )
-        slot_k = assignment.slot_k if assignment.slot_k is not None else [None] * len(images.labels)
-        titles = [
-            label if k is None else f"{label}, K = {int(k)}" for label, k in zip(images.labels, slot_k, strict=True)
-        ]
-        data = {"pixels": images.pixels, "S": assignment.S, "grid": assignment.grid, "titles": titles}
-        blocks += [Text(text), Figures([Figure(plot=Plot("segments", data))])]
     from vitlab.report.explanations import explanation_section
 
-    return attention, blocks, parameters, explanation_section(run, model, images)
+    attention, blocks = _attention_section(model, images), _segment_blocks(model, images)
+    return attention, blocks, parameter_count(model), explanation_section(run, model, images)
+
+
+def _attention_section(model: Any, images: Any) -> Section | None:
+    """The CLS token's attention maps per layer over the test images (None for a model without them)."""
+    from vitlab.diagnostics.images import attention_maps
+
+    layer_maps = attention_maps(model, images.inputs)
+    if not layer_maps:
+        return None
+    grid = next(iter(layer_maps.values())).shape[1:]
+    caption = (
+        f"Attention of the CLS token to each patch, per layer, averaged over the heads, on the {grid[0]}x{grid[1]} "
+        "patch grid over the image; each map is scaled to its own minimum and maximum (bright: high)."
+    )
+    maps = {name: value.numpy() for name, value in layer_maps.items()}
+    plot = Plot("attention", {"pixels": images.pixels.numpy(), "labels": images.labels, "layer_maps": maps})
+    return Section("attention", "Attention maps", [Text(caption), Figures([Figure(plot=plot)])])
+
+
+def _segment_blocks(model: Any, images: Any) -> list[Any]:
+    """The segment maps of a model with a slot assignment ``S`` (``[]`` without one): each patch in its slot's
+    colour."""
+    from vitlab.diagnostics.images import slot_assignment
+
+    assignment = slot_assignment(model, images.inputs)
+    if assignment is None:
+        return []
+    text = (
+        f"Each patch coloured by the slot it is assigned to most (argmax over the {assignment.S.shape[-1]} slots "
+        "of S), with the colours of vitlab probe slot-k; K is the slot-usage K of the image: the slots holding "
+        "more than 5% of the assignment mass."
+    )
+    slot_k = assignment.slot_k if assignment.slot_k is not None else [None] * len(images.labels)
+    titles = [label if k is None else f"{label}, K = {int(k)}" for label, k in zip(images.labels, slot_k, strict=True)]
+    data = {"pixels": images.pixels, "S": assignment.S, "grid": assignment.grid, "titles": titles}
+    return [Text(text), Figures([Figure(plot=Plot("segments", data))])]
 
 
 def family_sections(run: RunRecord) -> list[Section | None]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import random
 import time
 from pathlib import Path
@@ -13,7 +12,6 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
@@ -386,75 +384,7 @@ class PartStats(pl.Callback):
             pl_module.log(key, total / self._count, on_step=False, on_epoch=True, rank_zero_only=True)
 
 
-class ProgressBar(TQDMProgressBar):
-    """Lightning's progress bar without the logger's version (``v_num``), which means nothing in a run directory."""
-
-    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-        metrics = super().get_metrics(trainer, pl_module)
-        metrics.pop("v_num", None)
-        return metrics
-
-
-class EpochLines(pl.Callback):
-    """One line per epoch on stdout, for logs that go to a file (where a progress bar writes a line per update):
-    ``epoch 3/10  train/loss 0.512  val/loss 0.430  val/acc 0.912  lr 9.3e-04  12.3 s``.
-
-    Lightning hands an epoch's training values over after the epoch-end hooks, so the line is printed when the
-    next epoch starts, and when training ends.
-    """
-
-    KEYS = ("train/loss", "val/loss")
-
-    def __init__(self) -> None:
-        self._pending: int | None = None
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._pending = trainer.current_epoch
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._print(trainer)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._print(trainer)
-
-    def _print(self, trainer: pl.Trainer) -> None:
-        if self._pending is None or not trainer.is_global_zero:
-            return
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
-        parts = [f"epoch {self._pending + 1}/{trainer.max_epochs}"]
-        keys = [*self.KEYS, *sorted(k for k in metrics if k.endswith("/acc") and k.startswith(("train/", "val/")))]
-        parts += [f"{key} {metrics[key]:.4g}" for key in keys if key in metrics]
-        if "train/lr" in metrics:
-            parts.append(f"lr {metrics['train/lr']:.2e}")
-        if "time/epoch_s" in metrics:
-            parts.append(f"{metrics['time/epoch_s']:.1f} s")
-        print("  ".join(parts), flush=True)
-        self._pending = None
-
-
-#: Lightning's start-up lines that say nothing about this run (advertisements, absent hardware, internals)
-_LIGHTNING_NOISE = (
-    "💡 Tip",
-    "TPU available",
-    "GPU available: False",  # a CPU-only machine; a GPU's line ("GPU available: True (cuda), used: ...") is kept
-    "HPU available",
-    "Loading `train_dataloader`",
-    "`Trainer.fit` stopped: `max_epochs=",  # the run's plan, not news; other reasons to stop are kept
-    "Restoring states from the checkpoint path",
-    "Loaded model weights from the checkpoint",
-    "Using bfloat16 Automatic Mixed Precision",  # vitlab's first line names the precision, and why
-    "Using 16bit Automatic Mixed Precision",
-)
-
-
-class _DropLightningNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).lstrip().startswith(_LIGHTNING_NOISE)
-
-
-def quiet_lightning() -> None:
-    """Drop Lightning's advertisements and internal notes from the console (idempotent)."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropLightningNoise) for f in log.filters):
-            log.addFilter(_DropLightningNoise())
+# moved to vitlab.training.console; kept importable from here
+from vitlab.training.console import EpochLines as EpochLines  # noqa: E402
+from vitlab.training.console import ProgressBar as ProgressBar  # noqa: E402
+from vitlab.training.console import quiet_lightning as quiet_lightning  # noqa: E402

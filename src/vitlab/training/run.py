@@ -8,7 +8,6 @@ import inspect
 import os
 import signal
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,15 +46,13 @@ from vitlab.rundir import (
 from vitlab.training.callbacks import (
     AtomicCheckpointIO,
     DDPConsistencyCheck,
-    EpochLines,
     EpochSeed,
     FlushMetrics,
     JSONLinesLogger,
     PartStats,
-    ProgressBar,
     StepTimer,
-    quiet_lightning,
 )
+from vitlab.training.console import EpochLines, ProgressBar, console_progress_bar, quiet_lightning, quiet_warnings
 from vitlab.training.finetune import pretrained_normalisation, setup_finetuning
 from vitlab.training.preflight import (
     absolute_data_paths,
@@ -164,36 +161,40 @@ def _callbacks(cfg: RunConfig, run_dir: Path, task: BaseTask, validate: bool = T
     return callbacks
 
 
-def console_progress_bar(cfg: RunConfig) -> bool:
-    """A progress bar only on a terminal: a log file gets one line per epoch (:class:`EpochLines`) instead."""
-    return cfg.trainer.enable_progress_bar and sys.stdout.isatty() and sys.stderr.isatty()
-
-
 def run_precision(cfg: RunConfig) -> PrecisionChoice:
     """The precision of ``cfg``'s trainer, ``auto`` resolved for its accelerator (:func:`choose_precision`)."""
     return choose_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator))
 
 
 def make_trainer(cfg: RunConfig, run_dir: Path, callbacks: list[pl.Callback], validate: bool = True) -> pl.Trainer:
+    """The run's trainer; a ``trainer.*`` value Lightning refuses is a :class:`ConfigError` naming it."""
     kwargs = cfg.trainer.lightning_kwargs()
     kwargs["precision"] = run_precision(cfg).precision
     kwargs["enable_progress_bar"] = console_progress_bar(cfg)
     if not validate:
         kwargs["limit_val_batches"] = 0
     quiet_lightning()
-    trainer = pl.Trainer(
-        **kwargs,
-        enable_model_summary=False,  # fit prints one line instead (Lightning's table has a FLOPs column of zeros)
-        default_root_dir=str(run_dir),
-        gradient_clip_val=cfg.optim.grad_clip,
-        gradient_clip_algorithm="norm",
-        callbacks=callbacks,
-        logger=[
-            TensorBoardLogger(str(run_dir), name=TENSORBOARD_DIR, version=""),
-            JSONLinesLogger(run_dir / METRICS_FILE),
-        ],
-        plugins=[AtomicCheckpointIO()],
-    )
+    loggers = [
+        TensorBoardLogger(str(run_dir), name=TENSORBOARD_DIR, version=""),
+        JSONLinesLogger(run_dir / METRICS_FILE),
+    ]
+    with quiet_warnings():
+        try:
+            trainer = pl.Trainer(
+                **kwargs,
+                enable_model_summary=False,  # fit prints one line instead (Lightning's table: a FLOPs column of zeros)
+                default_root_dir=str(run_dir),
+                gradient_clip_val=cfg.optim.grad_clip,
+                gradient_clip_algorithm="norm",
+                callbacks=callbacks,
+                logger=loggers,
+                plugins=[AtomicCheckpointIO()],
+            )
+        except (ValueError, TypeError, MisconfigurationException) as e:  # Lightning's answer to a bad trainer.* value
+            if isinstance(e, VitlabError):
+                raise
+            first = str(e).split(". ")[0].rstrip(".")
+            raise ConfigError(f"the trainer.* settings are not valid for Lightning: {first}; fix that setting") from e
     share_cpu_threads(trainer)
     if cfg.dynamics is not None and cfg.dynamics.freezes_layers and isinstance(trainer.strategy, DDPStrategy):
         # Frozen blocks stop producing gradients mid-run: DDP must look for unused parameters at every step, else
@@ -276,14 +277,7 @@ def fit(cfg: RunConfig, resume: str | Path | None = None, callbacks: list[pl.Cal
         print(run_precision(cfg).line(), flush=True)  # the run's first line, before Lightning's own
         for line in resumed.lines() if resumed else filter(None, [warmup_warning(cfg)]):
             print(line, file=sys.stderr if line.startswith("warning") else sys.stdout, flush=True)
-    with quiet_warnings():
-        try:
-            trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
-        except (ValueError, TypeError, MisconfigurationException) as e:  # Lightning's answer to a bad trainer.* value
-            if isinstance(e, VitlabError):
-                raise
-            first = str(e).split(". ")[0].rstrip(".")
-            raise ConfigError(f"the trainer.* settings are not valid for Lightning: {first}; fix that setting") from e
+    trainer = make_trainer(cfg, run_dir, all_callbacks, validate)
     claim = claim_run_dir(cfg, run_dir, resuming=ckpt_path is not None) if is_launching_process() else None
     try:
         _fit_claimed(cfg, run_dir, trainer, task, dm, info, resumed)
@@ -326,16 +320,7 @@ def _fit_claimed(
         attention_path.load_decisions(run.json(ATTENTION_PATHS_FILE).get("decisions", []))
     forced = None if cfg.trainer.attention_path == "auto" else cfg.trainer.attention_path
     with quiet_warnings(), attention_path.forcing(forced):
-        try:
-            trainer.fit(task, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
-        except SystemExit:  # Lightning's answer to Ctrl+C: shut down cleanly, then sys.exit(1)
-            if not trainer.interrupted:
-                raise
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT from then on
-            raise RunInterrupted(
-                f"interrupted during epoch {trainer.current_epoch + 1}; nothing was tested or exported. To go on, "
-                f"{recovery_hint(run_dir)}"
-            ) from None
+        _train(trainer, task, dm, ckpt_path, run_dir)
         if cfg.run.test:
             results = test_once(cfg, trainer, task, dm, run.best_checkpoint)
             if trainer.is_global_zero and results:
@@ -351,33 +336,24 @@ def _fit_claimed(
             write_report([run_dir])
 
 
-@contextlib.contextmanager
-def quiet_warnings() -> Iterator[None]:
-    """Lightning's warnings that say nothing about this run (:data:`QUIET_WARNINGS`), silenced for the block."""
-    with warnings.catch_warnings():
-        for message in QUIET_WARNINGS:
-            warnings.filterwarnings("ignore", message=message)
-        yield
-
-
-#: Lightning's and torch's warnings that say nothing a user can act on in a vitlab run
-QUIET_WARNINGS = (
-    ".*does not have many workers.*",
-    ".*number of training batches.*",
-    ".*LeafSpec.*is deprecated.*",  # Lightning's use of torch's pytree
-    ".*Checkpoint directory .* exists and is not empty.*",  # a resume
-    ".*The dirpath has changed from.*",  # a resumed copy of a run, or a checkpoint tested outside its run
-    ".*callbacks used to create the checkpoint need to be provided.*",  # vitlab test: a checkpoint's own callbacks
-    ".*all_gather.*deprecated.*",  # Lightning's all_gather under DDP (torch.distributed's old API)
-    ".*_all_gather_base.*",
-    ".*recommended to use `Trainer\\(devices=1, num_nodes=1\\)`.*",  # vitlab tests on one process (test_once)
-    ".*`self.log\\(.*sync_dist=True.*",
-)
-
-
 #: the precision every test loop runs in: the exported model's (float32 weights, no autocast), so ``test_metrics.json``,
 #: ``vitlab test`` and the exported model or ONNX file agree whatever ``trainer.precision`` the run trained in
 TEST_PRECISION = "32-true"
+
+
+def _train(trainer: pl.Trainer, task: BaseTask, dm: VisionDataModule, ckpt_path: Path | None, run_dir: Path) -> None:
+    """``trainer.fit``; Ctrl+C (Lightning shuts down cleanly, then calls ``sys.exit(1)``) is :class:`RunInterrupted`,
+    whose message says how to go on."""
+    try:
+        trainer.fit(task, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT from then on
+        raise RunInterrupted(
+            f"interrupted during epoch {trainer.current_epoch + 1}; nothing was tested or exported. To go on, "
+            f"{recovery_hint(run_dir)}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -415,18 +391,23 @@ def test_once(
         torch.distributed.destroy_process_group()  # rank 0's metrics must not wait for the other ranks to sync
     if not trainer.is_global_zero:
         return {}
-    single = pl.Trainer(
-        accelerator=trainer.accelerator,
-        devices=1,
-        enable_checkpointing=False,
-        precision=TEST_PRECISION,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_test_batches=cfg.trainer.limit_test_batches,
-    )
+    single = _test_trainer(trainer.accelerator, progress_bar=False, limit_test_batches=cfg.trainer.limit_test_batches)
     results = single.test(task, datamodule=dm, ckpt_path=ckpt, verbose=False, weights_only=True)
     return results[0] if results else {}
+
+
+def _test_trainer(accelerator: Any, *, progress_bar: bool, limit_test_batches: float | int | None = None) -> pl.Trainer:
+    """A one-device trainer in :data:`TEST_PRECISION` that logs and saves nothing."""
+    return pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        precision=TEST_PRECISION,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=progress_bar,
+        limit_test_batches=limit_test_batches,
+    )
 
 
 def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | None = None) -> dict[str, float]:
@@ -442,15 +423,7 @@ def evaluate(target: str | Path, stage: str = "test", overrides: list[str] | Non
     task = build_task(cfg, model, hp)
     quiet_lightning()
     with quiet_warnings():
-        trainer = pl.Trainer(
-            accelerator=cfg.trainer.accelerator,
-            devices=1,
-            precision=TEST_PRECISION,
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=console_progress_bar(cfg),
-        )
+        trainer = _test_trainer(cfg.trainer.accelerator, progress_bar=console_progress_bar(cfg))
         run = trainer.validate if stage == "validate" else trainer.test
         results = run(task, datamodule=dm, ckpt_path=str(ckpt), verbose=False, weights_only=True)
     return results[0] if results else {}

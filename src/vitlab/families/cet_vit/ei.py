@@ -198,16 +198,21 @@ def ei_terms(
         "rev_penalty": F.relu(rev - reversibility_ceiling),
         "degen": macro_degeneracy(h_macro, S.detach().sum(1) > 0, slots=degen_slots),
     }
-    if variant == "full":
-        per_image = terms["entropy_penalty"] + rev_weight * terms["rev_penalty"] + degen_weight * terms["degen"]
-        terms["ei_loss"] = per_image.mean()
-    elif variant == "two_term":
-        terms["ei_loss"] = (terms["entropy_penalty"] + rev_weight * terms["rev_penalty"]).mean()
-    elif variant == "entropy_only":
-        terms["ei_loss"] = terms["entropy_penalty"].mean()
-    else:
-        terms["ei_loss"] = sigma.new_zeros(())
+    terms["ei_loss"] = _variant_loss(terms, variant, rev_weight, degen_weight)
     return terms
+
+
+def _variant_loss(
+    terms: dict[str, torch.Tensor], variant: EIVariant, rev_weight: float, degen_weight: float
+) -> torch.Tensor:
+    """The batch mean of ``variant``'s weighted sum of the per-image ``terms`` (:func:`ei_terms`); zero for ``none``."""
+    if variant == "full":
+        return (terms["entropy_penalty"] + rev_weight * terms["rev_penalty"] + degen_weight * terms["degen"]).mean()
+    if variant == "two_term":
+        return (terms["entropy_penalty"] + rev_weight * terms["rev_penalty"]).mean()
+    if variant == "entropy_only":
+        return terms["entropy_penalty"].mean()
+    return terms["norm_entropy"].new_zeros(())
 
 
 EI_SCHEDULES: tuple[str, ...] = ("ramp", "constant")

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from torchmetrics import MeanSquaredError
+from torchmetrics import MeanSquaredError, MetricCollection
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
 from vitlab.data import ImageSplit, NormalizeCollate, VisionDataModule, denormalize, normalize
@@ -89,9 +89,15 @@ def reconstruction_task(
     """Task 1: reconstruct every image of ``batches``; MSE, PSNR, SSIM in [0, 1]; a grid of inputs over outputs.
     With ``judge``: its accuracy on the first ``judge_images`` reconstructions (an upper bound for samples)."""
     height, width = (side * model.patch_size for side in model.grid_size)
-    mse = MeanSquaredError().to(device)
-    psnr = PeakSignalNoiseRatio(data_range=1.0).to(device)
-    ssim = StructuralSimilarityIndexMeasure(data_range=1.0, **ssim_window(height, width)).to(device)
+    scores = MetricCollection(
+        {
+            "mse": MeanSquaredError(),
+            "psnr": PeakSignalNoiseRatio(data_range=1.0),
+            "ssim": StructuralSimilarityIndexMeasure(data_range=1.0, **ssim_window(height, width)),
+        },
+        prefix="reconstruction/",
+        compute_groups=False,
+    ).to(device)
     shown_inputs, shown_outputs = [], []
     judged, judged_labels = [], []
     shown = judged_count = 0
@@ -103,25 +109,14 @@ def reconstruction_task(
             judged.append(output[: judge_images - judged_count].clamp(0, 1).cpu())
             judged_labels.append(y[: len(judged[-1])].cpu().long())
             judged_count += len(judged[-1])
-        mse.update(output, target)
-        psnr.update(output, target)
-        ssim.update(output, target)
+        scores.update(output, target)
         if shown < grid_images:
             shown_inputs.append(target[: grid_images - shown].cpu())
             shown_outputs.append(output[: grid_images - shown].cpu())
             shown += len(shown_inputs[-1])
-    inputs, outputs = torch.cat(shown_inputs), torch.cat(shown_outputs)
-    save_image_grid(
-        torch.stack([inputs, outputs]),
-        path,
-        row_labels=["input", "reconstruction"],
-        title="Reconstruction (test images)",
-    )
-    metrics = {
-        "reconstruction/mse": float(mse.compute()),
-        "reconstruction/psnr": float(psnr.compute()),
-        "reconstruction/ssim": float(ssim.compute()),
-    }
+    grid = torch.stack([torch.cat(shown_inputs), torch.cat(shown_outputs)])
+    save_image_grid(grid, path, row_labels=["input", "reconstruction"], title="Reconstruction (test images)")
+    metrics = {name: float(value) for name, value in scores.compute().items()}
     if judge is not None:
         metrics["reconstruction/judge_accuracy"] = judge_accuracy(judge, torch.cat(judged), torch.cat(judged_labels))
     return metrics
@@ -174,15 +169,22 @@ def conditional_generation_task(
         "conditional/latent_agreement": float((model.head(z_cls).argmax(-1) == labels_on_device).float().mean()),
         "conditional/num_classes": len(gaussians.classes),
     }
-    rows = min(len(gaussians.classes), GRID_MAX_CLASSES)
-    per_class = samples.cpu().view(len(gaussians.classes), samples_per_class, *samples.shape[1:])
+    _save_class_grid(samples.cpu(), gaussians.classes, class_names, grid_per_class, path)
+    return metrics
+
+
+def _save_class_grid(
+    samples: Tensor, classes: Tensor, class_names: Sequence[str], grid_per_class: int, path: str | Path
+) -> None:
+    """The first ``grid_per_class`` samples of each class (``samples``: class by class), one row per class."""
+    rows = min(len(classes), GRID_MAX_CLASSES)
+    per_class = samples.view(len(classes), -1, *samples.shape[1:])
     save_image_grid(
         per_class[:rows, :grid_per_class],
         path,
-        row_labels=[class_names[k] for k in gaussians.classes[:rows].tolist()],
+        row_labels=[class_names[k] for k in classes[:rows].tolist()],
         title="Class-conditional samples: z_cls ~ N(m_k, S_k), z_pt ~ p(z_pt | z_cls)",
     )
-    return metrics
 
 
 @torch.no_grad()
@@ -283,14 +285,23 @@ def inpainting_task(
         row_labels=["original", "masked", *(f"inpainted ({name})" for name in fills)],
         title=f"Inpainting: {mask_ratio:.0%} of the patches masked (filled with the dataset mean)",
     )
-    values, baseline = {name: float(metric.compute()) for name, metric in psnr.items()}, float(baseline_psnr.compute())
+    return _inpainting_metrics(
+        {name: float(metric.compute()) for name, metric in psnr.items()}, baseline_psnr, mask_ratio
+    )
+
+
+def _inpainting_metrics(
+    values: dict[str, float], baseline_psnr: PeakSignalNoiseRatio, mask_ratio: float
+) -> dict[str, float]:
+    """The PSNR of each fill (``values``, ``plain`` first) and its gain over the mean-fill baseline's."""
+    baseline = float(baseline_psnr.compute())
     metrics = {
         "inpainting/psnr": values["plain"],
         "inpainting/mean_fill_psnr": baseline,
         "inpainting/psnr_gain": values["plain"] - baseline,
         "inpainting/mask_ratio": mask_ratio,
     }
-    for name in fills[1:]:
+    for name in list(values)[1:]:
         metrics[f"inpainting/{name}_psnr"] = values[name]
         metrics[f"inpainting/{name}_psnr_gain"] = values[name] - baseline
     return metrics
@@ -356,6 +367,8 @@ def run_generative_tasks(
     caps the images used from each of the training and test sets (for quick runs); None uses all. Every random draw
     (class samples, prior noise, pairs, masks, sklearn) follows ``seed``. ``progress``: print one line per stage
     with its time (the judge's training and the encodings take minutes on large sets).
+
+    Long because it is the list of stages, each one call, in the order they run.
     """
     if not isinstance(model, GenerativeModel):
         raise TypeError(f"the generative tasks need a ViTCAE, got {type(model).__name__}")

@@ -158,15 +158,7 @@ def vitcae_loss(
     mmd_active = epoch > cfg.warmup_epochs
     with torch.set_grad_enabled(mmd_active and torch.is_grad_enabled()):
         terms["mmd_cls"], terms["mmd_pt"] = _mmd_terms(out, cfg)
-    a = cfg.mmd_mix
-    for name, scale in zip(("cls", "pt"), mmd_scale, strict=True):
-        mmd_part = a * scale * terms[f"mmd_{name}"].detach().abs()
-        terms[f"mmd_share_{name}"] = mmd_part / (mmd_part + (1.0 - a) * terms[f"kl_{name}"].detach()).clamp_min(1e-12)
-    if mmd_active:
-        reg_cls = a * mmd_scale[0] * terms["mmd_cls"] + (1.0 - a) * terms["kl_cls"]
-        reg_pt = a * mmd_scale[1] * terms["mmd_pt"] + (1.0 - a) * terms["kl_pt"]
-    else:
-        reg_cls, reg_pt = terms["kl_cls"], terms["kl_pt"]
+    reg_cls, reg_pt = _regularisers(terms, cfg.mmd_mix, mmd_scale, mmd_active)
     terms["loss"] = (
         terms["rec"]
         + cfg.lambda_cls * reg_cls
@@ -176,6 +168,20 @@ def vitcae_loss(
     )
     terms["monitor"] = terms["rec"] + terms["pt_est"] + cfg.lambda_ce * terms["ce"]
     return terms
+
+
+def _regularisers(
+    terms: dict[str, torch.Tensor], a: float, mmd_scale: tuple[float, float], mmd_active: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 25's regularisers of ``z_cls`` and ``z_pt``: the blend ``a s W + (1 - a) KL`` once the MMD is active, KL
+    alone before; ``terms`` gains ``mmd_share_cls`` and ``mmd_share_pt``, the MMD's part of the blend (detached)."""
+    for name, scale in zip(("cls", "pt"), mmd_scale, strict=True):
+        mmd_part = a * scale * terms[f"mmd_{name}"].detach().abs()
+        terms[f"mmd_share_{name}"] = mmd_part / (mmd_part + (1.0 - a) * terms[f"kl_{name}"].detach()).clamp_min(1e-12)
+    if not mmd_active:
+        return terms["kl_cls"], terms["kl_pt"]
+    reg_cls = a * mmd_scale[0] * terms["mmd_cls"] + (1.0 - a) * terms["kl_cls"]
+    return reg_cls, a * mmd_scale[1] * terms["mmd_pt"] + (1.0 - a) * terms["kl_pt"]
 
 
 def _mmd_terms(out: ViTCAEOutput, cfg: ViTCAELossConfig) -> tuple[torch.Tensor, torch.Tensor]:
