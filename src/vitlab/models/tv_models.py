@@ -61,6 +61,7 @@ def create_tv_model(name: str, img_size: int | None = None, in_chans: int = 3, *
     """torchvision's model ``name`` (``tv:NAME``) with random weights: ``options`` go to its constructor,
     ``img_size`` as a ViT's ``image_size``, ``in_chans`` to its first convolution (:func:`take_channels`)."""
     arch = tv_architecture(name)
+    check_sizes(options)
     if img_size is not None and is_vit(arch):
         options["image_size"] = img_size
     if is_vit(arch) and "image_size" in options:
@@ -78,6 +79,17 @@ def create_tv_model(name: str, img_size: int | None = None, in_chans: int = 3, *
     take_channels(model, in_chans)
     declare(model, arch, img_size)
     return model
+
+
+def check_sizes(options: dict[str, Any]) -> None:
+    """Every whole-number option of a torchvision constructor but ``num_classes`` counts or sizes something
+    (``num_layers``, ``hidden_dim``, ``depths``, ...): at least 1, since torchvision builds a model of no layers that
+    trains while it ignores its input."""
+    for key, value in options.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        if key != "num_classes" and any(isinstance(v, int) and not isinstance(v, bool) and v < 1 for v in values):
+            shown = list(value) if isinstance(value, tuple) else value
+            raise ConfigError(f"model.{key} must be at least 1, got {shown}; set model.{key} to a positive size")
 
 
 def _option_problem(arch: str, options: dict[str, Any], error: TypeError) -> str:
