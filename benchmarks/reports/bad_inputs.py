@@ -320,6 +320,7 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         ),
         *timm_cases(work),
         *hf_cases(work),
+        *torchvision_cases(work),
         ("observing a model whose attention vitlab cannot read (CaiT's talking heads)", cait),
         ("observing only CaiT's class attention (one CLS query)", [*cait, "dynamics.target=blocks_token_only"]),
         ("a layer-freezing option without `dynamics.freeze=layers`", [*FIT, "dynamics.layer_signal=gradnorm"]),
@@ -584,6 +585,29 @@ def hf_cases(work: Path) -> list[tuple]:
         ("hf: test rows labelled -1", [*FIT, f"data.name=hf:{work / 'hf_unlabelled'}"]),
         ("hf: no train split", [*FIT, f"data.name=hf:{work / 'hf_unsplit'}"]),
         ("hf: float arrays as images", [*FIT, f"data.name=hf:{work / 'hf_floats'}"]),
+def torchvision_cases(work: Path) -> list[tuple]:
+    """A torchvision model trained by name, and timm or torchvision weights from a file that does not fit: refused
+    before the run folder, in one line."""
+    import timm
+    import torch
+    import torchvision
+    from timm.models._hub import save_for_hf
+
+    torch.save(torchvision.models.resnet18(num_classes=3).state_dict(), work / "resnet.pth")
+    save_for_hf(timm.create_model("vit_small_patch16_224", img_size=8, patch_size=2, depth=1), str(work / "vit_hub"))
+    vit = ["model.name=tv:vision_transformer", "model.patch_size=2", "model.num_layers=1", "model.num_heads=2"]
+    vit += ["model.hidden_dim=16", "model.mlp_dim=32"]
+    fit = [a for a in FIT if a != "model.depth=1"]  # torchvision's ViT counts its layers in num_layers
+    hub = f"model.pretrained={work / 'vit_hub'}"
+    return [
+        ("unknown torchvision model", [*fit, "model.name=tv:vit_b_61"]),
+        ("a size torchvision's named model fixes", [*fit, "model.name=tv:vit_b_16", "model.patch_size=2"]),
+        ("torchvision's ViT class without its sizes", [*fit, "model.name=tv:vision_transformer"]),
+        ("weights of another torchvision architecture", [*fit, *vit, f"model.pretrained={work / 'resnet.pth'}"]),
+        (
+            "a timm hub folder of another architecture",
+            [*FIT, "model.name=timm:deit_tiny_patch16_224", "model.img_size=8", "model.patch_size=2", hub],
+        ),
     ]
 
 

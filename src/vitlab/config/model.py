@@ -29,6 +29,10 @@ MODEL_KEYS = ("name", "pretrained")
 TIMM_PREFIX = "timm:"
 #: the class name the config check gives a timm model (its class is known once timm builds it)
 TIMM_CLASS = "timm"
+#: ``model.name=tv:NAME``: torchvision's classifier ``NAME`` (:mod:`vitlab.models.tv_models`), checked as timm's
+TV_PREFIX = "tv:"
+#: the class name the config check gives a torchvision model
+TV_CLASS = "torchvision"
 #: model options that count or size something (an int, or one int per stage): each must be at least 1, since a
 #: zero-depth or zero-width model trains and predicts while it ignores its input
 SIZE_OPTIONS = (
@@ -254,6 +258,8 @@ def model_class_name(model: Any) -> str:
     if name.startswith(TIMM_PREFIX):
         check_timm_name(name)
         return TIMM_CLASS
+    if name.startswith(TV_PREFIX):
+        return TV_CLASS
     presets = catalogue()
     if name not in presets:
         raise unknown_model(str(name), presets)
@@ -293,7 +299,7 @@ def model_section(model: Any) -> dict[str, Any]:
     preset = {key: model[key] for key in MODEL_KEYS if key in model}
     options = {key: value for key, value in model.items() if key not in MODEL_KEYS}
     section = typed_mapping(ModelConfig, preset, "model")
-    if options and class_name == TIMM_CLASS:
+    if options and class_name in (TIMM_CLASS, TV_CLASS):
         section |= options
     elif options:
         section |= typed_mapping(model_options_type(class_name), options, "model")
@@ -307,7 +313,7 @@ def has_temperature(model: dict[str, Any]) -> bool | None:
     class without that option (left to ``DynamicsPolicy.check`` on the built model)."""
     if "temperature" in model:
         return bool(model["temperature"])
-    if model["name"].startswith(TIMM_PREFIX):
+    if model["name"].startswith((TIMM_PREFIX, TV_PREFIX)):
         return False
     options = model_options_type(catalogue()[model["name"]][0])
     fields = {f.name: f.default for f in dataclasses.fields(options)} if options is not None else {}

@@ -24,11 +24,13 @@ from torch import nn
 from vitlab.layers.heads import state_in_original_order
 from vitlab.models.protocols import EncoderBacked, PretrainedConfigured
 from vitlab.models.registry import constructor_args, get_preset, list_models
+from vitlab.models.timm_models import checkpoint_filter
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.weight_sources import (
     TIMM_PREFIX,
     TORCH_SUFFIXES,
     PretrainedWeightsError,
+    check_timm_folder,
     hub_offline,
     read_weights,
     source_pretrained_cfg,
@@ -326,6 +328,8 @@ def load_whole_model(model: nn.Module, source: str | Path, arch: str | None = No
             "timm's contract"
         )
     cfg = model.pretrained_cfg
+    if arch and arch.startswith(TIMM_PREFIX):
+        check_timm_folder(source, arch.removeprefix(TIMM_PREFIX))
     raw, description = read_weights(source)
     anchor = f"{cfg['first_conv']}.weight"
     anchors = [k for k in raw if k == anchor or k.endswith("." + anchor)]
@@ -333,29 +337,59 @@ def load_whole_model(model: nn.Module, source: str | Path, arch: str | None = No
     if len(anchors) != 1:
         raise PretrainedWeightsError(
             f"{description} holds {'no' if not anchors else 'several'} {label} ({anchor}; its keys: "
-            f"{compress_keys(list(raw), 4)}); pass the weights of one {label} (a vitlab export or run of it)"
+            f"{compress_keys(list(raw), 4)}); pass the weights of one {label} (a vitlab export or run of it, or the "
+            "state dict its library saved)"
         )
     report = LoadReport(description, prefix=anchors[0][: -len(anchor)])
     state = {k[len(report.prefix) :]: v for k, v in raw.items() if k.startswith(report.prefix)}
     state = state_in_original_order(model, state)  # heads a frozen run reordered (a timm ViT's taken-over Attention)
     report.ignored = [k for k in raw if not k.startswith(report.prefix)]
+    state = _fit_whole_model(state, model, arch, report)
     target = model.state_dict()
-    head = f"{cfg['classifier']}."
-    if any(k.startswith(head) and (k not in target or v.shape != target[k].shape) for k, v in state.items()):
-        state = {k: v for k, v in state.items() if not k.startswith(head)}
-        state.update({k: v for k, v in target.items() if k.startswith(head)})
-        report.adapted.append(f"{cfg['classifier']} reset for {model.num_classes} classes")
     problems = key_problems(state, target)
     if problems:
         raise PretrainedWeightsError(
             f"pretrained weights {description} do not fit {label}: {'; '.join(problems)}. {label} has no ViT backbone "
             f"that ViT weights fit, so model.pretrained takes weights of its own architecture: a vitlab export or run "
-            f"of {label} with the same options (only the number of classes may differ)"
+            f"of {label}, or the state dict its library saved, with the same options (the number of classes and input "
+            "channels may differ)"
         )
     model.load_state_dict({k: v.to(dtype=target[k].dtype) for k, v in state.items()}, strict=True)
     model.pretrained_summary = report.summary()
     log.info(model.pretrained_summary)
     return report
+
+
+def _fit_whole_model(
+    state: dict[str, torch.Tensor], model: nn.Module, arch: str | None, report: LoadReport
+) -> dict[str, torch.Tensor]:
+    """``state`` fitted to ``model`` as timm's ``load_pretrained`` fits a checkpoint: a ``timm:NAME`` model's own
+    ``checkpoint_filter_fn`` (position and patch embeddings resampled), the first convolution adapted to the model's
+    input channels (``adapt_input_conv``), the classifier left at its fresh initialisation for another number of
+    classes, vitlab's ``log_tau`` at its initial 0 (tau = 1) where the file has none."""
+    from timm.models import adapt_input_conv
+
+    cfg, target = model.pretrained_cfg, model.state_dict()
+    fit = checkpoint_filter(arch) if arch and arch.startswith(TIMM_PREFIX) else None
+    if fit is not None:
+        fitted = fit(state, model)
+        resampled = [k for k, v in fitted.items() if k in state and v.shape != state[k].shape]
+        if resampled:
+            report.adapted.append(f"{compress_keys(resampled)} resampled to the model's by timm's checkpoint filter")
+        state = fitted
+    conv = f"{cfg['first_conv']}.weight"
+    weight, want = state.get(conv), target.get(conv)
+    if weight is not None and want is not None and weight.ndim == 4 and weight.shape[1] != want.shape[1]:
+        state[conv] = adapt_input_conv(want.shape[1], weight.float(), base_chans=weight.shape[1]).to(weight.dtype)
+        report.adapted.append(f"{cfg['first_conv']} adapted from {weight.shape[1]} to {want.shape[1]} input channels")
+    head = f"{cfg['classifier']}."
+    if any(k.startswith(head) and (k not in target or v.shape != target[k].shape) for k, v in state.items()):
+        state = {k: v for k, v in state.items() if not k.startswith(head)}
+        state.update({k: v for k, v in target.items() if k.startswith(head)})
+        report.adapted.append(f"{cfg['classifier']} reset for {model.num_classes} classes")
+    filled = [k for k in target if k not in state and k.split(".")[-1] in OPTIONAL_KEYS]
+    state.update({k: target[k] for k in filled})
+    return state
 
 
 # -------------------------------------------------------------------------------------------------------------------

@@ -19,11 +19,12 @@ from typing import Any
 
 from torch import nn
 
-from vitlab.config.model import TIMM_PREFIX, unknown_model
+from vitlab.config.model import TIMM_PREFIX, TV_PREFIX, unknown_model
 from vitlab.errors import FamilyError, ModelOptionError
 from vitlab.family import FAMILY_API, Family, error_line, origin, plugin_failed, presets, resolve
 from vitlab.model_catalogue import CORE_MODELS
 from vitlab.models.timm_models import create_timm_model, timm_architecture
+from vitlab.models.tv_models import create_tv_model, tv_architecture
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ def get_preset(name: str) -> Preset:
     if name.startswith(TIMM_PREFIX):
         arch = timm_architecture(name)
         return Preset(name, nn.Module, description=f"timm's {arch}", factory=partial(create_timm_model, name))
+    if name.startswith(TV_PREFIX):
+        arch = tv_architecture(name)
+        return Preset(name, nn.Module, description=f"torchvision's {arch}", factory=partial(create_tv_model, name))
     if name not in _REGISTRY:
         namespace = presets()
         if name not in namespace:

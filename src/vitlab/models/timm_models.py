@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import re
+from collections.abc import Callable
 from typing import Any
 
 import timm
 import torch
 from timm.layers import Attention as TimmAttention
 from timm.layers import PatchEmbed
+from timm.models._registry import model_entrypoint
 from torch import nn
 
 from vitlab.config.model import TIMM_PREFIX, check_patch_grid
@@ -67,6 +70,14 @@ def create_timm_model(name: str, **options: Any) -> nn.Module:
             "not timm's plain Attention whose heads vitlab scales; unset model.temperature"
         )
     return model
+
+
+def checkpoint_filter(name: str) -> Callable[[dict, nn.Module], dict] | None:
+    """The ``checkpoint_filter_fn`` of the timm file that defines ``timm:NAME`` (``vision_transformer``, ``eva``,
+    ``swin_transformer``, ...): what ``timm.create_model(pretrained=True)`` runs on a checkpoint before loading it
+    (position and patch embeddings resampled to the model's, other layouts' keys renamed); None where it has none."""
+    module = importlib.import_module(model_entrypoint(timm_architecture(name)).__module__)
+    return getattr(module, "checkpoint_filter_fn", None)
 
 
 @functools.cache

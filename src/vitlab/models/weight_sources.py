@@ -45,7 +45,7 @@ def read_weights(source: str | Path) -> tuple[dict[str, torch.Tensor], str]:
 
 
 def _read_folder(path: Path) -> tuple[dict[str, torch.Tensor], str]:
-    for candidate in (path / "model.safetensors", path / "export" / "model.safetensors"):
+    for candidate in (path / "model.safetensors", path / "export" / "model.safetensors", path / "pytorch_model.bin"):
         if candidate.is_file():
             config = candidate.parent / "config.json"
             if config.is_file():
@@ -58,6 +58,23 @@ def _read_folder(path: Path) -> tuple[dict[str, torch.Tensor], str]:
         f"model.pretrained={str(path)!r} is a folder with no model.safetensors, export/ or checkpoints/best.ckpt; "
         "pass a vitlab export, a run directory or a weights file"
     )
+
+
+def check_timm_folder(source: str | Path, arch: str) -> None:
+    """A folder in the Hugging Face hub's layout of timm weights (``config.json`` with timm's ``architecture`` and
+    ``pretrained_cfg``, beside ``model.safetensors`` or ``pytorch_model.bin``, as timm's ``push_to_hf_hub`` writes
+    it) holds weights of timm's ``arch``; raises :class:`PretrainedWeightsError` naming the architecture it holds."""
+    config = Path(str(source)).expanduser() / "config.json"
+    try:
+        meta = json.loads(config.read_text()) if config.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return  # reading the weights says what is wrong with the folder
+    found = meta.get("architecture") if isinstance(meta, dict) and "pretrained_cfg" in meta else None
+    if found and found != arch:
+        raise PretrainedWeightsError(
+            f"model.pretrained={str(source)!r} holds timm's {found} (its config.json), not {arch}; set "
+            f"model.name={TIMM_PREFIX}{found}, or pass {arch}'s weights"
+        )
 
 
 def _check_export_config(config: Path) -> None:
@@ -126,6 +143,16 @@ def hub_offline() -> bool:
     return bool(huggingface_hub.constants.HF_HUB_OFFLINE) or offline
 
 
+def _hub_folder(name: str) -> str:
+    """The other way to put ``NAME[.TAG]``'s weights on this machine, for the messages: its hub folder copied whole."""
+    cfg = _timm_pretrained_cfg(name)
+    if cfg is None or not cfg.hf_hub_id:
+        return ""
+    return (
+        f", or copy the folder https://huggingface.co/{cfg.hf_hub_id} (config.json and the weights) and pass its path"
+    )
+
+
 def timm_weights_cached(name: str) -> bool:
     """True when ``NAME[.TAG]``'s weights file is in the local Hugging Face cache (timm then loads it offline)."""
     import huggingface_hub
@@ -152,7 +179,8 @@ def timm_weights(name: str) -> dict[str, torch.Tensor]:
         raise PretrainedWeightsError(
             f"model.pretrained=timm:{name}: HF_HUB_OFFLINE is set and the weights are not in the Hugging Face cache; "
             f"fetch {timm_hub_file(name)} on a machine with the internet and pass "
-            "model.pretrained=/path/to/model.safetensors (or unset HF_HUB_OFFLINE where the internet is reachable)"
+            f"model.pretrained=/path/to/model.safetensors{_hub_folder(name)} (or unset HF_HUB_OFFLINE where the "
+            "internet is reachable)"
         )
     try:
         model = timm.create_model(name, pretrained=True)
@@ -161,8 +189,8 @@ def timm_weights(name: str) -> dict[str, torch.Tensor]:
         raise PretrainedWeightsError(
             f"model.pretrained=timm:{name}: timm could not download the weights ({type(e).__name__}: {first}); on a "
             f"machine without the internet, fetch {timm_hub_file(name)} elsewhere and pass "
-            "model.pretrained=/path/to/model.safetensors (HF_HUB_OFFLINE=1 makes this error immediate, without "
-            "the download's retries)"
+            f"model.pretrained=/path/to/model.safetensors{_hub_folder(name)} (HF_HUB_OFFLINE=1 makes this error "
+            "immediate, without the download's retries)"
         ) from e
     timm_vit_kwargs(model)  # refuses what vitlab's ViT cannot express
     return model.state_dict()

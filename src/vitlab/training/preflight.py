@@ -10,6 +10,7 @@ from typing import Any
 from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.data import VisionDataModule
 from vitlab.errors import RunDirError
+from vitlab.models import tv_models
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.models.timm_models import DATA_OPTIONS, data_options
 
@@ -48,7 +49,8 @@ def model_kwargs_for(cfg: RunConfig, info: dict[str, Any]) -> dict[str, Any]:
         accepted = constructor_args(preset.cls)
     else:  # a timm model: a null data option is the data's, and img_size goes only to a model that takes it
         kwargs = {k: v for k, v in kwargs.items() if not (k in DATA_OPTIONS and v is None)}
-        accepted = data_options(preset.name)
+        foreign = tv_models.data_options if preset.name.startswith(tv_models.TV_PREFIX) else data_options
+        accepted = foreign(preset.name)
     for key, value in (
         ("img_size", info["img_size"]),
         ("in_chans", info["in_chans"]),
