@@ -585,6 +585,9 @@ def hf_cases(work: Path) -> list[tuple]:
         ("hf: test rows labelled -1", [*FIT, f"data.name=hf:{work / 'hf_unlabelled'}"]),
         ("hf: no train split", [*FIT, f"data.name=hf:{work / 'hf_unsplit'}"]),
         ("hf: float arrays as images", [*FIT, f"data.name=hf:{work / 'hf_floats'}"]),
+    ]
+
+
 def torchvision_cases(work: Path) -> list[tuple]:
     """A torchvision model trained by name, and timm or torchvision weights from a file that does not fit: refused
     before the run folder, in one line."""
