@@ -87,6 +87,23 @@ def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
     return np.asarray(out, dtype=float)
 
 
+def _explain_batches(
+    model: nn.Module, images: torch.Tensor, method: str, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float]:
+    """The method's maps, targets and conservation (None where it has none) over ``images`` in batches, and the
+    seconds the explanations took."""
+    maps, targets, conservation, seconds = [], [], [], 0.0
+    for start in range(0, images.shape[0], batch_size):
+        began = time.perf_counter()
+        explanation = explain(model, images[start : start + batch_size], method=method)
+        seconds += time.perf_counter() - began
+        maps.append(explanation.maps)
+        targets.append(explanation.target)
+        if explanation.conservation is not None:
+            conservation.append(explanation.conservation)
+    return torch.cat(maps), torch.cat(targets), torch.cat(conservation) if conservation else None, seconds
+
+
 def evaluate_method(
     model: nn.Module,
     images: torch.Tensor,
@@ -99,17 +116,7 @@ def evaluate_method(
 ) -> dict[str, Any]:
     """One method on ``images: [B, C, H, W]``: per-image deletion/insertion AUC (and under a random order),
     the sanity-check correlation, conservation, and seconds per image. Returns lists per image and their means."""
-    maps, targets, conservation, seconds = [], [], [], 0.0
-    for start in range(0, images.shape[0], batch_size):
-        batch = images[start : start + batch_size]
-        began = time.perf_counter()
-        explanation = explain(model, batch, method=method)
-        seconds += time.perf_counter() - began
-        maps.append(explanation.maps)
-        targets.append(explanation.target)
-        if explanation.conservation is not None:
-            conservation.append(explanation.conservation)
-    maps_t, target = torch.cat(maps), torch.cat(targets)
+    maps_t, target, conservation, seconds = _explain_batches(model, images, method, batch_size)
     generator = torch.Generator().manual_seed(seed)
     relevance = patch_relevance(maps_t, patch)
     order = relevance.argsort(dim=1, descending=True)
@@ -133,10 +140,10 @@ def evaluate_method(
         "random_insertion_auc": random_insertion.tolist(),
         "randomisation_spearman": rho.tolist(),
     }
-    if conservation:
-        per_image["conservation"] = torch.cat(conservation).double().tolist()
+    if conservation is not None:
+        per_image["conservation"] = conservation.double().tolist()
     summary = {key: float(np.nanmean(values)) for key, values in per_image.items()}
-    if conservation:
+    if conservation is not None:
         summary["conservation_max"] = float(max(per_image["conservation"]))
     summary["seconds_per_image"] = seconds / images.shape[0]
     return {"summary": summary, "per_image": per_image}
