@@ -163,7 +163,8 @@ def create_hf_model(name: str, **options: Any) -> HFImageClassifier:
 
 def folder_options(model_type: str, config: dict[str, Any]) -> dict[str, Any]:
     """The options of a ``save_pretrained`` folder's ``config.json`` (what it sets about the network), in vitlab's
-    names where ``hf:TYPE`` has them; not ``num_labels``, which the data decides (the classifier is re-sized)."""
+    names where ``hf:TYPE`` has them; not the data's (:data:`DATA_OPTIONS`): the classifier is re-sized to its
+    classes, and an image size or channel count of its own is refused when the weights are loaded."""
     names = option_names(model_type)
     ours = {key: option for option, key in names.items()}  # the aliases come last: vitlab's name wins
-    return {ours[k]: v for k, v in config.items() if k in ours and k != "num_labels"}
+    return {ours[k]: v for k, v in config.items() if k in ours and ours[k] not in DATA_OPTIONS}

@@ -1,29 +1,27 @@
 """Weights of an HF transformers ``save_pretrained`` folder into an ``hf:TYPE`` model (``model.pretrained=PATH``, or
-``model.name=hf:PATH``), read from this disk only: ``model.safetensors``, ``pytorch_model.bin`` (``torch.load`` with
-``weights_only=True``) or a sharded ``model.safetensors.index.json``. The network is the folder's
-(:func:`pretrained_options`: its ``config.json``'s keys, under the ``model.*`` keys the config sets); the classifier
-is re-sized to the data's classes (fresh, as ``ignore_mismatched_sizes`` does), said in one line; any other missing,
-extra or mis-shaped tensor is a :class:`PretrainedWeightsError` that names the options that differ.
+``model.name=hf:PATH``), read from this disk only, by transformers' ``from_pretrained(local_files_only=True)`` (which
+knows its files, shards and the renamed keys of older checkpoints) with ``ignore_mismatched_sizes``. The network is
+the folder's (:func:`pretrained_options`: its ``config.json``'s keys, under the ``model.*`` keys the config sets); the
+classifier is re-sized to the data's classes (fresh), said in one line; any other missing, extra or mis-shaped tensor
+is a :class:`PretrainedWeightsError` that names the options that differ.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
+from torch import nn
 
 from vitlab.config.hf_model import hf_folder
-from vitlab.models.hf_models import HFImageClassifier, folder_options, hf_model_type
-from vitlab.models.pretrained import LoadReport, PretrainedWeightsError, key_problems, read_weights
+from vitlab.models.hf_models import HFImageClassifier, folder_options, hf_model_type, option_names
+from vitlab.models.pretrained import LoadReport, PretrainedWeightsError, compress_keys
 
 log = logging.getLogger(__name__)
 
-#: the single-file weights ``save_pretrained`` writes, in the order they are looked for
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-SHARD_INDEX = "model.safetensors.index.json"
 #: where transformers' image classifiers keep their classifier
 CLASSIFIER = "classifier."
 
@@ -40,33 +38,41 @@ def pretrained_options(name: str, pretrained: str | Path) -> dict[str, Any]:
     return folder_options(model_type, config)
 
 
-def folder_state(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
-    """The tensors of a ``save_pretrained`` folder and the file they came from."""
-    for name in WEIGHT_FILES:
-        if (folder / name).is_file():
-            return read_weights(folder / name)
-    index = folder / SHARD_INDEX
-    if index.is_file():
-        state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            state |= read_weights(folder / shard)[0]
-        return state, str(index)
-    raise PretrainedWeightsError(
-        f"{folder} holds no {', '.join(WEIGHT_FILES)} or {SHARD_INDEX}; pass a folder written by save_pretrained"
-    )
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars and load report off (vitlab says what it loaded in one line), then as they were."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
-def _fit_classifier(state: dict[str, torch.Tensor], model: HFImageClassifier, report: LoadReport) -> None:
-    """A classifier of another size, or none, replaced by the model's fresh one (``ignore_mismatched_sizes``)."""
-    target = model.hf.state_dict()
-    theirs = {k: v for k, v in state.items() if k.startswith(CLASSIFIER)}
-    if theirs and all(k in target and v.shape == target[k].shape for k, v in theirs.items()):
-        return
-    old = next((v.shape[0] for k, v in theirs.items() if k.endswith("weight")), 0)
-    for key in theirs:
-        del state[key]
-    state |= {k: v for k, v in target.items() if k.startswith(CLASSIFIER)}
-    report.adapted.append(f"classifier re-sized from {old} to {model.num_classes} classes")
+def _read_folder(folder: Path, model: HFImageClassifier) -> tuple[nn.Module, dict[str, Any]]:
+    """The folder's model, built with ``model``'s config, and transformers' loading info; one line if unreadable."""
+    from transformers import AutoModelForImageClassification
+
+    try:
+        with _quiet_transformers():
+            return AutoModelForImageClassification.from_pretrained(
+                folder,
+                config=model.hf.config,
+                local_files_only=True,
+                ignore_mismatched_sizes=True,
+                output_loading_info=True,
+            )
+    except Exception as e:  # OSError without a weights file; safetensors and torch errors for a damaged one
+        first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise PretrainedWeightsError(
+            f"the weights of {folder} cannot be read ({type(e).__name__}: {first}); pass a folder written by "
+            "save_pretrained, with its model.safetensors (or pytorch_model.bin)"
+        ) from e
 
 
 def load_hf_pretrained(model: HFImageClassifier, source: str | Path) -> LoadReport:
@@ -74,27 +80,35 @@ def load_hf_pretrained(model: HFImageClassifier, source: str | Path) -> LoadRepo
     if not isinstance(model, HFImageClassifier):
         raise PretrainedWeightsError(f"{type(model).__name__} is no hf: model; a save_pretrained folder needs one")
     folder, config = hf_folder(source)
-    state, description = folder_state(folder)
-    report = LoadReport(description)
-    prefix = model.hf.base_model_prefix
-    if prefix and not any(k.startswith(prefix + ".") for k in state):  # the base model saved alone
-        state = {f"{prefix}.{k}": v for k, v in state.items()}
-    _fit_classifier(state, model, report)
-    target = model.hf.state_dict()
-    problems = key_problems(state, target)
+    loaded, info = _read_folder(folder, model)
+    report = LoadReport(str(folder))
+    mismatched = {key: theirs for key, theirs, _ in info["mismatched_keys"]}
+    problems = [
+        *(f"{k} missing" for k in info["missing_keys"] if not k.startswith(CLASSIFIER)),
+        *(f"{k} unexpected" for k in info["unexpected_keys"]),
+        *(f"{k} of shape {list(v)}" for k, v in mismatched.items() if not k.startswith(CLASSIFIER)),
+    ]
     if problems:
+        names = set(option_names(config["model_type"]).values())
         ours = model.hf.config
         differ = [
-            f"{key}={value} (the model's {getattr(ours, key)})"
-            for key, value in config.items()
-            if key in vars(ours) and key != "num_labels" and not isinstance(value, dict) and getattr(ours, key) != value
+            f"{k}={v} (the model's {getattr(ours, k, None)})"
+            for k, v in config.items()
+            if k in names and getattr(ours, k, None) != v
         ]
         why = f" The folder's config differs in {', '.join(differ)}." if differ else ""
         raise PretrainedWeightsError(
-            f"the weights of {folder} do not fit the hf:{ours.model_type} model built: {'; '.join(problems)}.{why} "
-            "Leave the folder's options unset (model.* keys), or resize the data to its image_size (data.img_size)"
+            f"the weights of {folder} do not fit the hf:{ours.model_type} model built "
+            f"({compress_keys(problems, 3)}).{why} Leave the folder's options unset (model.* keys), or resize the "
+            "data to its image_size (data.img_size)"
         )
-    model.hf.load_state_dict({k: v.to(dtype=target[k].dtype) for k, v in state.items()}, strict=True)
+    state = loaded.state_dict()
+    fresh = {k: v for k, v in model.hf.state_dict().items() if k.startswith(CLASSIFIER)}
+    if any(k.startswith(CLASSIFIER) for k in [*mismatched, *info["missing_keys"]]):
+        old = next((v[0] for k, v in mismatched.items() if k.endswith("weight")), 0)
+        state |= fresh
+        report.adapted.append(f"classifier re-sized from {old} to {model.num_classes} classes")
+    model.hf.load_state_dict(state, strict=True)
     model.pretrained_summary = report.summary()
     log.info(model.pretrained_summary)
     return report
