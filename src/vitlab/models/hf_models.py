@@ -151,9 +151,12 @@ def hf_config(model_type: str, options: dict[str, Any]) -> Any:
 def create_hf_model(name: str, **options: Any) -> HFImageClassifier:
     """transformers' image classifier ``hf:TYPE`` with random weights, built from its config with ``options``."""
     from transformers import AutoModelForImageClassification
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as CLASSES
 
     model_type = hf_model_type(name)
     config = hf_config(model_type, options)
+    names = CLASSES[model_type]  # DeiT's: the plain classifier and the one with a distillation head, in that order
+    config.architectures = [names if isinstance(names, str) else names[0]]
     try:
         model = AutoModelForImageClassification.from_config(config)
     except (ValueError, RuntimeError, AssertionError, TypeError, ZeroDivisionError) as e:
