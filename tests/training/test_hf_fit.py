@@ -109,7 +109,8 @@ def test_a_folder_is_fine_tuned_by_name_and_rebuilt_without_it(tmp_path, capsys)
     _saved_vit(folder)
     code, run_dir = _fit(tmp_path, f"model.name=hf:{folder}", "run.export=true")
     assert code == 0
-    assert "classifier re-sized from 3 to 10 classes" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "classifier re-sized from 3 to 10 classes" in said.out + said.err
     model_section = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]
     assert model_section == {"name": "hf:vit", "pretrained": str(folder)}
     shutil.rmtree(folder)

@@ -14,6 +14,7 @@ import functools
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
 
 from vitlab.config.hf_model import HF_PREFIX, is_path
@@ -52,8 +53,9 @@ NOT_OPTIONS = frozenset(
 class HFImageClassifier(nn.Module):
     """An HF transformers image classifier (``hf``) as a plain one: ``forward(x: [B, C, H, W]) -> logits [B, K]``.
 
-    ``grid_size`` and ``num_prefix_tokens`` (the CLS token, and DeiT's distillation token) tell the dynamics probe
-    the token layout; ``pretrained_cfg`` is timm's contract (the run writes the data's mean and std into it)."""
+    ``grid_size`` and ``num_prefix_tokens`` (the CLS token, DeiT's distillation token, Dinov2's registers; none
+    without a CLS token) tell the dynamics probe the token layout; ``pretrained_cfg`` is timm's contract (the run
+    writes the data's mean and std into it)."""
 
     def __init__(self, hf: nn.Module) -> None:
         super().__init__()
@@ -61,7 +63,11 @@ class HFImageClassifier(nn.Module):
         config = hf.config
         chans, size, patch = (getattr(config, k, None) for k in ("num_channels", "image_size", "patch_size"))
         self.num_classes = config.num_labels
-        self.num_prefix_tokens = 2 if config.model_type == "deit" else 1
+        if any(
+            hasattr(module, "cls_token") for module in hf.modules()
+        ):  # DeiT's distillation token, Dinov2's registers
+            extra = (config.model_type == "deit") + (getattr(config, "num_register_tokens", 0) or 0)
+            self.num_prefix_tokens = 1 + extra
         if isinstance(size, int) and isinstance(patch, int):
             self.grid_size = (size // patch, size // patch)
         self.pretrained_cfg = {
@@ -70,7 +76,7 @@ class HFImageClassifier(nn.Module):
             "classifier": "hf.classifier",
         }
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.hf(pixel_values=x).logits
 
 
