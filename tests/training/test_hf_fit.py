@@ -5,6 +5,7 @@ refused before the run folder exists. Tiny configs, random weights, no hub."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -38,7 +39,7 @@ ARCHITECTURES = {
 
 def _fit(tmp_path, *overrides: str) -> tuple[int, object]:
     run_dir = tmp_path / "run"
-    return main(["fit", "--config", "vit/digits", *overrides, *FAST, "run.report=false", f"run.dir={run_dir}"]), run_dir
+    return main(["fit", "--config", "vit/digits", *FAST, "run.report=false", *overrides, f"run.dir={run_dir}"]), run_dir
 
 
 @pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
@@ -104,18 +105,19 @@ def test_a_save_pretrained_folder_is_loaded_with_its_classifier_resized(tmp_path
             torch.testing.assert_close(value, saved[key], msg=key)
 
 
-def test_a_folder_is_fine_tuned_by_name_and_rebuilt_without_it(tmp_path, capsys):
+def test_a_folder_is_fine_tuned_by_name_and_rebuilt_without_it(tmp_path, caplog):
     folder = tmp_path / "folder"
     _saved_vit(folder)
-    code, run_dir = _fit(tmp_path, f"model.name=hf:{folder}", "run.export=true")
+    with caplog.at_level(logging.INFO, logger="vitlab.models.hf_weights"):
+        code, run_dir = _fit(tmp_path, f"model.name=hf:{folder}", "run.export=true")
     assert code == 0
-    said = capsys.readouterr()
-    assert "classifier re-sized from 3 to 10 classes" in said.out + said.err
+    assert f"loaded pretrained weights from {folder}; classifier re-sized from 3 to 10 classes" in caplog.messages
     model_section = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]
     assert model_section == {"name": "hf:vit", "pretrained": str(folder)}
     shutil.rmtree(folder)
-    model = vitlab.load_model(run_dir / "export")
-    assert model.hf.config.intermediate_size == 24 and model.num_classes == 10
+    for source in (run_dir / "export", run_dir / "checkpoints" / "last.ckpt"):
+        model = vitlab.load_model(source)
+        assert model.hf.config.intermediate_size == 24 and model.num_classes == 10
 
 
 @pytest.mark.parametrize(
