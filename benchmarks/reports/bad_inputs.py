@@ -320,6 +320,7 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         ),
         *timm_cases(work),
         *hf_cases(work),
+        *hf_model_cases(work),
         *torchvision_cases(work),
         ("observing a model whose attention vitlab cannot read (CaiT's talking heads)", cait),
         ("observing only CaiT's class attention (one CLS query)", [*cait, "dynamics.target=blocks_token_only"]),
@@ -653,6 +654,31 @@ def timm_cases(work: Path) -> list[tuple]:
                 "--img-size",
                 "32",
             ],
+        ),
+    ]
+
+
+def hf_model_cases(work: Path) -> list[tuple]:
+    """An HF transformers model trained by name (hf:TYPE) or from a save_pretrained folder (hf:PATH), refused before
+    the run folder, in one line."""
+    (work / "hf_empty").mkdir(exist_ok=True)
+    (work / "hf_noweights").mkdir(exist_ok=True)
+    (work / "hf_noweights" / "config.json").write_text(json.dumps({"model_type": "vit", "patch_size": 2}))
+    return [
+        ("unknown HF transformers model type", [*FIT, "model.name=hf:vitt"]),
+        ("an HF model type without an image classifier", [*FIT, "model.name=hf:bert"]),
+        ("an empty HF model name", [*FIT, "model.name='hf:'"]),
+        ("an option the HF config class does not have", [*FIT, "model.name=hf:swin", "model.depth=2"]),
+        (
+            "one HF config key set under two names",
+            [*FIT, "model.name=hf:vit", "model.embed_dim=16", "model.hidden_size=16"],
+        ),
+        ("an HF hub id as model.name (no hub)", [*FIT, "model.name=hf:google/vit-base-patch16-224"]),
+        ("an HF folder without config.json", [*FIT, f"model.name=hf:{work / 'hf_empty'}"]),
+        ("an HF folder without weights", [*FIT, f"model.name=hf:{work / 'hf_noweights'}"]),
+        (
+            "an HF folder under another model type",
+            [*FIT, "model.name=hf:deit", f"model.pretrained={work / 'hf_noweights'}"],
         ),
     ]
 

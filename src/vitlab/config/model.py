@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 from vitlab.config.coerce import typed_mapping
+from vitlab.config.hf_model import HF_CLASS, HF_PREFIX, check_hf_name, hf_section
 from vitlab.errors import ConfigError, FamilyError, ModelOptionError, UnknownModelError
 from vitlab.family import NO_PLUGINS_ENV, Family, families, presets
 
@@ -260,6 +261,9 @@ def model_class_name(model: Any) -> str:
         return TIMM_CLASS
     if name.startswith(TV_PREFIX):
         return TV_CLASS
+    if name.startswith(HF_PREFIX):
+        check_hf_name(name)
+        return HF_CLASS
     presets = catalogue()
     if name not in presets:
         raise unknown_model(str(name), presets)
@@ -299,12 +303,12 @@ def model_section(model: Any) -> dict[str, Any]:
     preset = {key: model[key] for key in MODEL_KEYS if key in model}
     options = {key: value for key, value in model.items() if key not in MODEL_KEYS}
     section = typed_mapping(ModelConfig, preset, "model")
-    if options and class_name in (TIMM_CLASS, TV_CLASS):
+    if options and class_name in (TIMM_CLASS, TV_CLASS, HF_CLASS):
         section |= options
     elif options:
         section |= typed_mapping(model_options_type(class_name), options, "model")
     check_model_sizes(section)
-    return section
+    return hf_section(section) if class_name == HF_CLASS else section
 
 
 def has_temperature(model: dict[str, Any]) -> bool | None:
@@ -313,7 +317,7 @@ def has_temperature(model: dict[str, Any]) -> bool | None:
     class without that option (left to ``DynamicsPolicy.check`` on the built model)."""
     if "temperature" in model:
         return bool(model["temperature"])
-    if model["name"].startswith((TIMM_PREFIX, TV_PREFIX)):
+    if model["name"].startswith((TIMM_PREFIX, TV_PREFIX, HF_PREFIX)):
         return False
     options = model_options_type(catalogue()[model["name"]][0])
     fields = {f.name: f.default for f in dataclasses.fields(options)} if options is not None else {}

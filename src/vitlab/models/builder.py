@@ -8,7 +8,9 @@ from typing import Any
 
 from torch import nn
 
+from vitlab.config.hf_model import HF_PREFIX
 from vitlab.layers.dropout import use_fast_dropout
+from vitlab.models.hf_weights import load_hf_pretrained, pretrained_options
 from vitlab.models.pretrained import LoadReport, check_keys, fit_to_backbone, load_pretrained, timm_vit_kwargs
 from vitlab.models.registry import get_preset, list_models, resolved_kwargs
 from vitlab.models.vit import VisionTransformer
@@ -22,13 +24,19 @@ def create_model(name: str, pretrained: str | None = None, **overrides: Any) -> 
     head reset, any other mismatch an error). It is kept as ``model.pretrained``, not in ``init_kwargs``.
     Its dropouts are :class:`vitlab.layers.dropout.Dropout` (the same distribution, a cheaper mask).
     """
+    hf = name.startswith(HF_PREFIX)
+    if hf and pretrained:  # a save_pretrained folder: its network, under the overrides
+        overrides = {**pretrained_options(name, pretrained), **overrides}
     preset = get_preset(name)
     kwargs = resolved_kwargs(name, **overrides)
     model = use_fast_dropout(preset.build(**kwargs))
     model.preset = name
     model.init_kwargs = kwargs
     if pretrained:
-        load_pretrained(model, pretrained, arch=name)
+        if hf:
+            load_hf_pretrained(model, pretrained)
+        else:
+            load_pretrained(model, pretrained, arch=name)
         model.pretrained = str(pretrained)
     return model
 

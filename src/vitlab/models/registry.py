@@ -19,10 +19,12 @@ from typing import Any
 
 from torch import nn
 
+from vitlab.config.hf_model import HF_PREFIX
 from vitlab.config.model import TIMM_PREFIX, TV_PREFIX, unknown_model
 from vitlab.errors import FamilyError, ModelOptionError
 from vitlab.family import FAMILY_API, Family, error_line, origin, plugin_failed, presets, resolve
 from vitlab.model_catalogue import CORE_MODELS
+from vitlab.models.hf_models import create_hf_model, hf_model_type
 from vitlab.models.timm_models import create_timm_model, timm_architecture
 from vitlab.models.tv_models import create_tv_model, tv_architecture
 
@@ -99,6 +101,9 @@ def get_preset(name: str) -> Preset:
     if name.startswith(TV_PREFIX):
         arch = tv_architecture(name)
         return Preset(name, nn.Module, description=f"torchvision's {arch}", factory=partial(create_tv_model, name))
+    if name.startswith(HF_PREFIX):
+        kind = hf_model_type(name)
+        return Preset(name, nn.Module, description=f"transformers' {kind}", factory=partial(create_hf_model, name))
     if name not in _REGISTRY:
         namespace = presets()
         if name not in namespace:

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.config import ConfigError, RunConfig, to_dict
+from vitlab.config.hf_model import HF_PREFIX
 from vitlab.data import VisionDataModule
 from vitlab.errors import RunDirError
-from vitlab.models import tv_models
+from vitlab.models import hf_models, tv_models
+from vitlab.models.hf_weights import pretrained_options
 from vitlab.models.registry import constructor_args, get_preset
 from vitlab.models.timm_models import DATA_OPTIONS, data_options
 
@@ -47,6 +49,11 @@ def model_kwargs_for(cfg: RunConfig, info: dict[str, Any]) -> dict[str, Any]:
     preset = get_preset(cfg.model["name"])
     if preset.factory is None:
         accepted = constructor_args(preset.cls)
+    elif preset.name.startswith(HF_PREFIX):  # the network of a save_pretrained folder, under the config's keys
+        kwargs = {k: v for k, v in kwargs.items() if not (k in DATA_OPTIONS and v is None)}
+        folder = cfg.model.get("pretrained")
+        kwargs = {**pretrained_options(preset.name, folder), **kwargs} if folder else kwargs
+        accepted = hf_models.data_options(preset.name)
     else:  # a timm model: a null data option is the data's, and img_size goes only to a model that takes it
         kwargs = {k: v for k, v in kwargs.items() if not (k in DATA_OPTIONS and v is None)}
         foreign = tv_models.data_options if preset.name.startswith(tv_models.TV_PREFIX) else data_options
