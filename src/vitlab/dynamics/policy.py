@@ -32,7 +32,7 @@ from vitlab.diagnostics.dynamics import (
     temperature_update,
 )
 from vitlab.diagnostics.trend import LagWindow
-from vitlab.dynamics.freezing import FrozenHeadGuard
+from vitlab.dynamics.freezing import FrozenHeadGuard, SteeredHeadGuard
 from vitlab.dynamics.layer_cache import CachedPrefix
 from vitlab.dynamics.layer_freezing import LayerFreezer
 from vitlab.dynamics.policy_state import PolicyState
@@ -46,6 +46,7 @@ from vitlab.dynamics.probe import (
 )
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
+from vitlab.layers.head_steering import SteeredHeads
 from vitlab.models.contract import module_mode
 
 
@@ -62,9 +63,9 @@ class DynamicsPolicy(PolicyState):
         self.probe = probe
         self.model: nn.Module | None = None
         self.module_names: list[str] = []
-        self.modules: list[Attention | ObservedAttention] = []
+        self.modules: list[Attention | SteeredHeads | ObservedAttention] = []
         #: None for a model whose attention is only observed (:func:`~vitlab.dynamics.probe.observed_modules`)
-        self.guard: FrozenHeadGuard | None = None
+        self.guard: FrozenHeadGuard | SteeredHeadGuard | None = None
         self.example: torch.Tensor | None = None  # an input for a model whose attention is found by running it
         self.cost: torch.Tensor | None = None
         self.grid: tuple[int, int] | None = None
@@ -108,9 +109,10 @@ class DynamicsPolicy(PolicyState):
         the run folder exists): the controlled modules, one head count, a temperature where the mode needs one and
         the patch grid. Returns the named modules and the grid; a :class:`ConfigError` names what is missing.
 
-        A model without vitlab's ``Attention`` (timm's EVA, HF transformers' ViT...) is observed only: its attention
-        is found by running it on ``example: [1, C, H, W]`` (kept for :meth:`attach`), and the temperature modes
-        and freezing are refused (:func:`~vitlab.dynamics.probe.observed_modules`)."""
+        A model without vitlab's ``Attention`` (timm's EVA, HF transformers' ViT...) has its attention found by
+        running it on ``example: [1, C, H, W]`` (kept for :meth:`attach`); its heads are steered through hooks where
+        vitlab reaches their query and key, else observed only, the temperature modes and freezing refused
+        (:func:`~vitlab.dynamics.probe.observed_modules`)."""
         cfg = self.config
         if example is not None:
             self.example = example[:1]
@@ -141,8 +143,11 @@ class DynamicsPolicy(PolicyState):
         self.grid = (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
-        if not isinstance(self.modules[0], ObservedAttention):
+        if isinstance(self.modules[0], Attention):
             self.guard = FrozenHeadGuard(self.modules)  # the modules become FrozenHeadAttention, in place
+        elif isinstance(self.modules[0], SteeredHeads):
+            self.guard = SteeredHeadGuard(self.modules)  # hooks on the foreign modules' q and k
+        if self.guard is not None:
             for module in self.guard.modules:
                 module.train_frozen_values = cfg.freeze_scope == "pattern"
         if cfg.mode == "fixed":
@@ -187,7 +192,8 @@ class DynamicsPolicy(PolicyState):
         with module_mode(model, training=False), temperature:
             for start in range(0, len(probe), cfg.probe_batch_size):
                 images = probe[start : start + cfg.probe_batch_size].to(device)
-                maps = captured_attention(self.model, forward, images, self.module_names, self.guard is None)
+                observed = not isinstance(self.modules[0], Attention)
+                maps = captured_attention(self.model, forward, images, self.module_names, observed)
                 chunk = []
                 for layer, name in enumerate(self.module_names):
                     attn = self._checked_map(maps, name)  # [b, H, T, T]

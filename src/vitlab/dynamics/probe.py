@@ -16,6 +16,7 @@ from vitlab.diagnostics.capture import attention_recording, unread_attention
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture, attention_modules, is_attention
+from vitlab.layers.head_steering import SteeredHeads, steer, steerable
 from vitlab.models.contract import module_mode
 from vitlab.models.protocols import DynamicsTarget
 
@@ -111,11 +112,13 @@ def no_class_token(model: nn.Module) -> str:
 
 def observed_modules(
     model: nn.Module, config: DynamicsConfig, example: torch.Tensor | None, tokens: int
-) -> list[tuple[str, ObservedAttention]]:
+) -> list[tuple[str, ObservedAttention | SteeredHeads]]:
     """The attention of a model without vitlab's ``Attention`` that the controller observes: every attention over
-    all ``tokens`` (prefix and patches) that ``model.forward_features(example)`` computes (under ``config.target``).
-    Refused, every reason in one message: a model whose attention has no CLS row over the image (no class token,
-    windows only), and the temperature modes and freezing, which need heads vitlab owns."""
+    all ``tokens`` (prefix and patches) that ``model.forward_features(example)`` computes (under ``config.target``),
+    each as its :class:`~vitlab.layers.head_steering.SteeredHeads` where vitlab reaches every head's query and key
+    (HF's ``q_proj``/``k_proj``, timm's ``q_norm``/``k_norm``, ``nn.MultiheadAttention``), else read only. Refused,
+    every reason in one message: a model whose attention has no CLS row over the image (no class token, windows
+    only), and the temperature modes and freezing where a head cannot be reached (:func:`unsteerable`)."""
     problems, chosen = [], []
     if not has_class_token(model):
         problems.append(no_class_token(model))
@@ -127,19 +130,50 @@ def observed_modules(
                 f"({found or 'none captured'}): the drift needs a CLS row over every patch, among all the tokens, "
                 "which windowed attention (Swin) and class attention (CaiT) have not; check dynamics.target"
             )
-    if config.mode in TAU_MODES:
+    modules = {name: model.get_submodule(name) for name, _ in chosen if "#" not in name}
+    refused = unsteerable(model, [modules.get(name) for name, _ in chosen])
+    if config.mode in TAU_MODES and refused:
         problems.append(
-            f"dynamics.mode={config.mode} sets a per-head temperature, but {attention_kinds(model)}, whose heads "
-            "vitlab cannot scale (only vitlab's and timm's plain Attention); use dynamics.mode=fixed"
+            f"dynamics.mode={config.mode} sets a per-head temperature, but {refused}, whose heads vitlab cannot "
+            f"scale ({STEERABLE}); use dynamics.mode=fixed"
         )
-    if config.freezes_heads:
+    if config.freezes_heads and refused:
         problems.append(
-            f"dynamics.freeze=true freezes heads whose parameters vitlab knows (vitlab's and timm's plain Attention), "
-            f"but {attention_kinds(model)}; set dynamics.freeze=false to observe its heads"
+            f"dynamics.freeze=true freezes heads whose parameters vitlab knows ({STEERABLE}), but {refused}; "
+            "set dynamics.freeze=false to observe its heads"
         )
+    if config.freezes_heads and not refused and chosen:
+        shared = {n: steer(m).pattern_parameters() for n, m in modules.items() if steer(m).pattern_parameters()}
+        if shared:
+            name, parameters = next(iter(shared.items()))
+            problems.append(
+                f"dynamics.freeze=true freezes heads, but {name} ({type(modules[name]).__name__}) holds "
+                f"{', '.join(parameters)}, shared by all its heads, which would move a frozen head's pattern; "
+                "set dynamics.freeze=false"
+            )
     if problems:
         raise ConfigError(". Also, ".join(problems))
+    if chosen and not refused:
+        return [(name, steer(modules[name])) for name, _ in chosen]
     return chosen
+
+
+#: what vitlab can steer, for messages
+STEERABLE = (
+    "vitlab's Attention, and the attention whose heads' query and key it reaches: timm's with q_norm/k_norm, "
+    "HF's with q_proj/k_proj, nn.MultiheadAttention"
+)
+
+
+def unsteerable(model: nn.Module, modules: list[nn.Module | None]) -> str:
+    """``"Swin attends with WindowAttention"`` when some of ``modules`` (None: a second matrix in one module) is
+    attention whose heads vitlab cannot reach (:func:`~vitlab.layers.head_steering.steerable`), else ``""``."""
+    kinds = sorted({type(m).__name__ for m in modules if m is not None and not steerable(m)})
+    if not modules:
+        return attention_kinds(model)
+    if None in modules and not kinds:
+        kinds = ["attention computed twice in one module"]
+    return f"{type(model).__name__} attends with {', '.join(kinds)}" if kinds else ""
 
 
 def _attention_over(
@@ -188,7 +222,7 @@ def modules_to_control(
     """The attention the controller acts on (vitlab's ``Attention``: :func:`controlled_modules`) or observes (any
     other: :func:`observed_modules`, found by running ``example``), and the model's patch grid; a model without a CLS
     token (:func:`has_class_token`) or a patch grid (a CNN) is refused."""
-    grid = _model_attribute(model, "grid_size")
+    grid = patch_grid(model)
     if grid is None:
         what = "no attention module and no patch grid" if not attention_classes(model) else "no patch grid (grid_size)"
         raise ConfigError(
@@ -216,6 +250,23 @@ def captured_attention(
     with attention_capture(model, names) as capture:
         forward(images)
         return capture.collect()
+
+
+def patch_grid(model: nn.Module) -> tuple[int, int] | None:
+    """The patch grid of ``model``: its ``grid_size`` (timm's, vitlab's), else the image size over the patch size of
+    its first module that has both (HF transformers' patch embeddings, torchvision's ``VisionTransformer``)."""
+    grid = _model_attribute(model, "grid_size")
+    if grid is not None:
+        return grid
+    for module in model.modules():
+        size, patch = getattr(module, "image_size", None), getattr(module, "patch_size", None)
+        if size is not None and patch is not None:
+            size, patch = (
+                (size, size) if isinstance(size, int) else size,
+                (patch, patch) if isinstance(patch, int) else patch,
+            )
+            return int(size[0]) // int(patch[0]), int(size[1]) // int(patch[1])
+    return None
 
 
 def _model_attribute(model: nn.Module, name: str) -> Any:
