@@ -2,6 +2,7 @@
 the logits unchanged at tau = 1, tau scales the named head only, a frozen head's rows never move, refusals by name."""
 
 import math
+from copy import deepcopy
 
 import pytest
 import timm
@@ -100,6 +101,19 @@ def test_tau_scales_the_logits_of_the_named_head_only(kind, form):
     torch.testing.assert_close(after[:, 1].double(), expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(after[:, [0, 2]], before[:, [0, 2]], atol=1e-6, rtol=0)
     assert not torch.allclose(after[:, 1], before[:, 1], atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["hf_vit", "tv_vit", "timm_eva"])
+def test_a_copy_of_a_steered_model_steers_its_own_heads(kind):
+    model = build(kind).eval()
+    name = steer_temperature(model)[0]
+    copy = deepcopy(model)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        before = model(x)
+        copy.get_submodule(name).log_tau.fill_(math.log(3.0))
+        assert torch.equal(model(x), before)
+        assert not torch.allclose(copy(x), before)
 
 
 def head_rows(handle, head: int, parts: str = "qkv") -> list[torch.Tensor]:

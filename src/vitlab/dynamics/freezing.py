@@ -1,4 +1,5 @@
-"""Freezing converged heads (ViTCAE eq. 26) for the optimizers that train them: :class:`FrozenHeadGuard`.
+"""Freezing converged heads (ViTCAE eq. 26) for the optimizers that train them: :class:`FrozenHeadGuard` (vitlab's
+``Attention``) and :class:`SteeredHeadGuard` (HF's, torchvision's and timm's attention, steered by hooks).
 
 The attention side (a frozen head's pattern is a constant of the backward pass) is
 :class:`~vitlab.dynamics.frozen_heads.FrozenHeadAttention`, which the guard installs on the modules it guards;
@@ -193,3 +194,11 @@ class SteeredHeadGuard:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+
+def guard_for(modules: list[Any]) -> FrozenHeadGuard | SteeredHeadGuard | None:
+    """The guard of the controlled modules: :class:`FrozenHeadGuard` for vitlab's ``Attention`` (made
+    ``FrozenHeadAttention`` in place), :class:`SteeredHeadGuard` for foreign heads, None for attention only read."""
+    if isinstance(modules[0], Attention):
+        return FrozenHeadGuard(modules)
+    return SteeredHeadGuard(modules) if isinstance(modules[0], SteeredHeads) else None

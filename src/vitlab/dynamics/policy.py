@@ -32,7 +32,7 @@ from vitlab.diagnostics.dynamics import (
     temperature_update,
 )
 from vitlab.diagnostics.trend import LagWindow
-from vitlab.dynamics.freezing import FrozenHeadGuard, SteeredHeadGuard
+from vitlab.dynamics.freezing import FrozenHeadGuard, SteeredHeadGuard, guard_for
 from vitlab.dynamics.layer_cache import CachedPrefix
 from vitlab.dynamics.layer_freezing import LayerFreezer
 from vitlab.dynamics.policy_state import PolicyState
@@ -64,8 +64,7 @@ class DynamicsPolicy(PolicyState):
         self.model: nn.Module | None = None
         self.module_names: list[str] = []
         self.modules: list[Attention | SteeredHeads | ObservedAttention] = []
-        #: None for a model whose attention is only observed (:func:`~vitlab.dynamics.probe.observed_modules`)
-        self.guard: FrozenHeadGuard | SteeredHeadGuard | None = None
+        self.guard: FrozenHeadGuard | SteeredHeadGuard | None = None  # None: attention only observed
         self.example: torch.Tensor | None = None  # an input for a model whose attention is found by running it
         self.cost: torch.Tensor | None = None
         self.grid: tuple[int, int] | None = None
@@ -109,10 +108,9 @@ class DynamicsPolicy(PolicyState):
         the run folder exists): the controlled modules, one head count, a temperature where the mode needs one and
         the patch grid. Returns the named modules and the grid; a :class:`ConfigError` names what is missing.
 
-        A model without vitlab's ``Attention`` (timm's EVA, HF transformers' ViT...) has its attention found by
-        running it on ``example: [1, C, H, W]`` (kept for :meth:`attach`); its heads are steered through hooks where
-        vitlab reaches their query and key, else observed only, the temperature modes and freezing refused
-        (:func:`~vitlab.dynamics.probe.observed_modules`)."""
+        A model without vitlab's ``Attention`` (timm's EVA, HF's ViT...) has its attention found by running it on
+        ``example: [1, C, H, W]`` (kept for :meth:`attach`), its heads steered by hooks where vitlab reaches them,
+        else observed only (:func:`~vitlab.dynamics.probe.observed_modules`)."""
         cfg = self.config
         if example is not None:
             self.example = example[:1]
@@ -143,10 +141,7 @@ class DynamicsPolicy(PolicyState):
         self.grid = (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
-        if isinstance(self.modules[0], Attention):
-            self.guard = FrozenHeadGuard(self.modules)  # the modules become FrozenHeadAttention, in place
-        elif isinstance(self.modules[0], SteeredHeads):
-            self.guard = SteeredHeadGuard(self.modules)  # hooks on the foreign modules' q and k
+        self.guard = guard_for(self.modules)
         if self.guard is not None:
             for module in self.guard.modules:
                 module.train_frozen_values = cfg.freeze_scope == "pattern"
@@ -192,8 +187,8 @@ class DynamicsPolicy(PolicyState):
         with module_mode(model, training=False), temperature:
             for start in range(0, len(probe), cfg.probe_batch_size):
                 images = probe[start : start + cfg.probe_batch_size].to(device)
-                observed = not isinstance(self.modules[0], Attention)
-                maps = captured_attention(self.model, forward, images, self.module_names, observed)
+                observed = not isinstance(self.modules[0], Attention)  # read by operation type, steered or not
+                maps = captured_attention(model, forward, images, self.module_names, observed)
                 chunk = []
                 for layer, name in enumerate(self.module_names):
                     attn = self._checked_map(maps, name)  # [b, H, T, T]

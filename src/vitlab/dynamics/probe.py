@@ -159,18 +159,15 @@ def observed_modules(
 
 
 #: what vitlab can steer, for messages
-STEERABLE = (
-    "vitlab's Attention, and the attention whose heads' query and key it reaches: timm's with q_norm/k_norm, "
-    "HF's with q_proj/k_proj, nn.MultiheadAttention"
-)
+STEERABLE = "vitlab's, timm's with q_norm/k_norm, HF's with q_proj/k_proj, nn.MultiheadAttention"
 
 
 def unsteerable(model: nn.Module, modules: list[nn.Module | None]) -> str:
-    """``"Swin attends with WindowAttention"`` when some of ``modules`` (None: a second matrix in one module) is
-    attention whose heads vitlab cannot reach (:func:`~vitlab.layers.head_steering.steerable`), else ``""``."""
+    """``"Swin attends with WindowAttention"`` when some of ``modules`` (all the model's attention when empty; None:
+    a second matrix in one module) is attention whose heads vitlab cannot reach
+    (:func:`~vitlab.layers.head_steering.steerable`), else ``""``."""
+    modules = modules or [m for m in model.modules() if is_attention(m)]
     kinds = sorted({type(m).__name__ for m in modules if m is not None and not steerable(m)})
-    if not modules:
-        return attention_kinds(model)
     if None in modules and not kinds:
         kinds = ["attention computed twice in one module"]
     return f"{type(model).__name__} attends with {', '.join(kinds)}" if kinds else ""

@@ -32,8 +32,8 @@ from torch import nn
 
 from vitlab.layers.attention import Attention
 
-#: the output projection of each layout: trained by every head together, never part of a head's pattern
-OUTPUT_PROJECTIONS = ("o_proj", "proj", "out_proj")
+#: what follows the heads' attention (the output projection, an inner norm): never part of a head's pattern
+OUTPUT_PROJECTIONS = ("o_proj", "proj", "out_proj", "norm")
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,9 @@ class SteeredHeads:
             module.register_forward_hook(self._swap_out, always_call=True)
         else:
             sources = ("q_proj", "k_proj") if self.kind == "projections" else ("q_norm", "k_norm")
-            getattr(module, sources[0]).register_forward_hook(lambda _m, _i, out: self._steer(out, query=True))
-            getattr(module, sources[1]).register_forward_hook(lambda _m, _i, out: self._steer(out, query=False))
+            # bound methods, not closures: a deepcopy of the model then steers the copy's heads
+            getattr(module, sources[0]).register_forward_hook(self._steer_query)
+            getattr(module, sources[1]).register_forward_hook(self._steer_key)
 
     @property
     def log_tau(self) -> nn.Parameter | None:
@@ -162,6 +163,12 @@ class SteeredHeads:
         if self.log_tau is None:
             return None
         return (self.log_tau if self.temperature_form == "inverse" else -self.log_tau).exp()
+
+    def _steer_query(self, source: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        return self._steer(out, query=True)
+
+    def _steer_key(self, source: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        return self._steer(out, query=False)
 
     def _steer(self, out: torch.Tensor, query: bool) -> torch.Tensor | None:
         """The hooked q or k output, ``[B, N, H d]`` (projections) or ``[B, H, N, d]`` (qk_norm), with q scaled per
