@@ -52,9 +52,11 @@ def build(kind: str, layers: int = 2) -> nn.Module:
     if kind == "hf_dinov2":
         return Logits(Dinov2ForImageClassification(Dinov2Config(**{**hf, "mlp_ratio": 2})))
     if kind == "tv_vit":
-        return VisionTransformer(
+        model = VisionTransformer(
             image_size=16, patch_size=4, num_layers=layers, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=3
         )
+        nn.init.normal_(model.heads.head.weight, std=0.5)  # torchvision starts its head at zero: logits all 0
+        return model
     if kind == "timm_eva":
         return timm.create_model("eva02_tiny_patch14_224", img_size=16, patch_size=4, depth=layers, num_classes=3)
     return timm.create_model(
