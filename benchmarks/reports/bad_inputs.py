@@ -28,6 +28,9 @@ from vitlab.cli.main import main
 
 TINY = ["trainer.accelerator=cpu", "model.depth=1", "data.limit_train=128", "run.generate=false", "run.report=false"]
 FIT = ["fit", "--config", "vit/digits", "trainer.max_epochs=1", *TINY]
+#: timm's BEiT, tiny: its attention has a relative position bias and no q_norm, so vitlab cannot reach its heads
+BEIT = ["model.name=timm:beit_base_patch16_224", "model.img_size=8", "model.patch_size=2", "model.embed_dim=32"]
+BEIT += ["model.num_heads=2"]
 REPO = str(Path(vitlab.__file__).resolve().parents[2])  # where this checkout is: <repo> in the table
 
 
@@ -314,9 +317,21 @@ def cases(work: Path, run_dir: Path) -> list[tuple]:
         ("unknown model option", [*FIT, "model.embed_dimm=64"]),
         ("unknown timm model", [*FIT, "model.name=timm:deit_tiny_patch16_22"]),
         ("an option timm's model does not take", [*FIT, "model.name=timm:deit_tiny_patch16_224", "model.foo=3"]),
+        ("freezing the heads of a model whose attention is only observed", [*FIT, *BEIT, "dynamics.mode=fixed"]),
         (
-            "freezing the heads of a model whose attention is only observed",
-            [*FIT, "model.name=timm:eva02_tiny_patch14_224", "model.img_size=8", "dynamics.mode=fixed"],
+            "model.temperature on a timm attention whose query vitlab cannot reach",
+            [*FIT, *BEIT, "model.temperature=true"],
+        ),
+        (
+            "freezing the heads of a qk-norm ViT (the norm's weight is shared by its heads)",
+            [
+                *FIT,
+                "model.name=timm:vit_tiny_patch16_224",
+                "model.img_size=8",
+                "model.patch_size=2",
+                "model.qk_norm=true",
+                "dynamics.mode=fixed",
+            ],
         ),
         *timm_cases(work),
         *hf_cases(work),
@@ -619,6 +634,14 @@ def timm_cases(work: Path) -> list[tuple]:
     """A timm model trained by name: what its built model refuses, before the run folder, in one line."""
     deit, tiny = "model.name=timm:deit_tiny_patch16_224", ["model.img_size=8", "model.patch_size=2"]
     observe = ["dynamics.mode=fixed", "dynamics.freeze=false"]
+    swin = [
+        "model.img_size=8",
+        "model.patch_size=2",
+        "model.window_size=2",
+        "model.depths=[1,1]",
+        "model.num_heads=[1,2]",
+    ]
+    swin += ["model.embed_dim=8", "dynamics.mode=fixed"]
     return [
         ("an empty timm model name", [*FIT, "model.name=timm:"]),
         ("timm's weights named in model.name", [*FIT, "model.name=timm:deit_tiny_patch16_224.fb_in1k"]),
@@ -633,6 +656,10 @@ def timm_cases(work: Path) -> list[tuple]:
         (
             "a timm model without a CLS token, freezing on (every reason at once)",
             [*FIT, "model.name=timm:vit_relpos_small_patch16_224", *tiny, "dynamics.mode=fixed"],
+        ),
+        (  # without FIT's model.depth, which timm's Swin does not take
+            "timm's windowed Swin, freezing on (every reason at once)",
+            [*(a for a in FIT if a != "model.depth=1"), "model.name=timm:swin_tiny_patch4_window7_224", *swin],
         ),
         (  # without FIT's model.depth, which a ResNet does not take
             "the dynamics controller on a timm CNN",

@@ -28,6 +28,9 @@ FAST = [
     "run.report=false",
 ]
 TINY_TIMM = ["model.img_size=8", "model.patch_size=2", "model.depth=2"]
+TINY_SWIN = ["model.img_size=8", "model.patch_size=2", "model.window_size=2", "model.depths=[1,1]"]
+TINY_SWIN += ["model.num_heads=[1,2]", "model.embed_dim=8"]
+TINY_BEIT = ["model.embed_dim=32", "model.num_heads=2"]  # BEiT's attention: a relative position bias, no q_norm
 
 
 def _fit(tmp_path, *overrides: str) -> tuple[int, object]:
@@ -40,6 +43,7 @@ def _fit(tmp_path, *overrides: str) -> tuple[int, object]:
     [
         ("deit_tiny_patch16_224", ["dynamics.mode=fixed", "dynamics.freeze=false"]),  # the issue's command
         ("eva02_tiny_patch14_224", ["dynamics.mode=fixed", "dynamics.freeze=false"]),  # observed only (rotary)
+        ("eva02_tiny_patch14_224", ["model.temperature=true", "dynamics.mode=schedule"]),  # steered by hooks
         ("deit_tiny_patch16_224", ["model.temperature=true", "dynamics.mode=schedule"]),  # steered and frozen
     ],
 )
@@ -65,12 +69,12 @@ def test_fit_trains_a_timm_model_by_name_and_records_every_heads_drift(tmp_path,
         (["model.name=timm:deit_tiny_patch16_22"], "timm has no model 'deit_tiny_patch16_22'. Did you mean"),
         (["model.name=timm:deit_tiny_patch16_224", *TINY_TIMM, "model.foo=3"], "unexpected keyword argument 'foo'"),
         (
-            ["model.name=timm:eva02_tiny_patch14_224", *TINY_TIMM, "dynamics.mode=fixed"],
-            "dynamics.freeze=true freezes heads whose parameters vitlab knows",
+            ["model.name=timm:beit_base_patch16_224", *TINY_TIMM, *TINY_BEIT, "dynamics.mode=fixed"],
+            "dynamics.freeze=true freezes heads whose parameters vitlab knows (vitlab's, timm's with q_norm/k_norm",
         ),
         (
-            ["model.name=timm:eva02_tiny_patch14_224", *TINY_TIMM, "model.temperature=true"],
-            "attends with EvaAttention, not timm's plain Attention",
+            ["model.name=timm:beit_base_patch16_224", *TINY_TIMM, *TINY_BEIT, "model.temperature=true"],
+            "attends with Attention, whose heads' query and key vitlab cannot reach",
         ),
         (["model.name=timm:eva02_tiny_patch14_224", *TINY_TIMM, "dynamics.mode=schedule"], "model.temperature=true"),
         (
@@ -134,9 +138,8 @@ NO_CLS = ["model.class_token=false", "model.global_pool=avg", "dynamics.mode=fix
             "VisionTransformer has no CLS token",
         ),
         (  # every reason at once
-            ["model.name=timm:vit_relpos_small_patch16_224", *TINY_TIMM, "dynamics.mode=fixed"],
-            "choose a model with a class token (e.g. model.class_token=true for timm's ViT). Also, "
-            "dynamics.freeze=true freezes heads",
+            ["model.name=timm:swin_tiny_patch4_window7_224", *TINY_SWIN, "dynamics.mode=fixed"],
+            "check dynamics.target. Also, dynamics.freeze=true freezes heads whose parameters vitlab knows",
         ),
         (
             ["model.name=timm:resnet18", "dynamics.mode=fixed", "dynamics.freeze=false"],

@@ -1,4 +1,5 @@
-"""Freezing converged heads (ViTCAE eq. 26) for the optimizers that train them: :class:`FrozenHeadGuard`.
+"""Freezing converged heads (ViTCAE eq. 26) for the optimizers that train them: :class:`FrozenHeadGuard` (vitlab's
+``Attention``) and :class:`SteeredHeadGuard` (HF's, torchvision's and timm's attention, steered by hooks).
 
 The attention side (a frozen head's pattern is a constant of the backward pass) is
 :class:`~vitlab.dynamics.frozen_heads.FrozenHeadAttention`, which the guard installs on the modules it guards;
@@ -15,6 +16,7 @@ import torch
 
 from vitlab.dynamics.frozen_heads import FrozenHeadAttention
 from vitlab.layers.attention import Attention
+from vitlab.layers.head_steering import SteeredHeads
 
 
 def dropping_gradients(drop: Callable[[], None]) -> Callable[..., tuple[tuple, dict] | None]:
@@ -145,3 +147,58 @@ class FrozenHeadGuard:
             hook.remove()
         self._hooks = []
         self._optimizers = []
+
+
+class SteeredHeadGuard:
+    """Eq. 26 for attention vitlab did not build (:class:`~vitlab.layers.head_steering.SteeredHeads`, one per layer):
+    :meth:`freeze` marks the heads (their q and k detached in the forward pass) and snapshots their rows of q, k and v
+    (q and k only under ``train_frozen_values``, ``freeze_scope: pattern``) and their tau; after every step of an
+    optimizer passed to :meth:`attach`, :meth:`restore` copies them back, so that weight decay and moments leave a
+    frozen head bit-identical, as :class:`FrozenHeadGuard` does for vitlab's ``Attention``. The heads never move."""
+
+    def __init__(self, modules: list[SteeredHeads]) -> None:
+        self.modules = modules
+        self._snapshots: list[tuple[torch.Tensor, slice, torch.Tensor]] = []
+        self._hooks: list[Any] = []
+
+    def freeze(self, frozen: torch.Tensor) -> None:
+        """Freeze exactly the heads marked in ``frozen: [L, H]`` bool and snapshot their current parameters."""
+        if frozen.shape != (len(self.modules), self.modules[0].num_heads):
+            raise ValueError(f"frozen must be [L, H] = [{len(self.modules)}, {self.modules[0].num_heads}]")
+        self._snapshots = []
+        with torch.no_grad():
+            for module, mask in zip(self.modules, frozen, strict=True):
+                module.set_frozen_heads(mask)
+                parts = "qk" if getattr(module, "train_frozen_values", False) else "qkv"
+                d = module.head_dim
+                for head in mask.nonzero().flatten().tolist():
+                    for part in parts:
+                        for rows in module.rows[part]:
+                            where = slice(rows.offset + head * d, rows.offset + (head + 1) * d)
+                            self._snapshots.append((rows.parameter, where, rows.parameter.data[where].clone()))
+                    if module.log_tau is not None:
+                        where = slice(head, head + 1)
+                        self._snapshots.append((module.log_tau, where, module.log_tau.data[where].clone()))
+
+    def restore(self) -> None:
+        """Copy the snapshots of the frozen heads back into the parameters (nothing before :meth:`freeze`)."""
+        with torch.no_grad():
+            for parameter, where, rows in self._snapshots:
+                parameter.data[where] = rows
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Restore the frozen heads after every ``optimizer.step()``."""
+        self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.restore()))
+
+    def detach(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def guard_for(modules: list[Any]) -> FrozenHeadGuard | SteeredHeadGuard | None:
+    """The guard of the controlled modules: :class:`FrozenHeadGuard` for vitlab's ``Attention`` (made
+    ``FrozenHeadAttention`` in place), :class:`SteeredHeadGuard` for foreign heads, None for attention only read."""
+    if isinstance(modules[0], Attention):
+        return FrozenHeadGuard(modules)
+    return SteeredHeadGuard(modules) if isinstance(modules[0], SteeredHeads) else None

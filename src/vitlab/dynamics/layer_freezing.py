@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.acceleration import compiled_blocks
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.dynamics.freezing import dropping_gradients
 from vitlab.errors import ConfigError
@@ -87,7 +88,7 @@ class LayerFreezer:
 
     def __init__(self, model: nn.Module, max_frozen: int | None = None) -> None:
         names = {id(p): n for n, p in model.named_parameters()}
-        self.layer_of = self.check(model, max_frozen)
+        self.layer_of, self.block_names = self.check(model, max_frozen)
         top = max(self.layer_of.values())
         self.blocks = top - 1
         self.cap = self.blocks - 1 if max_frozen is None else max_frozen
@@ -105,25 +106,27 @@ class LayerFreezer:
         self._hooks: list[Any] = []
 
     @staticmethod
-    def check(model: nn.Module, max_frozen: int | None) -> dict[str, int]:
-        """The model's parameter layers, or a :class:`ConfigError` naming what layer freezing needs."""
-        if not isinstance(model, LayerGrouped):
+    def check(model: nn.Module, max_frozen: int | None) -> tuple[dict[str, int], list[str]]:
+        """The model's parameter layers and block names (:func:`model_layers`), or a :class:`ConfigError` naming
+        what layer freezing needs."""
+        found = model_layers(model)
+        if found is None:
             raise ConfigError(
-                f"dynamics.freeze=layers needs a model with timm's group_matcher (its blocks in forward order); "
-                f"{type(model).__name__} has none: use dynamics.freeze=heads or give the model a group_matcher"
+                f"dynamics.freeze=layers needs a model whose blocks vitlab finds (timm's group_matcher, or attention "
+                f"blocks in an nn.ModuleList); {type(model).__name__} has neither: use dynamics.freeze=heads"
             )
-        layer_of = parameter_layers(model)
+        layer_of, names = found
         blocks = max(layer_of.values()) - 1
         if blocks < 2 or (max_frozen is not None and max_frozen > blocks):
             raise ConfigError(
                 f"{type(model).__name__} has {blocks} blocks; dynamics.freeze=layers freezes at most all of them "
                 f"(dynamics.max_frozen_layers={max_frozen}) and needs at least 2"
             )
-        return layer_of
+        return layer_of, names
 
     def block_modules(self, model: nn.Module) -> list[nn.Module]:
         """The block modules in forward order."""
-        return [model.get_submodule(name) for name in block_names(self.layer_of, self.blocks)]
+        return [model.get_submodule(name) for name in self.block_names]
 
     def layer_of_module(self, name: str) -> int:
         """The block of the module ``name`` (its first parameter's layer minus the embeddings'), -1 if none."""
@@ -212,6 +215,26 @@ class LayerFreezer:
             self.freeze_epochs, self.previous_norms = list(state["freeze_epochs"]), state["previous"]
 
 
+def model_layers(model: nn.Module) -> tuple[dict[str, int], list[str]] | None:
+    """The layer of every parameter name (0 the embeddings, block ``i`` layer ``i + 1``, the last what follows the
+    blocks) and the blocks' module names: timm's groups (:func:`~vitlab.models.protocols.parameter_layers`) for a
+    :class:`LayerGrouped` model, else the blocks :func:`~vitlab.acceleration.compiled_blocks` finds (HF transformers'
+    encoder layers, torchvision's encoder blocks), the parameters outside them before or after them by their order;
+    None without blocks."""
+    if isinstance(model, LayerGrouped):
+        layer_of = parameter_layers(model)
+        return layer_of, block_names(layer_of, max(layer_of.values()) - 1)
+    blocks = compiled_blocks(model)
+    if not blocks:
+        return None
+    owner = {id(p): layer for layer, (_, block) in enumerate(blocks, start=1) for p in block.parameters()}
+    layer_of, after = {}, 0
+    for name, parameter in model.named_parameters():
+        layer_of[name] = owner.get(id(parameter), after)
+        after = len(blocks) + 1 if id(parameter) in owner else after
+    return layer_of, [name for name, _ in blocks]
+
+
 def block_names(layer_of: dict[str, int], blocks: int) -> list[str]:
     """The module name of each block: its parameters' names up to their first index (``encoder.blocks.3``)."""
     names = []
@@ -230,9 +253,8 @@ def prefix_modules(model: nn.Module, max_frozen: int | None) -> dict[str, nn.Mod
     """What a frozen prefix of at most ``max_frozen`` blocks runs: those blocks and the modules beside the blocks'
     container (the embeddings, their dropout; also the final norm and head, which hold no randomness of their own
     in a ViT)."""
-    layer_of = LayerFreezer.check(model, max_frozen)
-    blocks = max(layer_of.values()) - 1
-    names = block_names(layer_of, blocks)
+    _, names = LayerFreezer.check(model, max_frozen)
+    blocks = len(names)
     cap = blocks - 1 if max_frozen is None else max_frozen
     container = names[0].rsplit(".", 1)[0]
     parent_name = container.rsplit(".", 1)[0] if "." in container else ""

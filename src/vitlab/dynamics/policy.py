@@ -30,7 +30,7 @@ from vitlab.diagnostics.dynamics import (
 )
 from vitlab.diagnostics.rho_calibration import calibrate_rho
 from vitlab.diagnostics.trend import LagWindow
-from vitlab.dynamics.freezing import FrozenHeadGuard
+from vitlab.dynamics.freezing import FrozenHeadGuard, SteeredHeadGuard, guard_for
 from vitlab.dynamics.layer_cache import CachedPrefix
 from vitlab.dynamics.layer_freezing import LayerFreezer
 from vitlab.dynamics.probe import (
@@ -44,6 +44,7 @@ from vitlab.dynamics.probe import (
 )
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
+from vitlab.layers.head_steering import SteeredHeads
 
 
 class DynamicsPolicy:
@@ -59,9 +60,8 @@ class DynamicsPolicy:
         self.probe = probe
         self.model: nn.Module | None = None
         self.module_names: list[str] = []
-        self.modules: list[Attention | ObservedAttention] = []
-        #: None for a model whose attention is only observed (:func:`~vitlab.dynamics.probe.observed_modules`)
-        self.guard: FrozenHeadGuard | None = None
+        self.modules: list[Attention | SteeredHeads | ObservedAttention] = []
+        self.guard: FrozenHeadGuard | SteeredHeadGuard | None = None  # None: attention only observed
         self.example: torch.Tensor | None = None  # an input for a model whose attention is found by running it
         self.cost: torch.Tensor | None = None
         self.grid: tuple[int, int] | None = None
@@ -105,9 +105,9 @@ class DynamicsPolicy:
         the run folder exists): the controlled modules, one head count, a temperature where the mode needs one and
         the patch grid. Returns the named modules and the grid; a :class:`ConfigError` names what is missing.
 
-        A model without vitlab's ``Attention`` (timm's EVA, HF transformers' ViT...) is observed only: its attention
-        is found by running it on ``example: [1, C, H, W]`` (kept for :meth:`attach`), and the temperature modes
-        and freezing are refused (:func:`~vitlab.dynamics.probe.observed_modules`)."""
+        A model without vitlab's ``Attention`` (timm's EVA, HF's ViT...) has its attention found by running it on
+        ``example: [1, C, H, W]`` (kept for :meth:`attach`), its heads steered by hooks where vitlab reaches them,
+        else observed only (:func:`~vitlab.dynamics.probe.observed_modules`)."""
         if example is not None:
             self.example = example[:1]
         return modules_to_control(model, self.config, self.example if self.probe is None else self.probe[:1])
@@ -122,8 +122,8 @@ class DynamicsPolicy:
         self.cost, self.grid = patch_grid_cost(*grid, units=cfg.drift_units), (int(grid[0]), int(grid[1]))
         prefix = _model_attribute(model, "num_prefix_tokens")
         self.num_prefix_tokens = 1 if prefix is None else prefix
-        if not isinstance(self.modules[0], ObservedAttention):
-            self.guard = FrozenHeadGuard(self.modules)  # the modules become FrozenHeadAttention, in place
+        self.guard = guard_for(self.modules)
+        if self.guard is not None:
             for module in self.guard.modules:
                 module.train_frozen_values = cfg.freeze_scope == "pattern"
         if cfg.mode == "fixed":

@@ -19,6 +19,7 @@ from vitlab.diagnostics.dynamics import attention_to_cls_distribution, consensus
 from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 from vitlab.layers.capture import attention_capture, attention_modules, is_attention
+from vitlab.layers.head_steering import SteeredHeads, steer, steerable
 from vitlab.models.contract import module_mode
 from vitlab.models.protocols import DynamicsTarget
 
@@ -134,11 +135,13 @@ def no_class_token(model: nn.Module) -> str:
 
 def observed_modules(
     model: nn.Module, config: DynamicsConfig, example: torch.Tensor | None, tokens: int
-) -> list[tuple[str, ObservedAttention]]:
+) -> list[tuple[str, ObservedAttention | SteeredHeads]]:
     """The attention of a model without vitlab's ``Attention`` that the controller observes: every attention over
-    all ``tokens`` (prefix and patches) that ``model.forward_features(example)`` computes (under ``config.target``).
-    Refused, every reason in one message: a model whose attention has no CLS row over the image (no class token,
-    windows only), and the temperature modes and freezing, which need heads vitlab owns."""
+    all ``tokens`` (prefix and patches) that ``model.forward_features(example)`` computes (under ``config.target``),
+    each as its :class:`~vitlab.layers.head_steering.SteeredHeads` where vitlab reaches every head's query and key
+    (HF's ``q_proj``/``k_proj``, timm's ``q_norm``/``k_norm``, ``nn.MultiheadAttention``), else read only. Refused,
+    every reason in one message: a model whose attention has no CLS row over the image (no class token, windows
+    only), and the temperature modes and freezing where a head cannot be reached (:func:`unsteerable`)."""
     problems, chosen = [], []
     if not has_class_token(model):
         problems.append(no_class_token(model))
@@ -150,19 +153,47 @@ def observed_modules(
                 f"({found or 'none captured'}): the drift needs a CLS row over every patch, among all the tokens, "
                 "which windowed attention (Swin) and class attention (CaiT) have not; check dynamics.target"
             )
-    if config.mode in TAU_MODES:
+    modules = {name: model.get_submodule(name) for name, _ in chosen if "#" not in name}
+    refused = unsteerable(model, [modules.get(name) for name, _ in chosen])
+    if config.mode in TAU_MODES and refused:
         problems.append(
-            f"dynamics.mode={config.mode} sets a per-head temperature, but {attention_kinds(model)}, whose heads "
-            "vitlab cannot scale (only vitlab's and timm's plain Attention); use dynamics.mode=fixed"
+            f"dynamics.mode={config.mode} sets a per-head temperature, but {refused}, whose heads vitlab cannot "
+            f"scale ({STEERABLE}); use dynamics.mode=fixed"
         )
-    if config.freezes_heads:
+    if config.freezes_heads and refused:
         problems.append(
-            f"dynamics.freeze=true freezes heads whose parameters vitlab knows (vitlab's and timm's plain Attention), "
-            f"but {attention_kinds(model)}; set dynamics.freeze=false to observe its heads"
+            f"dynamics.freeze=true freezes heads whose parameters vitlab knows ({STEERABLE}), but {refused}; "
+            "set dynamics.freeze=false to observe its heads"
         )
+    if config.freezes_heads and not refused and chosen:
+        shared = {n: steer(m).pattern_parameters() for n, m in modules.items() if steer(m).pattern_parameters()}
+        if shared:
+            name, parameters = next(iter(shared.items()))
+            problems.append(
+                f"dynamics.freeze=true freezes heads, but {name} ({type(modules[name]).__name__}) holds "
+                f"{', '.join(parameters)}, shared by all its heads, which would move a frozen head's pattern; "
+                "set dynamics.freeze=false"
+            )
     if problems:
         raise ConfigError(". Also, ".join(problems))
+    if chosen and not refused:
+        return [(name, steer(modules[name])) for name, _ in chosen]
     return chosen
+
+
+#: what vitlab can steer, for messages
+STEERABLE = "vitlab's, timm's with q_norm/k_norm, HF's with q_proj/k_proj, nn.MultiheadAttention"
+
+
+def unsteerable(model: nn.Module, modules: list[nn.Module | None]) -> str:
+    """``"Swin attends with WindowAttention"`` when some of ``modules`` (all the model's attention when empty; None:
+    a second matrix in one module) is attention whose heads vitlab cannot reach
+    (:func:`~vitlab.layers.head_steering.steerable`), else ``""``."""
+    modules = modules or [m for m in model.modules() if is_attention(m)]
+    kinds = sorted({type(m).__name__ for m in modules if m is not None and not steerable(m)})
+    if None in modules and not kinds:
+        kinds = ["attention computed twice in one module"]
+    return f"{type(model).__name__} attends with {', '.join(kinds)}" if kinds else ""
 
 
 def _attention_over(
@@ -212,7 +243,7 @@ def modules_to_control(
     other: :func:`observed_modules`, found by running ``example``), and the model's patch grid; a model without a CLS
     token (:func:`has_class_token`) or a patch grid (a CNN), modules of several head counts, and a mode that changes
     tau for modules without a temperature are refused."""
-    grid = _model_attribute(model, "grid_size")
+    grid = patch_grid(model)
     if grid is None:
         what = "no attention module and no patch grid" if not attention_classes(model) else "no patch grid (grid_size)"
         raise ConfigError(
@@ -275,11 +306,11 @@ def measure_heads(
     forward = getattr(model, "forward_features", model)
     distributions, kappa_sum = [], torch.zeros(len(modules), modules[0].num_heads, dtype=torch.float64)
     kappa_images, kappa_dtype = min(config.kappa_images, len(probe)) if kappa else 0, getattr(torch, config.kappa_dtype)
-    grid = _model_attribute(model, "grid_size")
+    grid = patch_grid(model)
     tokens = num_prefix_tokens + int(grid[0]) * int(grid[1])
     probe_tau = config.probe_tau if probe_tau is None else probe_tau
     temperature = unit_temperature(modules) if probe_tau == "unit" else contextlib.nullcontext()
-    observed = isinstance(modules[0], ObservedAttention)
+    observed = not isinstance(modules[0], Attention)  # read by operation type, steered or not
     with module_mode(model, training=False), temperature:
         for start in range(0, len(probe), config.probe_batch_size):
             images = probe[start : start + config.probe_batch_size].to(next(model.parameters()).device)
@@ -312,6 +343,23 @@ def _checked_map(model: nn.Module, maps: dict[str, torch.Tensor], name: str, tok
             f"{prefix} prefix token(s); control the encoder's attention (dynamics.target)"
         )
     return attn
+
+
+def patch_grid(model: nn.Module) -> tuple[int, int] | None:
+    """The patch grid of ``model``: its ``grid_size`` (timm's, vitlab's), else the image size over the patch size of
+    its first module that has both (HF transformers' patch embeddings, torchvision's ``VisionTransformer``)."""
+    grid = _model_attribute(model, "grid_size")
+    if grid is not None:
+        return grid
+    for module in model.modules():
+        size, patch = getattr(module, "image_size", None), getattr(module, "patch_size", None)
+        if size is not None and patch is not None:
+            size, patch = (
+                (size, size) if isinstance(size, int) else size,
+                (patch, patch) if isinstance(patch, int) else patch,
+            )
+            return int(size[0]) // int(patch[0]), int(size[1]) // int(patch[1])
+    return None
 
 
 def _model_attribute(model: nn.Module, name: str) -> Any:

@@ -6,8 +6,10 @@ vitlab's parameter layout (one ``qkv`` linear map whose rows are q, k, v by head
 qk-norm, no norm or gate inside and a biased projection, vitlab's :class:`~vitlab.layers.attention.Attention` replaces
 it with the same weights and the same state-dict keys: the logits stay timm's (to rounding; SDPA either way), and the
 per-head temperature (``model.temperature``, ViTCAE eq. 19) and the freezing of heads (eq. 26) apply. Other attention
-(EVA's rotary ``EvaAttention``, Swin's ``WindowAttention``) stays timm's; its matrices are still read by
-:func:`vitlab.diagnostics.capture.capture_attention`. docs/foreign_models.md says what each command does with one.
+stays timm's: where its heads' query and key pass through ``q_norm`` and ``k_norm`` (qk-norm ViTs, EVA's rotary
+``EvaAttention``) they are steered through hooks (:mod:`vitlab.layers.head_steering`); Swin's ``WindowAttention`` is
+only read, by :func:`vitlab.diagnostics.capture.capture_attention`. docs/foreign_models.md says what each command
+does with one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import nn
 from vitlab.config.model import TIMM_PREFIX, check_patch_grid
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
 from vitlab.layers.attention import Attention
+from vitlab.layers.head_steering import steer_temperature
 
 #: the options vitlab fills in from the data
 DATA_OPTIONS = ("img_size", "in_chans", "num_classes")
@@ -63,11 +66,13 @@ def create_timm_model(name: str, **options: Any) -> nn.Module:
         ) from e
     check_patch_grids(model)
     adopted = adopt_attention(model, **own)
-    if own.get("temperature") and not adopted:
+    steered = steer_temperature(model, own.get("temperature_form", "inverse")) if own.get("temperature") else []
+    if own.get("temperature") and not adopted and not steered:
         kinds = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__})
         raise ConfigError(
             f"model.temperature=true, but timm's {arch} attends with {', '.join(kinds) or 'no attention module'}, "
-            "not timm's plain Attention whose heads vitlab scales; unset model.temperature"
+            "whose heads' query and key vitlab cannot reach (timm's attention with q_norm/k_norm); "
+            "unset model.temperature"
         )
     return model
 
