@@ -339,6 +339,10 @@ FREEZE_FINETUNE = {
         "experiments/freeze_finetune_within_p4_d4_epyc_2026-12-07",
         "vit_pico (4 blocks, 64 tokens) pretrained on CIFAR-10's classes 0-4, fine-tuned on 1,000 images of 5-9",
     ),
+    "cross_p4_d12": (
+        "experiments/freeze_finetune_cross_p4_d12_epyc_2026-12-07",
+        "vit_pico at 12 blocks (64 tokens) pretrained on the CIFAR-10 subset, fine-tuned on 576 CelebA-32 faces",
+    ),
 }
 
 
@@ -355,14 +359,26 @@ def _freeze_finetune_claim(setting: str, arm: str) -> Claim:
         f"{scale}, 30 epochs, 5 seeds, the same seeds paired, last epoch's test accuracy",
         f"python -m benchmarks.experiments.freeze_finetune --setting {setting} --runs RUNS --results "
         f"benchmarks/results/{folder}",
-        lambda: Difference(
-            per_seed(f"{folder}/{arm}-seed*.json", "test_last:test/acc"),
-            per_seed(f"{folder}/none-seed*.json", "test_last:test/acc"),
-            paired=True,
+        lambda: (
+            _froze_something(folder, arm)
+            or Difference(
+                per_seed(f"{folder}/{arm}-seed*.json", "test_last:test/acc"),
+                per_seed(f"{folder}/none-seed*.json", "test_last:test/acc"),
+                paired=True,
+            )
         ),
         required=False,
         planned=5,
     )
+
+
+def _froze_something(folder: str, arm: str) -> None:
+    """Refuse (as pending) a layer-freezing arm that froze no layer in any seed: it is the no-freezing run again,
+    the controller's probe aside, and tests nothing."""
+    records = [json.loads(p.read_text()) for p in RESULTS.glob(f"{folder}/{arm}-seed*.json")]
+    layered = [r for r in records if r.get("layer_freezing")]
+    if layered and not any(r["layer_freezing"][-1]["frozen_layers"] for r in layered):
+        raise FileNotFoundError(f"{arm} froze no layer in any of its {len(layered)} seeds: nothing to test")
 
 
 def _part(arm: str) -> Callable[[], Difference]:
