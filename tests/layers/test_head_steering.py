@@ -218,3 +218,37 @@ def test_a_timm_model_beyond_the_plain_attention_takes_the_temperature():
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         assert (steered(x) - plain(x)).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize(
+    "name, sizes",
+    [
+        ("hf:vit", dict(patch_size=2, depth=1, embed_dim=16, num_heads=2, intermediate_size=32)),
+        ("tv:vision_transformer", dict(patch_size=2, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32)),
+    ],
+)
+def test_a_foreign_model_built_with_temperature_saves_and_reloads_its_taus(name, sizes):
+    """``model.temperature=true`` on ``hf:``/``tv:`` models: the builder steers the heads, so a run's weights (with
+    their ``log_tau``) load into the model rebuilt by name, and at tau = 1 the logits are the model's own."""
+    from vitlab import create_model
+
+    kw = dict(img_size=8, in_chans=1, num_classes=3, **sizes)
+    steered = create_model(name, temperature=True, **kw)
+    taus = [key for key in steered.state_dict() if key.endswith("log_tau")]
+    assert len(taus) == 1
+    rebuilt = create_model(name, temperature=True, **kw)
+    rebuilt.load_state_dict(steered.state_dict())  # strict: the rebuilt model has the same keys
+    plain = create_model(name, **kw)
+    plain.load_state_dict({k: v for k, v in steered.state_dict().items() if k not in taus})
+    x = torch.randn(2, 1, 8, 8)
+    torch.testing.assert_close(steered.eval()(x), plain.eval()(x), atol=1e-6, rtol=0)
+
+
+def test_temperature_on_a_foreign_model_whose_heads_cannot_be_reached_is_refused():
+    from vitlab import create_model
+
+    with pytest.raises(ConfigError, match="model.temperature=true, but tv:swin_transformer attends with"):
+        create_model(
+            "tv:swin_transformer", temperature=True, img_size=16, in_chans=1, num_classes=3, patch_size=[2, 2],
+            embed_dim=8, depths=[2], num_heads=[2], window_size=[4, 4],
+        )  # fmt: skip

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vitlab.errors import ConfigError
 from vitlab.layers.attention import Attention
 
 #: what follows the heads' attention (the output projection, an inner norm): never part of a head's pattern
@@ -244,3 +245,19 @@ def steer_temperature(model: nn.Module, temperature_form: str = "inverse") -> li
             steer(module).add_temperature(temperature_form)
             names.append(name)
     return names
+
+
+#: the ``model.*`` keys vitlab reads for itself on a foreign model (not its library's constructor's)
+TEMPERATURE_OPTIONS = ("temperature", "temperature_form")
+
+
+def take_temperature(model: nn.Module, options: dict, source: str) -> None:
+    """``model.temperature=true`` on a model built by its own library (HF's, torchvision's): every head that
+    :func:`steerable` reaches gets its temperature; refused in one line where none is reached. ``options``: the
+    :data:`TEMPERATURE_OPTIONS` taken out of the constructor's keys."""
+    if options.get("temperature") and not steer_temperature(model, options.get("temperature_form", "inverse")):
+        kinds = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__})
+        raise ConfigError(
+            f"model.temperature=true, but {source} attends with {', '.join(kinds) or 'no attention module'}, whose "
+            "heads' query and key vitlab cannot reach; unset model.temperature"
+        )

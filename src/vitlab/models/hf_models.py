@@ -20,6 +20,7 @@ from torch import nn
 from vitlab.config.hf_model import HF_PREFIX, is_path
 from vitlab.config.model import check_patch_grid
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
+from vitlab.layers.head_steering import TEMPERATURE_OPTIONS, take_temperature
 
 #: vitlab's option names -> transformers' config keys, for a config class that has the key but not vitlab's name
 ALIASES = {
@@ -160,6 +161,7 @@ def create_hf_model(name: str, **options: Any) -> HFImageClassifier:
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as CLASSES
 
     model_type = hf_model_type(name)
+    own = {key: options.pop(key) for key in TEMPERATURE_OPTIONS if key in options}
     config = hf_config(model_type, options)
     names = CLASSES[model_type]  # DeiT's: the plain classifier and the one with a distillation head, in that order
     config.architectures = [names if isinstance(names, str) else names[0]]
@@ -167,7 +169,9 @@ def create_hf_model(name: str, **options: Any) -> HFImageClassifier:
         model = AutoModelForImageClassification.from_config(config)
     except (ValueError, RuntimeError, AssertionError, TypeError, ZeroDivisionError) as e:
         raise ConfigError(f"transformers cannot build hf:{model_type} with {options}: {e}; fix the model.* keys") from e
-    return HFImageClassifier(model)
+    wrapped = HFImageClassifier(model)
+    take_temperature(wrapped, own, f"hf:{model_type}")
+    return wrapped
 
 
 def folder_options(model_type: str, config: dict[str, Any]) -> dict[str, Any]:

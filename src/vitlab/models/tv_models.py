@@ -28,6 +28,7 @@ from torchvision.models import SwinTransformer, VisionTransformer
 
 from vitlab.config.model import TV_PREFIX, check_patch_grid
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
+from vitlab.layers.head_steering import TEMPERATURE_OPTIONS, take_temperature
 
 #: the classes by name, for models of any size (torchvision's named constructors fix widths and depths)
 CLASSES: dict[str, type[nn.Module]] = {"vision_transformer": VisionTransformer, "swin_transformer": SwinTransformer}
@@ -61,6 +62,7 @@ def create_tv_model(name: str, img_size: int | None = None, in_chans: int = 3, *
     """torchvision's model ``name`` (``tv:NAME``) with random weights: ``options`` go to its constructor,
     ``img_size`` as a ViT's ``image_size``, ``in_chans`` to its first convolution (:func:`take_channels`)."""
     arch = tv_architecture(name)
+    own = {key: options.pop(key) for key in TEMPERATURE_OPTIONS if key in options}
     check_sizes(options)
     if img_size is not None and is_vit(arch):
         options["image_size"] = img_size
@@ -78,6 +80,7 @@ def create_tv_model(name: str, img_size: int | None = None, in_chans: int = 3, *
         ) from e
     take_channels(model, in_chans)
     declare(model, arch, img_size)
+    take_temperature(model, own, f"tv:{arch}")
     return model
 
 
