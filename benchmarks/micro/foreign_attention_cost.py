@@ -7,8 +7,9 @@ dynamics controller's probe per epoch of a ``vitlab fit`` of a timm model by nam
    same through ``vitlab.create_model("timm:...")`` (timm's Attention taken over by vitlab's, read through its
    switch), timm's ``eva02_tiny_patch14_224`` (rotary; SDPA intercepted) and ``swin_tiny_patch4_window7_224``
    (windows; the eager softmax of a query-key product), on 32x32 RGB images in 4x4 patches.
-2. ``fits``: ``vitlab fit --config vit/digits model.name=timm:NAME model.img_size=8 model.patch_size=2
-   model.depth=2 dynamics.mode=fixed dynamics.freeze=false`` for a few epochs and seeds; per epoch,
+2. ``fits``: ``vitlab fit --config vit/digits model.name=NAME model.img_size=8`` (two blocks of 3 heads, patch 2:
+   timm's DeiT and EVA-02, HF's ViT, torchvision's ViT) ``dynamics.mode=fixed dynamics.freeze=false`` for a few
+   epochs and seeds; per epoch,
    ``dynamics.jsonl`` records the controller's seconds (the probe of the 144 validation images, the drift and
    kappa) and the epoch's training seconds.
 
@@ -33,7 +34,7 @@ import timm
 import torch
 
 from benchmarks.naming import repo_relative, results_path
-from vitlab.bench.timing import fastest
+from vitlab.acceleration import fastest
 from vitlab.cli.main import main as vitlab_main
 from vitlab.diagnostics.capture import capture_attention
 from vitlab.environment import environment
@@ -48,7 +49,18 @@ MODELS = {
     "timm eva02_tiny (rotary, SDPA intercepted)": lambda: timm.create_model("eva02_tiny_patch14_224", **SMALL),
     "timm swin_tiny (windows, eager softmax)": lambda: timm.create_model("swin_tiny_patch4_window7_224", **SWIN),
 }
-FIT_MODELS = ("deit_tiny_patch16_224", "eva02_tiny_patch14_224")
+#: ``model.name`` -> its size keys, for the fits (two blocks, 16 patches of 2x2 on digits)
+FIT_MODELS = {
+    "timm:deit_tiny_patch16_224": ["model.patch_size=2", "model.depth=2"],
+    "timm:eva02_tiny_patch14_224": ["model.patch_size=2", "model.depth=2"],
+    "hf:vit": [
+        "model.patch_size=2", "model.depth=2", "model.embed_dim=192", "model.num_heads=3",
+        "model.intermediate_size=768",
+    ],
+    "tv:vision_transformer": [
+        "model.patch_size=2", "model.num_layers=2", "model.num_heads=3", "model.hidden_dim=192", "model.mlp_dim=768",
+    ],
+}  # fmt: skip
 
 
 def capture_costs(batch: int, rounds: int, calls: int) -> dict[str, dict]:
@@ -77,15 +89,16 @@ def capture_costs(batch: int, rounds: int, calls: int) -> dict[str, dict]:
 
 
 def fit_costs(epochs: int, seeds: list[int]) -> dict[str, dict]:
-    """Per timm model and seed: the controller's seconds and the training seconds of every epoch."""
+    """Per model (timm's, HF's, torchvision's) and seed: the controller's seconds and the training seconds of every
+    epoch."""
     out: dict[str, dict] = {}
-    for name in FIT_MODELS:
+    for name, sizes in FIT_MODELS.items():
         out[name] = {}
         for seed in seeds:
             with tempfile.TemporaryDirectory() as tmp:
                 run_dir = Path(tmp) / "run"
-                argv = ["fit", "--config", "vit/digits", f"model.name=timm:{name}", "model.img_size=8"]
-                argv += ["model.patch_size=2", "model.depth=2", "dynamics.mode=fixed", "dynamics.freeze=false"]
+                argv = ["fit", "--config", "vit/digits", f"model.name={name}", "model.img_size=8", *sizes]
+                argv += ["dynamics.mode=fixed", "dynamics.freeze=false"]
                 argv += [f"trainer.max_epochs={epochs}", f"run.seed={seed}", f"run.dir={run_dir}"]
                 argv += ["run.test=false", "run.export=false", "run.report=false"]
                 if vitlab_main(argv) != 0:
@@ -112,6 +125,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--fits-only", action="store_true", help="skip the capture rounds")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     record = {
@@ -121,7 +135,7 @@ def main() -> None:
         },
         "settings": vars(args),
         "load_average_before": os.getloadavg(),
-        "capture": capture_costs(args.batch, args.rounds, args.calls),
+        "capture": {} if args.fits_only else capture_costs(args.batch, args.rounds, args.calls),
         "fits": fit_costs(args.epochs, args.seeds),
     }
     record["load_average_after"] = os.getloadavg()
