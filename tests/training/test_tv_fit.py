@@ -103,7 +103,6 @@ def test_a_torchvision_state_dict_is_fine_tuned_with_its_head_and_channels_refit
             "image size 8 is not divisible by the patch size 3; set model.patch_size to a divisor of 8",
         ),
         (["model.name=tv:vision_transformer", *TINY_VIT, "model.num_layers=0"], "model.num_layers must be at least 1"),
-        (["model.name=tv:vision_transformer", *TINY_VIT, *PROBE[:1]], "dynamics.freeze=true freezes heads"),
         (
             ["model.name=tv:swin_transformer", *TINY_SWIN, *PROBE],
             "SwinTransformer has no patch grid (grid_size), and the dynamics controller measures",
