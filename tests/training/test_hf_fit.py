@@ -15,6 +15,7 @@ import torch
 import yaml
 
 import vitlab
+from tests.refusals import assert_refused
 from vitlab.cli.main import main
 from vitlab.export_formats import validation_images
 from vitlab.models import create_model
@@ -135,11 +136,7 @@ def test_a_folder_is_fine_tuned_by_name_and_rebuilt_without_it(tmp_path, caplog)
 )
 def test_an_hf_model_is_refused_in_one_line_before_the_run_folder(tmp_path, capsys, overrides, message):
     code, run_dir = _fit(tmp_path, *overrides)
-    err = capsys.readouterr().err
-    assert code == 2
-    assert message in err and "Traceback" not in err
-    assert len([line for line in err.splitlines() if "error:" in line]) == 1
-    assert not run_dir.exists()
+    assert_refused(code, capsys.readouterr().err, message, run_dir)
 
 
 @pytest.mark.parametrize(

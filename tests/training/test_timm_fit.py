@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from tests.refusals import assert_refused
 from vitlab.cli.main import main
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.capture import capture_attention
@@ -149,11 +150,7 @@ NO_CLS = ["model.class_token=false", "model.global_pool=avg", "dynamics.mode=fix
 )
 def test_a_timm_model_is_refused_in_one_line_with_every_reason(tmp_path, capsys, overrides, message):
     code, run_dir = _fit(tmp_path, *overrides)
-    err = capsys.readouterr().err
-    assert code == 2
-    assert message in err and "Traceback" not in err
-    assert len([line for line in err.splitlines() if "error:" in line]) == 1
-    assert not run_dir.exists()
+    assert_refused(code, capsys.readouterr().err, message, run_dir)
 
 
 def test_a_timm_model_refuses_a_patch_size_that_does_not_tile_the_image_as_vitlab_models_do():

@@ -15,6 +15,7 @@ import torchvision
 from sklearn.datasets import load_digits
 
 import vitlab
+from tests.refusals import assert_refused
 from vitlab.cli.main import main
 
 FAST = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "run.report=false"]
@@ -115,11 +116,7 @@ def test_a_torchvision_state_dict_is_fine_tuned_with_its_head_and_channels_refit
 )
 def test_a_torchvision_model_is_refused_in_one_line_before_the_run_folder(tmp_path, capsys, overrides, message):
     code, run_dir = _fit(tmp_path, *overrides)
-    err = capsys.readouterr().err
-    assert code == 2
-    assert message in err and "Traceback" not in err
-    assert len([line for line in err.splitlines() if "error:" in line]) == 1
-    assert not run_dir.exists()
+    assert_refused(code, capsys.readouterr().err, message, run_dir)
 
 
 def test_weights_of_another_torchvision_architecture_are_refused_in_one_line(tmp_path, capsys):
