@@ -248,10 +248,12 @@ def test_the_cache_gives_the_losses_of_the_uncached_run(tmp_path):
         run_dir = tmp_path / cached
         fit(build_config("vit/digits", [*settings, f"run.dir={run_dir}", f"dynamics.cache_frozen={cached}"]))
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        losses[cached] = [r["train/loss"] for r in rows if "train/loss" in r]
-    assert [r["cached_steps"] for r in layer_records(tmp_path / "true")[1:]] == [0, 2, 2]
+        losses[cached] = [r[key] for r in rows for key in ("train/loss", "val/loss") if key in r]
+    records = layer_records(tmp_path / "true")[1:]
+    # training images are stored in the first epoch and read from the second; validation images likewise
+    assert [(r["cached_steps"], r["cached_val_batches"]) for r in records] == [(0, 0), (2, 3), (2, 3)]
     assert not (tmp_path / "true" / "layer_cache.npy").exists()
-    assert losses["true"] == pytest.approx(losses["false"], rel=1e-5)
+    assert len(losses["true"]) == 6 and losses["true"] == pytest.approx(losses["false"], rel=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,7 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
                 steps = self._epoch_steps or None
                 seconds = {"epoch_seconds": record["epoch_seconds"], "steps": steps}
                 if self.cached is not None:
-                    seconds["cached_steps"] = self._cached_steps
+                    seconds["cached_steps"], seconds["cached_val_batches"] = self._cached_steps, self._cached_val
                 self._append(LAYERS_FILE, epoch, {**layers, **seconds})
         if record.get("drift") is not None:
             self._log_scalars(trainer, epoch, record)
@@ -191,8 +191,10 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
             self.layers.apply_restored()
             for optimizer in trainer.optimizers:
                 self.layers.attach(optimizer)
-        if self.cached is not None:  # the spill file has a row for every training image
-            self.cached.cache.capacity = len(trainer.train_dataloader.dataset)
+        if self.cached is not None:  # the spill file has a row for every training and validation image
+            self.cached.cache.capacity = _images_in(trainer.train_dataloader) + _images_in(
+                trainer.datamodule.val_dataloader() if trainer.datamodule is not None else None
+            )
             if self.epoch is None and self.config.layer_signal == "static":  # frozen from the first step
                 self.layers.freeze(min(self.config.freeze_layers, self.layers.cap), epoch=0)
         if self.probe is None and self.config.measures:
@@ -214,7 +216,7 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_started = time.perf_counter()
-        self._rate_sum, self._rate_steps, self._epoch_steps, self._cached_steps = 0.0, 0, 0, 0
+        self._rate_sum, self._rate_steps, self._epoch_steps, self._cached_steps, self._cached_val = 0.0, 0, 0, 0, 0
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
@@ -238,6 +240,27 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
             self._rate_sum += trainer.optimizers[0].param_groups[0]["lr"]
             self._rate_steps += 1
 
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, index: int, dataloader_idx: int = 0
+    ) -> None:
+        # validation images are fixed and evaluation draws nothing at random: the frozen prefix's outputs are
+        # cached for them too, so validating every epoch skips the frozen blocks from the second time on
+        if self.cached is not None:
+            images = batch[0] if isinstance(batch, list | tuple) else batch
+            self._cached_val += self.cached.start_batch(images, self.layers.frozen)
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        index: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self.cached is not None:
+            self.cached.end_batch()
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.step(trainer, epoch=trainer.current_epoch + 1)
 
@@ -256,3 +279,11 @@ class DynamicsController(DynamicsPolicy, pl.Callback):
             from vitlab.diagnostics.plots import draw_run
 
             draw_run(self.run_dir / DYNAMICS_FILE, self.run_dir / PLOTS_DIR)
+
+
+def _images_in(loader: Any) -> int:
+    """The images of ``loader``'s dataset (0 without a loader or a sized dataset)."""
+    try:
+        return len(loader.dataset)
+    except (AttributeError, TypeError):
+        return 0

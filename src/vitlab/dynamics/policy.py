@@ -82,7 +82,7 @@ class DynamicsPolicy:
         self._pending_state: dict[str, Any] | None = None
         self._epoch_started: float | None = None
         self._rate_sum, self._rate_steps = 0.0, 0  # the learning rates of this epoch's steps (the callback)
-        self._epoch_steps = self._cached_steps = 0
+        self._epoch_steps = self._cached_steps = self._cached_val = 0
         self.cached: CachedPrefix | None = None  # cache_frozen (the callback makes it)
 
     @classmethod
