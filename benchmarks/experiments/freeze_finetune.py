@@ -10,7 +10,8 @@ field reports that front layers are done early), the patch (4: 64 tokens; 2: 256
 (4 blocks, vit_pico's; 12, as the models users fine-tune). Arms (``ARMS``): no freezing; ViTCAE's eq. 26 head
 freezing under the response rule; layer freezing on the heads' signal, with and without the cache; an AutoFreeze-
 style arm (Liu et al. 2021: a layer's gradient-norm change rate); a FreezeOut-style arm (Brock et al. 2017: a fixed
-schedule by fraction of training); the first k layers frozen from the start. Each arm is one ``vitlab fit`` with
+schedule by fraction of training); the first k layers frozen from the start; the last two with the cache of the
+frozen blocks' outputs (``*_cache``). Each arm is one ``vitlab fit`` with
 overrides; the run order rotates with the seed so that a slow spell of a shared machine does not fall on one arm.
 ``--pretrain vitcae`` pretrains ViTCAE (``vitcae_pico``, the same encoder shape as ``vit_pico``) instead of the ViT and
 fine-tunes ``vit_pico`` from its encoder, with the per-head temperatures it learnt (``model.temperature=true``).
@@ -68,6 +69,9 @@ ARMS = {
     "freezeout": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=schedule"],
     "static": ["dynamics.mode=fixed", "dynamics.freeze=layers", "dynamics.layer_signal=static"],  # + freeze_layers
 }
+#: the cache of the frozen blocks' outputs (training and validation images) under the two signals that freeze: the
+#: same accuracy as the uncached arm (the cache is exact), so they measure the time the cache saves
+ARMS |= {f"{arm}_cache": [*ARMS[arm], "dynamics.cache_frozen=true"] for arm in ("freezeout", "static")}
 #: the fine-tuning of every arm: no random augmentation, so that the cache of the frozen blocks' outputs is exact
 #: (docs/dynamics.md, "Freezing layers") and every arm trains on the same inputs
 FINETUNE = ["data.augment.hflip=false"]
@@ -75,7 +79,7 @@ FINETUNE = ["data.augment.hflip=false"]
 
 def arm_overrides(arm: str, depth: int) -> list[str]:
     """``ARMS[arm]``; the static arm freezes the first half of the blocks from the start."""
-    return ARMS[arm] + ([f"dynamics.freeze_layers={depth // 2}"] if arm == "static" else [])
+    return ARMS[arm] + ([f"dynamics.freeze_layers={depth // 2}"] if arm.startswith("static") else [])
 
 
 #: the pretrained model -> (the pretraining's overrides, the fine-tuning's overrides)
