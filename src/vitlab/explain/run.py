@@ -15,8 +15,8 @@ from vitlab.claim import RunClaim
 from vitlab.data.sources import class_names_problem
 from vitlab.data.transforms import denormalize
 from vitlab.errors import ConfigError
-from vitlab.evaluation.evaluate import load_evaluation_target
 from vitlab.evaluation.predict import load_predictor, normalise, readable_images
+from vitlab.evaluation.target import load_evaluation_target
 from vitlab.explain.adapters import OVERVIEW_METHODS
 from vitlab.explain.api import explain, explainer_on
 from vitlab.explain.evaluate import evaluate_methods

@@ -394,21 +394,3 @@ def fmt(value: Any) -> str:
             return "–"
         return f"{value:.0f}" if value.is_integer() and abs(value) < 1e6 else f"{value:.4g}"
     return str(value)
-
-
-__all__ = [
-    "assignment_blocks",
-    "collect",
-    "collect_run",
-    "config_section",
-    "curves_section",
-    "dynamics_section",
-    "evaluation_section",
-    "family_sections",
-    "fmt",
-    "frozen_layers_section",
-    "image_sections",
-    "other_outputs_section",
-    "run_cards",
-    "test_metrics_section",
-]
