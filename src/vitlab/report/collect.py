@@ -219,9 +219,7 @@ def dynamics_section(run: RunRecord) -> Section | None:
     keys = ("layer", "head", "d", "d_per_rate", "s_per_rate", "rate", "kappa", "tau", "converged", "frozen_at")
     rows = [(*(r[k] for k in keys), r["decision"] or "") for r in head_table(records)]
     columns = ["layer", "head", "drift d", "d per unit lr", "scores per unit lr", "mean lr", "clusters κ", "tau"]
-    columns += ["converged"]
-    columns += ["frozen at epoch", "why"]
-    table = Table(columns, rows)
+    table = Table([*columns, "converged", "frozen at epoch", "why"], rows)
     return Section(
         "dynamics", "Attention dynamics", [Text(text), Figures(figures), Details("Heads at the last epoch", [table])]
     )
