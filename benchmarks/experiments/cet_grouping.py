@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vitlab.evaluation.evaluate import load_evaluation_target
+from vitlab.evaluation.target import load_evaluation_target
 from vitlab.families.cet_vit.grouping import grouping_ablation
 from vitlab.models.builder import create_model
 from vitlab.rundir import RunDir

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.atomic import atomic_write_json
-from vitlab.evaluation.evaluate import load_evaluation_target
+from vitlab.evaluation.target import load_evaluation_target
 
 
 @torch.no_grad()

@@ -23,7 +23,7 @@ import onnxruntime as ort
 import torch
 
 from vitlab.environment import environment
-from vitlab.evaluation.evaluate import load_evaluation_target
+from vitlab.evaluation.target import load_evaluation_target
 from vitlab.export_formats import ClassifierGraph, export_onnx, validation_images
 from vitlab.rundir import RunDir
 

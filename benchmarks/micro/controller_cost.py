@@ -42,8 +42,8 @@ import torch.nn.functional as F
 
 from vitlab.bench import fastest
 from vitlab.config import build_config
-from vitlab.diagnostics import attention_drift, consensus_clusters
 from vitlab.diagnostics.capture import capture_attention
+from vitlab.diagnostics.dynamics import attention_drift, consensus_clusters
 from vitlab.diagnostics.plots import read_dynamics
 from vitlab.dynamics import DynamicsConfig, DynamicsController
 from vitlab.environment import environment

@@ -16,8 +16,8 @@ import time
 import numpy as np
 import torch
 
-from vitlab.diagnostics import consensus_clusters
 from vitlab.diagnostics.capture import capture_attention
+from vitlab.diagnostics.dynamics import consensus_clusters
 from vitlab.models import create_model
 
 

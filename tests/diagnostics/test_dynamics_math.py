@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from vitlab.config.dynamics import DynamicsConfig
-from vitlab.diagnostics import (
-    ConvergenceTracker,
+from vitlab.diagnostics import dynamics
+from vitlab.diagnostics.convergence import ConvergenceTracker
+from vitlab.diagnostics.dynamics import (
     attention_drift,
     attention_to_cls_distribution,
     consensus_clusters,
-    dynamics,
     patch_grid_cost,
     temperature_update,
 )

@@ -4,7 +4,12 @@ import pytest
 import torch
 from torchmetrics.classification import MulticlassCalibrationError
 
-from vitlab.evaluation import calibration_split_eval, expected_calibration_error, fit_temperature, reliability_diagram
+from vitlab.evaluation.calibration import (
+    calibration_split_eval,
+    expected_calibration_error,
+    fit_temperature,
+    reliability_diagram,
+)
 
 
 def overconfident_logits(num_samples: int, num_classes: int, scale: float, seed: int):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.ndimage import gaussian_filter
 
-from vitlab.evaluation import (
+from vitlab.evaluation.corruptions import (
     CORRUPTIONS,
     SEVERITY_PARAMETERS,
     add_gaussian_noise,

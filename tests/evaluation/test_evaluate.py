@@ -18,20 +18,11 @@ from vitlab.cli.main import main
 from vitlab.config import DataConfig
 from vitlab.data import build_datamodule
 from vitlab.errors import ConfigError
-from vitlab.evaluation import (
-    CORRUPTIONS,
-    build_tta_views,
-    calibration_split_eval,
-    classifier_logits,
-    compare_runs,
-    comparison_json,
-    comparison_markdown,
-    evaluate_run,
-    expected_calibration_error,
-    logits_and_assignment,
-    scale_contrast,
-    translate,
-)
+from vitlab.evaluation import classifier_logits, compare_runs, evaluate_run
+from vitlab.evaluation.calibration import calibration_split_eval, expected_calibration_error
+from vitlab.evaluation.compare import comparison_json, comparison_markdown
+from vitlab.evaluation.corruptions import CORRUPTIONS, scale_contrast
+from vitlab.evaluation.outputs import build_tta_views, logits_and_assignment, translate
 
 BATCH = 32
 MAX_BATCHES = 2

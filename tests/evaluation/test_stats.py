@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from vitlab.evaluation import correlation_report, summarize, welch_ttest
+from vitlab.evaluation.stats import correlation_report, summarize, welch_ttest
 
 
 def correlated_pairs(n: int, rho: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,9 +10,8 @@ from torch import nn
 import vitlab
 from vitlab.cli.main import main
 from vitlab.config import build_config, to_dict
-from vitlab.families.cet_vit.baselines import matched_presets
 from vitlab.families.cet_vit.model import param_breakdown
-from vitlab.families.cet_vit.presets import MATCH_INPUTS, TOME_R
+from vitlab.families.cet_vit.presets import BASELINES, MATCH_INPUTS, TOME_R
 from vitlab.models import count_params, create_model, flops_per_image, match_width, parameter_count
 from vitlab.models.sizing import width_step
 
@@ -112,20 +111,18 @@ def test_match_width_picks_the_closer_neighbour_and_fails_clearly_when_none_is_c
         match_width("vit_pico", target, embed_dim=64)
 
 
-MATCHED = matched_presets()
-
-
-@pytest.mark.parametrize("matched", MATCHED, ids=[m.name for m in MATCHED])
-def test_matched_presets_are_within_two_percent_of_their_cet_vit(matched):
-    target = count_params(_meta(matched.target, **MATCH_INPUTS[matched.target]))["total"]
-    model = _meta(matched.name)
+@pytest.mark.parametrize("name", BASELINES)
+def test_matched_presets_are_within_two_percent_of_their_cet_vit(name):
+    _, cet, _, kwargs = BASELINES[name]
+    target = count_params(_meta(cet, **MATCH_INPUTS[cet]))["total"]
+    model = _meta(name)
     assert model.init_kwargs["patch_size"] == 2 and model.init_kwargs["img_size"] == 32
     params = count_params(model)["total"]
-    assert abs(params / target - 1) <= 0.02, f"{matched.name}: {params:,} vs {matched.target}: {target:,}"
+    assert abs(params / target - 1) <= 0.02, f"{name}: {params:,} vs {cet}: {target:,}"
     # the hard-coded width is still the closest one match_width can pick (the count grows with the width)
-    width, step = matched.kwargs["embed_dim"], width_step(matched.kwargs["num_heads"])
+    width, step = kwargs["embed_dim"], width_step(kwargs["num_heads"])
     for neighbour in (width - step, width + step):
-        other = count_params(_meta(matched.name, embed_dim=neighbour))["total"]
+        other = count_params(_meta(name, embed_dim=neighbour))["total"]
         assert abs(params - target) <= abs(other - target), f"embed_dim={neighbour} is closer than {width}"
 
 

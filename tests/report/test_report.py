@@ -18,11 +18,12 @@ from vitlab.cli.main import main
 from vitlab.config import RunConfig, RunSection
 from vitlab.diagnostics.images import cls_attention_maps
 from vitlab.errors import ConfigError
-from vitlab.report import REPORT_FILE, collect, render, write_report
+from vitlab.report import collect, render, write_report
 from vitlab.report.comparison import better_direction, config_differences
 from vitlab.report.curves import curve_panels
 from vitlab.report.page import Facts, Figures, Table
 from vitlab.report.render import images
+from vitlab.rundir import REPORT_FILE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EPOCHS = 3

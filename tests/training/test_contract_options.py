@@ -10,7 +10,7 @@ from torch import nn
 
 from vitlab.config import ConfigError, build_config
 from vitlab.export import load_model
-from vitlab.models.pretrained import source_pretrained_cfg
+from vitlab.models.weight_sources import source_pretrained_cfg
 from vitlab.training.run import enable_grad_checkpointing, fit
 
 QUICK = [

@@ -70,7 +70,8 @@ def _run_evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     """``vitlab evaluate``: check the options and the ``--out`` folder, run the suite, print its summary."""
     from vitlab.config import parse_overrides
     from vitlab.errors import ConfigError
-    from vitlab.evaluation.evaluate import EVALUATION_FILE, RELIABILITY_FILE, evaluate_run, format_evaluation
+    from vitlab.evaluation.evaluate import EVALUATION_FILE, RELIABILITY_FILE, evaluate_run
+    from vitlab.evaluation.terminal import format_evaluation
     from vitlab.rundir import check_outputs
 
     bad = [s for s in args.severities if not 1 <= s <= 5]

@@ -17,6 +17,7 @@ import torch
 
 from vitlab.config.dynamics import DynamicsConfig
 from vitlab.diagnostics.trend import lag_series
+from vitlab.jsonio import finite_or_none
 
 
 def directedness(two_epoch: torch.Tensor, earlier: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
@@ -323,18 +324,20 @@ class ConvergenceTracker:
         level, reference = self.decay_level(per_rate=True, scores=True) if response else (None, None)
         return {
             "rho": self.rho if CONVERGENCE_STRATEGIES[rule].needs_directedness else None,
-            "threshold": None if rule == "noise" else _nan_to_none(self.threshold()),
+            "threshold": None if rule == "noise" else finite_or_none(self.threshold().tolist()),
             # the decay rule's statistic: the largest of the head's last decay_window drifts
-            "decay_level": _nan_to_none(self.decay_level()[0]) if rule == "decay" else None,
+            "decay_level": finite_or_none(self.decay_level()[0].tolist()) if rule == "decay" else None,
             # the response rule's: the drift per unit rate of this epoch, and the largest of the last decay_window
             "rate": float(self.rates[-1].mean()) if observed else None,
             "drift_per_rate": self.per_rate()[-1].tolist() if observed else None,
-            "response_level": _nan_to_none(self.decay_level(per_rate=True)[0]) if response else None,
+            "response_level": finite_or_none(self.decay_level(per_rate=True)[0].tolist()) if response else None,
             # and its scores' (docs/dynamics.md, "The response rule"): this epoch's score drift per unit rate, the
             # largest of the last decay_window and the threshold it must be under
-            "score_per_rate": _nan_to_none(self.per_rate(scores=True)[-1]) if observed else None,
-            "score_level": None if level is None else _nan_to_none(level),
-            "score_threshold": None if reference is None else _nan_to_none(self.config.score_ratio * reference),
+            "score_per_rate": finite_or_none(self.per_rate(scores=True)[-1].tolist()) if observed else None,
+            "score_level": None if level is None else finite_or_none(level.tolist()),
+            "score_threshold": None
+            if reference is None
+            else finite_or_none((self.config.score_ratio * reference).tolist()),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -386,8 +389,3 @@ def _since_missing(series: torch.Tensor) -> torch.Tensor:
     """The epochs of ``series: [T, ...]`` after the last one with a NaN (a statistic measured again since)."""
     missing = series.isnan().flatten(1).any(dim=1).nonzero()
     return series if not len(missing) else series[int(missing[-1]) + 1 :]
-
-
-def _nan_to_none(values: torch.Tensor) -> list[list[float | None]]:
-    """``[L, H]`` as nested lists with ``None`` for NaN (JSON has no NaN)."""
-    return [[None if math.isnan(v) else v for v in row] for row in values.tolist()]

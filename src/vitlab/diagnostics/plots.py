@@ -373,18 +373,3 @@ def draw_run(source: str | Path, out_dir: str | Path, baseline: str | Path | Non
 def _run_name(source: str | Path) -> str:
     path = Path(source).resolve()
     return path.name if path.is_dir() else path.parent.name
-
-
-__all__ = [
-    "draw_run",
-    "dynamics_arrays",
-    "frozen_at_epoch",
-    "has_learning_rate",
-    "head_table",
-    "plot_comparison",
-    "plot_drift_vs_lr",
-    "plot_dynamics",
-    "plot_frozen_epochs",
-    "plot_temperature",
-    "read_dynamics",
-]

@@ -42,7 +42,6 @@ from vitlab.evaluation.outputs import (
 )
 from vitlab.evaluation.stats import per_class_mean
 from vitlab.evaluation.target import EvaluationTarget, load_evaluation_target
-from vitlab.evaluation.terminal import format_evaluation
 from vitlab.family import family_of, resolve
 from vitlab.jsonio import finite_or_none
 from vitlab.progress import progress
@@ -348,11 +347,3 @@ def _run_section(
         "severities": list(severities),
         "out_dir": str(out),
     }
-
-
-__all__ = [
-    "EvaluationTarget",
-    "evaluate_run",
-    "format_evaluation",
-    "load_evaluation_target",
-]

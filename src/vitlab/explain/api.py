@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.errors import ConfigError
-from vitlab.explain.adapters import Explainer, UnsupportedOperation, explainer_for
+from vitlab.explain.adapters import ATTENTION_METHODS, Explainer, UnsupportedOperation, explainer_for
 from vitlab.explain.hilrp import Variant, relevance
 from vitlab.explain.methods import attention_rollout, gradient_rollout, last_attention
 from vitlab.explain.recording import recorded_attention
@@ -217,9 +217,7 @@ def _integrated_gradients(model: nn.Module, ex: Explainer, x: torch.Tensor, targ
 
 
 _METHODS = {
-    "attention": _attention_method("attention"),
-    "rollout": _attention_method("rollout"),
-    "grad_rollout": _attention_method("grad_rollout"),
+    **{name: _attention_method(name) for name in ATTENTION_METHODS},
     **{name: _lrp(name, variant) for name, variant in LRP_VARIANTS.items()},
     "gradcam": _gradcam,
     **{name: _captum(name) for name in ("saliency", "input_x_gradient", "smoothgrad", "gradient_shap", "occlusion")},

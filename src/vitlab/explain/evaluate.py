@@ -81,10 +81,8 @@ def randomised_copy(model: nn.Module, seed: int = 0) -> nn.Module:
 
 def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
     """``[B]``: Spearman's rho between ``|a[i]|`` and ``|b[i]|`` over pixels (NaN for a constant map)."""
-    out = []
-    for x, y in zip(a.abs().flatten(1).numpy(), b.abs().flatten(1).numpy(), strict=True):
-        out.append(spearmanr(x, y).statistic if x.std() > 0 and y.std() > 0 else np.nan)
-    return np.asarray(out, dtype=float)
+    pairs = zip(a.abs().flatten(1).numpy(), b.abs().flatten(1).numpy(), strict=True)
+    return np.asarray([spearmanr(x, y).statistic if x.std() > 0 and y.std() > 0 else np.nan for x, y in pairs], float)
 
 
 def _explain_batches(

@@ -12,11 +12,12 @@ import numpy as np
 import torch
 
 from vitlab.claim import RunClaim
+from vitlab.config.model import TIMM_PREFIX
 from vitlab.data.sources import class_names_problem
 from vitlab.data.transforms import denormalize
 from vitlab.errors import ConfigError
-from vitlab.evaluation.evaluate import load_evaluation_target
 from vitlab.evaluation.predict import load_predictor, normalise, readable_images
+from vitlab.evaluation.target import load_evaluation_target
 from vitlab.explain.adapters import OVERVIEW_METHODS
 from vitlab.explain.api import explain, explainer_on
 from vitlab.explain.evaluate import evaluate_methods
@@ -31,7 +32,6 @@ EVALUATION_FIGURE = "explain_faithfulness.png"
 OVERLAY_FIGURE = "explain_overlays.png"
 MAPS_FILE = "maps.npz"
 EXPLAIN_LOCK = ".explain.lock"
-TIMM_PREFIX = "timm:"
 
 
 def load_timm(spec: str, weights: str | Path, img_size: int | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -159,13 +159,10 @@ def overlay_names(files: Sequence[Path], method: str) -> list[str]:
 
 def _read_images(files: Sequence[Path], info: dict[str, Any], on_error: Any) -> tuple[list[Path], list[torch.Tensor]]:
     """The readable files and their pixels (:func:`read_image`); each unreadable one goes to ``on_error(path, e)``."""
-    kept, pixels = [], []
-    for path, image in readable_images(files, info, on_error):
-        kept.append(path)
-        pixels.append(image)
-    if not kept:
+    readable = list(readable_images(files, info, on_error))
+    if not readable:
         raise ConfigError(f"none of the {len(files)} files given is a readable image")
-    return kept, pixels
+    return [path for path, _ in readable], [image for _, image in readable]
 
 
 def explain_files(

@@ -46,14 +46,9 @@ class HeadRows:
     offset: int
 
 
-def _linear_rows(module: nn.Module, names: tuple[str, str, str]) -> dict[str, list[HeadRows]]:
-    rows: dict[str, list[HeadRows]] = {}
-    for part, name in zip("qkv", names, strict=True):
-        linear = getattr(module, name)
-        rows[part] = [
-            HeadRows(f"{name}.{p}", getattr(linear, p), 0) for p in ("weight", "bias") if getattr(linear, p) is not None
-        ]
-    return rows
+def _fused_rows(params: list[tuple[str, nn.Parameter | None]], width: int) -> dict[str, list[HeadRows]]:
+    """The rows of q, k, v in fused parameters (``qkv``, ``in_proj``): q rows ``0..C``, k ``C..2C``, v ``2C..3C``."""
+    return {part: [HeadRows(n, p, i * width) for n, p in params if p is not None] for i, part in enumerate("qkv")}
 
 
 def _layout(module: nn.Module) -> tuple[str, int, int, dict[str, list[HeadRows]]] | None:
@@ -61,42 +56,29 @@ def _layout(module: nn.Module) -> tuple[str, int, int, dict[str, list[HeadRows]]
     if isinstance(module, nn.MultiheadAttention):
         if not module._qkv_same_embed_dim or module.in_proj_weight is None:
             return None
-        width = module.embed_dim
         params = [("in_proj_weight", module.in_proj_weight), ("in_proj_bias", module.in_proj_bias)]
-        rows = {part: [HeadRows(n, p, i * width) for n, p in params if p is not None] for i, part in enumerate("qkv")}
-        return "in_proj", module.num_heads, module.head_dim, rows
+        return "in_proj", module.num_heads, module.head_dim, _fused_rows(params, module.embed_dim)
     separate = all(isinstance(getattr(module, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj"))
-    if separate and isinstance(getattr(module, "num_attention_heads", None), int):
-        heads = module.num_attention_heads
-        return (
-            "projections",
-            heads,
-            module.q_proj.out_features // heads,
-            _linear_rows(module, ("q_proj", "k_proj", "v_proj")),
-        )
     normed = all(isinstance(getattr(module, n, None), nn.Module) for n in ("q_norm", "k_norm"))
-    if not normed or isinstance(module, Attention) or not isinstance(getattr(module, "num_heads", None), int):
+    if separate and isinstance(getattr(module, "num_attention_heads", None), int):
+        kind, heads = "projections", module.num_attention_heads
+    elif normed and not isinstance(module, Attention) and isinstance(getattr(module, "num_heads", None), int):
+        kind, heads = "qk_norm", module.num_heads
+    else:
         return None
-    heads = module.num_heads
-    if isinstance(getattr(module, "qkv", None), nn.Linear):
+    if kind == "qk_norm" and isinstance(getattr(module, "qkv", None), nn.Linear):
         width = module.qkv.out_features // 3
-        rows = {part: [HeadRows("qkv.weight", module.qkv.weight, i * width)] for i, part in enumerate("qkv")}
-        if module.qkv.bias is not None:
-            for i, part in enumerate("qkv"):
-                rows[part].append(HeadRows("qkv.bias", module.qkv.bias, i * width))
+        rows = _fused_rows([("qkv.weight", module.qkv.weight), ("qkv.bias", module.qkv.bias)], width)
         for part in "qkv":  # EVA's separate q_bias, k_bias, v_bias beside a bias-free qkv
             bias = getattr(module, f"{part}_bias", None)
             if isinstance(bias, nn.Parameter):
                 rows[part].append(HeadRows(f"{part}_bias", bias, 0))
-        return "qk_norm", heads, width // heads, rows
-    if separate:
-        return (
-            "qk_norm",
-            heads,
-            module.q_proj.out_features // heads,
-            _linear_rows(module, ("q_proj", "k_proj", "v_proj")),
-        )
-    return None
+        return kind, heads, width // heads, rows
+    if not separate:
+        return None
+    linears = {part: getattr(module, f"{part}_proj") for part in "qkv"}  # weight and bias, where it has one
+    rows = {part: [HeadRows(f"{part}_proj.{n}", p, 0) for n, p in m.named_parameters()] for part, m in linears.items()}
+    return kind, heads, module.q_proj.out_features // heads, rows
 
 
 def steerable(module: nn.Module) -> bool:

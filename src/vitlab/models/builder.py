@@ -11,9 +11,10 @@ from torch import nn
 from vitlab.config.hf_model import HF_PREFIX
 from vitlab.layers.dropout import use_fast_dropout
 from vitlab.models.hf_weights import load_hf_pretrained, pretrained_options
-from vitlab.models.pretrained import LoadReport, check_keys, fit_to_backbone, load_pretrained, timm_vit_kwargs
+from vitlab.models.pretrained import LoadReport, check_keys, fit_to_backbone, load_pretrained
 from vitlab.models.registry import get_preset, list_models, resolved_kwargs
 from vitlab.models.vit import VisionTransformer
+from vitlab.models.weight_sources import timm_vit_kwargs
 
 
 def create_model(name: str, pretrained: str | None = None, **overrides: Any) -> nn.Module:

@@ -26,43 +26,9 @@ from vitlab.models.protocols import EncoderBacked, PretrainedConfigured
 from vitlab.models.registry import constructor_args, get_preset, list_models
 from vitlab.models.timm_models import checkpoint_filter
 from vitlab.models.vit import VisionTransformer
-from vitlab.models.weight_sources import (
-    TIMM_PREFIX,
-    TORCH_SUFFIXES,
-    PretrainedWeightsError,
-    check_timm_folder,
-    hub_offline,
-    read_weights,
-    source_pretrained_cfg,
-    timm_hub_file,
-    timm_vit_kwargs,
-    timm_weights,
-    timm_weights_cached,
-)
+from vitlab.models.weight_sources import TIMM_PREFIX, PretrainedWeightsError, check_timm_folder, read_weights
 
 log = logging.getLogger(__name__)
-
-__all__ = [
-    "TIMM_PREFIX",
-    "TORCH_SUFFIXES",
-    "LoadReport",
-    "PretrainedWeightsError",
-    "backbone_of",
-    "check_keys",
-    "compress_keys",
-    "fit_to_backbone",
-    "hub_offline",
-    "key_problems",
-    "load_pretrained",
-    "load_whole_model",
-    "matching_presets",
-    "read_weights",
-    "source_pretrained_cfg",
-    "timm_hub_file",
-    "timm_vit_kwargs",
-    "timm_weights",
-    "timm_weights_cached",
-]
 
 #: backbone keys that may be absent from pretrained weights: their initial values leave the function unchanged
 OPTIONAL_KEYS = ("log_tau",)
@@ -390,7 +356,3 @@ def _fit_whole_model(
     filled = [k for k in target if k not in state and k.split(".")[-1] in OPTIONAL_KEYS]
     state.update({k: target[k] for k in filled})
     return state
-
-
-# -------------------------------------------------------------------------------------------------------------------
-# timm models.

@@ -31,12 +31,10 @@ from torch import nn
 from vitlab.config.model import TIMM_PREFIX, check_patch_grid
 from vitlab.errors import ConfigError, ModelOptionError, UnknownModelError
 from vitlab.layers.attention import Attention
-from vitlab.layers.head_steering import steer_temperature
+from vitlab.layers.head_steering import TEMPERATURE_OPTIONS, steer_temperature
 
 #: the options vitlab fills in from the data
 DATA_OPTIONS = ("img_size", "in_chans", "num_classes")
-#: the options vitlab takes itself (the temperature of the attention it takes over), not timm
-OWN_OPTIONS = ("temperature", "temperature_form")
 
 
 def timm_architecture(name: str) -> str:
@@ -51,9 +49,9 @@ def timm_architecture(name: str) -> str:
 
 def create_timm_model(name: str, **options: Any) -> nn.Module:
     """timm's model ``name`` (``timm:NAME``) with random weights, ``options`` passed to ``timm.create_model`` but for
-    ``temperature`` and ``temperature_form`` (:data:`OWN_OPTIONS`, for the attention vitlab takes over)."""
+    ``temperature`` and ``temperature_form`` (:data:`TEMPERATURE_OPTIONS`, for the attention vitlab takes over)."""
     arch = timm_architecture(name)
-    own = {key: options.pop(key) for key in OWN_OPTIONS if key in options}
+    own = {key: options.pop(key) for key in TEMPERATURE_OPTIONS if key in options}
     try:
         model = timm.create_model(arch, pretrained=False, **options)
     except TypeError as e:

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from timm.layers import resample_abs_pos_embed
+from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.config.model import VisionTransformerOptions, takes_options
-from vitlab.layers import Block, PatchEmbed, trunc_normal_
+from vitlab.layers import Block
 from vitlab.layers.tome import TokenMatching
 from vitlab.models.contract import ModelContract, check_output_fmt, tokens_to_maps
 

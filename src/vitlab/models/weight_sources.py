@@ -1,7 +1,7 @@
 """Where pretrained weights come from, read without fitting them to a model: a weights file, a vitlab export or run,
 or timm's hub (``timm:NAME[.TAG]``, a timm ViT that vitlab's ViT can express: :func:`timm_vit_kwargs`); and the
 normalisation the source was trained with. Fitting the weights to a model and loading them is
-:mod:`vitlab.models.pretrained`'s; both names stay importable from there."""
+:mod:`vitlab.models.pretrained`'s."""
 
 from __future__ import annotations
 

@@ -7,6 +7,5 @@ autoescape, and the stylesheet) and ``render`` (the page data and figures throug
 from vitlab.report.collect import collect
 from vitlab.report.page import Page
 from vitlab.report.render import render, write_report
-from vitlab.rundir import REPORT_FILE
 
-__all__ = ["REPORT_FILE", "Page", "collect", "render", "write_report"]
+__all__ = ["Page", "collect", "render", "write_report"]

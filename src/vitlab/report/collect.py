@@ -219,9 +219,7 @@ def dynamics_section(run: RunRecord) -> Section | None:
     keys = ("layer", "head", "d", "d_per_rate", "s_per_rate", "rate", "kappa", "tau", "converged", "frozen_at")
     rows = [(*(r[k] for k in keys), r["decision"] or "") for r in head_table(records)]
     columns = ["layer", "head", "drift d", "d per unit lr", "scores per unit lr", "mean lr", "clusters κ", "tau"]
-    columns += ["converged"]
-    columns += ["frozen at epoch", "why"]
-    table = Table(columns, rows)
+    table = Table([*columns, "converged", "frozen at epoch", "why"], rows)
     return Section(
         "dynamics", "Attention dynamics", [Text(text), Figures(figures), Details("Heads at the last epoch", [table])]
     )
@@ -394,21 +392,3 @@ def fmt(value: Any) -> str:
             return "–"
         return f"{value:.0f}" if value.is_integer() and abs(value) < 1e6 else f"{value:.4g}"
     return str(value)
-
-
-__all__ = [
-    "assignment_blocks",
-    "collect",
-    "collect_run",
-    "config_section",
-    "curves_section",
-    "dynamics_section",
-    "evaluation_section",
-    "family_sections",
-    "fmt",
-    "frozen_layers_section",
-    "image_sections",
-    "other_outputs_section",
-    "run_cards",
-    "test_metrics_section",
-]

@@ -20,8 +20,9 @@ from torch import nn
 from vitlab.config import FinetuneConfig, RunConfig
 from vitlab.data import VisionDataModule
 from vitlab.errors import ConfigError
-from vitlab.models.pretrained import PretrainedWeightsError, backbone_of, source_pretrained_cfg
+from vitlab.models.pretrained import PretrainedWeightsError, backbone_of
 from vitlab.models.protocols import LayerGrouped, parameter_layers
+from vitlab.models.weight_sources import source_pretrained_cfg
 
 
 def _backbone(model: nn.Module, option: str) -> tuple[nn.Module, str]:

@@ -66,7 +66,7 @@ def _run_slot_k(p: argparse.ArgumentParser, args: argparse.Namespace, overrides:
     from vitlab.cli.evaluate import data_overrides
     from vitlab.data import denormalize, normalize
     from vitlab.errors import ConfigError
-    from vitlab.evaluation.evaluate import load_evaluation_target
+    from vitlab.evaluation.target import load_evaluation_target
     from vitlab.families.cet_vit.probes import collect_assignments, format_slot_usage, slot_usage_summary
     from vitlab.models.protocols import SlotAssigner
     from vitlab.rundir import check_outputs, write_output

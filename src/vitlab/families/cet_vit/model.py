@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.layers import PatchEmbed, trunc_normal_
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
@@ -49,7 +50,7 @@ from vitlab.families.cet_vit.slots import (
     slot_usage_k,
     topk_margin,
 )
-from vitlab.layers import Block, PatchEmbed, trunc_normal_
+from vitlab.layers import Block
 from vitlab.models.contract import ModelContract, module_mode
 from vitlab.models.sizing import parameter_count
 

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from timm.layers import register_notrace_function, resample_abs_pos_embed_nhwc
+from timm.layers import Mlp, register_notrace_function, resample_abs_pos_embed_nhwc, trunc_normal_
 from timm.models import checkpoint
 from timm.models.swin_transformer import SwinTransformerStage
 from torch import nn
 
 from vitlab.families.cet_vit.slots import budget_values, dense_straight_through, dynamic_k_assignment, topk_softmax
-from vitlab.layers import Block, CrossAttention, Mlp, trunc_normal_
+from vitlab.layers import Block, CrossAttention
 
 # shape checks on data: torch.fx (timm's fx feature extraction) keeps these calls whole
 register_notrace_function(topk_softmax)

@@ -109,7 +109,9 @@ def _baselines() -> dict[str, tuple[str, str, str, dict[str, Any]]]:
     return out
 
 
-#: the size-matched baselines (:mod:`vitlab.families.cet_vit.baselines`)
+#: the baselines matched in size to CET-ViT (CET-ViT v4 model card: "External baselines trained under an identical
+#: protocol"): within 2% of its parameters at :data:`MATCH_INPUTS`; ``tests/models/test_sizing.py`` checks that the
+#: hard-coded widths still match. Table: docs/baselines.md, "The matched presets".
 BASELINES = _baselines()
 
 

@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 from einops import rearrange
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath, Mlp, trunc_normal_
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 
 from vitlab.config.model import ViTEncoderOptions, takes_options
 from vitlab.families.vitcae.config import ViTCAEOptions
 from vitlab.families.vitcae.losses import reparameterize
-from vitlab.layers import Attention, CrossAttention, trunc_normal_
+from vitlab.layers import Attention, CrossAttention
 from vitlab.models.contract import ModelContract
 from vitlab.models.vit import VisionTransformer
 
