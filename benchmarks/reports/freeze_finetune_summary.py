@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.naming import repo_relative
 from benchmarks.reports.claims import Difference
+from vitlab.environment import environment
 
 MARGIN = 1.0  # points: the registered equivalence margin of the goal
 GOAL_RATIO = 0.75
@@ -157,8 +159,10 @@ def main() -> None:
     args = parser.parse_args()
     summary = summarize(args.results)
     print(render(summary))
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    if args.json:  # the summary's own command and revision (each per-seed file has its run's)
+        record = environment()
+        record["command"] = repo_relative(record["command"])
+        args.json.write_text(json.dumps(summary | {"environment": record}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
