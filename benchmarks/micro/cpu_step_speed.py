@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.acceleration import choose_precision
+from vitlab.acceleration.precision import choose_precision
 from vitlab.atomic import atomic_write_json
 from vitlab.bench import NetworkSpec, Runner, Subject, quartile_summary, training_flops_per_image
 from vitlab.bench.timing import _Matmul, _measure_alternating, _Task

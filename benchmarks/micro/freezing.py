@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitlab.acceleration import choose_precision
+from vitlab.acceleration.precision import choose_precision
 from vitlab.bench import bootstrap_median
 from vitlab.bench.timing import autocast
 from vitlab.dynamics import FrozenHeadGuard

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vitlab.acceleration import choose_precision
+from vitlab.acceleration.precision import choose_precision
 from vitlab.bench import NetworkSpec, Runner, Subject, timm_counterpart
 from vitlab.config import parse_overrides
 from vitlab.environment import environment

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitlab.acceleration import choose_precision
+from vitlab.acceleration.precision import choose_precision
 from vitlab.bench import (
     NetworkSpec,
     bench,

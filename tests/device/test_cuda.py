@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.acceleration import adamw, compile_network
+from vitlab.acceleration.compiling import compile_network
+from vitlab.acceleration.optim import adamw
 from vitlab.cli.main import main
 from vitlab.diagnostics.capture import capture_attention
 from vitlab.dynamics import FrozenHeadGuard

@@ -15,7 +15,7 @@ measured".
 Modules: ``specs`` (what is measured), ``flops``, ``timing``, ``memory``, ``run`` (:func:`bench` and its report).
 """
 
-from vitlab.acceleration import fastest
+from vitlab.acceleration.compile_mode import fastest
 from vitlab.bench.flops import training_flops_per_image
 from vitlab.bench.memory import peak_memory
 from vitlab.bench.run import bench, format_bench
