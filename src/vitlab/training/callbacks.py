@@ -382,9 +382,3 @@ class PartStats(pl.Callback):
             return
         for key, total in self._sums.items():
             pl_module.log(key, total / self._count, on_step=False, on_epoch=True, rank_zero_only=True)
-
-
-# moved to vitlab.training.console; kept importable from here
-from vitlab.training.console import EpochLines as EpochLines  # noqa: E402
-from vitlab.training.console import ProgressBar as ProgressBar  # noqa: E402
-from vitlab.training.console import quiet_lightning as quiet_lightning  # noqa: E402
