@@ -46,7 +46,7 @@ import torch
 from PIL import Image
 
 from vitlab.acceleration.compile_mode import CUDA_MODE_CANDIDATES, timed_compile_mode
-from vitlab.bench import bench
+from vitlab.bench.run import bench
 from vitlab.config import build_config
 from vitlab.models import create_model
 from vitlab.rundir import RunDir, environment

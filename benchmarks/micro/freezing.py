@@ -42,8 +42,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from vitlab.acceleration.precision import choose_precision
-from vitlab.bench import bootstrap_median
-from vitlab.bench.timing import autocast
+from vitlab.bench.timing import autocast, bootstrap_median
 from vitlab.dynamics import FrozenHeadGuard
 from vitlab.environment import environment
 from vitlab.models.vit import VisionTransformer

@@ -218,7 +218,7 @@ def test_vitlab_fit_on_cuda_bf16_compiled_with_cuda_event_timing(tmp_path):
 
 
 def test_bench_on_cuda_reports_peak_memory():
-    from vitlab.bench import bench
+    from vitlab.bench.run import bench
 
     result = bench(
         "vit_pico",
