@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         help="only time 1..H heads per layer and the first 1..L layers frozen whole (no results)",
     )
     args = parser.parse_args(argv)
-    from vitlab.acceleration import cpu_bf16_flags
+    from vitlab.acceleration.precision import cpu_bf16_flags
     from vitlab.environment import environment
 
     env = environment()

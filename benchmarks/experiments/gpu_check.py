@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitlab.bench import bench
+from vitlab.bench.run import bench
 from vitlab.config import build_config
 from vitlab.rundir import RunDir, environment
 from vitlab.training.run import fit

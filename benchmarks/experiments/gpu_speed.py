@@ -18,9 +18,9 @@ skipped; the script stays under 8 minutes):
    epoch (the time the loop waited for a batch), the set-up before training (data loading, the JPEG decoding), and
    the bench's synthetic training step beside them;
 3. ``trainer.compile_mode: auto``'s timing of the compile modes for ``vit_small`` at that batch
-   (:func:`vitlab.acceleration.timed_compile_mode`), with ``reduce-overhead`` (CUDA graphs) beside its candidates,
-   and the fastest. Last: max-autotune's compilation may take minutes (items 1 and 2 use ``default``, so that
-   each compiles once).
+   (:func:`vitlab.acceleration.compile_mode.timed_compile_mode`), with ``reduce-overhead`` (CUDA graphs) beside its
+   candidates, and the fastest. Last: max-autotune's compilation may take minutes (items 1 and 2 use ``default``, so
+   that each compiles once).
 
 It writes ``DIR/gpu_speed_<device>_<date>/`` (:mod:`benchmarks.naming`): ``gpu_speed.json`` (everything, each bench
 record in ``bench/``) and ``gpu_speed.md`` (the tables). DIR defaults to ``benchmarks/results/experiments``.
@@ -45,8 +45,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitlab.acceleration import CUDA_MODE_CANDIDATES, timed_compile_mode
-from vitlab.bench import bench
+from vitlab.acceleration.compile_mode import CUDA_MODE_CANDIDATES, timed_compile_mode
+from vitlab.bench.run import bench
 from vitlab.config import build_config
 from vitlab.models import create_model
 from vitlab.rundir import RunDir, environment

@@ -40,7 +40,7 @@ import ot
 import torch
 import torch.nn.functional as F
 
-from vitlab.bench import fastest
+from vitlab.acceleration.compile_mode import fastest
 from vitlab.config import build_config
 from vitlab.diagnostics.capture import capture_attention
 from vitlab.diagnostics.dynamics import attention_drift, consensus_clusters

@@ -4,7 +4,8 @@ before and after the CPU speed-ups, measured alternately in one process, one thr
     OMP_NUM_THREADS=1 python -m benchmarks.micro.cpu_step_speed --out benchmarks/results/cpu_step_speed_<cpu>.json
         [--models cet_vit_nano ...] [--repeats 5] [--batch-size 128]
 
-Four ways to run each model's step (``vitlab.bench.Subject``: forward, cross-entropy, backward, AdamW fused=auto):
+Four ways to run each model's step (``vitlab.bench.timing.Subject``: forward, cross-entropy, backward, AdamW
+fused=auto):
 
 - ``fp32_before``: float32, torch's ``nn.Dropout``, SDPA for vitlab's attention and timm's default (eager softmax)
   for Swin's window attention: the step as it ran before these changes;
@@ -37,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.acceleration import choose_precision
+from vitlab.acceleration.precision import choose_precision
 from vitlab.atomic import atomic_write_json
-from vitlab.bench import NetworkSpec, Runner, Subject, quartile_summary, training_flops_per_image
-from vitlab.bench.timing import _Matmul, _measure_alternating, _Task
+from vitlab.bench.flops import training_flops_per_image
+from vitlab.bench.specs import NetworkSpec
+from vitlab.bench.timing import Runner, Subject, _Matmul, _measure_alternating, _Task, quartile_summary
 from vitlab.layers import attention_path
 from vitlab.layers.dropout import Dropout, dropout
 from vitlab.rundir import environment

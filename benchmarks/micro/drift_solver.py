@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from ot.lp.emd_wrap import emd_c
 
-from vitlab.bench import fastest
+from vitlab.acceleration.compile_mode import fastest
 from vitlab.diagnostics.dynamics import attention_drift, patch_grid_cost
 from vitlab.environment import environment
 

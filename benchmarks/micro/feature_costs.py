@@ -1,6 +1,6 @@
 """What vitlab's optional features cost when switched on, as throughput ratios ON / OFF with their spread.
 
-Each feature is a pair of networks measured alternately in one process (``vitlab.bench.measure_networks``: the
+Each feature is a pair of networks measured alternately in one process (``vitlab.bench.timing.measure_networks``: the
 training step and inference, round after round, next to a matmul peak, on the wall clock and on the process's CPU
 time):
 
@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitlab.bench import PHASES, measure_networks, round_ratio, torch_threads
+from vitlab.bench.specs import PHASES
+from vitlab.bench.timing import measure_networks, round_ratio, torch_threads
 from vitlab.layers import attention_modules
 from vitlab.models import create_model
 from vitlab.rundir import environment as run_environment

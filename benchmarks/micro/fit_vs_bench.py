@@ -1,7 +1,7 @@
 """Does the data path keep the step fed? A ``vitlab fit`` epoch against ``vitlab bench``'s step of the same model.
 
 Per round: one epoch of ``vitlab fit --config CONFIG`` on ``--limit-train`` images (validation and test cut to one
-batch, no report or export), then ``vitlab.bench.bench`` of the same preset, overrides, batch size and precision,
+batch, no report or export), then ``vitlab.bench.run.bench`` of the same preset, overrides, batch size and precision,
 one thread each; the rounds alternate, so a change of the machine's load reaches both. From the fit's
 ``timing.json``: the training time per batch (``time/step_total_s + time/data_wait_total_s``: the steps and the
 waits for the data loader) and the step alone; from the bench, the median wall-clock step per batch. The ratio
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.atomic import atomic_write_text
-from vitlab.bench import bench
+from vitlab.bench.run import bench
 from vitlab.config import build_config
 from vitlab.environment import environment
 from vitlab.jsonio import strict_dumps

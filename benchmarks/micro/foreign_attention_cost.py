@@ -34,7 +34,7 @@ import timm
 import torch
 
 from benchmarks.naming import repo_relative, results_path
-from vitlab.acceleration import fastest
+from vitlab.acceleration.compile_mode import fastest
 from vitlab.cli.main import main as vitlab_main
 from vitlab.diagnostics.capture import capture_attention
 from vitlab.environment import environment

@@ -41,9 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitlab.acceleration import choose_precision
-from vitlab.bench import bootstrap_median
-from vitlab.bench.timing import autocast
+from vitlab.acceleration.precision import choose_precision
+from vitlab.bench.timing import autocast, bootstrap_median
 from vitlab.dynamics import FrozenHeadGuard
 from vitlab.environment import environment
 from vitlab.models.vit import VisionTransformer

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 import vitlab
 from vitlab.atomic import check_outputs, write_output
-from vitlab.bench import bench
+from vitlab.bench.run import bench
 from vitlab.jsonio import strict_dumps
 
 SHAPE = dict(img_size=32, in_chans=3, num_classes=10)

@@ -3,7 +3,7 @@
     python -m benchmarks.micro.profile_step vit_small img_size=32 patch_size=4 num_classes=10 [--compile] [--timm]
         [--batch-size 32] [--steps 3] [--precision auto|32-true|bf16-mixed] [--out FILE.json]
 
-The step is ``vitlab bench``'s (``vitlab.bench.Subject``: forward, cross-entropy, backward, AdamW), one thread;
+The step is ``vitlab bench``'s (``vitlab.bench.timing.Subject``: forward, cross-entropy, backward, AdamW), one thread;
 ``--compile`` compiles the network with its loss as ``trainer.compile`` does, ``--timm`` profiles timm's network of
 the same shape (eager, torch's AdamW). Self CPU time is grouped into: matrix products, attention (SDPA), kernels
 inductor generated (fused element-wise work, LayerNorm, GELU), eager element-wise work, copies, the optimiser, the
@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vitlab.acceleration import choose_precision
-from vitlab.bench import NetworkSpec, Runner, Subject, timm_counterpart
+from vitlab.acceleration.precision import choose_precision
+from vitlab.bench.specs import NetworkSpec, timm_counterpart
+from vitlab.bench.timing import Runner, Subject
 from vitlab.config import parse_overrides
 from vitlab.environment import environment
 

@@ -1,8 +1,8 @@
 """Token Merging's speed: a ToMe ViT at r = 4 and 8 against the same ViT without merging (r = 0), images/s.
 
 The networks share their weights (ToMe adds no parameters) and are measured alternately in one process by
-``vitlab.bench.measure_networks``: the training step (forward, cross-entropy, backward, AdamW) and inference, after a
-warm-up, round after round, on the wall clock and on the process's CPU time (which time-sharing with other
+``vitlab.bench.timing.measure_networks``: the training step (forward, cross-entropy, backward, AdamW) and inference,
+after a warm-up, round after round, on the wall clock and on the process's CPU time (which time-sharing with other
 processes does not inflate); medians and quartiles over the rounds. The speed-up over r = 0 is formed per round.
 
 Run (single-threaded, batch 64; a few minutes on one core)::
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from vitlab.bench import PHASES, measure_networks, round_ratio, torch_threads
+from vitlab.bench.specs import PHASES
+from vitlab.bench.timing import measure_networks, round_ratio, torch_threads
 from vitlab.config import parse_overrides
 from vitlab.models import VisionTransformer, create_model
 from vitlab.rundir import environment as run_environment

@@ -14,16 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vitlab.machine_cache import cpu_model
 from vitlab.version import __version__
-
-
-def _cpu_model() -> str | None:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return None
 
 
 def _version(package: str) -> str | None:
@@ -58,7 +50,7 @@ def environment() -> dict[str, Any]:
         "hardware": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
-            "cpu_model": _cpu_model() or platform.processor() or platform.machine(),
+            "cpu_model": cpu_model(),
             "cpu_count": os.cpu_count(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_threads": torch.get_num_threads(),

@@ -28,7 +28,6 @@ from vitlab.progress import stage
 from vitlab.rundir import EXPORT_FORMAT_FILES
 
 FORMATS = ("safetensors", "onnx", "torch-export")
-FILE_NAMES = EXPORT_FORMAT_FILES
 #: the example batch the graph is traced with
 EXPORT_BATCH = 2
 TOLERANCE = 1e-4
@@ -150,11 +149,6 @@ def _trace(model: nn.Module) -> tuple[ClassifierGraph, torch.Tensor, dict[int, o
     return graph, example_input(model), {0: batch}
 
 
-def _staged(path: Path) -> contextlib.AbstractContextManager[Path]:
-    """A temporary file beside ``path`` that becomes ``path`` only when the block succeeds (checks included)."""
-    return staged_file(path, suffix=path.suffix)
-
-
 @contextlib.contextmanager
 def _capturing(model: nn.Module, fmt: str) -> Iterator[None]:
     """torch.onnx prints progress lines and warns about its own internals (neither is the user's business); a
@@ -184,7 +178,7 @@ def export_onnx(
     path = Path(path)
     stage(f"vitlab export: tracing the ONNX graph of {_family(model)}")
     graph, x, dims = _trace(model)
-    with _staged(path) as tmp:
+    with staged_file(path, suffix=path.suffix) as tmp:  # kept only once it passed the check
         with _capturing(model, "ONNX"):
             torch.onnx.export(
                 graph,
@@ -240,7 +234,7 @@ def export_program(model: nn.Module, path: str | Path, images: torch.Tensor | No
     path = Path(path)
     stage(f"vitlab export: tracing the torch.export program of {_family(model)}")
     graph, x, dims = _trace(model)
-    with _staged(path) as tmp:
+    with staged_file(path, suffix=path.suffix) as tmp:  # kept only once it passed the check
         with _capturing(model, "torch-export"):
             torch.export.save(torch.export.export(graph, (x,), dynamic_shapes=(dims,)), str(tmp))
         stage("vitlab export: checking the program")
@@ -262,5 +256,5 @@ def write_format(
     if fmt == "safetensors":
         return None
     model = model.eval()
-    target = Path(out_dir) / FILE_NAMES[fmt]
+    target = Path(out_dir) / EXPORT_FORMAT_FILES[fmt]
     return export_onnx(model, target, images=images) if fmt == "onnx" else export_program(model, target, images)

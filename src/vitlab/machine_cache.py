@@ -1,7 +1,7 @@
 """Choices measured once per machine and kept, so that a seeded run does not depend on the machine's load.
 
 ``trainer.attention_path: auto`` (:mod:`vitlab.layers.attention_path`) and ``trainer.precision: auto`` on a CPU
-with ``avx512_bf16`` (:func:`vitlab.acceleration.bf16_matmul_speedup`) choose by timing. Timed afresh in every
+with ``avx512_bf16`` (:func:`vitlab.acceleration.precision.bf16_matmul_speedup`) choose by timing. Timed afresh in every
 process, the same seed on the same machine could take another kernel under another load, and end with other
 metrics. Here the first measurement of a case on a machine is written to the user's cache folder
 (``$VITLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/vitlab``, else ``~/.cache/vitlab``; ``VITLAB_CACHE_DIR=off``
@@ -22,8 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from vitlab.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -43,18 +41,22 @@ def cache_file() -> Path | None:
     return Path(folder) / FILE_NAME
 
 
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else what ``platform`` knows of it."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    found = next((line.partition(":")[2].strip() for line in lines if line.startswith("model name")), None)
+    return found or platform.processor() or platform.machine()
+
+
 def machine_key() -> str:
     """What a timing depends on besides the case: the CPU's model, the GPU's, the torch version and the threads."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
+    import torch  # here: the run's environment reads cpu_model without loading torch
+
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no gpu"
-    return f"{cpu} | {gpu} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    return f"{cpu_model()} | {gpu} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 def remembered(section: str, case: str, measure: Callable[[], Any]) -> Any:

@@ -107,92 +107,67 @@ def _family_model(preset: str) -> nn.Module:
     return create_model(preset, **{k: v for k, v in wanted.items() if k in accepted})
 
 
-#: name -> (builder, image side)
-ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], int]] = {
-    "vit": (lambda: create_model("vit_pico", num_classes=5, img_size=16, patch_size=4, depth=2), 16),
-    "tome": (lambda: create_model("tome_pico", num_classes=5, img_size=16, patch_size=4, depth=2, tome_r=3), 16),
-    "swin": (
-        lambda: create_model(
-            "swin_pico", num_classes=5, img_size=16, patch_size=2, window_size=2, depths=(1, 1), num_heads=(1, 2)
-        ),
-        16,
+#: name -> builder
+ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
+    "vit": lambda: create_model("vit_pico", num_classes=5, img_size=16, patch_size=4, depth=2),
+    "tome": lambda: create_model("tome_pico", num_classes=5, img_size=16, patch_size=4, depth=2, tome_r=3),
+    "swin": lambda: create_model(
+        "swin_pico", num_classes=5, img_size=16, patch_size=2, window_size=2, depths=(1, 1), num_heads=(1, 2)
     ),
-    **{family: (lambda preset=preset: _family_model(preset), 16) for family, preset in _family_presets().items()},
-    "deit": (
-        lambda: _timm("deit_tiny_distilled_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
-        16,
+    **{family: lambda preset=preset: _family_model(preset) for family, preset in _family_presets().items()},
+    "deit": lambda: _timm(
+        "deit_tiny_distilled_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2
     ),
-    "cait": (
-        lambda: _timm(
-            "cait_xxs24_224", img_size=16, patch_size=4, embed_dim=16, depth=2, depth_token_only=1, num_heads=2
-        ),
-        16,
+    "cait": lambda: _timm(
+        "cait_xxs24_224", img_size=16, patch_size=4, embed_dim=16, depth=2, depth_token_only=1, num_heads=2
     ),
-    "pvt_v2": (
-        lambda: _timm("pvt_v2_b0", embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)),
-        32,
+    "pvt_v2": lambda: _timm("pvt_v2_b0", embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)),
+    "xcit": lambda: _timm(
+        "xcit_nano_12_p8_224", img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, cls_attn_layers=1
     ),
-    "xcit": (
-        lambda: _timm(
-            "xcit_nano_12_p8_224", img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, cls_attn_layers=1
-        ),
-        16,
+    "twins": lambda: _timm(
+        "twins_svt_small", img_size=32, embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)
     ),
-    "twins": (
-        lambda: _timm(
-            "twins_svt_small", img_size=32, embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)
-        ),
-        32,
+    "maxvit": _maxvit,
+    "levit": lambda: _timm("levit_128s", img_size=32),
+    "efficientvit": lambda: _timm(
+        "efficientvit_b0", widths=(8, 16, 16, 32), depths=(1, 1, 1, 1), head_dim=8, head_widths=(32, 32)
     ),
-    "maxvit": (_maxvit, 32),
-    "levit": (lambda: _timm("levit_128s", img_size=32), 32),
-    "efficientvit": (
-        lambda: _timm("efficientvit_b0", widths=(8, 16, 16, 32), depths=(1, 1, 1, 1), head_dim=8, head_widths=(32, 32)),
-        32,
+    "timm_swin": lambda: _timm(
+        "swin_tiny_patch4_window7_224",
+        img_size=16,
+        patch_size=2,
+        window_size=2,
+        embed_dim=8,
+        depths=(1, 1),
+        num_heads=(1, 2),
     ),
-    "timm_swin": (
-        lambda: _timm(
-            "swin_tiny_patch4_window7_224",
-            img_size=16,
-            patch_size=2,
-            window_size=2,
-            embed_dim=8,
-            depths=(1, 1),
-            num_heads=(1, 2),
-        ),
-        16,
+    "eva02": lambda: _timm("eva02_tiny_patch14_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
+    "vit_relpos": lambda: _timm(
+        "vit_relpos_small_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2
     ),
-    "eva02": (
-        lambda: _timm("eva02_tiny_patch14_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
-        16,
+    "torchvision_vit": _torchvision_vit,
+    "torchvision_swin": _torchvision_swin,
+    "hf_vit": lambda: hf_model("ViT", **HF_TINY),
+    "hf_deit": lambda: hf_model("DeiT", **HF_TINY),
+    "hf_beit": lambda: hf_model("Beit", **HF_TINY, use_relative_position_bias=True),
+    "hf_swin": lambda: hf_model(
+        "Swin", image_size=16, patch_size=2, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=2
     ),
-    "vit_relpos": (
-        lambda: _timm("vit_relpos_small_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2),
-        16,
-    ),
-    "torchvision_vit": (_torchvision_vit, 16),
-    "torchvision_swin": (_torchvision_swin, 16),
-    "hf_vit": (lambda: hf_model("ViT", **HF_TINY), 16),
-    "hf_deit": (lambda: hf_model("DeiT", **HF_TINY), 16),
-    "hf_beit": (lambda: hf_model("Beit", **HF_TINY, use_relative_position_bias=True), 16),
-    "hf_swin": (
-        lambda: hf_model(
-            "Swin", image_size=16, patch_size=2, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=2
-        ),
-        16,
-    ),
-    "hf_dinov2": (lambda: hf_model("Dinov2", **HF_TINY), 16),
-    "hf_clip": (lambda: hf_model("CLIP"), 16),
-    "hf_siglip": (lambda: hf_model("Siglip"), 16),
+    "hf_dinov2": lambda: hf_model("Dinov2", **HF_TINY),
+    "hf_clip": lambda: hf_model("CLIP"),
+    "hf_siglip": lambda: hf_model("Siglip"),
 }
+#: the architectures whose images are 32x32 (the others: 16x16)
+_SIDE_32 = {"pvt_v2", "twins", "maxvit", "levit", "efficientvit"}
 
 
 def tiny_model(name: str, *, trained: bool = False) -> tuple[nn.Module, torch.Tensor]:
     """The architecture in float64, eval mode, and three images for it; ``trained``: after three Adam steps on
     random labels (the rules are checked away from the initial weights, where some heads start at zero)."""
-    build, side = ARCHITECTURES[name]
+    side = 32 if name in _SIDE_32 else 16
     torch.manual_seed(0)
-    model = build().double()
+    model = ARCHITECTURES[name]().double()
     x = torch.randn(3, 3, side, side, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     if trained:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)

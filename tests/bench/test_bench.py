@@ -6,18 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from vitlab.acceleration import choose_precision
-from vitlab.bench import (
-    NetworkSpec,
-    bench,
-    bootstrap_median,
-    fastest,
-    format_bench,
-    quartile_summary,
-    round_ratio,
-    timm_counterpart,
-    training_flops_per_image,
-)
+from vitlab.acceleration.compile_mode import fastest
+from vitlab.acceleration.precision import choose_precision
+from vitlab.bench.flops import training_flops_per_image
+from vitlab.bench.run import bench, format_bench
+from vitlab.bench.specs import NetworkSpec, timm_counterpart
+from vitlab.bench.timing import bootstrap_median, quartile_summary, round_ratio
 from vitlab.cli.main import main
 from vitlab.errors import ConfigError
 from vitlab.models import create_model, list_models
@@ -167,11 +161,11 @@ def test_cli_writes_the_json_record(tmp_path, capsys):
 
 
 def test_cli_takes_fits_trainer_and_optim_options_as_fit_checks_them(monkeypatch, capsys):
-    import vitlab.bench
+    import vitlab.bench.run
 
     seen = {}
-    monkeypatch.setattr(vitlab.bench, "bench", lambda model, **kw: seen.update(kw) or {})
-    monkeypatch.setattr(vitlab.bench, "format_bench", lambda result: "")
+    monkeypatch.setattr(vitlab.bench.run, "bench", lambda model, **kw: seen.update(kw) or {})
+    monkeypatch.setattr(vitlab.bench.run, "format_bench", lambda result: "")
     argv = ["bench", "vit_pico", "img_size=8", "trainer.precision=bf16-true", "trainer.compile=true"]
     assert main([*argv, "--trainer.compile_mode", "max-autotune", "optim.fused=false"]) == 0
     assert seen["overrides"] == {"img_size": 8} and seen["precision"] == "bf16-true" and seen["compile"] is True

@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.acceleration import adamw, compile_network
+from vitlab.acceleration.compiling import compile_network
+from vitlab.acceleration.optim import adamw
 from vitlab.cli.main import main
 from vitlab.diagnostics.capture import capture_attention
 from vitlab.dynamics import FrozenHeadGuard
@@ -217,7 +218,7 @@ def test_vitlab_fit_on_cuda_bf16_compiled_with_cuda_event_timing(tmp_path):
 
 
 def test_bench_on_cuda_reports_peak_memory():
-    from vitlab.bench import bench
+    from vitlab.bench.run import bench
 
     result = bench(
         "vit_pico",

@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from vitlab.acceleration import adamw, adamw_implementation, compile_network, compiled_blocks, is_compiled
+from vitlab.acceleration.compiling import compile_network, compiled_blocks, is_compiled
+from vitlab.acceleration.optim import adamw, adamw_implementation
 from vitlab.config import OptimConfig, build_config
 from vitlab.diagnostics.capture import capture_attention
 from vitlab.dynamics import FrozenHeadAttention

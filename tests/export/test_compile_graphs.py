@@ -9,14 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.acceleration import (
-    choose_compile_mode,
-    classifier_objective,
-    compile_network,
-    compiled_objective,
-    time_compile_modes,
-    timed_compile_mode,
-)
+from vitlab.acceleration.compile_mode import choose_compile_mode, time_compile_modes, timed_compile_mode
+from vitlab.acceleration.compiling import classifier_objective, compile_network, compiled_objective
 from vitlab.families.cet_vit.task import bench_objective as cet_vit_objective
 from vitlab.families.vitcae.losses import ViTCAELossConfig, vitcae_loss
 from vitlab.models import create_model

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from run_fixtures import TINY
-from vitlab.acceleration import bf16_matmul_speedup, choose_precision, cpu_bf16_flags
+from vitlab.acceleration.precision import bf16_matmul_speedup, choose_precision, cpu_bf16_flags
 from vitlab.cli.main import main
 from vitlab.config import ConfigError, TrainerConfig
 

@@ -6,53 +6,7 @@
 - :mod:`~vitlab.acceleration.optim`: AdamW, fused where the device has the kernel.
 """
 
-from vitlab.acceleration.compile_mode import (
-    CUDA_MODE_CANDIDATES,
-    CompileChoice,
-    choose_compile_mode,
-    fastest,
-    time_compile_modes,
-    timed_compile_mode,
-)
-from vitlab.acceleration.compiling import (
-    COMPILE_MODES,
-    check_compile_mode,
-    classifier_objective,
-    compile_network,
-    compiled_blocks,
-    compiled_objective,
-    is_compiled,
-)
-from vitlab.acceleration.optim import adamw, adamw_implementation
-from vitlab.acceleration.precision import (
-    BF16_MIN_SPEEDUP,
-    CPU_BF16_FLAGS,
-    PrecisionChoice,
-    bf16_matmul_speedup,
-    choose_precision,
-    cpu_bf16_flags,
-)
+# the one name still imported from the package (by vitlab.dynamics.layer_freezing); import from the modules
+from vitlab.acceleration.compiling import compiled_blocks
 
-__all__ = [
-    "BF16_MIN_SPEEDUP",
-    "COMPILE_MODES",
-    "CPU_BF16_FLAGS",
-    "CUDA_MODE_CANDIDATES",
-    "CompileChoice",
-    "PrecisionChoice",
-    "adamw",
-    "adamw_implementation",
-    "bf16_matmul_speedup",
-    "check_compile_mode",
-    "choose_compile_mode",
-    "choose_precision",
-    "classifier_objective",
-    "compile_network",
-    "compiled_blocks",
-    "compiled_objective",
-    "cpu_bf16_flags",
-    "fastest",
-    "is_compiled",
-    "time_compile_modes",
-    "timed_compile_mode",
-]
+__all__ = ["compiled_blocks"]

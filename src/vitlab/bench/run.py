@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from vitlab.acceleration import PrecisionChoice, check_compile_mode, choose_precision
+from vitlab.acceleration.compiling import check_compile_mode
+from vitlab.acceleration.precision import PrecisionChoice, choose_precision
 from vitlab.bench.memory import peak_memory
 from vitlab.bench.specs import PHASES, PRECISIONS, NetworkSpec, check_settings, timm_counterpart
 from vitlab.bench.timing import Runner, measure_networks, round_ratio, torch_threads
@@ -56,7 +57,7 @@ def bench(
     timm user's script does (eager, torch's default AdamW, no clipping). With ``compile`` the run also times
     ``ours_eager`` and, with ``vs="timm"``, ``timm_compiled`` (``torch.compile`` of the network, the loss eager); with
     ``grad_checkpointing`` ``ours`` recomputes its blocks' activations and ``ours_no_checkpointing`` is timed beside
-    it. ``precision`` ``auto`` resolves for ``device`` by :func:`vitlab.acceleration.choose_precision`.
+    it. ``precision`` ``auto`` resolves for ``device`` by :func:`vitlab.acceleration.precision.choose_precision`.
 
     Returns the :func:`measure_networks` record with ``settings`` (``precision_choice``: the request and the
     reason), ``load_average`` (before and after), ``environment``, ``attention_paths`` (the choices of

@@ -3,13 +3,14 @@ shape (:func:`timm_counterpart`), and the settings of a measurement."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import timm
 from timm.models.swin_transformer import SwinTransformer as TimmSwinTransformer
 from torch import nn
 
+from vitlab.config.model import SwinTransformerOptions, ViTEncoderOptions
 from vitlab.errors import ConfigError
 from vitlab.models.builder import create_model
 from vitlab.models.protocols import GenerativeModel, classifier_backbone
@@ -61,35 +62,9 @@ class NetworkSpec:
         return self.name + checkpointed
 
 
-_VIT_KEYS = (
-    "img_size",
-    "patch_size",
-    "in_chans",
-    "num_classes",
-    "embed_dim",
-    "depth",
-    "num_heads",
-    "mlp_ratio",
-    "qkv_bias",
-    "drop_rate",
-    "attn_drop_rate",
-    "drop_path_rate",
-)
-_SWIN_KEYS = (
-    "img_size",
-    "patch_size",
-    "in_chans",
-    "num_classes",
-    "embed_dim",
-    "depths",
-    "num_heads",
-    "window_size",
-    "mlp_ratio",
-    "qkv_bias",
-    "drop_rate",
-    "attn_drop_rate",
-    "drop_path_rate",
-)
+#: the options timm's ViT and Swin take under the same names (a ViT's temperature and a Swin's pooling are ours)
+_VIT_KEYS = tuple(f.name for f in fields(ViTEncoderOptions) if not f.name.startswith("temperature"))
+_SWIN_KEYS = tuple(f.name for f in fields(SwinTransformerOptions) if f.name not in ("global_pool", "dynamic_img_size"))
 
 
 def timm_counterpart(model: str, overrides: dict[str, Any] | None = None) -> NetworkSpec:

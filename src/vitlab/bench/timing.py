@@ -14,7 +14,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from vitlab.acceleration import adamw, choose_compile_mode, classifier_objective, compiled_objective
+from vitlab.acceleration.compile_mode import choose_compile_mode
+from vitlab.acceleration.compiling import classifier_objective, compiled_objective
+from vitlab.acceleration.optim import adamw
 from vitlab.bench.flops import training_flops_per_image
 from vitlab.bench.specs import CLOCKS, PHASES, check_settings
 from vitlab.family import family_of, resolve
@@ -39,11 +41,12 @@ def _synchronize(device: torch.device) -> None:
 @dataclass(frozen=True)
 class Runner:
     """How a network is run: ``compile`` ``"none"`` (eager), ``"trainer"`` (vitlab's ``trainer.compile``: the network
-    whole with its loss in one graph, :func:`vitlab.acceleration.compiled_objective`) or ``"model"``
+    whole with its loss in one graph, :func:`vitlab.acceleration.compiling.compiled_objective`) or ``"model"``
     (``torch.compile`` of the network, the loss eager: what a timm user writes), with ``mode`` (``auto``:
-    :func:`vitlab.acceleration.choose_compile_mode`) and ``backend``; ``fused``: AdamW's implementation (``"auto"``,
-    ``True``, ``False``: torch's default, :func:`vitlab.acceleration.adamw`); ``grad_clip``: the gradient-norm
-    clipping before each step (``vitlab fit``'s ``optim.grad_clip``; None: none, a timm script's default)."""
+    :func:`vitlab.acceleration.compile_mode.choose_compile_mode`) and ``backend``; ``fused``: AdamW's implementation
+    (``"auto"``, ``True``, ``False``: torch's default, :func:`vitlab.acceleration.optim.adamw`); ``grad_clip``: the
+    gradient-norm clipping before each step (``vitlab fit``'s ``optim.grad_clip``; None: none, a timm script's
+    default)."""
 
     compile: Literal["none", "trainer", "model"] = "none"
     mode: str | None = None
@@ -75,7 +78,8 @@ def objective_name(network: nn.Module) -> str:
 
 
 def _cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The cross-entropy of ``model(x)``'s logits against ``y`` (:func:`vitlab.acceleration.classifier_objective`)."""
+    """The cross-entropy of ``model(x)``'s logits against ``y``
+    (:func:`vitlab.acceleration.compiling.classifier_objective`)."""
     return classifier_objective(model, x, y)[1]
 
 

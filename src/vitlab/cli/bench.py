@@ -44,10 +44,10 @@ def _bench(p: argparse.ArgumentParser) -> Runner:
     return functools.partial(_run, p)
 
 
-#: ``vitlab bench`` options passed to :func:`vitlab.bench.bench` as they are
+#: ``vitlab bench`` options passed to :func:`vitlab.bench.run.bench` as they are
 _AS_GIVEN = ("batch_size", "vs", "repeats", "warmup", "sample_seconds", "matmul_size", "device")
 #: ``vitlab fit``'s options that decide how ours trains, which bench takes as fit does (``trainer.compile=true``):
-#: section -> its keys, each a keyword of :func:`vitlab.bench.bench`. With ``trainer.compile`` ours is also timed
+#: section -> its keys, each a keyword of :func:`vitlab.bench.run.bench`. With ``trainer.compile`` ours is also timed
 #: eager (and, with ``--vs timm``, timm eager and ``torch.compile(timm)``); with ``trainer.grad_checkpointing``, ours
 #: without it beside.
 FROM_FIT = {
@@ -57,7 +57,7 @@ FROM_FIT = {
 
 
 def fit_options(overrides: dict) -> dict:
-    """The keywords of :func:`vitlab.bench.bench` that the ``trainer.*`` and ``optim.*`` sections of ``overrides``
+    """The keywords of :func:`vitlab.bench.run.bench` that the ``trainer.*`` and ``optim.*`` sections of ``overrides``
     (taken out of it) set, each checked by fit's own dataclass; a key bench does not use is a ConfigError."""
     from vitlab.config import OptimConfig, TrainerConfig
     from vitlab.config.coerce import from_dict
@@ -76,7 +76,7 @@ def fit_options(overrides: dict) -> dict:
 
 
 def _run(p: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str]) -> int:
-    from vitlab.bench import bench, format_bench
+    from vitlab.bench.run import bench, format_bench
     from vitlab.config import parse_overrides
     from vitlab.rundir import check_outputs, write_output
 

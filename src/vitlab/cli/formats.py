@@ -7,27 +7,7 @@ Examples::
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-
-
-def add_format_option(p: argparse.ArgumentParser) -> None:
-    """``vitlab export --format``: the deployment format written beside model.safetensors + config.json."""
-    from vitlab.export_formats import FORMATS
-
-    p.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="safetensors",
-        help="also write model.onnx (checked against onnxruntime) or model.pt2 (torch.export); dynamic batch",
-    )
-
-
-def check_format(fmt: str) -> None:
-    """Before anything is written: the libraries ``fmt`` needs are installed."""
-    from vitlab.export_formats import require_libraries
-
-    require_libraries(fmt)
 
 
 def write_extra_format(model, out: Path, fmt: str, hparams: dict) -> None:

@@ -141,16 +141,22 @@ def _export(p: argparse.ArgumentParser) -> Runner:
         action="store_true",
         help="write into a folder that holds files: replace only the files an export wrote there",
     )
-    from vitlab.cli.formats import add_format_option, check_format, write_extra_format
+    from vitlab.cli.formats import write_extra_format
+    from vitlab.export_formats import FORMATS, require_libraries
 
-    add_format_option(p)
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="safetensors",
+        help="also write model.onnx (checked against onnxruntime) or model.pt2 (torch.export); dynamic batch",
+    )
 
     def run(args: argparse.Namespace, overrides: list[str]) -> int:
         from vitlab.claim import RunClaim
         from vitlab.export import default_export_dir, export_model, model_from_checkpoint
         from vitlab.rundir import BEST_CHECKPOINT, locate_checkpoint
 
-        check_format(args.format)
+        require_libraries(args.format)  # before anything is written
         ckpt = locate_checkpoint(args.checkpoint, prefer=(BEST_CHECKPOINT,))
         model, hp = model_from_checkpoint(ckpt)
         out = Path(args.out) if args.out else default_export_dir(ckpt)

@@ -19,21 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vitlab.cli.registry import Runner, command, refuse_overrides
+from vitlab.cli.registry import Runner, Setup, command, refuse_overrides
 from vitlab.jsonio import strict_dumps
 
 #: probe name -> (setup of its options, returning its runner; help): the core's and those the families add
-PROBES: dict[str, tuple[Callable[[argparse.ArgumentParser], Runner], str]] = {}
+PROBES: dict[str, tuple[Setup, str]] = {}
 
 
-def probe(name: str, help_: str) -> Callable:
+def probe(name: str, help_: str) -> Callable[[Setup], Setup]:
     """Register a ``vitlab probe NAME`` sub-command (decorates its setup, as :func:`vitlab.cli.registry.command`)."""
-
-    def register(setup: Callable[[argparse.ArgumentParser], Runner]) -> Callable[[argparse.ArgumentParser], Runner]:
-        PROBES[name] = (setup, help_)
-        return setup
-
-    return register
+    return command(name, help_, PROBES)
 
 
 def add_json_option(p: argparse.ArgumentParser, what: str = "report") -> None:

@@ -16,14 +16,15 @@ Setup = Callable[[argparse.ArgumentParser], Runner]
 COMMANDS: dict[str, tuple[Setup, str]] = {}
 
 
-def command(name: str, help: str) -> Callable[[Setup], Setup]:
-    """Register a sub-command: the decorated function fills the sub-parser and returns the runner, which gets the
-    parsed arguments and the remaining ``key.sub=value`` overrides and returns the exit code."""
+def command(name: str, help: str, table: dict[str, tuple[Setup, str]] = COMMANDS) -> Callable[[Setup], Setup]:
+    """Register a sub-command (in ``table``: a command's own sub-commands, such as ``vitlab probe``'s): the decorated
+    function fills the sub-parser and returns the runner, which gets the parsed arguments and the remaining
+    ``key.sub=value`` overrides and returns the exit code."""
 
     def wrap(setup: Setup) -> Setup:
-        if name in COMMANDS:
+        if name in table:
             raise ValueError(f"vitlab command {name!r} is registered twice")
-        COMMANDS[name] = (setup, help)
+        table[name] = (setup, help)
         return setup
 
     return wrap

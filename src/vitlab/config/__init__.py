@@ -47,7 +47,7 @@ class OptimConfig:
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
     #: AdamW's implementation: ``auto`` (fused where the device has the kernel), ``true`` (fused, or an error),
-    #: ``false`` (torch's default: foreach on CUDA, a per-tensor loop on CPU); ``vitlab.acceleration.adamw``
+    #: ``false`` (torch's default: foreach on CUDA, a per-tensor loop on CPU); ``vitlab.acceleration.optim.adamw``
     fused: bool | str = "auto"
 
     def __post_init__(self) -> None:
@@ -81,11 +81,11 @@ class TrainerConfig:
     """Arguments passed through to ``lightning.pytorch.Trainer``, and vitlab's own (``VITLAB_KEYS``): ``compile``
     (``torch.compile`` of the network whole with its loss, and of its blocks, ``vitlab.acceleration``) with
     ``compile_mode`` (``auto``: timed once per machine on CUDA, ``default`` elsewhere,
-    ``vitlab.acceleration.choose_compile_mode``; or ``default``, ``reduce-overhead``, ``max-autotune``,
+    ``vitlab.acceleration.compile_mode.choose_compile_mode``; or ``default``, ``reduce-overhead``, ``max-autotune``,
     ``max-autotune-no-cudagraphs``) and ``compile_backend``;
     ``grad_checkpointing`` (activation checkpointing of the model's blocks). ``precision: auto`` (the default) is
     bf16-mixed where the device computes bf16 natively and 32-true elsewhere
-    (:func:`vitlab.acceleration.choose_precision`); any of Lightning's precisions is used as given."""
+    (:func:`vitlab.acceleration.precision.choose_precision`); any of Lightning's precisions is used as given."""
 
     max_epochs: int = 10
     accelerator: str = "auto"

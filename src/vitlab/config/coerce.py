@@ -16,14 +16,6 @@ from typing import Any
 from vitlab.errors import ConfigError
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _is_dataclass_type(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
 def unknown_key_error(key: str, valid: list[str], where: str) -> ConfigError:
     """``unknown config key 'loss.foo'. Did you mean ...? Valid keys in section 'loss': ...`` (one line)."""
     path = f"{where}.{key}" if where else key
@@ -39,7 +31,7 @@ def typed_mapping(tp: Any, values: Any, where: str) -> dict[str, Any]:
     """``values`` checked against ``tp`` (a ``TypedDict`` or a dataclass type): each key one of its keys, each value of
     its type; the mapping stays a mapping (a dataclass type is not built: its defaults are not filled in)."""
     if not isinstance(values, dict):
-        raise ConfigError(f"{where} must be a mapping, got {values!r}")
+        raise ConfigError(f"{where or 'the config'} must be a mapping, got {values!r}")
     hints = typing.get_type_hints(tp)
     out = {}
     for key, value in values.items():
@@ -53,7 +45,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Check/convert ``value`` to the annotated type ``tp`` (a small subset of typing: what our configs use)."""
     if typing.is_typeddict(tp):
         return typed_mapping(tp, value, where)
-    if _is_dataclass_type(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
@@ -131,15 +123,7 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
 def from_dict(cls: type, values: dict[str, Any], where: str = "") -> Any:
     """Build dataclass ``cls`` from ``values``; an unknown key raises :class:`ConfigError` with suggestions, and so
     does a ``ValueError`` of the dataclass's own check."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where or 'the config'} must be a mapping, got {values!r}")
-    types_ = _field_types(cls)
-    for key in values:
-        if key not in types_:
-            raise unknown_key_error(key, list(types_), where)
-    kwargs = {}
-    for key, value in values.items():
-        kwargs[key] = _coerce(value, types_[key], f"{where}.{key}" if where else key)
+    kwargs = typed_mapping(cls, values, where)
     try:
         return cls(**kwargs)
     except ConfigError:

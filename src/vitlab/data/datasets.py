@@ -13,7 +13,6 @@ import os
 import zipfile
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -158,20 +157,12 @@ def _load_mnist_like(dataset_class: type[tvd.MNIST], name: str, cfg: DataConfig,
     )
 
 
-class _CIFAR10Files(tvd.CIFAR10):
-    """CIFAR-10 that checks its batch files exist rather than their md5 (a download still checks the archive's)."""
-
-    train_list: ClassVar = [(filename, None) for filename, _ in tvd.CIFAR10.train_list]
-    test_list: ClassVar = [(filename, None) for filename, _ in tvd.CIFAR10.test_list]
-    meta: ClassVar = {**tvd.CIFAR10.meta, "md5": None}
-
-
-class _CIFAR100Files(tvd.CIFAR100):
-    """CIFAR-100 that checks its files exist rather than their md5 (a download still checks the archive's)."""
-
-    train_list: ClassVar = [(filename, None) for filename, _ in tvd.CIFAR100.train_list]
-    test_list: ClassVar = [(filename, None) for filename, _ in tvd.CIFAR100.test_list]
-    meta: ClassVar = {**tvd.CIFAR100.meta, "md5": None}
+def _files_checked(dataset_class: type[tvd.CIFAR10]) -> type[tvd.CIFAR10]:
+    """CIFAR-10/100 that checks its batch files exist rather than their md5 (a download still checks the archive's)."""
+    unchecked = {
+        key: [(filename, None) for filename, _ in getattr(dataset_class, key)] for key in ("train_list", "test_list")
+    }
+    return type(dataset_class.__name__, (dataset_class,), {**unchecked, "meta": {**dataset_class.meta, "md5": None}})
 
 
 def _load_cifar(dataset_class: type[tvd.CIFAR10], name: str, cfg: DataConfig, download: bool) -> DatasetSource:
@@ -384,8 +375,8 @@ _LOADERS = {
     "digits": _load_digits,
     "mnist": lambda cfg, download: _load_mnist_like(tvd.MNIST, "mnist", cfg, download),
     "fashion-mnist": lambda cfg, download: _load_mnist_like(tvd.FashionMNIST, "fashion-mnist", cfg, download),
-    "cifar10": lambda cfg, download: _load_cifar(_CIFAR10Files, "cifar10", cfg, download),
-    "cifar100": lambda cfg, download: _load_cifar(_CIFAR100Files, "cifar100", cfg, download),
+    "cifar10": lambda cfg, download: _load_cifar(_files_checked(tvd.CIFAR10), "cifar10", cfg, download),
+    "cifar100": lambda cfg, download: _load_cifar(_files_checked(tvd.CIFAR100), "cifar100", cfg, download),
     "svhn": _load_svhn,
     "celeba": _load_celeba,
     "tiny-imagenet": _load_tiny_imagenet,

@@ -1,6 +1,2 @@
-"""Lightning tasks, callbacks and the fit/evaluate orchestration. The families' tasks live in their packages
-(``vitlab.families``)."""
-
-from vitlab.training.tasks import BaseTask, ClassificationTask
-
-__all__ = ["BaseTask", "ClassificationTask"]
+"""Lightning tasks (``tasks``), callbacks and the fit/evaluate orchestration (``run``). The families' tasks live in
+their packages (``vitlab.families``)."""

@@ -165,6 +165,10 @@ class DDPConsistencyCheck(pl.Callback):
                 rank_zero_only(print)("WARNING: DDP replicas ended with different weights; see ddp_check.json")
 
 
+#: :meth:`StepTimer._epoch_sums` key -> the name its time is logged under (``time/<name>_s``, ``time/<name>_total_s``)
+_LOGGED_TIMES = {"step_s": "step", "backward_s": "backward", "elapsed_s": "epoch", "wait_s": "data_wait"}
+
+
 class StepTimer(pl.Callback):
     """Where training time goes: the optimisation steps, and the backward passes inside them.
 
@@ -188,10 +192,7 @@ class StepTimer(pl.Callback):
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.totals = {
-            "time/step_total_s": 0.0,
-            "time/backward_total_s": 0.0,
-            "time/epoch_total_s": 0.0,
-            "time/data_wait_total_s": 0.0,
+            **{f"time/{name}_total_s": 0.0 for name in _LOGGED_TIMES.values()},
             "data_wait_share": 0.0,
             "epochs": 0,
         }
@@ -266,18 +267,9 @@ class StepTimer(pl.Callback):
             return
         sums = self._epoch_sums()
         self._epoch_t0 = None
-        values = {
-            "time/step_s": sums["step_s"],
-            "time/backward_s": sums["backward_s"],
-            "time/epoch_s": sums["elapsed_s"],
-            "time/data_wait_s": sums["wait_s"],
-        }
-        for key, value in values.items():
-            pl_module.log(key, value, on_step=False, on_epoch=True, rank_zero_only=True)
-        self.totals["time/step_total_s"] += sums["step_s"]
-        self.totals["time/backward_total_s"] += sums["backward_s"]
-        self.totals["time/epoch_total_s"] += sums["elapsed_s"]
-        self.totals["time/data_wait_total_s"] = self.totals.get("time/data_wait_total_s", 0.0) + sums["wait_s"]
+        for key, name in _LOGGED_TIMES.items():  # a checkpoint of before the data wait was timed: its total starts at 0
+            pl_module.log(f"time/{name}_s", sums[key], on_step=False, on_epoch=True, rank_zero_only=True)
+            self.totals[f"time/{name}_total_s"] += sums[key]
         epochs_s = self.totals["time/epoch_total_s"]
         self.totals["data_wait_share"] = self.totals["time/data_wait_total_s"] / epochs_s if epochs_s > 0 else 0.0
         self.totals["epochs"] += 1
@@ -382,9 +374,3 @@ class PartStats(pl.Callback):
             return
         for key, total in self._sums.items():
             pl_module.log(key, total / self._count, on_step=False, on_epoch=True, rank_zero_only=True)
-
-
-# moved to vitlab.training.console; kept importable from here
-from vitlab.training.console import EpochLines as EpochLines  # noqa: E402
-from vitlab.training.console import ProgressBar as ProgressBar  # noqa: E402
-from vitlab.training.console import quiet_lightning as quiet_lightning  # noqa: E402

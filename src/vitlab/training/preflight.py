@@ -58,13 +58,9 @@ def model_kwargs_for(cfg: RunConfig, info: dict[str, Any]) -> dict[str, Any]:
         kwargs = {k: v for k, v in kwargs.items() if not (k in DATA_OPTIONS and v is None)}
         foreign = tv_models.data_options if preset.name.startswith(tv_models.TV_PREFIX) else data_options
         accepted = foreign(preset.name)
-    for key, value in (
-        ("img_size", info["img_size"]),
-        ("in_chans", info["in_chans"]),
-        ("num_classes", info["num_classes"]),
-    ):
+    for key in ("img_size", "in_chans", "num_classes"):
         if key in accepted:
-            kwargs.setdefault(key, value)
+            kwargs.setdefault(key, info[key])
     if kwargs.get("img_size", info["img_size"]) != info["img_size"]:
         raise ConfigError(
             f"model.img_size={kwargs['img_size']} but the data gives {info['img_size']}x{info['img_size']} images; "

@@ -20,7 +20,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vitlab import manifest
-from vitlab.acceleration import PrecisionChoice, choose_precision
+from vitlab.acceleration.precision import PrecisionChoice, choose_precision
 from vitlab.atomic import environment_error
 from vitlab.config import ConfigError, RunConfig, to_dict
 from vitlab.config.loss import build_loss

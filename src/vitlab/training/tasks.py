@@ -16,7 +16,9 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitlab.acceleration import adamw, choose_compile_mode, classifier_objective, compiled_objective
+from vitlab.acceleration.compile_mode import choose_compile_mode
+from vitlab.acceleration.compiling import classifier_objective, compiled_objective
+from vitlab.acceleration.optim import adamw
 from vitlab.config import OptimConfig, RunConfig
 from vitlab.errors import ConfigError, VitlabError
 from vitlab.family import family_of
@@ -117,8 +119,8 @@ class BaseTask(pl.LightningModule):
         # modules the dynamics controller made FrozenHeadAttention keep theirs.
         checkpoint["state_dict"] = state_in_original_order(self, checkpoint["state_dict"])
 
-    #: under ``trainer.compile``, :func:`~vitlab.acceleration.classifier_objective` compiled with the network as one
-    #: graph, ``(x, y, label_smoothing) -> (logits, loss)`` (None: eager)
+    #: under ``trainer.compile``, :func:`~vitlab.acceleration.compiling.classifier_objective` compiled with the network
+    #: as one graph, ``(x, y, label_smoothing) -> (logits, loss)`` (None: eager)
     objective: Any = None
 
     def setup(self, stage: str) -> None:
